@@ -1,0 +1,46 @@
+# Two commands set everything up on a fresh machine:
+#   make test         install into .venv, lint, type-check, run every test
+#   make bench-pi05   install into .venv, run the pi0.5 scenario, render results/pi05-*.png
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+TORCH_PIN := torch==2.13.0
+
+.PHONY: install test lint typecheck pytest bench-map bench-smoke bench-pi05 bench-pi05-trim plot clean-data
+
+# --system-site-packages: a machine that already has torch (a CUDA image, say) keeps it.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH_PIN)
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(PY) -m ruff check weightmap harness tests
+
+typecheck: $(STAMP)
+	$(PY) -m mypy weightmap harness
+
+pytest: $(STAMP)
+	$(PY) -m pytest -q tests harness/tests
+
+test: lint typecheck pytest
+
+bench-map: $(STAMP)
+	$(PY) -m weightmap.bench $(BENCH_MAP_ARGS)
+
+bench-smoke: $(STAMP)
+	$(PY) -m harness run scenarios/smoke.toml
+
+bench-pi05: $(STAMP)
+	$(PY) -m harness run scenarios/pi05.toml
+
+bench-pi05-trim: $(STAMP)
+	$(PY) -m harness run scenarios/pi05-trim.toml
+
+clean-data:
+	rm -rf data
