@@ -1,0 +1,56 @@
+"""weightmap: map safetensors checkpoints zero-copy into PyTorch models.
+
+Compiling a large model partition by partition needs each weight only while
+the engines that read it are built. Instead of loading the checkpoint,
+``weightmap`` maps it: every parameter and buffer becomes a view of the file,
+its pages come in only when something reads them, and they are dropped again
+after the last engine that reads them is built.
+
+Public API:
+
+* :func:`map_weights` points a module's or an ExportedProgram's tensors at
+  zero-copy, copy-on-write views of a checkpoint and returns a
+  :class:`MappedWeights` report/handle.
+* :func:`release_mapped_storage` drops a mapped storage's resident pages
+  (``madvise(MADV_DONTNEED)``); :func:`release_storage` releases any weight after
+  its last use (mapped: pages dropped; ordinary: ``resize_(0)``).
+* :class:`ReleasePlan` releases each weight right after the last partition
+  that reads it.
+* :func:`save_weights_for_mapping` writes a checkpoint that maps without copies.
+* Errors are :class:`MappingError` (a ``ValueError``); header problems are
+  :class:`HeaderError`.
+
+Example::
+
+    import torch
+    from weightmap import map_weights, ReleasePlan
+
+    with torch.device("meta"):
+        model = MyModel()
+    with map_weights(model, "model.safetensors", strict=True) as mapped:
+        print(f"{mapped.nbytes / 2**30:.2f} GiB mapped, nothing read yet")
+    plan = ReleasePlan.from_names(model, [names_of(p) for p in partitions])
+    for i, part in enumerate(partitions):
+        build_engine(part)
+        plan.built(i)
+"""
+
+from weightmap.errors import HeaderError, MappingError
+from weightmap.mapping import MappedWeights, map_weights
+from weightmap.plan import ReleasePlan, ReleaseStep
+from weightmap.release import release_mapped_storage, release_storage
+from weightmap.writer import save_weights_for_mapping
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "HeaderError",
+    "MappedWeights",
+    "MappingError",
+    "ReleasePlan",
+    "ReleaseStep",
+    "map_weights",
+    "release_mapped_storage",
+    "release_storage",
+    "save_weights_for_mapping",
+]

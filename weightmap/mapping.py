@@ -1,0 +1,287 @@
+"""The mapping rules: how a model's tensors become views of a checkpoint.
+
+:func:`map_weights` works in three steps, and only the last one touches the model:
+
+1. *resolve*: validate every header, find each tensor's checkpoint entry, check
+   shapes and dtypes, decide per tensor whether it is mapped, copied or missing.
+   Any error is raised here, so an error leaves the model exactly as it was;
+2. *materialise*: map the files copy-on-write and make one ``torch.frombuffer``
+   view per tensor (no read, no copy), plus the copies that are unavoidable
+   (a dtype cast, an offset that is not a multiple of the item size);
+3. *assign*: put each new tensor into every slot that held the old one, so ties
+   stay ties. A tensor on the meta device is replaced (a ``Parameter`` by a new
+   ``Parameter``); a real one keeps its object and gets ``.data = view``.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from weightmap import registry
+from weightmap.checkpoint import Checkpoint, open_checkpoint
+from weightmap.errors import MappingError
+from weightmap.format import Header, TensorEntry, check_little_endian
+from weightmap.targets import Target, collect_targets
+
+__all__ = ["MappedWeights", "map_weights"]
+
+KeyMap = Mapping[str, str] | Callable[[str], "str | None"]
+
+
+@dataclass
+class MappedWeights:
+    """What :func:`map_weights` did, and the handle that keeps the mappings alive.
+
+    Attributes (all names are the model's, not the checkpoint's):
+        mapped: tensors that are now zero-copy views of the checkpoint.
+        copied: tensors that had to be copied (dtype cast, misaligned offset).
+        missing: persistent tensors the checkpoint does not hold.
+        still_meta: every tensor still on the meta device afterwards,
+            non-persistent buffers included: the model cannot run until they are filled.
+        paths: the files that were mapped.
+        nbytes: the bytes of the tensors that are views of the mapping.
+
+    ``close()`` (or leaving a ``with`` block) drops only this handle's
+    references: the weights stay mapped, and releasable, for as long as a
+    tensor uses them, and each file is unmapped when its last view goes.
+    """
+
+    mapped: list[str]
+    copied: list[str]
+    missing: list[str]
+    still_meta: list[str]
+    paths: list[Path]
+    nbytes: int
+    _maps: list[mmap.mmap]
+
+    def close(self) -> None:
+        """Drop the handle's references to the mappings (never unmaps under a live view)."""
+        self._maps = []
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return not self._maps
+
+    def __enter__(self) -> MappedWeights:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"MappedWeights(mapped={len(self.mapped)}, copied={len(self.copied)}, "
+            f"missing={len(self.missing)}, still_meta={len(self.still_meta)}, "
+            f"nbytes={self.nbytes}, files={len(self.paths)})"
+        )
+
+
+@dataclass
+class _Plan:
+    """The decision for one target, made before anything changes."""
+
+    target: Target
+    header: Header | None = None
+    entry: TensorEntry | None = None
+    copy_reason: str | None = None  # set when the tensor cannot be a view
+
+    @property
+    def found(self) -> bool:
+        return self.entry is not None
+
+
+def _key_function(key_map: KeyMap | None) -> Callable[[str], str | None]:
+    if key_map is None:
+        return lambda name: name
+    if isinstance(key_map, Mapping):
+        table = key_map
+        return lambda name: table.get(name, name)
+    if callable(key_map):
+        return key_map
+    raise TypeError(f"key_map must be a dict or a callable, not {type(key_map).__name__}")
+
+
+def _lookup(target: Target, keys: Callable[[str], str | None], checkpoint: Checkpoint) -> _Plan:
+    """The first of the target's names that the checkpoint holds (ties: any one name will do)."""
+    for name in target.names:
+        key = keys(name)
+        if key is not None and key in checkpoint.entries:
+            header, entry = checkpoint.entries[key]
+            return _Plan(target, header, entry)
+    return _Plan(target)
+
+
+def _check_shape(plan: _Plan) -> None:
+    assert plan.entry is not None and plan.header is not None
+    want = tuple(plan.target.tensor.shape)
+    if plan.entry.shape != want:
+        raise MappingError(
+            f"{plan.header.path}: tensor {plan.entry.name!r} (model name {plan.target.names[0]!r}) "
+            f"has shape {list(plan.entry.shape)} in the checkpoint but {list(want)} in the model: "
+            "shapes must match"
+        )
+
+
+def _copy_reason(plan: _Plan) -> str | None:
+    assert plan.entry is not None
+    entry, tensor = plan.entry, plan.target.tensor
+    if entry.dtype != tensor.dtype:
+        return f"dtype {entry.dtype} in the checkpoint, {tensor.dtype} in the model: cast into new memory"
+    if entry.numel and entry.start % tensor.element_size():
+        return (
+            f"offset {entry.start} is not a multiple of its item size {tensor.element_size()} "
+            "(a file from an old writer): copied into aligned memory"
+        )
+    return None
+
+
+def _strict_problems(plans: list[_Plan]) -> list[str]:
+    problems = []
+    for plan in plans:
+        target = plan.target
+        if not plan.found and target.persistent:
+            problems.append(f"{target.names[0]!r}: missing from the checkpoint")
+        elif plan.found and plan.copy_reason:
+            assert plan.entry is not None
+            problems.append(f"{target.names[0]!r} (checkpoint {plan.entry.name!r}): {plan.copy_reason}")
+    return problems
+
+
+def _resolve(targets: list[Target], checkpoint: Checkpoint, keys: Callable[[str], str | None],
+             strict: bool) -> list[_Plan]:
+    plans = []
+    for target in targets:
+        plan = _lookup(target, keys, checkpoint)
+        if plan.found:
+            _check_shape(plan)
+            plan.copy_reason = _copy_reason(plan)
+        plans.append(plan)
+    if strict:
+        problems = _strict_problems(plans)
+        if problems:
+            shown = "\n  ".join(problems[:20])
+            more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+            raise MappingError(
+                f"{checkpoint.source}: strict=True requires every persistent tensor to be mapped without "
+                f"a copy; {len(problems)} are not:\n  {shown}{more}\nThe model was left unchanged."
+            )
+    return plans
+
+
+def _view(mm: mmap.mmap, entry: TensorEntry) -> torch.Tensor:
+    """A zero-copy view of one entry: nothing is read until the tensor is used."""
+    return torch.frombuffer(mm, dtype=entry.dtype, count=entry.numel, offset=entry.start).view(entry.shape)
+
+
+def _materialise(plan: _Plan, maps: dict[Path, mmap.mmap]) -> torch.Tensor:
+    entry, header = plan.entry, plan.header
+    assert entry is not None and header is not None
+    want = plan.target.tensor.dtype
+    if entry.numel == 0:
+        return torch.empty(entry.shape, dtype=want)
+    mm = maps[header.path]
+    if entry.dtype != want:
+        if entry.start % entry.dtype.itemsize:
+            raw = torch.frombuffer(mm, dtype=torch.uint8, count=entry.nbytes, offset=entry.start).clone()
+            return raw.view(entry.dtype).view(entry.shape).to(want)
+        return _view(mm, entry).to(want)
+    if entry.start % entry.dtype.itemsize:
+        raw = torch.frombuffer(mm, dtype=torch.uint8, count=entry.nbytes, offset=entry.start).clone()
+        return raw.view(entry.dtype).view(entry.shape)
+    return _view(mm, entry)
+
+
+def _assign(target: Target, new: torch.Tensor) -> None:
+    old = target.tensor
+    if old.device.type != "meta":
+        with torch.no_grad():
+            old.data = new
+        return
+    replacement: torch.Tensor = new
+    if isinstance(old, torch.nn.Parameter):
+        replacement = torch.nn.Parameter(new, requires_grad=old.requires_grad)
+    for slot, key in target.slots:
+        slot[key] = replacement
+    target.tensor = replacement
+
+
+def _names(plans: list[_Plan], keep: Callable[[_Plan], bool]) -> list[str]:
+    return [name for plan in plans if keep(plan) for name in plan.target.names]
+
+
+def map_weights(
+    model: torch.nn.Module | Any,
+    path: str | os.PathLike[str],
+    *,
+    key_map: KeyMap | None = None,
+    strict: bool = False,
+) -> MappedWeights:
+    """Point a model's weights at zero-copy views of a safetensors checkpoint.
+
+    ``model`` is a ``torch.nn.Module`` (on the meta device, real, or mixed) or a
+    ``torch.export.ExportedProgram``; ``path`` is a ``.safetensors`` file, a
+    directory holding one or a ``model.safetensors.index.json``, or that index.
+
+    Contract:
+
+    * The file is mapped copy-on-write: it is never written, whatever the model
+      does to its weights. Each tensor becomes a ``torch.frombuffer`` view: no
+      read and no copy; a page becomes resident only when something reads it.
+    * Meta tensors are replaced in every slot that holds them, so tied weights
+      stay one object under every name; real tensors keep their object and get
+      ``.data = view`` (they end up on the CPU, whatever device they were on).
+      For an ExportedProgram its ``state_dict`` and ``constants`` are remapped.
+    * ``key_map`` maps model names to checkpoint names: a dict (names it does
+      not hold keep their own) or a callable (``None``: not in the checkpoint).
+      Checkpoint names the model does not have are ignored. A tied tensor is
+      satisfied by any one of its names.
+    * A dtype mismatch is cast into new memory and a tensor whose offset is not
+      a multiple of its item size is copied into aligned memory; both are
+      reported in ``copied``. Persistent tensors not found are in ``missing``.
+      A shape mismatch always raises.
+    * ``strict=True`` raises unless every persistent tensor (parameters,
+      persistent buffers, an ExportedProgram's lifted constants) is mapped
+      without a copy. Non-persistent buffers are never required.
+    * Headers are validated before anything is mapped, and every tensor is
+      resolved before any is changed: an error leaves the model as it was.
+
+    Raises :class:`MappingError` (a ``ValueError``); header problems raise
+    :class:`HeaderError`. Each message names the file, the tensor and the rule.
+
+    Example::
+
+        with torch.device("meta"):
+            model = MyModel()
+        mapped = map_weights(model, "model.safetensors", strict=True)
+        print(mapped.nbytes, mapped.still_meta)   # nothing was read yet
+    """
+    check_little_endian()
+    targets = collect_targets(model)
+    checkpoint = open_checkpoint(path)
+    plans = _resolve(targets, checkpoint, _key_function(key_map), strict)
+
+    needed = {plan.header.path for plan in plans if plan.header is not None and plan.entry and plan.entry.numel}
+    maps = {p: registry.map_file(p) for p in checkpoint.files if p in needed}
+    new = [(plan, _materialise(plan, maps)) for plan in plans if plan.found]
+
+    for plan, tensor in new:
+        _assign(plan.target, tensor)
+
+    nbytes = sum(p.entry.nbytes for p, _ in new if p.entry is not None and not p.copy_reason)
+    return MappedWeights(
+        mapped=_names(plans, lambda p: p.found and not p.copy_reason),
+        copied=_names(plans, lambda p: p.found and bool(p.copy_reason)),
+        missing=_names(plans, lambda p: not p.found and p.target.persistent),
+        still_meta=_names(plans, lambda p: p.target.tensor.device.type == "meta"),
+        paths=[p for p in checkpoint.files if p in maps],
+        nbytes=nbytes,
+        _maps=list(maps.values()),
+    )
