@@ -1,0 +1,198 @@
+"""Engine builders: what "building an engine" does with a partition's weights.
+
+``copy`` is the portable builder. Each engine is its partition's tensors
+copied to where engines live:
+
+* on ``cuda``, GPU memory (a pageable host-to-device copy per tensor);
+* on ``cpu``, a safetensors file per engine under the scenario's work
+  directory, written, flushed and dropped from the page cache, so that it
+  stands for memory that is not the host's and host figures mean the same on
+  both. The built model maps the engine files back.
+
+The built model is a module that runs the original model's forward with
+every tensor taken from the engines, so its output can be checked against the
+eager model.
+
+``tensorrt`` is only available where ``torch_tensorrt`` imports; asking for it
+elsewhere fails fast, before anything runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from harness.partition import Engine
+from weightmap.format import TensorSpec, write_checkpoint
+
+
+class BackendUnavailable(RuntimeError):
+    """The scenario asks for a backend this machine cannot provide."""
+
+
+class Backend(Protocol):
+    """Builds engines one at a time and assembles the built model."""
+
+    name: str
+    device: str
+
+    def build_engine(self, engine: Engine, tensors: dict[str, torch.Tensor]) -> int:
+        """Build one engine from the tensors it reads; returns the bytes it holds."""
+        ...
+
+    def built_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """A runnable module whose every tensor comes from the engines."""
+        ...
+
+    def close(self) -> None:
+        """Free the engines (GPU memory, files)."""
+        ...
+
+
+class BuiltModel(torch.nn.Module):
+    """The original module's forward, with its tensors taken from the engines."""
+
+    def __init__(self, model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+        super().__init__()
+        self.model = model
+        self.engine_tensors = tensors
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return torch.func.functional_call(self.model, self.engine_tensors, args, kwargs, tie_weights=False)
+
+
+def _distinct(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One name per tensor object (tied names would otherwise be copied twice)."""
+    seen: set[int] = set()
+    out = {}
+    for name, t in tensors.items():
+        if id(t) not in seen:
+            seen.add(id(t))
+            out[name] = t
+    return out
+
+
+@dataclass
+class CopyToDevice:
+    """``copy`` on a GPU: each engine's tensors are copied into GPU memory and kept there."""
+
+    device: str = "cuda"
+    name: str = "copy"
+    engines: list[dict[str, torch.Tensor]] = field(default_factory=list)
+    aliases: dict[str, str] = field(default_factory=dict)
+
+    def build_engine(self, engine: Engine, tensors: dict[str, torch.Tensor]) -> int:
+        copies = {}
+        for name, t in _distinct(tensors).items():
+            copies[name] = t.detach().to(self.device)
+        for name, t in tensors.items():
+            if name not in copies:
+                self.aliases[name] = next(n for n, o in tensors.items() if o is t)
+        torch.cuda.synchronize()
+        self.engines.append(copies)
+        return sum(t.numel() * t.element_size() for t in copies.values())
+
+    def built_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        merged = {k: v for engine in self.engines for k, v in engine.items()}
+        merged.update({alias: merged[name] for alias, name in self.aliases.items()})
+        return BuiltModel(model, merged)
+
+    def close(self) -> None:
+        self.engines.clear()
+
+
+def _drop_from_page_cache(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class CopyToFiles:
+    """``copy`` without a GPU: each engine is a file, written and dropped from host memory."""
+
+    workdir: Path
+    device: str = "cpu"
+    name: str = "copy"
+    files: list[Path] = field(default_factory=list)
+    aliases: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+
+    def build_engine(self, engine: Engine, tensors: dict[str, torch.Tensor]) -> int:
+        distinct = _distinct(tensors)
+        for name, t in tensors.items():
+            if name not in distinct:
+                self.aliases[name] = next(n for n, o in distinct.items() if o is t)
+        path = self.workdir / f"engine-{engine.index:03d}.safetensors"
+        specs = [TensorSpec(n, t.dtype, tuple(t.shape)) for n, t in distinct.items()]
+        header = write_checkpoint(path, specs, lambda spec: distinct[spec.name].detach())
+        _drop_from_page_cache(path)
+        self.files.append(path)
+        return sum(e.nbytes for e in header.tensors.values())
+
+    def built_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        from safetensors.torch import load_file
+
+        merged: dict[str, torch.Tensor] = {}
+        for path in self.files:
+            merged.update(load_file(str(path)))
+        merged.update({alias: merged[name] for alias, name in self.aliases.items()})
+        return BuiltModel(model, merged)
+
+    def close(self) -> None:
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        self.files.clear()
+
+
+def tensorrt_available() -> tuple[bool, str]:
+    """Whether ``torch_tensorrt`` imports here, and why not."""
+    try:
+        import torch_tensorrt  # noqa: F401
+    except Exception as exc:  # ImportError, or a broken install raising anything
+        return False, f"torch_tensorrt is not importable here ({type(exc).__name__}: {exc})"
+    return True, ""
+
+
+def check_backend(name: str) -> None:
+    """Fail fast, before any strategy runs, when the backend cannot run here."""
+    if name == "copy":
+        return
+    if name == "tensorrt":
+        ok, why = tensorrt_available()
+        if not ok:
+            raise BackendUnavailable(
+                f"backend 'tensorrt' needs Torch-TensorRT: {why}. Use backend = \"copy\", "
+                "or run on a machine where torch_tensorrt is installed."
+            )
+        raise BackendUnavailable(
+            "backend 'tensorrt': torch_tensorrt imports here, but building engines with it is not "
+            "implemented in this version of the harness; use backend = \"copy\"."
+        )
+    raise BackendUnavailable(f"unknown backend {name!r}: expected 'copy' or 'tensorrt'")
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` is ``cuda`` when a GPU is usable, else ``cpu``."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise BackendUnavailable("device = \"cuda\" was asked for, but torch sees no CUDA device here")
+    return device
+
+
+def make_backend(name: str, device: str, workdir: Path) -> Backend:
+    """The engine builder for a scenario's backend and (resolved) device."""
+    check_backend(name)
+    if device == "cuda":
+        return CopyToDevice()
+    return CopyToFiles(workdir)
