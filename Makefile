@@ -31,7 +31,7 @@ pytest: $(STAMP)
 test: lint typecheck pytest
 
 bench-map: $(STAMP)
-	$(PY) -m weightmap.bench $(BENCH_MAP_ARGS)
+	$(PY) -m harness.bench_map $(BENCH_MAP_ARGS)
 
 bench-smoke: $(STAMP)
 	$(PY) -m harness run scenarios/smoke.toml

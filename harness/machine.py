@@ -62,7 +62,13 @@ def machine() -> dict[str, Any]:
 
 
 def commit(root: Path = Path(".")) -> str | None:
-    """The checked-out git commit (with ``-dirty`` when the tree has changes), or None outside git."""
+    """The checked-out git commit (with ``-dirty`` when the tree has changes), or None outside git.
+
+    A copy of the tree without its ``.git`` (a remote machine, say) can name its commit in the
+    ``HARNESS_COMMIT`` environment variable.
+    """
+    if os.environ.get("HARNESS_COMMIT"):
+        return os.environ["HARNESS_COMMIT"]
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                              check=True, timeout=10).stdout.strip()

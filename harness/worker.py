@@ -285,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--workdir", type=Path, default=None, help="where engine files go (default data/engines)")
     args = parser.parse_args(argv)
+    sys.setswitchinterval(0.001)  # hand the GIL to the sampler thread often, so its interval holds
     scenario = load_scenario(args.scenario)
     workdir = args.workdir or Path("data") / "engines" / f"{args.out.name}-{args.strategy}"
     record = run_strategy(scenario, args.strategy, args.out, workdir, t0)

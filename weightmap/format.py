@@ -59,6 +59,7 @@ MAX_HEADER_BYTES: int = 100_000_000
 
 _LENGTH_BYTES = 8
 _MAX_DIM = 2**63 - 1
+_SIZE_CAP = 2**64
 _WRITE_CHUNK = 64 * 1024 * 1024
 _ENTRY_FIELDS = frozenset({"dtype", "shape", "data_offsets"})
 _METADATA_KEY = "__metadata__"
@@ -302,14 +303,19 @@ def _parse_offsets(offsets: Any, name: str, path: Path, data_size: int) -> tuple
 
 
 def _check_size(name: str, dtype: torch.dtype, shape: tuple[int, ...], span: int, path: Path) -> None:
-    """end - begin must equal numel * itemsize; the product stops growing once it exceeds span."""
+    """end - begin must equal numel * itemsize.
+
+    The product is exact up to 2**64 (or the span, if larger); past that it stops
+    growing, so a header of many huge dimensions costs no more than a small one.
+    """
+    cap = max(span, _SIZE_CAP)
     needed = 0 if 0 in shape else dtype.itemsize
     for dim in shape:
-        if needed > span:
+        if needed > cap:
             break
         needed *= dim
     if needed != span:
-        wanted = f"more than {span}" if needed > span else str(needed)
+        wanted = f"more than {cap}" if needed > cap else str(needed)
         raise _fail(
             path,
             f"data_offsets span {span} bytes but shape {_show(list(shape))} of {DTYPE_CODES[dtype]} "

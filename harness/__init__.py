@@ -1,0 +1,1 @@
+"""Memory-profiling benchmark harness: run loading strategies, sample memory, report results."""

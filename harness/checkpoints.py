@@ -1,0 +1,286 @@
+"""Checkpoints for the benchmark: seeded random values with the model's exact layout.
+
+For memory measurements the values do not matter, the bytes do: a checkpoint holds
+one tensor per persistent tensor object of the model (a tied group once, under its
+first state-dict name, as ``safetensors.torch.save_model`` does), filled with seeded
+random values, plus metadata that identifies it::
+
+    {"generator": "weightmap-harness", "format": "1", "seed": "<seed>"}
+
+:func:`ensure_checkpoint` reuses a file whose header (never its name) matches the
+model and seed, and otherwise writes a new one with
+:func:`weightmap.format.write_checkpoint`, one tensor in memory at a time.
+
+Values (format "1"): each tensor is split into chunks of :data:`CHUNK_ELEMENTS`
+elements, and chunk ``i`` is drawn from its own ``torch.Generator`` seeded from the
+scenario seed, ``zlib.crc32`` of the tensor name and ``i`` (mixed, then folded to the
+32 bits torch's CPU generator actually uses). So the values do not
+depend on the number of worker threads, and chunks are filled in parallel:
+floating tensors ``normal(0, 0.02)`` (drawn in float32 and rounded for dtypes with
+fewer bits), integers uniform in [-8, 8) (unsigned: [0, 16)), bools fair coin flips.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import zlib
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from harness.scenario import default_checkpoint_for
+from weightmap.format import TensorSpec, read_header, write_checkpoint
+
+if TYPE_CHECKING:
+    from harness.scenario import Scenario
+
+__all__ = [
+    "CHUNK_ELEMENTS",
+    "GENERATOR",
+    "CheckpointError",
+    "SeededFill",
+    "checkpoint_matches",
+    "checkpoint_metadata",
+    "checkpoint_specs",
+    "default_checkpoint_path",
+    "describe_specs",
+    "ensure_checkpoint",
+    "tied_aliases",
+]
+
+GENERATOR = "weightmap-harness"
+"""``generator`` metadata value: files with it are ours to replace."""
+
+FORMAT = "1"
+"""``format`` metadata value; change it whenever the generated values change."""
+
+CHUNK_ELEMENTS = 1 << 22
+"""Elements per independently seeded chunk (16 MiB of float32 scratch per worker)."""
+
+_STD = 0.02
+_DIRECT_NORMAL = (torch.float32, torch.float64)
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be written as asked (e.g. the path holds someone else's file)."""
+
+
+def checkpoint_metadata(seed: int) -> dict[str, str]:
+    """The metadata a generated checkpoint carries."""
+    return {"generator": GENERATOR, "format": FORMAT, "seed": str(seed)}
+
+
+def default_checkpoint_path(scenario: Scenario) -> Path:
+    """``<root>/data/<model key>.safetensors``: where a scenario's checkpoint goes unless it names one.
+
+    The model key differs whenever the model's tensors do (trimmed vs. untrimmed,
+    another synthetic size), so differing models never share a default file.
+    """
+    return default_checkpoint_for(scenario.model)
+
+
+def checkpoint_specs(module: nn.Module) -> list[TensorSpec]:
+    """One :class:`TensorSpec` per persistent tensor object of ``module``, in state-dict order.
+
+    A tied group (one object under several names) appears once, under its first name.
+    """
+    seen: set[int] = set()
+    specs = []
+    for name, tensor in module.state_dict(keep_vars=True).items():
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        specs.append(TensorSpec(name, tensor.dtype, tuple(tensor.shape)))
+    return specs
+
+
+def tied_aliases(module: nn.Module) -> dict[str, str]:
+    """``{alias: name in the checkpoint}`` for every state-dict name a checkpoint leaves out.
+
+    Loading a generated checkpoint with ``load_state_dict`` reports these names as
+    missing; they are the same objects as the names they map to.
+    """
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, tensor in module.state_dict(keep_vars=True).items():
+        owner = first.setdefault(id(tensor), name)
+        if owner != name:
+            aliases[name] = owner
+    return aliases
+
+
+def checkpoint_matches(path: str | os.PathLike[str], specs: Sequence[TensorSpec], seed: int) -> bool:
+    """True when ``path`` is a valid safetensors file generated for exactly ``specs`` and ``seed``.
+
+    Reads only the header: the same names, and for each the same dtype and shape,
+    and metadata with this module's ``generator``, ``format`` and ``seed`` (other
+    metadata keys are ignored). A missing, unreadable or corrupt file gives False.
+    """
+    try:
+        header = read_header(path)
+    except (OSError, ValueError):
+        return False
+    if len(header.tensors) != len(specs):
+        return False
+    for spec in specs:
+        entry = header.tensors.get(spec.name)
+        if entry is None or entry.dtype != spec.dtype or tuple(entry.shape) != tuple(spec.shape):
+            return False
+    metadata = header.metadata or {}
+    return all(metadata.get(key) == value for key, value in checkpoint_metadata(seed).items())
+
+
+def _mix64(value: int) -> int:
+    """A 64-bit finaliser (splitmix64): every input bit affects every output bit."""
+    value = (value + _GOLDEN) & _MASK64
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return value ^ (value >> 31)
+
+
+def _chunk_seed(seed: int, name: str, chunk: int) -> int:
+    """The generator seed of one chunk, folded to 32 bits (torch's CPU generator uses only those)."""
+    mixed = _mix64(_mix64(_mix64(seed & _MASK64) ^ zlib.crc32(name.encode("utf-8"))) ^ chunk)
+    return (mixed ^ (mixed >> 32)) & 0xFFFFFFFF
+
+
+class SeededFill:
+    """``fill`` for :func:`write_checkpoint`: a new CPU tensor of seeded random values per spec.
+
+    Chunks of one tensor are filled by a pool of ``workers`` threads (default: the
+    CPUs this process may use); torch releases the GIL while it draws. Memory: the
+    returned tensor plus one float32 chunk of scratch per worker. Use as a context
+    manager (or call :meth:`close`) to stop the threads.
+    """
+
+    def __init__(self, seed: int, workers: int | None = None) -> None:
+        self.seed = seed
+        if workers is None:
+            workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        self.workers = max(1, workers or 1)
+        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="fill") if self.workers > 1 else None
+        self._scratch = threading.local()
+
+    def __enter__(self) -> SeededFill:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the worker threads."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def __call__(self, spec: TensorSpec) -> torch.Tensor:
+        tensor = torch.empty(spec.shape, dtype=spec.dtype)
+        flat = tensor.view(-1)
+        count = -(-flat.numel() // CHUNK_ELEMENTS)
+        jobs = [(spec.name, i, flat[i * CHUNK_ELEMENTS : (i + 1) * CHUNK_ELEMENTS]) for i in range(count)]
+        if self._pool is None or count < 2:
+            for job in jobs:
+                self._fill_chunk(*job)
+        else:
+            for done in [self._pool.submit(self._fill_chunk, *job) for job in jobs]:
+                done.result()
+        return tensor
+
+    def _float_scratch(self, numel: int) -> torch.Tensor:
+        buffer = getattr(self._scratch, "buffer", None)
+        if buffer is None:
+            buffer = self._scratch.buffer = torch.empty(CHUNK_ELEMENTS, dtype=torch.float32)
+        return buffer[:numel]
+
+    def _fill_chunk(self, name: str, index: int, chunk: torch.Tensor) -> None:
+        generator = torch.Generator().manual_seed(_chunk_seed(self.seed, name, index))
+        dtype = chunk.dtype
+        if dtype in _DIRECT_NORMAL:
+            chunk.normal_(0.0, _STD, generator=generator)
+        elif dtype.is_floating_point:
+            chunk.copy_(self._float_scratch(chunk.numel()).normal_(0.0, _STD, generator=generator))
+        elif dtype == torch.bool:
+            chunk.random_(0, 2, generator=generator)
+        elif dtype.is_complex:
+            raise TypeError(f"{name}: complex tensors are not generated ({dtype})")
+        elif dtype in (torch.uint8, torch.uint16, torch.uint32, torch.uint64):
+            chunk.random_(0, 16, generator=generator)
+        else:
+            chunk.random_(-8, 8, generator=generator)
+
+
+def _replaceable(path: Path) -> bool:
+    """True when ``path`` is a checkpoint this module wrote (so it may be replaced)."""
+    try:
+        metadata = read_header(path).metadata or {}
+    except (OSError, ValueError):
+        return False
+    return metadata.get("generator") == GENERATOR
+
+
+def ensure_checkpoint(
+    module: nn.Module, path: str | os.PathLike[str], seed: int, *, progress: bool = True
+) -> tuple[Path, bool]:
+    """Make sure ``path`` holds the checkpoint of ``module`` for ``seed``; returns ``(path, generated)``.
+
+    A file that :func:`checkpoint_matches` is reused untouched (``generated`` False).
+    Otherwise a stale file of ours is deleted first (frees its disk space) and a new
+    one written with :func:`write_checkpoint` (temporary file, fsync, rename), parent
+    directories created. A file at ``path`` that this module did not write (or that
+    is not a readable safetensors file) is never replaced: :class:`CheckpointError`.
+    Progress goes to stderr as a tqdm bar in bytes (``progress=False``: silent).
+    Memory: about one tensor plus a few chunks of scratch, whatever the model's size.
+    """
+    target = Path(path)
+    specs = checkpoint_specs(module)
+    if checkpoint_matches(target, specs, seed):
+        return target, False
+    if target.exists():
+        if not _replaceable(target):
+            raise CheckpointError(
+                f"{target}: exists and was not written by the harness (no generator={GENERATOR!r} "
+                "metadata, or not a readable safetensors file); move it away or set checkpoint.path"
+            )
+        target.unlink()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    total = sum(_nbytes(spec) for spec in specs)
+    with (
+        SeededFill(seed) as fill,
+        tqdm(
+            total=total,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            desc=f"generating {target.name}",
+            file=sys.stderr,
+            mininterval=1.0,
+            disable=not progress,
+        ) as bar,
+    ):
+        write_checkpoint(target, specs, fill, metadata=checkpoint_metadata(seed), progress=bar.update)
+    return target, True
+
+
+def _nbytes(spec: TensorSpec) -> int:
+    count = 1
+    for size in spec.shape:
+        count *= size
+    return count * torch.empty((), dtype=spec.dtype).element_size()
+
+
+def describe_specs(specs: Sequence[TensorSpec]) -> Mapping[str, int]:
+    """``{"tensors": n, "nbytes": total, "largest": largest tensor's bytes}`` of a checkpoint."""
+    sizes = [_nbytes(spec) for spec in specs]
+    return {"tensors": len(sizes), "nbytes": sum(sizes), "largest": max(sizes, default=0)}

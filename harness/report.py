@@ -1,0 +1,346 @@
+"""Markdown report of a results directory: context, one table row per strategy, observations.
+
+The report is regenerated from the data every time; hand-written analysis goes after
+:data:`NOTES_MARKER` and is carried over when the file is rewritten.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from harness.floor import compared_peak_bytes, compared_peak_label, excess_fraction, floor_or_none
+from harness.results import GIB, Reference, RunResults, StrategyResult, write_atomic
+
+NOTES_MARKER = "<!-- notes: kept when this file is regenerated -->"
+"""Everything from this line to the end of an existing report survives regeneration."""
+
+DASH = "—"
+TABLE_COLUMNS = (
+    "strategy",
+    "host at partitioning",
+    "host peak",
+    "anonymous peak",
+    "host + GPU peak",
+    "floor",
+    "excess over floor (% of model)",
+    "released",
+    "wall time",
+    "status",
+)
+_STATUS_CHARS = 160
+
+
+def gib_decimals(model_bytes: int) -> int:
+    """Decimals for GiB figures: 2 for models of 1 GiB or more, 3 below (so small runs stay readable)."""
+    return 2 if model_bytes >= GIB else 3
+
+
+def format_gib(value: int | float | None, decimals: int = 2) -> str:
+    """``value`` bytes as ``"1.23 GiB"``; ``None`` as a dash."""
+    if value is None:
+        return DASH
+    return f"{value / GIB:.{decimals}f} GiB"
+
+
+def format_percent(fraction: float | None) -> str:
+    """A signed percentage (``+1.2%``, ``−0.4%``); ``None`` as a dash."""
+    if fraction is None:
+        return DASH
+    text = f"{fraction * 100:+.1f}%"
+    return text.replace("-", "−")
+
+
+def _cell(text: str) -> str:
+    """Make ``text`` safe inside a markdown table cell (one line, pipes escaped)."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _shorten(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def status_text(strategy: StrategyResult, limit: int | None = None) -> str:
+    """``ok``, or ``FAILED: <reason>`` (shortened to ``limit`` characters when given)."""
+    if strategy.ok:
+        return strategy.status
+    reason = strategy.error or "no reason recorded"
+    if limit is not None:
+        reason = _shorten(reason, limit)
+    return f"FAILED: {reason}" if strategy.status == "failed" else f"{strategy.status}: {reason}"
+
+
+def _gpu_cell(value: int | None, run: RunResults, decimals: int) -> str:
+    if not run.gpu_measured:
+        return f"{DASH} (no GPU)"
+    return format_gib(value, decimals)
+
+
+def short_commit(commit: str | None, length: int = 12) -> str:
+    """``commit`` cut to ``length`` hex digits, keeping a ``-dirty`` suffix; "not recorded" when None."""
+    if not commit:
+        return "not recorded"
+    sha, dirty, _ = commit.partition("-dirty")
+    return sha[:length] + ("-dirty" if dirty else "")
+
+
+def strategy_row(run: RunResults, strategy: StrategyResult, decimals: int) -> list[str]:
+    """The table cells of one strategy, in :data:`TABLE_COLUMNS` order."""
+    floor = floor_or_none(strategy, run.device)
+    peak = compared_peak_bytes(strategy, run.device)
+    excess = None
+    if floor is not None and peak is not None and run.model.bytes > 0:
+        excess = excess_fraction(peak, floor, run.model.bytes)
+    status = status_text(strategy, _STATUS_CHARS)
+    return [
+        strategy.name,
+        format_gib(strategy.host_at_partitioning_bytes, decimals),
+        format_gib(strategy.host_peak_bytes, decimals),
+        format_gib(strategy.anon_peak_bytes, decimals),
+        _gpu_cell(strategy.host_gpu_peak_bytes, run, decimals),
+        format_gib(floor, decimals),
+        format_percent(excess),
+        format_gib(strategy.released_bytes, decimals),
+        DASH if strategy.wall_s is None else f"{strategy.wall_s:.1f} s",
+        status if strategy.ok else f"**{status}**",
+    ]
+
+
+def _reference_gib(value: float | None) -> str:
+    return DASH if value is None else f"{value:g} GiB"
+
+
+def reference_row(reference: Reference) -> list[str]:
+    """The table cells of a reference figure measured elsewhere; what it lacks is a dash."""
+    return [
+        f"reference: {reference.label} (reference, different setup)",
+        _reference_gib(reference.host_at_partitioning_gib),
+        _reference_gib(reference.host_peak_gib),
+        DASH,
+        _reference_gib(reference.host_gpu_peak_gib),
+        DASH,
+        DASH,
+        DASH,
+        DASH,
+        "reference",
+    ]
+
+
+def _table(rows: Sequence[Sequence[str]]) -> list[str]:
+    align = ["---"] + ["---:"] * (len(TABLE_COLUMNS) - 2) + ["---"]
+    lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "| " + " | ".join(align) + " |"]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def _versions(run: RunResults) -> str:
+    return ", ".join(f"{k} {v}" for k, v in run.versions.items() if v)
+
+
+def machine_text(run: RunResults) -> str:
+    """``16 CPUs, 128 GiB memory, NVIDIA H200`` (or ``no GPU``)."""
+    m = run.machine
+    parts = []
+    if m.cpus is not None:
+        parts.append(f"{m.cpus} CPUs")
+    if m.mem_total_bytes:
+        parts.append(f"{m.mem_total_bytes / GIB:.0f} GiB memory")
+    parts.append(m.gpu or "no GPU")
+    return ", ".join(parts)
+
+
+def context_paragraph(run: RunResults) -> str:
+    """One paragraph on what was measured, where, and with what."""
+    model = run.model
+    decimals = gib_decimals(model.bytes)
+    about = [
+        f"`{model.source}`" if model.source else None,
+        f"{model.tensors} tensors" if model.tensors is not None else None,
+        format_gib(model.bytes, decimals),
+    ]
+    text = f"Model **{model.name}** ({', '.join(a for a in about if a)})"
+    if model.source_note:
+        text += f", {model.source_note.rstrip('.')}"
+    machine = f"; machine: {machine_text(run)}"
+    if run.machine.kernel:
+        machine += f", kernel {run.machine.kernel}"
+    engines = f"{run.engine_count} engines" if run.engine_count is not None else "engines"
+    if run.engine_cap_bytes:
+        engines += f" (cap {format_gib(run.engine_cap_bytes, decimals)} each)"
+    setup = [
+        f"backend `{run.backend}`",
+        f"device `{run.device}`",
+        f"{run.cache} cache" if run.cache else None,
+        engines,
+        None if run.release is None else ("release on" if run.release else "release off"),
+        f"sampled every {run.sample_interval_ms:g} ms" if run.sample_interval_ms else None,
+    ]
+    text += machine + "; " + ", ".join(s for s in setup if s) + "."
+    created = run.created or "at an unrecorded time"
+    text += f" Commit {short_commit(run.commit)}, created {created}; {_versions(run)}."
+    return text
+
+
+def _floor_note(run: RunResults, decimals: int) -> str:
+    if run.on_gpu:
+        floor = (
+            "on the GPU engines accumulate, so the floor is baseline + max over k of "
+            "(engines 0..k + engine k), compared with the host + GPU peak"
+        )
+    else:
+        floor = (
+            "engines leave the process, so the floor is baseline + largest engine, compared with the "
+            "build-phase host peak (the larger of the engines' high-water marks and the build-phase samples)"
+        )
+    gpu = "" if run.gpu_measured else " No GPU was measured: host + GPU figures do not apply."
+    return (
+        f"GiB = 2^30 bytes, rounded to {decimals} decimals; references are shown as published. "
+        f"Floor: the lowest peak any loader can reach while an engine's weights and its copy coexist; "
+        f"{floor}. Excess = (compared peak − floor) / model size. Failed strategies have no floor: "
+        f"they built only part of the model.{gpu}"
+    )
+
+
+def _above_floor(run: RunResults, s: StrategyResult, decimals: int) -> str | None:
+    floor = floor_or_none(s, run.device)
+    peak = compared_peak_bytes(s, run.device)
+    if floor is None or peak is None or run.model.bytes <= 0:
+        return None
+    fraction = excess_fraction(peak, floor, run.model.bytes)
+    label = compared_peak_label(run.device)
+    if fraction < 0:
+        return (
+            f"{label} {format_gib(peak, decimals)} is {format_gib(floor - peak, decimals)} below the floor "
+            f"of {format_gib(floor, decimals)}: the measurement missed memory that must have been there"
+        )
+    return (
+        f"{label} {format_gib(peak, decimals)}: {format_gib(peak - floor, decimals)} "
+        f"({fraction * 100:.1f}% of the model) above the floor of {format_gib(floor, decimals)}"
+    )
+
+
+def strategy_observations(run: RunResults, s: StrategyResult) -> list[str]:
+    """Facts about one strategy, computed from its figures only: a headline and indented details."""
+    decimals = gib_decimals(run.model.bytes)
+    model = run.model.bytes
+    headline: list[str] = []
+    if not s.ok:
+        headline.append(status_text(s))
+    if s.host_at_partitioning_bytes is not None and s.baseline_rss_bytes is not None:
+        above = s.host_at_partitioning_bytes - s.baseline_rss_bytes
+        headline.append(
+            f"host at partitioning {format_gib(above, decimals)} above the baseline of "
+            f"{format_gib(s.baseline_rss_bytes, decimals)}"
+        )
+    floor_fact = _above_floor(run, s, decimals)
+    if floor_fact:
+        headline.append(floor_fact)
+    details: list[str] = []
+    memory = []
+    if s.anon_peak_bytes is not None and model > 0:
+        share = s.anon_peak_bytes / model * 100
+        memory.append(f"anonymous peak {format_gib(s.anon_peak_bytes, decimals)} ({share:.0f}% of the model)")
+    if s.gpu_peak_bytes is not None:
+        memory.append(f"GPU peak {format_gib(s.gpu_peak_bytes, decimals)}")
+    if memory:
+        details.append("; ".join(memory))
+    release = []
+    if s.released_bytes is not None and model > 0:
+        share = s.released_bytes / model * 100
+        release.append(f"released {format_gib(s.released_bytes, decimals)} ({share:.0f}% of the model)")
+    if s.unreleased_bytes is not None:
+        release.append(f"{format_gib(s.unreleased_bytes, decimals)} never released")
+    if s.release_note:
+        release.append(s.release_note.rstrip("."))
+    if release:
+        details.append("; ".join(release))
+    sampling = []
+    if s.peak_source:
+        sampling.append(f"peaks from the {s.peak_source}")
+    if s.sample_count is not None:
+        sampling.append(f"{s.sample_count} samples")
+    if s.max_gap_ms is not None:
+        sampling.append(f"longest gap between samples {s.max_gap_ms:.1f} ms")
+    if s.mean_interval_ms is not None:
+        sampling.append(f"mean interval {s.mean_interval_ms:.1f} ms")
+    if sampling:
+        details.append(", ".join(sampling))
+    if s.note:
+        details.append(s.note.rstrip("."))
+    if not s.ok:
+        finished = sum(1 for e in s.engines if e.end_s is not None)
+        total = run.engine_count if run.engine_count is not None else "?"
+        last = f" up to {s.samples['t_s'].max():.1f} s" if len(s.samples) else ""
+        details.append(f"partial data: {len(s.samples)} samples{last}; {finished} of {total} engines built")
+    lines = [f"- **{s.name}**: " + ("; ".join(headline) or "no figures recorded") + "."]
+    return lines + [f"  - {d}." for d in details]
+
+
+def comparison_observations(run: RunResults) -> list[str]:
+    """Which finished strategy is lowest on host at partitioning and on the compared peak."""
+    finished = [s for s in run.strategies.values() if s.ok]
+    if len(finished) < 2:
+        return []
+    decimals = gib_decimals(run.model.bytes)
+    lines = []
+    label = compared_peak_label(run.device)
+    figures = {
+        "host at partitioning": {s.name: s.host_at_partitioning_bytes for s in finished},
+        label: {s.name: compared_peak_bytes(s, run.device) for s in finished},
+    }
+    for title, by_name in figures.items():
+        known = [(v, name) for name, v in by_name.items() if v is not None]
+        if len(known) < 2:
+            continue
+        known.sort()
+        (low, low_name), (high, high_name) = known[0], known[-1]
+        lines.append(
+            f"- Lowest {title}: **{low_name}** ({format_gib(low, decimals)}), "
+            f"{format_gib(high - low, decimals)} below the highest ({high_name})."
+        )
+    return lines
+
+
+def render_report(run: RunResults, figures: Sequence[str] = (), notes: str | None = None) -> str:
+    """The whole markdown text. ``figures`` are image paths relative to the report; ``notes`` is
+    the kept tail of a previous report (from the marker on), or ``None`` for a fresh file."""
+    decimals = gib_decimals(run.model.bytes)
+    rows = [strategy_row(run, s, decimals) for s in run.strategies.values()]
+    rows += [reference_row(r) for r in run.references]
+    lines = [f"# {run.name}: memory by loading strategy", ""]
+    if run.description:
+        lines += [f"*{' '.join(run.description.split())}*", ""]
+    lines += [context_paragraph(run), ""]
+    lines += _table(rows)
+    lines += ["", _floor_note(run, decimals), ""]
+    notes_on_refs = [f"- reference **{r.label}**: {r.note.rstrip('.')}." for r in run.references if r.note]
+    lines += ["## Observations", ""]
+    for strategy in run.strategies.values():
+        lines += strategy_observations(run, strategy)
+    lines += comparison_observations(run)
+    lines += notes_on_refs
+    if figures:
+        lines += ["", "## Figures", ""]
+        for figure in figures:
+            lines += [f"![{Path(figure).stem}]({figure})", ""]
+        lines.pop()
+    lines.append("")
+    text = "\n".join(lines) + "\n"
+    return text + (notes if notes is not None else NOTES_MARKER + "\n")
+
+
+def kept_notes(path: Path) -> str | None:
+    """The tail of an existing report from :data:`NOTES_MARKER` on, or ``None`` (no file, no marker)."""
+    if not path.is_file():
+        return None
+    text = path.read_text(encoding="utf-8")
+    at = text.find(NOTES_MARKER)
+    return None if at < 0 else text[at:]
+
+
+def write_report(run: RunResults, path: Path, figures: Sequence[str] = ()) -> Path:
+    """Render the report to ``path`` atomically, keeping the notes of the file it replaces."""
+    path = Path(path)
+    text = render_report(run, figures, kept_notes(path))
+    return write_atomic(path, text.encode("utf-8"))

@@ -1,0 +1,300 @@
+"""Tests of the sampler thread, the /proc/self readers, the kernel high-water mark and GPU columns."""
+
+from __future__ import annotations
+
+import mmap
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness.gpu import GpuMonitor, torch_reserved_bytes
+from harness.procfs import PeakTracker, mapping_rss, read_peak, read_status, reset_peak
+from harness.sampler import Sampler
+
+MiB = 1 << 20
+COL = {name: i for i, name in enumerate(Sampler.COLUMNS)}
+
+
+def _touched(nbytes: int) -> np.ndarray:
+    """An anonymous block of ``nbytes`` whose every page has been written."""
+    return np.ones(nbytes, dtype=np.uint8)
+
+
+def _wait_for_samples(sampler: Sampler, extra: int, timeout_s: float = 5.0) -> None:
+    """Wait until the sampler has taken ``extra`` more rows (bounded by ``timeout_s``)."""
+    target = sampler.stats.samples + extra
+    deadline = time.monotonic() + timeout_s
+    while sampler.stats.samples < target:
+        assert time.monotonic() < deadline, "the sampler thread stopped sampling"
+        time.sleep(sampler.interval_s / 2)
+
+
+def _column(rows: Sequence[tuple[Any, ...]], name: str) -> list[Any]:
+    return [row[COL[name]] for row in rows]
+
+
+# -- /proc/self readers -----------------------------------------------------------------------
+
+
+def test_status_reading_is_consistent() -> None:
+    status = read_status()
+    assert status.rss_bytes > 0
+    assert status.rss_bytes == status.anon_bytes + status.file_bytes + status.shmem_bytes
+    assert status.hwm_bytes >= status.rss_bytes
+    assert read_peak() >= status.rss_bytes
+
+
+def test_mapping_rss_counts_touched_pages_of_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "mapped.bin"
+    path.write_bytes(b"\1" * (8 * MiB))
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        assert mapping_rss(path) == 0
+        total = sum(mm[i] for i in range(0, len(mm), mmap.PAGESIZE))  # one read per page
+        assert total == len(mm) // mmap.PAGESIZE
+        assert mapping_rss(path) == 8 * MiB
+    assert mapping_rss(path) == 0
+    assert mapping_rss(tmp_path / "never-mapped") == 0
+
+
+# -- the sampler ----------------------------------------------------------------------------
+
+
+def test_sampler_sees_anonymous_allocation_and_its_release() -> None:
+    sampler = Sampler(interval_s=0.01)
+    sampler.start()
+    try:
+        block = _touched(512 * MiB)
+        _wait_for_samples(sampler, 3)
+        del block
+        _wait_for_samples(sampler, 3)
+    finally:
+        sampler.stop()
+    rows = sampler.rows()
+    anon, file_, rss = _column(rows, "anon_bytes"), _column(rows, "file_bytes"), _column(rows, "rss_bytes")
+    # The first row (start) precedes the allocation and the last (stop) follows its release,
+    # so only the background thread's rows can show the block.
+    assert max(anon) - anon[0] >= 480 * MiB
+    assert max(rss) - rss[0] >= 480 * MiB
+    assert max(file_) - file_[0] < 64 * MiB, "an anonymous block was counted as file-backed"
+    assert anon[-1] - anon[0] < 64 * MiB, "the release was not seen"
+
+
+def test_peak_tracker_catches_a_spike_the_samples_miss() -> None:
+    tracker = PeakTracker()
+    sampler = Sampler(interval_s=1.0)
+    sampler.start()
+    try:
+        base = read_status().rss_bytes
+        began = time.monotonic()
+        if not tracker.begin():
+            pytest.skip("the kernel refuses '5' on /proc/self/clear_refs: per-engine peaks use samples")
+        spike = _touched(256 * MiB)
+        del spike
+        peak = tracker.end()
+        elapsed = time.monotonic() - began
+    finally:
+        sampler.stop()
+    assert peak is not None
+    assert peak >= base + 240 * MiB
+    assert tracker.overall_bytes is not None and tracker.overall_bytes >= peak
+    if elapsed < 0.9 * sampler.interval_s:  # else the thread may legitimately have sampled the spike
+        rss = _column(sampler.rows(), "rss_bytes")
+        assert max(rss) < base + 128 * MiB, "the spike was meant to fall between samples"
+    # After a reset the mark restarts from the current RSS, far below the spike.
+    assert reset_peak()
+    assert read_peak() < peak - 128 * MiB
+
+
+def test_peak_tracker_remembers_a_refused_reset(monkeypatch: pytest.MonkeyPatch) -> None:
+    import harness.procfs as procfs
+
+    monkeypatch.setattr(procfs, "CLEAR_REFS_PATH", "/nonexistent/clear_refs")
+    assert procfs.reset_peak() is False
+    tracker = PeakTracker()
+    assert tracker.supported
+    assert tracker.begin() is False
+    assert tracker.supported is False
+    assert tracker.end() is None
+    assert tracker.begin() is False
+
+
+def test_mark_records_every_transition_as_a_row() -> None:
+    sampler = Sampler(interval_s=30.0)  # no background sample during the test
+    sampler.mark(engine=7)  # before start: labels only, no row
+    sampler.start()
+    sampler.mark(engine=0, phase="build")
+    sampler.mark(phase="release")
+    sampler.mark(engine=1, phase="build")
+    sampler.mark(engine=None, phase=None)
+    sampler.stop()
+    sampler.mark(phase="after")  # after stop: labels only, no row
+    labels = [(row[COL["engine"]], row[COL["phase"]]) for row in sampler.rows()]
+    assert labels == [
+        (7, None),  # start
+        (0, "build"),
+        (0, "release"),
+        (1, "build"),
+        (-1, None),
+        (-1, None),  # stop
+    ]
+    times = _column(sampler.rows(), "t_s")
+    assert times == sorted(times)
+
+
+def test_stats_measure_the_background_intervals() -> None:
+    sampler = Sampler(interval_s=0.01)
+    assert sampler.stats.samples == 0
+    sampler.start()
+    _wait_for_samples(sampler, 10)
+    stats = sampler.stop()
+    assert stats.samples >= 12
+    assert stats.samples == len(sampler.rows())
+    assert 0.9 * 10 <= stats.mean_interval_ms < 3 * 10
+    assert stats.max_gap_ms >= stats.mean_interval_ms
+    assert sampler.stats == stats
+
+
+def test_t0_sets_the_time_origin() -> None:
+    t0 = time.monotonic() - 100.0
+    sampler = Sampler(interval_s=30.0, t0=t0)
+    sampler.start()
+    sampler.stop()
+    first = _column(sampler.rows(), "t_s")[0]
+    assert 100.0 <= first < 110.0
+
+
+def test_lifecycle_errors() -> None:
+    sampler = Sampler(interval_s=30.0)
+    with pytest.raises(RuntimeError):
+        sampler.stop()
+    with pytest.raises(RuntimeError):
+        sampler.sample_now()
+    sampler.start()
+    with pytest.raises(RuntimeError):
+        sampler.start()
+    sampler.sample_now()
+    sampler.stop()
+    assert len(sampler.rows()) == 3
+    with pytest.raises(ValueError):
+        Sampler(interval_s=0)
+    with pytest.raises(ValueError):
+        Sampler(residency_every=0)
+
+
+def test_a_failing_reader_surfaces_at_stop() -> None:
+    class BrokenGpu(_FakeGpu):
+        def used_bytes(self) -> int:
+            if self.calls >= 3:  # baseline, start's row, one background row
+                raise OSError("device lost")
+            self.calls += 1
+            return 0
+
+    sampler = Sampler(interval_s=0.005, gpu=BrokenGpu())
+    sampler.start()
+    deadline = time.monotonic() + 5.0
+    while sampler._thread is not None and sampler._thread.is_alive():
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    with pytest.raises(RuntimeError, match="device lost"):
+        sampler.stop()
+    assert len(sampler.rows()) == 2  # start and one background row are kept
+
+
+# -- GPU columns ----------------------------------------------------------------------------
+
+
+class _FakeGpu(GpuMonitor):
+    """A GPU monitor whose ``used`` is set by the test."""
+
+    def __init__(self) -> None:
+        super().__init__(None, device_index=0, name="fake", total_bytes=1 << 40)
+        self.used = 0
+        self.calls = 0
+
+    def used_bytes(self) -> int:
+        return self.used
+
+
+def test_gpu_columns_are_empty_without_a_monitor(tmp_path: Path) -> None:
+    sampler = Sampler(interval_s=0.01)
+    sampler.start()
+    _wait_for_samples(sampler, 2)
+    sampler.mark(engine=3, phase="build")
+    sampler.stop()
+    rows = sampler.rows()
+    for name in ("gpu_used_bytes", "gpu_reserved_bytes", "resident_bytes"):
+        assert all(value is None for value in _column(rows, name)), name
+    assert sampler.gpu_baseline_bytes is None
+
+    path = tmp_path / "samples.csv"
+    sampler.write_csv(path)
+    assert path.read_text().splitlines()[0] == ",".join(Sampler.COLUMNS)
+    frame = pd.read_csv(path)
+    assert tuple(frame.columns) == Sampler.COLUMNS
+    assert len(frame) == len(rows)
+    for name in ("gpu_used_bytes", "gpu_reserved_bytes", "resident_bytes"):
+        assert frame[name].isna().all(), name
+    assert (frame["rss_bytes"] > 0).all()
+    assert frame["rss_bytes"].tolist() == _column(rows, "rss_bytes")
+    assert frame["engine"].tolist() == _column(rows, "engine")
+    assert frame["engine"].iloc[-1] == 3
+    assert frame["phase"].iloc[-1] == "build"
+    assert frame["phase"].iloc[0] != frame["phase"].iloc[0]  # NaN: an empty phase
+    assert np.allclose(frame["t_s"], _column(rows, "t_s"))
+
+
+def test_gpu_used_is_relative_to_the_baseline() -> None:
+    gpu = _FakeGpu()
+    gpu.used = 1000
+    sampler = Sampler(interval_s=30.0, gpu=gpu)
+    sampler.start()  # baseline 1000
+    gpu.used = 1500
+    sampler.mark(phase="model on device")
+    gpu.used = 5000
+    sampler.rebase_gpu()  # baseline 5000
+    gpu.used = 5200
+    sampler.mark(phase="engine")
+    sampler.stop()
+    used = _column(sampler.rows(), "gpu_used_bytes")
+    assert used == [0, 500, 200, 200]
+    assert sampler.gpu_baseline_bytes == 5000
+    # CUDA is never initialised here, so torch has reserved nothing it can report.
+    assert _column(sampler.rows(), "gpu_reserved_bytes") == [None] * 4
+
+
+def test_gpu_monitor_open_never_raises() -> None:
+    monitor = GpuMonitor.open()
+    if monitor is None:
+        return  # no driver or no device: the harness records no GPU figures
+    with monitor:
+        assert monitor.total_bytes > 0
+        assert 0 < monitor.used_bytes() <= monitor.total_bytes
+        assert monitor.name
+
+
+def test_torch_reserved_does_not_initialise_cuda() -> None:
+    torch = pytest.importorskip("torch")
+    was_initialised = torch.cuda.is_initialized()
+    value = torch_reserved_bytes()
+    assert torch.cuda.is_initialized() == was_initialised
+    if not was_initialised:
+        assert value is None
+
+
+def test_visible_devices_select_the_nvml_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.gpu import _visible_entry
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert _visible_entry(1) == "1"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    assert [_visible_entry(i) for i in range(3)] == ["3", "1", None]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-ab12, 2,-1,0")
+    assert [_visible_entry(i) for i in range(3)] == ["GPU-ab12", "2", None]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert _visible_entry(0) is None
+    assert GpuMonitor.open(0) is None

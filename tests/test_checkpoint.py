@@ -1,0 +1,194 @@
+"""Resolving checkpoint paths: single files, sharded directories and index files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from weightmap.checkpoint import INDEX_NAME, Checkpoint, open_checkpoint
+from weightmap.errors import HeaderError, MappingError
+from weightmap.format import TensorSpec, write_checkpoint
+
+SHARD_1 = "model-00001-of-00002.safetensors"
+SHARD_2 = "model-00002-of-00002.safetensors"
+FIRST = {"embed.weight": torch.randn(8, 4), "layers.0.weight": torch.randn(4, 4).bfloat16()}
+SECOND = {"layers.1.weight": torch.randn(4, 4), "norm.weight": torch.ones(4), "step": torch.tensor(3)}
+
+
+def write_index(path: Path, weight_map: Any, metadata: Any = None) -> Path:
+    path.write_text(json.dumps({"metadata": metadata or {"total_size": 0}, "weight_map": weight_map}))
+    return path
+
+
+def weight_map_of(**shards: dict[str, torch.Tensor]) -> dict[str, str]:
+    return {name: f"{shard}.safetensors" for shard, tensors in shards.items() for name in tensors}
+
+
+@pytest.fixture
+def sharded(tmp_path: Path) -> Path:
+    """A directory with an index and two shards: one from safetensors, one from write_checkpoint."""
+    save_file(FIRST, str(tmp_path / SHARD_1))
+    specs = [TensorSpec(name, t.dtype, tuple(t.shape)) for name, t in SECOND.items()]
+    write_checkpoint(tmp_path / SHARD_2, specs, lambda spec: SECOND[spec.name])
+    weight_map = {**dict.fromkeys(FIRST, SHARD_1), **dict.fromkeys(SECOND, SHARD_2)}
+    write_index(tmp_path / INDEX_NAME, weight_map)
+    return tmp_path
+
+
+def assert_holds(checkpoint: Checkpoint, directory: Path) -> None:
+    """The checkpoint has every tensor of both shards, each with its own file's header."""
+    assert checkpoint.files == (directory / SHARD_1, directory / SHARD_2)
+    assert set(checkpoint.entries) == set(FIRST) | set(SECOND)
+    for name, (header, entry) in checkpoint.entries.items():
+        expected = FIRST if name in FIRST else SECOND
+        assert header.path == directory / (SHARD_1 if name in FIRST else SHARD_2)
+        assert header.tensors[name] is entry
+        assert entry.dtype == expected[name].dtype and entry.shape == tuple(expected[name].shape)
+        with open(header.path, "rb") as f:
+            f.seek(entry.start)
+            stored = f.read(entry.nbytes)
+        assert stored == bytes(expected[name].reshape(-1).view(torch.uint8).numpy()), name
+
+
+def test_directory_with_index(sharded: Path) -> None:
+    checkpoint = open_checkpoint(sharded)
+    assert checkpoint.source == sharded
+    assert_holds(checkpoint, sharded)
+
+
+def test_index_path_itself(sharded: Path) -> None:
+    checkpoint = open_checkpoint(str(sharded / INDEX_NAME))
+    assert checkpoint.source == sharded / INDEX_NAME
+    assert_holds(checkpoint, sharded)
+
+
+def test_index_with_another_name_and_a_shard_spelled_differently(sharded: Path) -> None:
+    weight_map = {**{k: "./" + SHARD_1 for k in FIRST}, **dict.fromkeys(SECOND, SHARD_2)}
+    weight_map["embed.weight"] = SHARD_1
+    index = write_index(sharded / "other.index.json", weight_map)
+    assert_holds(open_checkpoint(index), sharded)
+
+
+def test_tensors_the_index_leaves_out_are_still_usable(sharded: Path) -> None:
+    write_index(sharded / INDEX_NAME, {"embed.weight": SHARD_1, "norm.weight": SHARD_2})
+    assert_holds(open_checkpoint(sharded), sharded)
+
+
+def test_shards_in_subdirectories(tmp_path: Path) -> None:
+    (tmp_path / "parts").mkdir()
+    save_file(FIRST, str(tmp_path / "parts" / "a.safetensors"))
+    index = write_index(tmp_path / "w.index.json", dict.fromkeys(FIRST, "parts/a.safetensors"))
+    checkpoint = open_checkpoint(index)
+    assert checkpoint.files == (tmp_path / "parts" / "a.safetensors",)
+    assert set(checkpoint.entries) == set(FIRST)
+
+
+def test_directory_with_a_single_file(tmp_path: Path) -> None:
+    save_file(FIRST, str(tmp_path / "model.safetensors"))
+    (tmp_path / "._model.safetensors").write_bytes(b"hidden files are ignored")
+    (tmp_path / "config.json").write_text("{}")
+    checkpoint = open_checkpoint(tmp_path)
+    assert checkpoint.source == tmp_path
+    assert checkpoint.files == (tmp_path / "model.safetensors",)
+    assert set(checkpoint.entries) == set(FIRST)
+
+
+def test_single_file(tmp_path: Path) -> None:
+    path = tmp_path / "weights.bin"  # any non-.json file is read as safetensors
+    save_file(SECOND, str(path), metadata={"format": "pt"})
+    checkpoint = open_checkpoint(path)
+    assert checkpoint.source == path and checkpoint.files == (path,)
+    assert checkpoint.headers[0].metadata == {"format": "pt"}
+    header, entry = checkpoint.entries["step"]
+    assert header is checkpoint.headers[0] and entry.dtype == torch.int64 and entry.shape == ()
+
+
+def test_directory_with_two_files_and_no_index(sharded: Path) -> None:
+    (sharded / INDEX_NAME).unlink()
+    pattern = f"2 \\*.safetensors files \\({SHARD_1}, {SHARD_2}\\) but no {INDEX_NAME}"
+    with pytest.raises(MappingError, match=pattern):
+        open_checkpoint(sharded)
+
+
+def test_directory_with_no_safetensors_file(tmp_path: Path) -> None:
+    (tmp_path / "diffusion_pytorch_model.safetensors.index.json").write_text("{}")
+    with pytest.raises(MappingError, match="no \\*.safetensors file.*other index files here: diffusion"):
+        open_checkpoint(tmp_path)
+
+
+def test_missing_path(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="checkpoint not found.*absent.safetensors"):
+        open_checkpoint(tmp_path / "absent.safetensors")
+    with pytest.raises(FileNotFoundError, match="checkpoint not found.*absent.index.json"):
+        open_checkpoint(tmp_path / "absent.index.json")
+
+
+def test_index_naming_a_missing_shard(sharded: Path) -> None:
+    write_index(sharded / INDEX_NAME, {**dict.fromkeys(FIRST, SHARD_1), "extra.weight": "gone.safetensors"})
+    pattern = "tensor 'extra.weight': the index names shard 'gone.safetensors', but .* does not exist"
+    with pytest.raises(HeaderError, match=pattern) as info:
+        open_checkpoint(sharded)
+    assert str(info.value).startswith(str(sharded / INDEX_NAME))
+
+
+def test_index_assigning_a_tensor_to_the_wrong_shard(sharded: Path) -> None:
+    weight_map = {**dict.fromkeys(FIRST, SHARD_1), **dict.fromkeys(SECOND, SHARD_2), "norm.weight": SHARD_1}
+    write_index(sharded / INDEX_NAME, weight_map)
+    pattern = f"tensor 'norm.weight': the index assigns it to shard '{SHARD_1}', whose header lacks it; it is"
+    pattern += f" in '{SHARD_2}'"
+    with pytest.raises(HeaderError, match=pattern):
+        open_checkpoint(sharded)
+
+
+def test_index_assigning_a_tensor_no_shard_holds(sharded: Path) -> None:
+    write_index(sharded / INDEX_NAME, {**dict.fromkeys(FIRST, SHARD_1), "ghost": SHARD_2})
+    with pytest.raises(HeaderError, match="tensor 'ghost': .*no shard holds it"):
+        open_checkpoint(sharded)
+
+
+def test_tensor_in_two_shards(sharded: Path) -> None:
+    save_file({**SECOND, "embed.weight": torch.zeros(2)}, str(sharded / SHARD_2))
+    pattern = f"tensor 'embed.weight' is in two shards: '{SHARD_1}' and '{SHARD_2}'"
+    with pytest.raises(HeaderError, match=pattern):
+        open_checkpoint(sharded)
+
+
+def test_tensor_in_two_shards_even_when_the_index_omits_it(sharded: Path) -> None:
+    save_file({"dup": torch.zeros(1)}, str(sharded / "x.safetensors"))
+    save_file({"dup": torch.zeros(1)}, str(sharded / "y.safetensors"))
+    write_index(sharded / INDEX_NAME, {"a": "x.safetensors", "b": "y.safetensors"})
+    with pytest.raises(HeaderError, match="tensor 'dup' is in two shards"):
+        open_checkpoint(sharded)
+
+
+def test_broken_shard_header_names_the_shard(sharded: Path) -> None:
+    (sharded / SHARD_2).write_bytes(b"\x05\0\0\0\0\0\0\0{}")
+    with pytest.raises(HeaderError, match=f"{SHARD_2}: header length 5 runs past the end"):
+        open_checkpoint(sharded)
+
+
+@pytest.mark.parametrize(
+    ("content", "pattern"),
+    [
+        ("not json", "not valid UTF-8 JSON"),
+        ("[1]", "not a JSON object"),
+        ('{"metadata": {}}', "needs a 'weight_map' object"),
+        ('{"weight_map": ["a"]}', "needs a 'weight_map' object"),
+        ('{"weight_map": {"a": 3}}', "tensor 'a': weight_map value must be a shard file name"),
+        ('{"weight_map": {"a": "/etc/x.safetensors"}}', "tensor 'a': shard '/etc/x.safetensors' must be"),
+        ('{"weight_map": {"a": "../x.safetensors"}}', "tensor 'a': shard '../x.safetensors' must be"),
+        ('{"weight_map": {"a": ""}}', "tensor 'a': shard '' must be a relative"),
+        ('{"weight_map": {"a": "s.safetensors", "a": "t.safetensors"}}', "key 'a' is given twice"),
+    ],
+)
+def test_malformed_index(content: str, pattern: str, tmp_path: Path) -> None:
+    index = tmp_path / "m.index.json"
+    index.write_text(content)
+    with pytest.raises(HeaderError, match=pattern) as info:
+        open_checkpoint(index)
+    assert str(info.value).startswith(str(index) + ": ")
