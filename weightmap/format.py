@@ -60,6 +60,7 @@ MAX_HEADER_BYTES: int = 100_000_000
 _LENGTH_BYTES = 8
 _MAX_DIM = 2**63 - 1
 _SIZE_CAP = 2**64
+_MAX_INT_DIGITS = len(str(2**64 - 1))
 _WRITE_CHUNK = 64 * 1024 * 1024
 _ENTRY_FIELDS = frozenset({"dtype", "shape", "data_offsets"})
 _METADATA_KEY = "__metadata__"
@@ -173,19 +174,41 @@ class _JsonObject:
     def __init__(self, pairs: list[tuple[str, Any]]) -> None:
         self.pairs = pairs
 
+    def __repr__(self) -> str:
+        return "{...}"
+
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"non-standard JSON constant {name}")
 
 
+def _parse_int(digits: str) -> int:
+    """JSON integers; longer than any 64-bit value is an error (and never a slow conversion)."""
+    if len(digits.lstrip("-")) > _MAX_INT_DIGITS:
+        raise ValueError(f"integer of {len(digits)} characters is out of the 64-bit range")
+    return int(digits)
+
+
+def _shallow(value: object, limit: int) -> str:
+    """repr of a scalar; nested lists and objects are elided, long strings cut before repr."""
+    if isinstance(value, list):
+        return "[...]"
+    if isinstance(value, str) and len(value) > limit:
+        return repr(value[:limit])
+    return repr(value)
+
+
 def _show(value: object, limit: int = 120) -> str:
-    """A short repr of a value from an untrusted header, for error messages."""
-    if isinstance(value, list) and len(value) > 8:
-        text = repr(value[:8])[:-1] + ", ...]"
-    elif isinstance(value, _JsonObject):
-        text = "a JSON object"
+    """A short repr of a value from an untrusted header, for error messages.
+
+    Never recurses into nested values and never renders more than a few elements, so
+    its cost does not depend on what the header holds.
+    """
+    if isinstance(value, list):
+        items = [_shallow(item, limit) for item in value[:8]] + (["..."] if len(value) > 8 else [])
+        text = "[" + ", ".join(items) + "]"
     else:
-        text = repr(value)
+        text = _shallow(value, limit)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -226,7 +249,9 @@ def _decode_json(text_bytes: bytes, path: Path) -> _JsonObject:
     except UnicodeDecodeError as exc:
         raise _fail(path, f"header is not valid UTF-8 (byte {exc.start} of the header)") from exc
     try:
-        document = json.loads(text, object_pairs_hook=_JsonObject, parse_constant=_reject_constant)
+        document = json.loads(
+            text, object_pairs_hook=_JsonObject, parse_constant=_reject_constant, parse_int=_parse_int
+        )
     except RecursionError as exc:
         raise _fail(path, "header JSON is nested too deeply") from exc
     except ValueError as exc:

@@ -127,6 +127,17 @@ def test_values_are_seeded_and_independent_of_workers(tmp_path: Path) -> None:
             assert torch.equal(stored[s.name], fill(s)), s.name
 
 
+def test_reused_buffer_gives_the_same_values() -> None:
+    specs = [TensorSpec("a", torch.float32, (300, 7)), TensorSpec("b", torch.bfloat16, (500, 3))]  # smaller
+    with SeededFill(3, reuse_buffer=True) as reuse, SeededFill(3) as fresh:
+        first = reuse(specs[0])
+        assert torch.equal(first, fresh(specs[0]))
+        pointer = first.data_ptr()
+        second = reuse(specs[1])
+        assert second.data_ptr() == pointer  # one buffer, overwritten
+        assert torch.equal(second, fresh(specs[1]))
+
+
 @pytest.mark.parametrize(
     "dtype",
     [

@@ -60,11 +60,11 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path, Scen
     return summary, tmp / "results" / "tiny", scenario
 
 
-def held_after(engines: list[list[str]], sizes: dict[str, int], i: int) -> int:
-    """Bytes that must stay after engine i: read by engine <= i and by a later one."""
-    early = {n for e in engines[: i + 1] for n in e}
-    late = {n for e in engines[i + 1:] for n in e}
-    return sum(sizes[n] for n in early & late)
+def held_after(engines: list[list[int]], sizes: dict[int, int], i: int) -> int:
+    """Bytes that must stay after engine i: tensors read by engine <= i and by a later one."""
+    early = {t for e in engines[: i + 1] for t in e}
+    late = {t for e in engines[i + 1:] for t in e}
+    return sum(sizes[t] for t in early & late)
 
 
 def test_every_strategy_runs_and_writes_its_files(tiny_run: tuple[dict, Path, Scenario]) -> None:
@@ -88,26 +88,28 @@ def test_map_releases_each_engine_and_stays_near_the_floor(tiny_run: tuple[dict,
     assert entry["host_at_partitioning_bytes"] - base < SLACK, "mapping must not read the weights"
     with torch.device("meta"):
         model = SyntheticTransformer(layers=4, width=512, heads=8, vocab=8192)
-    engines = [list(e.names) for e in partition(model, cap_for(model, 4))]
     named = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers())
-    sizes = {n: t.numel() * t.element_size() for n, t in named.items()}
+    engines = [[id(named[n]) for n in e.names] for e in partition(model, cap_for(model, 4))]
+    sizes = {id(t): t.numel() * t.element_size() for t in named.values()}  # a tied weight is one tensor
     assert len(entry["engines"]) == len(engines)
     for i, engine in enumerate(entry["engines"]):
         limit = base + held_after(engines, sizes, i) + SLACK
         assert engine["rss_after_bytes"] <= limit, f"engine {i}: {engine['rss_after_bytes']} > {limit}"
-        assert engine["host_hwm_bytes"] <= limit + engine["weight_bytes"]
+        during = base + (held_after(engines, sizes, i - 1) if i else 0) + engine["weight_bytes"] + SLACK
+        assert engine["host_hwm_bytes"] <= during, f"engine {i}: peak {engine['host_hwm_bytes']} > {during}"
     assert entry["released_bytes"] >= 0.99 * model_bytes
     assert entry["unreleased_bytes"] == 0
 
 
 def test_load_holds_everything_and_load_file_never_releases(tiny_run: tuple[dict, Path, Scenario]) -> None:
-    summary, _, _ = tiny_run
+    summary, out, _ = tiny_run
     model_bytes = summary["model"]["bytes"]
     load = summary["strategies"]["load"]
     assert load["host_at_partitioning_bytes"] - load["baseline_rss_bytes"] >= 0.95 * model_bytes
-    assert load["anon_peak_bytes"] - load["baseline_rss_bytes"] >= 1.5 * model_bytes  # two copies at the peak
+    anon_baseline = pd.read_csv(out / "samples-load.csv")["anon_bytes"].iloc[0]
+    assert load["anon_peak_bytes"] - anon_baseline >= 1.5 * model_bytes  # two copies at the peak
     load_file = summary["strategies"]["load_file"]
-    assert load_file["released_bytes"] == 0
+    assert load_file["released_bytes"] <= 4096  # only inv_freq, filled in ordinary memory by the harness
     assert load_file["unreleased_bytes"] >= 0.99 * model_bytes
     assert "not resizable" in load_file["release_note"]
     last = load_file["engines"][-1]
@@ -165,8 +167,10 @@ def test_memory_limit_stops_a_strategy(tmp_path: Path) -> None:
 
 def test_copy_backend_built_model_matches_eager(tmp_path: Path) -> None:
     torch.manual_seed(0)
-    eager = SyntheticTransformer(layers=2, width=64, heads=4, vocab=256)
-    fill_non_persistent(eager)
+    eager = SyntheticTransformer(layers=2, width=64, heads=4, vocab=256, device="cpu")
+    with torch.no_grad():
+        for t in eager.parameters():
+            t.normal_(0, 0.05)
     path = save_weights_for_mapping(eager, tmp_path / "w.safetensors")
     with torch.device("meta"):
         model = SyntheticTransformer(layers=2, width=64, heads=4, vocab=256)
