@@ -18,21 +18,11 @@ from typing import Any
 
 import pandas as pd
 
+from harness.schema import EVENT_COLUMNS, SAMPLE_COLUMNS
+
 GIB = 1 << 30
 """Bytes in a GiB; every figure and table reports GiB."""
 
-SAMPLE_COLUMNS = (
-    "t_s",
-    "rss_bytes",
-    "anon_bytes",
-    "file_bytes",
-    "resident_bytes",
-    "gpu_used_bytes",
-    "gpu_reserved_bytes",
-    "engine",
-    "phase",
-)
-EVENT_COLUMNS = ("t_s", "event", "engine", "weight_bytes", "host_hwm_bytes", "released_bytes")
 _NUMERIC_SAMPLE_COLUMNS = SAMPLE_COLUMNS[:-1]
 _NUMERIC_EVENT_COLUMNS = ("t_s", "engine", "weight_bytes", "host_hwm_bytes", "released_bytes")
 

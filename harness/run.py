@@ -146,7 +146,7 @@ def run_scenario(
         "scenario": scenario.name,
         "name": name,
         "description": scenario.description,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "commit": machine.commit(),
         "machine": machine.machine(),
         "versions": machine.versions(),

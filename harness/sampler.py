@@ -37,6 +37,7 @@ import numpy as np
 from harness.gpu import GpuMonitor, torch_reserved_bytes
 from harness.procfs import PeakTracker, StatusReader
 from harness.residency import FileResidency
+from harness.schema import SAMPLE_COLUMNS
 
 __all__ = ["PeakTracker", "Sampler", "SamplerStats"]
 
@@ -90,17 +91,7 @@ class Sampler:
     kept, and ``stop`` raises ``RuntimeError`` from that error.
     """
 
-    COLUMNS = (
-        "t_s",
-        "rss_bytes",
-        "anon_bytes",
-        "file_bytes",
-        "resident_bytes",
-        "gpu_used_bytes",
-        "gpu_reserved_bytes",
-        "engine",
-        "phase",
-    )
+    COLUMNS = SAMPLE_COLUMNS
 
     def __init__(
         self,

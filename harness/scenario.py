@@ -45,13 +45,12 @@ import difflib
 import json
 import math
 import re
+import tomllib
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 __all__ = [
     "BACKENDS",
@@ -106,8 +105,10 @@ class ScenarioError(ValueError):
 class ModelConfig:
     """What model to build (see :mod:`harness.models`).
 
-    Synthetic fields are ``None`` for the other sources and vice versa; ``spec`` is
-    an absolute path after :func:`load_scenario`.
+    ``layers``/``width``/``vocab`` are ``None`` unless the source is synthetic (where
+    ``heads``/``ffn_mult``/``dtype`` also apply; elsewhere they keep their defaults
+    and are ignored). ``spec``/``fallback``/``trim`` apply to spec and lerobot only;
+    ``spec`` is an absolute path after :func:`load_scenario`.
     """
 
     source: str = "synthetic"
@@ -182,17 +183,17 @@ class Reference:
     note: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Scenario:
-    """A validated scenario; build one with :func:`load_scenario`."""
+    """A validated scenario; build one with :func:`load_scenario` (fields are keyword-only)."""
 
     name: str
+    description: str = ""
     path: Path
+    strategies: tuple[str, ...] = STRATEGIES
     model: ModelConfig
     checkpoint: CheckpointConfig
     build: BuildConfig
-    description: str = ""
-    strategies: tuple[str, ...] = STRATEGIES
     run: RunConfig = field(default_factory=RunConfig)
     references: tuple[Reference, ...] = ()
 

@@ -52,7 +52,7 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
                 tensor = torch.empty(entry.shape, dtype=entry.dtype)
                 if entry.nbytes:
                     f.seek(entry.start)
-                    view = memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+                    view = memoryview(tensor.reshape(-1).view(torch.uint8).numpy().data)
                     got = 0
                     while got < entry.nbytes:
                         n = f.readinto(view[got:])
@@ -101,7 +101,8 @@ def _retie(model: torch.nn.Module, groups: list[list[str]]) -> None:
     """``assign=True`` fills only the names the file holds: point the other tied names at them."""
     for names in groups:
         slots = [_slot(model, n) for n in names]
-        loaded = next((s[k] for s, k in slots if s[k] is not None and s[k].device.type != "meta"), None)
+        present = [s[k] for s, k in slots]
+        loaded = next((t for t in present if t is not None and t.device.type != "meta"), None)
         if loaded is None:
             continue
         for s, k in slots:

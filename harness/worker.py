@@ -35,12 +35,10 @@ from harness.partition import Engine, cap_for, model_bytes, partition
 from harness.procfs import PeakTracker, read_peak, read_status
 from harness.sampler import Sampler
 from harness.scenario import Scenario, load_scenario
+from harness.schema import EVENT_COLUMNS
 from harness.strategies import LOADERS
 from weightmap import ReleasePlan
 from weightmap.checkpoint import open_checkpoint
-
-EVENT_COLUMNS = ("t_s", "event", "engine", "weight_bytes", "host_hwm_bytes", "released_bytes",
-                 "rss_bytes", "gpu_used_bytes")
 
 
 @dataclass
@@ -120,7 +118,7 @@ def engine_cap(scenario: Scenario, model: torch.nn.Module) -> int:
 
 
 def _named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    named = dict(model.named_parameters(remove_duplicate=False))
+    named: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
     named.update(model.named_buffers(remove_duplicate=False))
     return named
 

@@ -224,7 +224,8 @@ def test_shape_mismatch_raises_partway_and_leaves_model_unchanged(tiny: tuple[Ti
     save_file(tensors, str(bad))
     for model in (meta_tiny(), TinyNet()):
         before = snapshot(model)
-        values = {k: v.clone() for k, v in model.state_dict().items()} if model.embed.weight.device.type != "meta" else {}
+        real = model.embed.weight.device.type != "meta"
+        values = {k: v.clone() for k, v in model.state_dict().items()} if real else {}
         with pytest.raises(MappingError) as err:
             map_weights(model, bad)
         message = str(err.value)

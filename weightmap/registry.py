@@ -74,7 +74,11 @@ def map_file(path: str | os.PathLike[str]) -> mmap.mmap:
     with open(path, "rb") as f:
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
     base = _address_of(mm)
-    region = Region(base, len(mm), path, weakref.ref(mm, lambda _ref, b=base: _forget(b)))
+
+    def on_unmap(_ref: weakref.ReferenceType[mmap.mmap]) -> None:
+        _forget(base)
+
+    region = Region(base, len(mm), path, weakref.ref(mm, on_unmap))
     with _lock:
         i = bisect.bisect_left(_bases, base)
         _bases.insert(i, base)

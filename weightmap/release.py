@@ -22,7 +22,7 @@ __all__ = ["release_mapped_storage", "release_storage", "madvise_supported"]
 
 log = logging.getLogger("weightmap")
 
-StorageLike = torch.UntypedStorage | torch.Tensor
+StorageLike = torch.UntypedStorage | torch.Tensor | torch.TypedStorage
 
 
 def madvise_supported() -> bool:
@@ -30,11 +30,11 @@ def madvise_supported() -> bool:
     return hasattr(mmap.mmap, "madvise") and hasattr(mmap, "MADV_DONTNEED")
 
 
-def _untyped(storage: StorageLike | torch.TypedStorage) -> torch.UntypedStorage:
+def _untyped(storage: StorageLike) -> torch.UntypedStorage:
     if isinstance(storage, torch.Tensor):
         return storage.untyped_storage()
     if isinstance(storage, torch.TypedStorage):
-        return storage.untyped_storage()
+        return storage._untyped_storage
     return storage
 
 

@@ -174,13 +174,13 @@ def test_copy_backend_built_model_matches_eager(tmp_path: Path) -> None:
     path = save_weights_for_mapping(eager, tmp_path / "w.safetensors")
     with torch.device("meta"):
         model = SyntheticTransformer(layers=2, width=64, heads=4, vocab=256)
-    model = load_map(model, path).model
-    fill_non_persistent(model)
+    mapped = load_map(model, path).model
+    fill_non_persistent(mapped)
     backend = CopyToFiles(tmp_path / "engines")
-    named = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers())
-    for engine in partition(model, cap_for(model, 3)):
+    named = dict(mapped.named_parameters(remove_duplicate=False)) | dict(mapped.named_buffers())
+    for engine in partition(mapped, cap_for(mapped, 3)):
         backend.build_engine(engine, {n: named[n] for n in engine.names})
-    built = backend.built_model(model)
+    built = backend.built_model(mapped)
     tokens = torch.randint(0, 256, (2, 7))
     with torch.no_grad():
         torch.testing.assert_close(built(tokens), eager(tokens))
