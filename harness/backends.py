@@ -77,9 +77,27 @@ def _distinct(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+ALIGN = 256  # bytes; every tensor in an engine buffer starts on this boundary
+
+
+def packed_layout(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, int], int]:
+    """Offsets of each tensor in one engine buffer, each aligned to :data:`ALIGN`, and the total size."""
+    offsets, size = {}, 0
+    for name, t in tensors.items():
+        offsets[name] = size
+        size += -(-(t.numel() * t.element_size()) // ALIGN) * ALIGN
+    return offsets, size
+
+
 @dataclass
 class CopyToDevice:
-    """``copy`` on a GPU: each engine's tensors are copied into GPU memory and kept there."""
+    """``copy`` on a GPU: each engine is one device buffer holding its partition's tensors.
+
+    One allocation per engine, as an engine blob is, rather than one per tensor: the
+    caching allocator rounds every allocation up (small tensors share 2 MiB segments,
+    large ones are rounded to 2 MiB), which for pi0.5's 813 tensors added 0.22 GiB
+    (2.5% of the model) of GPU memory that no engine needs.
+    """
 
     device: str = "cuda"
     name: str = "copy"
@@ -87,15 +105,22 @@ class CopyToDevice:
     aliases: dict[str, str] = field(default_factory=dict)
 
     def build_engine(self, engine: Engine, tensors: dict[str, torch.Tensor]) -> int:
-        copies = {}
-        for name, t in _distinct(tensors).items():
-            copies[name] = t.detach().to(self.device)
+        distinct = _distinct(tensors)
         for name, t in tensors.items():
-            if name not in copies:
-                self.aliases[name] = next(n for n, o in tensors.items() if o is t)
-        torch.cuda.synchronize()
+            if name not in distinct:
+                self.aliases[name] = next(n for n, o in distinct.items() if o is t)
+        offsets, size = packed_layout(distinct)
+        buffer = torch.empty(size, dtype=torch.uint8, device=self.device)
+        copies = {}
+        for name, t in distinct.items():
+            nbytes = t.numel() * t.element_size()
+            view = buffer[offsets[name]: offsets[name] + nbytes].view(t.dtype).view(t.shape)
+            view.copy_(t.detach())
+            copies[name] = view
+        if buffer.is_cuda:
+            torch.cuda.synchronize(buffer.device)
         self.engines.append(copies)
-        return sum(t.numel() * t.element_size() for t in copies.values())
+        return size
 
     def built_model(self, model: torch.nn.Module) -> torch.nn.Module:
         merged = {k: v for engine in self.engines for k, v in engine.items()}

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from harness.backends import CopyToFiles
+from harness.backends import ALIGN, CopyToDevice, CopyToFiles
 from harness.models import SyntheticTransformer, fill_non_persistent
 from harness.partition import cap_for, partition
 from harness.run import run_scenario, worker_command
@@ -186,3 +186,29 @@ def test_copy_backend_built_model_matches_eager(tmp_path: Path) -> None:
         torch.testing.assert_close(built(tokens), eager(tokens))
     backend.close()
     assert not (tmp_path / "engines").exists()
+
+
+def test_device_backend_packs_each_engine_into_one_buffer(tmp_path: Path) -> None:
+    # The GPU path, run on the CPU: one buffer per engine, views into it, same output.
+    torch.manual_seed(1)
+    eager = SyntheticTransformer(layers=2, width=64, heads=4, vocab=256, device="cpu")
+    with torch.no_grad():
+        for t in eager.parameters():
+            t.normal_(0, 0.05)
+    path = save_weights_for_mapping(eager, tmp_path / "w.safetensors")
+    with torch.device("meta"):
+        model = SyntheticTransformer(layers=2, width=64, heads=4, vocab=256)
+    mapped = load_map(model, path).model
+    fill_non_persistent(mapped)
+    backend = CopyToDevice(device="cpu")
+    named = dict(mapped.named_parameters(remove_duplicate=False)) | dict(mapped.named_buffers())
+    engines = partition(mapped, cap_for(mapped, 3))
+    for engine in engines:
+        size = backend.build_engine(engine, {n: named[n] for n in engine.names})
+        assert engine.nbytes <= size <= engine.nbytes + ALIGN * len(engine.names)
+    for copies in backend.engines:
+        storages = {t.untyped_storage().data_ptr() for t in copies.values()}
+        assert len(storages) == 1, "an engine must be one allocation"
+    with torch.no_grad():
+        torch.testing.assert_close(backend.built_model(mapped)(torch.tensor([[1, 2, 3]])),
+                                   eager(torch.tensor([[1, 2, 3]])))
