@@ -28,7 +28,7 @@ import psutil
 
 from harness import machine
 from harness.backends import check_backend, resolve_device
-from harness.checkpoints import ensure_checkpoint
+from harness.checkpoints import checkpoint_specs, describe_specs, ensure_checkpoint
 from harness.models import build_model
 from harness.partition import cap_for, model_bytes, partition
 from harness.scenario import Scenario, load_scenario
@@ -102,17 +102,17 @@ def prepare(scenario: Scenario) -> dict[str, Any]:
     _progress(f"model {info.name} ({info.source}); {info.source_note}".rstrip("; "))
     path, generated = ensure_checkpoint(info.module, scenario.checkpoint.path, scenario.checkpoint.seed)
     _progress(("generated " if generated else "reusing ") + str(path))
-    total = model_bytes(info.module)
+    checkpoint = describe_specs(checkpoint_specs(info.module))  # persistent tensors, a tied one once
     if scenario.build.engine_cap_mib is not None:
         cap = int(scenario.build.engine_cap_mib * 2**20)
     else:
         assert scenario.build.engines is not None
         cap = cap_for(info.module, scenario.build.engines)
     engines = partition(info.module, cap)
-    tensors = len({id(t) for t in info.module.state_dict(keep_vars=True).values()})
     return {
         "model": {"name": info.name, "source": info.source, "source_note": info.source_note,
-                  "tensors": tensors, "bytes": total},
+                  "tensors": checkpoint["tensors"], "bytes": checkpoint["nbytes"],
+                  "bytes_with_non_persistent_buffers": model_bytes(info.module)},
         "checkpoint": {"path": str(path), "generated": generated, "seed": scenario.checkpoint.seed,
                        "bytes": path.stat().st_size},
         "engines": len(engines),

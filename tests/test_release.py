@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file, save_model
 from support import TinyNet, mapped_ranges, meta_tiny, seeded, sha256, smaps_rss
 
 import weightmap.release
-from weightmap import ReleasePlan, map_weights, release_mapped_storage, release_storage
+from weightmap import MappingError, ReleasePlan, map_weights, release_mapped_storage, release_storage
 
 PAGE = mmap.PAGESIZE
 
@@ -264,3 +264,28 @@ def test_rss_of_mapping_falls_after_release(tmp_path: Path) -> None:
     assert full - half >= 250 * PAGE
     release_mapped_storage(model.b)
     assert smaps_rss(path) <= 4 * PAGE
+
+
+def test_without_madvise_release_is_refused_and_nothing_breaks(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "m.safetensors"
+    write_buffers(path, ["a"], pages=8)
+    model = Buffers(["a"], pages=8)
+    map_weights(model, path)
+    model.a.fill_(5)
+    monkeypatch.setattr(weightmap.release, "madvise_supported", lambda: False)
+    assert release_mapped_storage(model.a) is False
+    assert release_storage(model.a) is False  # not resizable either: left alone
+    assert bool((model.a == 5).all()), "nothing was dropped"
+    plain = torch.ones(16)
+    assert release_storage(plain) is True  # ordinary storages are still freed
+
+
+def test_big_endian_hosts_get_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "e.safetensors"
+    write_buffers(path, ["a"], pages=1)
+    monkeypatch.setattr("sys.byteorder", "big")
+    model = Buffers(["a"], pages=1)
+    with pytest.raises(MappingError, match="little-endian"):
+        map_weights(model, path)
+    assert model.a.device.type == "meta"
