@@ -43,15 +43,41 @@ def _nbytes(tensors: list[torch.Tensor]) -> int:
     return sum(seen.values())
 
 
+def _own(module: torch.nn.Module, prefix: str) -> tuple[list[tuple[str, torch.Tensor]], bool]:
+    """A module's own tensors with their full names, and whether any of them is persistent."""
+    dot = f"{prefix}." if prefix else ""
+    params = [(dot + k, t) for k, t in module._parameters.items() if t is not None]
+    buffers = [(dot + k, t) for k, t in module._buffers.items() if t is not None]
+    persistent = bool(params) or any(n.rpartition(".")[2] not in module._non_persistent_buffers_set
+                                     for n, _ in buffers)
+    return params + buffers, persistent
+
+
 def units(model: torch.nn.Module) -> list[Unit]:
-    """Every module that owns tensors, in registration order, with its tensors' full names."""
-    found = []
+    """Every module that owns weights, in registration order, with its tensors' full names.
+
+    A module that owns only non-persistent buffers (rotary frequencies, say: a few
+    hundred bytes, no weight) joins the next module that owns weights, or the last one,
+    so that it never makes an engine of its own.
+    """
+    found: list[Unit] = []
+    pending: list[tuple[str, torch.Tensor]] = []
     for prefix, module in model.named_modules(remove_duplicate=False):
-        own = [(k, t) for k, t in [*module._parameters.items(), *module._buffers.items()] if t is not None]
+        own, persistent = _own(module, prefix)
         if not own:
             continue
-        dot = f"{prefix}." if prefix else ""
-        found.append(Unit(prefix, tuple(dot + k for k, _ in own), tuple(t for _, t in own)))
+        if not persistent:
+            pending.extend(own)
+            continue
+        tensors = pending + own
+        pending = []
+        found.append(Unit(prefix, tuple(n for n, _ in tensors), tuple(t for _, t in tensors)))
+    if pending and found:
+        last = found[-1]
+        found[-1] = Unit(last.module, last.names + tuple(n for n, _ in pending),
+                         last.tensors + tuple(t for _, t in pending))
+    elif pending:
+        found.append(Unit("", tuple(n for n, _ in pending), tuple(t for _, t in pending)))
     return found
 
 

@@ -99,7 +99,7 @@ def strategy_summary(raw: dict[str, Any], samples: pd.DataFrame | None, device: 
     }
     entry["floor_bytes"] = None
     entry["excess_over_floor"] = None
-    if engines and entry["baseline_rss_bytes"] is not None:
+    if entry["status"] == "ok" and engines and entry["baseline_rss_bytes"] is not None:  # partial builds: no floor
         floor = floor_bytes(entry, device)
         entry["floor_bytes"] = floor
         compared = host_gpu_peak

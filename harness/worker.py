@@ -246,7 +246,8 @@ class Run:
                 self.record.samples, self.record.max_gap_ms = stats.samples, stats.max_gap_ms
                 self.record.mean_interval_ms = stats.mean_interval_ms
             except RuntimeError as exc:
-                self.record.error = (self.record.error or "") + f"; {exc}"
+                self.record.status = "failed"  # the samples stop where the sampler failed
+                self.record.error = "; ".join(filter(None, [self.record.error, str(exc)]))
         if self.sampler is not None:
             self.sampler.write_csv(self.out / f"samples-{self.strategy}.csv")
         self.events.write_csv(self.out / f"events-{self.strategy}.csv")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -212,3 +213,13 @@ def test_device_backend_packs_each_engine_into_one_buffer(tmp_path: Path) -> Non
     with torch.no_grad():
         torch.testing.assert_close(backend.built_model(mapped)(torch.tensor([[1, 2, 3]])),
                                    eager(torch.tensor([[1, 2, 3]])))
+
+
+def test_tensorrt_backend_fails_fast_when_unavailable(tmp_path: Path) -> None:
+    path = tmp_path / "trt.toml"
+    path.write_text(SCENARIO.format(checkpoint=tmp_path / "never.safetensors").replace('"copy"', '"tensorrt"'))
+    done = subprocess.run([sys.executable, "-m", "harness", "run", str(path), "--results", str(tmp_path / "r")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "tensorrt" in done.stderr and "torch_tensorrt" in done.stderr
+    assert not (tmp_path / "never.safetensors").exists(), "nothing may run before the backend is checked"

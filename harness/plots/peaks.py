@@ -1,0 +1,126 @@
+"""``<name>-peaks.png``: the strategies' peaks side by side, with reference figures hatched."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from harness.floor import compared_peak_label, floor_or_none
+from harness.plots.style import (
+    _FLOOR_STYLE,
+    _MODEL_STYLE,
+    _legend,
+    _model_label,
+    _new_figure,
+    _styled,
+    strategy_colour,
+)
+from harness.report import gib_decimals
+from harness.results import GIB, RunResults
+
+_REFERENCE_HATCHES = ("//", "\\\\", "xx", "..")
+
+
+def _peak_metrics(run: RunResults) -> list[tuple[str, str]]:
+    """(attribute, label) of the bar groups; host + GPU only when a GPU was measured."""
+    metrics = [
+        ("host_at_partitioning", "host at\npartitioning"),
+        ("host_peak", "host peak"),
+        ("anon_peak", "anonymous peak"),
+    ]
+    if run.gpu_measured:
+        metrics.append(("host_gpu_peak", "host + GPU peak"))
+    return metrics
+
+
+def _bar_label(ax: Axes, x: float, value: float | None, text: str, top: float) -> None:
+    """Write ``text`` upright above a bar (or ``n/a`` at the axis where there is no value)."""
+    text = "n/a" if value is None else text
+    y = 0.0 if value is None else value
+    ax.text(
+        x,
+        y + top * 0.012,
+        text,
+        rotation=90,
+        ha="center",
+        va="bottom",
+        fontsize=9,
+        zorder=6,
+        bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.8},
+    )
+
+
+@_styled
+def peaks_figure(run: RunResults) -> Figure:
+    """Grouped bars: each metric's value per strategy, references hatched, model size and floor."""
+    decimals = gib_decimals(run.model.bytes)
+    metrics = _peak_metrics(run)
+    strategies = list(run.strategies.values())
+    order = [s.name for s in strategies]
+    series = len(strategies) + len(run.references)
+    fig = _new_figure(max(9.0, 2.2 * len(metrics) + 0.5 * series * len(metrics) / 2), 6.4, run)
+    ax = fig.subplots()
+    width = 0.8 / max(1, series)
+    x = np.arange(len(metrics), dtype="float64")
+    values: list[float] = [run.model.bytes / GIB]
+    bars: list[tuple[float, float | None, str]] = []
+    handles: list[Any] = []
+    compared = "host_gpu_peak" if run.on_gpu else "host_peak"
+    floor_drawn = False
+    for i, s in enumerate(strategies):
+        colour = strategy_colour(s.name, order)
+        offsets = x - 0.4 + width * (i + 0.5)
+        for offset, (attribute, _) in zip(offsets, metrics, strict=True):
+            raw = getattr(s, f"{attribute}_bytes")
+            value = None if raw is None else raw / GIB
+            if value is not None:
+                ax.bar(offset, value, width, color=colour, alpha=1.0 if s.ok else 0.45, edgecolor="white")
+                values.append(value)
+            bars.append((offset, value, "" if value is None else f"{value:.{decimals}f}"))
+            floor = floor_or_none(s, run.device)
+            if attribute == compared and floor is not None:
+                ax.hlines(floor / GIB, offset - width * 0.6, offset + width * 0.6, zorder=5, **_FLOOR_STYLE)
+                values.append(floor / GIB)
+                floor_drawn = True
+        label = s.name if s.ok else f"{s.name} (FAILED, partial)"
+        handles.append(Patch(color=colour, alpha=1.0 if s.ok else 0.45, label=label))
+    for j, ref in enumerate(run.references):
+        i = len(strategies) + j
+        hatch = _REFERENCE_HATCHES[j % len(_REFERENCE_HATCHES)]
+        offsets = x - 0.4 + width * (i + 0.5)
+        for offset, (attribute, _) in zip(offsets, metrics, strict=True):
+            value = getattr(ref, f"{attribute}_gib", None)
+            if value is not None:
+                ax.bar(offset, value, width, facecolor="white", edgecolor="#666666", hatch=hatch, linewidth=1)
+                values.append(value)
+            bars.append((offset, value, "" if value is None else f"{value:g}"))
+        handles.append(
+            Patch(
+                facecolor="white",
+                edgecolor="#666666",
+                hatch=hatch,
+                label=f"reference: {ref.label} (different setup)",
+            )
+        )
+    top = (max(values) or 1.0) * 1.22
+    for offset, value, text in bars:
+        _bar_label(ax, offset, value, text, top)
+    ax.axhline(run.model.bytes / GIB, zorder=4, **_MODEL_STYLE)
+    handles.append(Line2D([], [], label=_model_label(run), **_MODEL_STYLE))
+    if floor_drawn:
+        floor_label = f"floor: lowest possible {compared_peak_label(run.device)}"
+        handles.append(Line2D([], [], label=floor_label, **_FLOOR_STYLE))
+    ax.set_xticks(x, [label for _, label in metrics])
+    ax.set_xlim(-0.5, len(metrics) - 0.5)
+    ax.set_ylim(0, top)
+    ax.set_ylabel("GiB")
+    if not run.gpu_measured:
+        ax.set_title("no GPU: host + GPU peak not measured", loc="right", color="#555555")
+    ax.set_title(f"values in GiB, {decimals} decimals", loc="left", color="#555555")
+    _legend(fig, handles, f"{run.name}: memory peaks by loading strategy ({run.model.name})")
+    return fig

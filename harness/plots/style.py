@@ -1,0 +1,164 @@
+"""What every figure shares: colours, matplotlib settings, the provenance footer, legends, saving.
+
+Figures are drawn on the Agg canvas without pyplot, so rendering touches no global backend state.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import textwrap
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import matplotlib as mpl
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.layout_engine import ConstrainedLayoutEngine
+
+from harness.report import gib_decimals, machine_text, short_commit
+from harness.results import GIB, RunResults, write_atomic
+
+STYLE: dict[str, Any] = {
+    "font.size": 10,
+    "axes.titlesize": 10,
+    "axes.labelsize": 10,
+    "xtick.labelsize": 9,
+    "ytick.labelsize": 9,
+    "legend.fontsize": 9,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+}
+"""Matplotlib settings every figure is drawn with: no text under 9 pt."""
+
+SERIES_COLOURS = {
+    "anon": "#E69F00",
+    "file": "#56B4E9",
+    "resident": "#009E73",
+    "gpu": "#7B3294",
+    "host_gpu": "#8B0000",
+    "model": "#555555",
+    "floor": "#000000",
+    "weights": "#C8C8C8",
+    "phase": "#444444",
+}
+"""One colour per memory series, the same in every figure."""
+
+STRATEGY_COLOURS = {"map": "#0072B2", "load": "#D55E00", "load_file": "#CC79A7"}
+"""One colour per strategy, the same in every figure."""
+
+_EXTRA_COLOURS = ("#44AA99", "#882255", "#999933", "#332288", "#117733", "#AA4499")
+_MODEL_STYLE: dict[str, Any] = {"color": SERIES_COLOURS["model"], "linestyle": "-", "linewidth": 1.3}
+_FLOOR_STYLE: dict[str, Any] = {"color": SERIES_COLOURS["floor"], "linestyle": "--", "linewidth": 1.4}
+_FOOTER_PT = 9
+_DPI = 120
+
+
+def strategy_colour(name: str, order: Sequence[str]) -> str:
+    """The colour of strategy ``name``; strategies without a fixed colour take one by position."""
+    if name in STRATEGY_COLOURS:
+        return STRATEGY_COLOURS[name]
+    others = [n for n in order if n not in STRATEGY_COLOURS]
+    index = others.index(name) if name in others else len(others)
+    return _EXTRA_COLOURS[index % len(_EXTRA_COLOURS)]
+
+
+def _styled(build: Callable[[RunResults], Figure]) -> Callable[[RunResults], Figure]:
+    """Draw a figure under :data:`STYLE`, whoever calls the builder."""
+
+    @functools.wraps(build)
+    def wrapper(run: RunResults) -> Figure:
+        with mpl.rc_context(cast(Any, STYLE)):
+            return build(run)
+
+    return wrapper
+
+
+def footer_text(run: RunResults) -> str:
+    """Provenance: machine, backend, device, cache, versions, commit, date (wrapped when drawn)."""
+    versions = ", ".join(f"{k} {v}" for k, v in run.versions.items() if v)
+    commit = short_commit(run.commit, 10)
+    parts = [
+        f"machine: {machine_text(run)}",
+        f"backend {run.backend}, device {run.device}, cache {run.cache or 'unknown'}",
+        versions,
+        f"commit {commit}",
+        f"created {run.created or 'unknown'}",
+    ]
+    return "   |   ".join(p for p in parts if p)
+
+
+def _new_figure(width: float, height: float, run: RunResults) -> Figure:
+    """A constrained-layout figure with the provenance footer reserved at the bottom."""
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    chars = max(60, int(width * 72 / (_FOOTER_PT * 0.56)))
+    lines = textwrap.wrap(footer_text(run), width=chars, break_on_hyphens=False)
+    footer_in = (len(lines) * _FOOTER_PT * 1.35 + 8) / 72
+    fig.text(
+        0.01,
+        0.04 / height,
+        "\n".join(lines),
+        fontsize=_FOOTER_PT,
+        color="#333333",
+        ha="left",
+        va="bottom",
+        linespacing=1.35,
+    )
+    engine = fig.get_layout_engine()
+    if isinstance(engine, ConstrainedLayoutEngine):
+        engine.set(rect=(0.0, footer_in / height, 1.0, 1.0 - footer_in / height))
+    return fig
+
+
+def _legend_columns(widths: list[float], ncols: int) -> list[list[float]]:
+    """Split entries into columns as matplotlib does: in order, column sizes differing by at most one."""
+    base, extra = divmod(len(widths), ncols)
+    columns, start = [], 0
+    for i in range(ncols):
+        size = base + (1 if i < extra else 0)
+        if size:
+            columns.append(widths[start : start + size])
+        start += size
+    return columns
+
+
+def _legend(fig: Figure, handles: list[Any], title: str) -> None:
+    """The figure's legend above the axes, titled with the figure's title.
+
+    The title lives in the legend because constrained layout does not keep a suptitle clear of a
+    legend placed outside the axes. Columns are as many as the figure's width holds.
+    """
+    widths = [(len(h.get_label()) * 0.6 * 9 + 45) / 72 for h in handles]
+    ncols = 1
+    for candidate in range(len(widths), 0, -1):
+        if sum(max(column) for column in _legend_columns(widths, candidate)) <= fig.get_figwidth() * 0.95:
+            ncols = candidate
+            break
+    fig.legend(
+        handles=handles,
+        loc="outside upper center",
+        ncols=ncols,
+        frameon=False,
+        title=title,
+        title_fontproperties={"size": 12, "weight": "bold"},
+    )
+
+
+def _model_label(run: RunResults) -> str:
+    """The legend entry of the model-size line, in GiB."""
+    return f"model size ({run.model.bytes / GIB:.{gib_decimals(run.model.bytes)}f} GiB)"
+
+
+def _gib(values: Any) -> Any:
+    """``values`` (bytes) as a float array in GiB."""
+    return np.asarray(values, dtype="float64") / GIB
+
+
+def save_figure(fig: Figure, path: Path) -> Path:
+    """Write ``fig`` as PNG to ``path`` atomically."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=_DPI)
+    return write_atomic(path, buffer.getvalue())
