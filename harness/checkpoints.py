@@ -5,13 +5,14 @@ one tensor per persistent tensor object of the model (a tied group once, under i
 first state-dict name, as ``safetensors.torch.save_model`` does), filled with seeded
 random values, plus metadata that identifies it::
 
-    {"generator": "weightmap-harness", "format": "1", "seed": "<seed>"}
+    {"generator": "weightmap-harness", "format": "2", "seed": "<seed>"}
 
 :func:`ensure_checkpoint` reuses a file whose header (never its name) matches the
 model and seed, and otherwise writes a new one with
 :func:`weightmap.format.write_checkpoint`, one tensor in memory at a time.
 
-Values (format "1"): each tensor is split into chunks of :data:`CHUNK_ELEMENTS`
+Values (format "2"; files of format "1", whose chunks ignored the upper bits of the
+seed, are regenerated): each tensor is split into chunks of :data:`CHUNK_ELEMENTS`
 elements, and chunk ``i`` is drawn from its own ``torch.Generator`` seeded from the
 scenario seed, ``zlib.crc32`` of the tensor name and ``i`` (mixed, then folded to the
 32 bits torch's CPU generator actually uses). So the values do not
@@ -59,7 +60,7 @@ __all__ = [
 GENERATOR = "weightmap-harness"
 """``generator`` metadata value: files with it are ours to replace."""
 
-FORMAT = "1"
+FORMAT = "2"
 """``format`` metadata value; change it whenever the generated values change."""
 
 CHUNK_ELEMENTS = 1 << 22

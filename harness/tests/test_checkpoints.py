@@ -25,7 +25,7 @@ from harness.models import SpecModel, SyntheticTransformer
 from weightmap.format import TensorSpec, read_header
 
 ROOT = Path(__file__).resolve().parents[2]
-METADATA = {"generator": "weightmap-harness", "format": "1", "seed": "7"}
+METADATA = {"generator": "weightmap-harness", "format": "2", "seed": "7"}
 
 
 def small_model(width: int = 32) -> SyntheticTransformer:
