@@ -314,3 +314,15 @@ def test_bad_header_is_header_error_and_model_unchanged(tmp_path: Path) -> None:
 def test_not_a_model_is_a_type_error(tiny: tuple[TinyNet, Path]) -> None:
     with pytest.raises(TypeError, match="nn.Module or a torch.export.ExportedProgram"):
         map_weights({"w": torch.ones(1)}, tiny[1])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_real_module_on_cuda_ends_up_mapped_on_the_cpu(tiny: tuple[TinyNet, Path]) -> None:
+    reference, path = tiny
+    model = TinyNet().cuda()
+    params = {name: id(p) for name, p in model.named_parameters()}
+    mapped = map_weights(model, path, strict=True)
+    assert mapped.copied == []
+    assert {name: id(p) for name, p in model.named_parameters()} == params  # same Parameter objects
+    assert all(t.device.type == "cpu" for t in model.state_dict().values())
+    assert_all_mapped(model, path, reference)

@@ -166,7 +166,8 @@ def test_memory_limit_stops_a_strategy(tmp_path: Path) -> None:
     assert summary["strategies"]["map"]["status"] == "ok"
 
 
-def test_copy_backend_built_model_matches_eager(tmp_path: Path) -> None:
+def eager_and_mapped(tmp_path: Path) -> tuple[torch.nn.Module, torch.nn.Module, dict[str, torch.Tensor]]:
+    """A small synthetic model with random weights, and the same model mapped from its checkpoint."""
     torch.manual_seed(0)
     eager = SyntheticTransformer(layers=2, width=64, heads=4, vocab=256, device="cpu")
     with torch.no_grad():
@@ -177,8 +178,13 @@ def test_copy_backend_built_model_matches_eager(tmp_path: Path) -> None:
         model = SyntheticTransformer(layers=2, width=64, heads=4, vocab=256)
     mapped = load_map(model, path).model
     fill_non_persistent(mapped)
-    backend = CopyToFiles(tmp_path / "engines")
     named = dict(mapped.named_parameters(remove_duplicate=False)) | dict(mapped.named_buffers())
+    return eager, mapped, named
+
+
+def test_copy_backend_built_model_matches_eager(tmp_path: Path) -> None:
+    eager, mapped, named = eager_and_mapped(tmp_path)
+    backend = CopyToFiles(tmp_path / "engines")
     for engine in partition(mapped, cap_for(mapped, 3)):
         backend.build_engine(engine, {n: named[n] for n in engine.names})
     built = backend.built_model(mapped)
@@ -191,28 +197,17 @@ def test_copy_backend_built_model_matches_eager(tmp_path: Path) -> None:
 
 def test_device_backend_packs_each_engine_into_one_buffer(tmp_path: Path) -> None:
     # The GPU path, run on the CPU: one buffer per engine, views into it, same output.
-    torch.manual_seed(1)
-    eager = SyntheticTransformer(layers=2, width=64, heads=4, vocab=256, device="cpu")
-    with torch.no_grad():
-        for t in eager.parameters():
-            t.normal_(0, 0.05)
-    path = save_weights_for_mapping(eager, tmp_path / "w.safetensors")
-    with torch.device("meta"):
-        model = SyntheticTransformer(layers=2, width=64, heads=4, vocab=256)
-    mapped = load_map(model, path).model
-    fill_non_persistent(mapped)
+    eager, mapped, named = eager_and_mapped(tmp_path)
     backend = CopyToDevice(device="cpu")
-    named = dict(mapped.named_parameters(remove_duplicate=False)) | dict(mapped.named_buffers())
-    engines = partition(mapped, cap_for(mapped, 3))
-    for engine in engines:
+    for engine in partition(mapped, cap_for(mapped, 3)):
         size = backend.build_engine(engine, {n: named[n] for n in engine.names})
         assert engine.nbytes <= size <= engine.nbytes + ALIGN * len(engine.names)
     for copies in backend.engines:
         storages = {t.untyped_storage().data_ptr() for t in copies.values()}
         assert len(storages) == 1, "an engine must be one allocation"
+    tokens = torch.tensor([[1, 2, 3]])
     with torch.no_grad():
-        torch.testing.assert_close(backend.built_model(mapped)(torch.tensor([[1, 2, 3]])),
-                                   eager(torch.tensor([[1, 2, 3]])))
+        torch.testing.assert_close(backend.built_model(mapped)(tokens), eager(tokens))
 
 
 def test_tensorrt_backend_fails_fast_when_unavailable(tmp_path: Path) -> None:
