@@ -66,15 +66,26 @@ class BuiltModel(torch.nn.Module):
         return torch.func.functional_call(self.model, self.engine_tensors, args, kwargs, tie_weights=False)
 
 
-def _distinct(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """One name per tensor object (tied names would otherwise be copied twice)."""
-    seen: set[int] = set()
+def _distinct(tensors: dict[str, torch.Tensor], aliases: dict[str, str]) -> dict[str, torch.Tensor]:
+    """One name per tensor object (tied names would otherwise be copied twice).
+
+    Every other name of an object already taken is recorded in ``aliases`` (name -> kept name).
+    """
+    first: dict[int, str] = {}
     out = {}
     for name, t in tensors.items():
-        if id(t) not in seen:
-            seen.add(id(t))
+        if id(t) in first:
+            aliases[name] = first[id(t)]
+        else:
+            first[id(t)] = name
             out[name] = t
     return out
+
+
+def _built(model: torch.nn.Module, parts: list[dict[str, torch.Tensor]], aliases: dict[str, str]) -> BuiltModel:
+    merged = {k: v for part in parts for k, v in part.items()}
+    merged.update({alias: merged[name] for alias, name in aliases.items()})
+    return BuiltModel(model, merged)
 
 
 ALIGN = 256  # bytes; every tensor in an engine buffer starts on this boundary
@@ -105,10 +116,7 @@ class CopyToDevice:
     aliases: dict[str, str] = field(default_factory=dict)
 
     def build_engine(self, engine: Engine, tensors: dict[str, torch.Tensor]) -> int:
-        distinct = _distinct(tensors)
-        for name, t in tensors.items():
-            if name not in distinct:
-                self.aliases[name] = next(n for n, o in distinct.items() if o is t)
+        distinct = _distinct(tensors, self.aliases)
         offsets, size = packed_layout(distinct)
         buffer = torch.empty(size, dtype=torch.uint8, device=self.device)
         copies = {}
@@ -123,9 +131,7 @@ class CopyToDevice:
         return size
 
     def built_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        merged = {k: v for engine in self.engines for k, v in engine.items()}
-        merged.update({alias: merged[name] for alias, name in self.aliases.items()})
-        return BuiltModel(model, merged)
+        return _built(model, self.engines, self.aliases)
 
     def close(self) -> None:
         self.engines.clear()
@@ -154,10 +160,7 @@ class CopyToFiles:
         self.workdir.mkdir(parents=True, exist_ok=True)
 
     def build_engine(self, engine: Engine, tensors: dict[str, torch.Tensor]) -> int:
-        distinct = _distinct(tensors)
-        for name, t in tensors.items():
-            if name not in distinct:
-                self.aliases[name] = next(n for n, o in distinct.items() if o is t)
+        distinct = _distinct(tensors, self.aliases)
         path = self.workdir / f"engine-{engine.index:03d}.safetensors"
         specs = [TensorSpec(n, t.dtype, tuple(t.shape)) for n, t in distinct.items()]
         header = write_checkpoint(path, specs, lambda spec: distinct[spec.name].detach())
@@ -168,11 +171,7 @@ class CopyToFiles:
     def built_model(self, model: torch.nn.Module) -> torch.nn.Module:
         from safetensors.torch import load_file
 
-        merged: dict[str, torch.Tensor] = {}
-        for path in self.files:
-            merged.update(load_file(str(path)))
-        merged.update({alias: merged[name] for alias, name in self.aliases.items()})
-        return BuiltModel(model, merged)
+        return _built(model, [load_file(str(path)) for path in self.files], self.aliases)
 
     def close(self) -> None:
         shutil.rmtree(self.workdir, ignore_errors=True)

@@ -135,9 +135,9 @@ def _copy_reason(plan: _Plan) -> str | None:
     entry, tensor = plan.entry, plan.target.tensor
     if entry.dtype != tensor.dtype:
         return f"dtype {entry.dtype} in the checkpoint, {tensor.dtype} in the model: cast into new memory"
-    if entry.numel and entry.start % tensor.element_size():
+    if entry.numel and entry.start % entry.dtype.itemsize:
         return (
-            f"offset {entry.start} is not a multiple of its item size {tensor.element_size()} "
+            f"offset {entry.start} is not a multiple of its item size {entry.dtype.itemsize} "
             "(a file from an old writer): copied into aligned memory"
         )
     return None
@@ -188,15 +188,12 @@ def _materialise(plan: _Plan, maps: dict[Path, mmap.mmap]) -> torch.Tensor:
     if entry.numel == 0:
         return torch.empty(entry.shape, dtype=want)
     mm = maps[header.path]
-    if entry.dtype != want:
-        if entry.start % entry.dtype.itemsize:
-            raw = torch.frombuffer(mm, dtype=torch.uint8, count=entry.nbytes, offset=entry.start).clone()
-            return raw.view(entry.dtype).view(entry.shape).to(want)
-        return _view(mm, entry).to(want)
-    if entry.start % entry.dtype.itemsize:
+    if entry.start % entry.dtype.itemsize:  # misaligned: copy the bytes into aligned memory first
         raw = torch.frombuffer(mm, dtype=torch.uint8, count=entry.nbytes, offset=entry.start).clone()
-        return raw.view(entry.dtype).view(entry.shape)
-    return _view(mm, entry)
+        tensor = raw.view(entry.dtype).view(entry.shape)
+    else:
+        tensor = _view(mm, entry)
+    return tensor if entry.dtype == want else tensor.to(want)
 
 
 def _assign(target: Target, new: torch.Tensor) -> None:
