@@ -1,8 +1,17 @@
 """Registry of the checkpoint mappings that weightmap made.
 
-Every file is mapped copy-on-write (``mmap.ACCESS_COPY``, i.e. ``MAP_PRIVATE``
-with read and write): in-place writes go to private pages and the file is never
-written. The registry keeps a *weak* reference to each mapping together with its
+Every file is mapped copy-on-write: ``MAP_PRIVATE`` with read and write, so
+in-place writes go to private pages and the file is never written. On Linux
+the mapping also has ``MAP_NORESERVE``: without it the kernel's overcommit
+check charges the whole private writable mapping up front, as if every page
+were about to be written, and a checkpoint larger than RAM + swap cannot be
+mapped at all (``ENOMEM``). With it, only the pages actually written become
+private memory. Under strict accounting (``vm.overcommit_memory = 2``) the
+kernel ignores ``MAP_NORESERVE`` and charges the mapping in full again. A
+mapping the kernel refuses raises :class:`~weightmap.MappingError` naming the
+file, its size and the reason.
+
+The registry keeps a *weak* reference to each mapping together with its
 address range, so that a storage can be recognised as "ours" from its address
 alone (:func:`find_region`) without keeping the mapping alive.
 
@@ -17,12 +26,16 @@ from __future__ import annotations
 
 import bisect
 import ctypes
+import errno
 import mmap
 import os
+import sys
 import threading
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
+
+from weightmap.errors import MappingError
 
 __all__ = ["Region", "map_file", "find_region", "live_regions"]
 
@@ -40,6 +53,9 @@ class Region:
         """True when ``[address, address + nbytes)`` lies inside this mapping."""
         return self.base <= address and address + nbytes <= self.base + self.length
 
+
+# Python's mmap module does not name MAP_NORESERVE on every version; 0x4000 is its value on Linux.
+_MAP_NORESERVE: int = getattr(mmap, "MAP_NORESERVE", 0x4000) if sys.platform.startswith("linux") else 0
 
 _lock = threading.Lock()
 _bases: list[int] = []  # sorted start addresses, parallel to _regions
@@ -63,6 +79,30 @@ def _forget(base: int) -> None:
             del _regions[i]
 
 
+def _refusal(path: Path, length: int, exc: OSError) -> MappingError:
+    """The error for a mapping the kernel refused: the file, its size, the reason and what limits it."""
+    reason = exc.strerror or str(exc)
+    hint = ""
+    if exc.errno == errno.ENOMEM:
+        hint = (
+            ": the address space is limited (ulimit -v), the process has too many mappings "
+            "(vm.max_map_count), or the kernel charges private mappings in full (vm.overcommit_memory = 2)"
+        )
+    return MappingError(f"{path}: cannot map its {length} bytes copy-on-write: {reason}{hint}")
+
+
+def _map_private(fd: int, length: int, path: Path) -> mmap.mmap:
+    """A private (copy-on-write) mapping of ``length`` bytes of ``fd``, not charged up front on Linux."""
+    try:
+        if hasattr(mmap, "MAP_PRIVATE"):
+            return mmap.mmap(
+                fd, length, flags=mmap.MAP_PRIVATE | _MAP_NORESERVE, prot=mmap.PROT_READ | mmap.PROT_WRITE
+            )
+        return mmap.mmap(fd, length, access=mmap.ACCESS_COPY)
+    except OSError as exc:
+        raise _refusal(path, length, exc) from exc
+
+
 def map_file(path: str | os.PathLike[str]) -> mmap.mmap:
     """Map ``path`` copy-on-write and register its address range.
 
@@ -72,7 +112,7 @@ def map_file(path: str | os.PathLike[str]) -> mmap.mmap:
     """
     path = Path(path)
     with open(path, "rb") as f:
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        mm = _map_private(f.fileno(), os.fstat(f.fileno()).st_size, path)
     base = _address_of(mm)
 
     def on_unmap(_ref: weakref.ReferenceType[mmap.mmap]) -> None:
