@@ -2,12 +2,18 @@
 
 :func:`map_weights` works in three steps, and only the last one touches the model:
 
-1. *resolve*: validate every header, find each tensor's checkpoint entry, check
-   shapes and dtypes, decide per tensor whether it is mapped, copied or missing.
-   Any error is raised here, so an error leaves the model exactly as it was;
-2. *materialise*: map the files copy-on-write and make one ``torch.frombuffer``
-   view per tensor (no read, no copy), plus the copies that are unavoidable
-   (a dtype cast, an offset that is not a multiple of the item size);
+1. *resolve*: open every file of the checkpoint once (it must be a regular
+   file), read and validate its header from that descriptor, find each
+   tensor's checkpoint entry, check shapes and dtypes, decide per tensor
+   whether it is mapped, copied or missing. Any error is raised here, so an error leaves the model
+   exactly as it was;
+2. *materialise*: map the descriptors that were validated (after checking that
+   each file still has the size, modification time and header that were
+   validated), copy-on-write and, on Linux, ``MAP_NORESERVE`` (see
+   :mod:`weightmap.registry`: a checkpoint larger than RAM + swap maps), then
+   make one ``torch.frombuffer`` view per tensor (no read, no copy), plus the
+   copies that are unavoidable (a dtype cast, an offset that is not a multiple
+   of the item size). The descriptors are closed when this step ends;
 3. *assign*: put each new tensor into every slot that held the old one, so ties
    stay ties. A tensor on the meta device is replaced (a ``Parameter`` by a new
    ``Parameter``); a real one keeps its object and gets ``.data = view``.
@@ -24,7 +30,6 @@ from typing import Any
 
 import torch
 
-from weightmap import registry
 from weightmap.checkpoint import Checkpoint, open_checkpoint
 from weightmap.errors import MappingError
 from weightmap.format import Header, TensorEntry, check_little_endian
@@ -247,8 +252,14 @@ def map_weights(
     * ``strict=True`` raises unless every persistent tensor (parameters,
       persistent buffers, an ExportedProgram's lifted constants) is mapped
       without a copy. Non-persistent buffers are never required.
+    * Each file is opened once and must be a regular file; its header is read
+      from that descriptor and that descriptor is mapped, so the file mapped is
+      the file validated. A file changed between the two is an error.
     * Headers are validated before anything is mapped, and every tensor is
       resolved before any is changed: an error leaves the model as it was.
+    * A checkpoint larger than RAM maps (on Linux, ``MAP_NORESERVE``): only the
+      pages read become resident, only the pages written become private memory.
+      A mapping the kernel still refuses is a :class:`MappingError`.
 
     Raises :class:`MappingError` (a ``ValueError``); header problems raise
     :class:`HeaderError`. Each message names the file, the tensor and the rule.
@@ -262,11 +273,10 @@ def map_weights(
     """
     check_little_endian()
     targets = collect_targets(model)
-    checkpoint = open_checkpoint(path)
-    plans = _resolve(targets, checkpoint, _key_function(key_map), strict)
-
-    needed = {plan.header.path for plan in plans if plan.header is not None and plan.entry and plan.entry.numel}
-    maps = {p: registry.map_file(p) for p in checkpoint.files if p in needed}
+    with open_checkpoint(path, keep_open=True) as checkpoint:
+        plans = _resolve(targets, checkpoint, _key_function(key_map), strict)
+        needed = {plan.header.path for plan in plans if plan.header is not None and plan.entry and plan.entry.numel}
+        maps = {h.path: checkpoint.file(h).map() for h in checkpoint.headers if h.path in needed}
     new = [(plan, _materialise(plan, maps)) for plan in plans if plan.found]
 
     for plan, tensor in new:

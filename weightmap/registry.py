@@ -37,7 +37,7 @@ from pathlib import Path
 
 from weightmap.errors import MappingError
 
-__all__ = ["Region", "map_file", "find_region", "live_regions"]
+__all__ = ["Region", "find_region", "live_regions", "map_descriptor"]
 
 
 @dataclass(frozen=True)
@@ -94,25 +94,29 @@ def _refusal(path: Path, length: int, exc: OSError) -> MappingError:
 def _map_private(fd: int, length: int, path: Path) -> mmap.mmap:
     """A private (copy-on-write) mapping of ``length`` bytes of ``fd``, not charged up front on Linux."""
     try:
-        if hasattr(mmap, "MAP_PRIVATE"):
-            return mmap.mmap(
-                fd, length, flags=mmap.MAP_PRIVATE | _MAP_NORESERVE, prot=mmap.PROT_READ | mmap.PROT_WRITE
-            )
-        return mmap.mmap(fd, length, access=mmap.ACCESS_COPY)
-    except OSError as exc:
-        raise _refusal(path, length, exc) from exc
+        if not hasattr(mmap, "MAP_PRIVATE"):  # Windows
+            return mmap.mmap(fd, length, access=mmap.ACCESS_COPY)
+        flags, prot = mmap.MAP_PRIVATE | _MAP_NORESERVE, mmap.PROT_READ | mmap.PROT_WRITE
+        if sys.version_info >= (3, 13):  # the mapping does not keep a duplicate of the descriptor open
+            return mmap.mmap(fd, length, flags=flags, prot=prot, trackfd=False)
+        return mmap.mmap(fd, length, flags=flags, prot=prot)
+    except (OSError, ValueError) as exc:
+        if isinstance(exc, OSError):
+            raise _refusal(path, length, exc) from exc
+        raise MappingError(f"{path}: cannot map its {length} bytes copy-on-write: {exc}") from exc
 
 
-def map_file(path: str | os.PathLike[str]) -> mmap.mmap:
-    """Map ``path`` copy-on-write and register its address range.
+def map_descriptor(fd: int, length: int, path: str | os.PathLike[str]) -> mmap.mmap:
+    """Map the first ``length`` bytes of the open file ``fd`` copy-on-write and register the range.
 
-    The returned object is the only strong reference the registry hands out;
-    the registry itself only holds a weak one, so the mapping is unmapped as
-    soon as nothing (no view, no handle) refers to it.
+    ``path`` only names the file in the registry and in errors: the descriptor is
+    what is mapped. The returned object is the only strong reference the
+    registry hands out; the registry itself only holds a weak one, so the
+    mapping is unmapped as soon as nothing (no view, no handle) refers to it.
+    Raises :class:`~weightmap.MappingError` when the kernel refuses the mapping.
     """
-    path = Path(path)
-    with open(path, "rb") as f:
-        mm = _map_private(f.fileno(), os.fstat(f.fileno()).st_size, path)
+    path = Path(os.fsdecode(path))
+    mm = _map_private(fd, length, path)
     base = _address_of(mm)
 
     def on_unmap(_ref: weakref.ReferenceType[mmap.mmap]) -> None:
