@@ -15,6 +15,19 @@ The registry keeps a *weak* reference to each mapping together with its
 address range, so that a storage can be recognised as "ours" from its address
 alone (:func:`find_region`) without keeping the mapping alive.
 
+Threads: Python unmaps an ``mmap`` before the weak-reference callbacks on it
+run, so another thread can map a new file at the same address in between. The
+registry is therefore keyed by identity, never by address alone:
+
+* the callback only records *which* reference died (it takes no lock: it may
+  run inside a garbage-collection pass on a thread that holds the lock), and
+  the next registry call removes the entry holding that very reference, so a
+  late callback can never remove a newer mapping's entry;
+* an entry whose mapping is gone (dead reference, or a closed ``mmap``) is
+  never returned: a lookup that meets one removes it and looks further, and a
+  new mapping removes every dead entry its range overlaps, so a dead entry can
+  never shadow a live mapping at the same address.
+
 Lifetime: ``torch.frombuffer`` views hold a strong reference to the ``mmap``
 object, and so does a :class:`~weightmap.MappedWeights` handle until it is
 closed. The mapping is unmapped when the last of them goes, never earlier:
@@ -25,6 +38,7 @@ segmentation fault. Nothing here ever calls ``mmap.close()``.
 from __future__ import annotations
 
 import bisect
+import collections
 import ctypes
 import errno
 import mmap
@@ -60,6 +74,7 @@ _MAP_NORESERVE: int = getattr(mmap, "MAP_NORESERVE", 0x4000) if sys.platform.sta
 _lock = threading.Lock()
 _bases: list[int] = []  # sorted start addresses, parallel to _regions
 _regions: list[Region] = []
+_died: collections.deque[weakref.ReferenceType[mmap.mmap]] = collections.deque()  # appended without the lock
 
 
 def _address_of(mm: mmap.mmap) -> int:
@@ -71,12 +86,50 @@ def _address_of(mm: mmap.mmap) -> int:
         del probe
 
 
-def _forget(base: int) -> None:
-    with _lock:
-        i = bisect.bisect_left(_bases, base)
-        if i < len(_bases) and _bases[i] == base:
-            del _bases[i]
-            del _regions[i]
+def _on_unmapped(ref: weakref.ReferenceType[mmap.mmap]) -> None:
+    """Weak-reference callback: remember which mapping died; :func:`_sweep` removes its entry."""
+    _died.append(ref)
+
+
+def _is_gone(region: Region) -> bool:
+    mm = region.ref()
+    return mm is None or mm.closed
+
+
+def _delete(i: int) -> None:
+    del _bases[i]
+    del _regions[i]
+
+
+def _sweep() -> None:
+    """Remove the entries whose mappings died since the last call, each by its own reference. Lock held."""
+    if not _died:
+        return
+    died: dict[int, weakref.ReferenceType[mmap.mmap]] = {}  # kept alive, so that ids stay unique
+    while _died:
+        ref = _died.popleft()
+        died[id(ref)] = ref
+    for i in reversed(range(len(_regions))):
+        if died.get(id(_regions[i].ref)) is _regions[i].ref:
+            _delete(i)
+
+
+def _register(region: Region) -> None:
+    """Add a new mapping's entry, removing every dead entry its range overlaps. Lock held.
+
+    Entries never overlap one another (live mappings cannot, and a new one removes the
+    dead ones it overlaps), so the overlapping ones are the run just below its end.
+    """
+    _sweep()
+    end = region.base + region.length
+    i = bisect.bisect_left(_bases, end) - 1
+    while i >= 0 and _regions[i].base + _regions[i].length > region.base:  # overlaps [base, end)
+        if _is_gone(_regions[i]):
+            _delete(i)
+        i -= 1
+    i = bisect.bisect_left(_bases, region.base)
+    _bases.insert(i, region.base)
+    _regions.insert(i, region)
 
 
 def _refusal(path: Path, length: int, exc: OSError) -> MappingError:
@@ -117,33 +170,31 @@ def map_descriptor(fd: int, length: int, path: str | os.PathLike[str]) -> mmap.m
     """
     path = Path(os.fsdecode(path))
     mm = _map_private(fd, length, path)
-    base = _address_of(mm)
-
-    def on_unmap(_ref: weakref.ReferenceType[mmap.mmap]) -> None:
-        _forget(base)
-
-    region = Region(base, len(mm), path, weakref.ref(mm, on_unmap))
+    region = Region(_address_of(mm), len(mm), path, weakref.ref(mm, _on_unmapped))
     with _lock:
-        i = bisect.bisect_left(_bases, base)
-        _bases.insert(i, base)
-        _regions.insert(i, region)
+        _register(region)
     return mm
 
 
 def find_region(address: int, nbytes: int) -> tuple[Region, mmap.mmap] | None:
     """The live mapping that holds ``[address, address + nbytes)``, with a strong reference to it.
 
-    Returns None when no mapping of ours holds the whole range.
+    Returns None when no mapping of ours holds the whole range. Dead entries met
+    on the way are removed, never returned.
     """
     with _lock:
+        _sweep()
         i = bisect.bisect_right(_bases, address) - 1
-        if i < 0:
+        while i >= 0:
+            region = _regions[i]
+            mm = region.ref()
+            if mm is not None and not mm.closed:
+                break
+            _delete(i)
+            i -= 1
+        else:
             return None
-        region = _regions[i]
     if not region.contains(address, nbytes):
-        return None
-    mm = region.ref()
-    if mm is None:
         return None
     return region, mm
 
@@ -151,4 +202,5 @@ def find_region(address: int, nbytes: int) -> tuple[Region, mmap.mmap] | None:
 def live_regions() -> list[Region]:
     """A snapshot of the mappings that are still alive (for diagnostics and tests)."""
     with _lock:
-        return [r for r in _regions if r.ref() is not None]
+        _sweep()
+        return [r for r in _regions if not _is_gone(r)]
