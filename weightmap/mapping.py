@@ -60,6 +60,9 @@ class MappedWeights:
     ``close()`` (or leaving a ``with`` block) drops only this handle's
     references: the weights stay mapped, and releasable, for as long as a
     tensor uses them, and each file is unmapped when its last view goes.
+
+    ``repr()`` is a one-line summary of counts and bytes, whatever the model's
+    size; it reads no weight, so it faults no page in.
     """
 
     mapped: list[str]
