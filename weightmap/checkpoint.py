@@ -142,7 +142,10 @@ def _open_directory(directory: Path, stack: contextlib.ExitStack) -> Checkpoint:
     index = directory / INDEX_NAME
     if os.path.lexists(index):
         return _open_index(directory, index, stack)
-    files = sorted(p for p in directory.iterdir() if _is_shard_name(p))
+    try:
+        files = sorted(p for p in directory.iterdir() if _is_shard_name(p))
+    except OSError as exc:
+        raise MappingError(f"{directory}: cannot list the directory: {exc.strerror or exc}") from exc
     if len(files) == 1:
         return _single(directory, files[0], stack)
     other_indexes = sorted(p.name for p in directory.glob("*.index.json"))

@@ -31,6 +31,7 @@ import mmap
 import os
 import stat
 import struct
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -153,8 +154,9 @@ class CheckpointFile:
 
     :meth:`read_header` reads and validates the header from the descriptor;
     :meth:`map` maps the descriptor after checking the file is unchanged. The
-    descriptor is closed by :meth:`close` (idempotent); the mappings made from it
-    do not need it.
+    descriptor is closed by :meth:`close` (idempotent; an object dropped while
+    still open closes it too, with a ``ResourceWarning``); the mappings made from
+    it do not need it.
     """
 
     def __init__(self, path: Path, fd: int, identity: FileIdentity) -> None:
@@ -178,6 +180,11 @@ class CheckpointFile:
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
             os.close(fd)
+
+    def __del__(self) -> None:  # a checkpoint kept open and never closed: do not leak the descriptor
+        if getattr(self, "_fd", -1) >= 0:
+            warnings.warn(f"unclosed checkpoint file {str(self.path)!r}", ResourceWarning, stacklevel=1)
+            self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"fd={self._fd}"
