@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import socket
+import stat
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -122,10 +127,13 @@ def test_directory_with_no_safetensors_file(tmp_path: Path) -> None:
 
 
 def test_missing_path(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="checkpoint not found.*absent.safetensors"):
+    with pytest.raises(MappingError, match="absent.safetensors: does not exist$"):
         open_checkpoint(tmp_path / "absent.safetensors")
-    with pytest.raises(FileNotFoundError, match="checkpoint not found.*absent.index.json"):
+    with pytest.raises(MappingError, match="absent.index.json: does not exist$"):
         open_checkpoint(tmp_path / "absent.index.json")
+    (tmp_path / "plain").write_bytes(b"")
+    with pytest.raises(MappingError, match="a.safetensors: does not exist \\(a component of the path is not"):
+        open_checkpoint(tmp_path / "plain" / "a.safetensors")
 
 
 def test_index_naming_a_missing_shard(sharded: Path) -> None:
@@ -192,3 +200,144 @@ def test_malformed_index(content: str, pattern: str, tmp_path: Path) -> None:
     with pytest.raises(HeaderError, match=pattern) as info:
         open_checkpoint(index)
     assert str(info.value).startswith(str(index) + ": ")
+
+
+# --------------------------------------------------------------------------- what a path is
+
+
+def open_in_thread(path: Path, unblock: Path | None = None) -> BaseException | Checkpoint:
+    """open_checkpoint(path) on a thread: what it raised or returned. A call still blocked after 10 s fails
+    the test (after the FIFO is opened for writing, so that the thread ends)."""
+    outcome: list[BaseException | Checkpoint] = []
+
+    def run() -> None:
+        try:
+            outcome.append(open_checkpoint(path))
+        except BaseException as exc:  # noqa: B036 - handed to the test thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(10)
+    if thread.is_alive():
+        fd = os.open(unblock or path, os.O_WRONLY | os.O_NONBLOCK)
+        os.close(fd)
+        thread.join(10)
+        pytest.fail(f"open_checkpoint({path}) blocked")
+    return outcome[0]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+@pytest.mark.parametrize("name", ["model.safetensors", "model.safetensors.index.json"])
+def test_a_fifo_is_an_error_and_never_blocks(tmp_path: Path, name: str) -> None:
+    fifo = tmp_path / name
+    os.mkfifo(fifo)
+    outcome = open_in_thread(fifo)
+    assert isinstance(outcome, MappingError), outcome
+    assert str(outcome) == f"{fifo}: is a named pipe (FIFO), not a regular file"
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_fifo_in_a_directory_or_an_index_is_an_error(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "model.safetensors")
+    outcome = open_in_thread(tmp_path, unblock=tmp_path / "model.safetensors")
+    assert isinstance(outcome, MappingError)
+    assert str(outcome) == f"{tmp_path / 'model.safetensors'}: is a named pipe (FIFO), not a regular file"
+
+    write_index(tmp_path / INDEX_NAME, {"w": "model.safetensors"})
+    outcome = open_in_thread(tmp_path, unblock=tmp_path / "model.safetensors")
+    assert isinstance(outcome, HeaderError)
+    assert "the index names shard 'model.safetensors', but" in str(outcome)
+    assert str(outcome).endswith("model.safetensors is a named pipe (FIFO), not a regular file")
+
+
+def test_a_directory_where_a_file_must_be(tmp_path: Path) -> None:
+    (tmp_path / "inner.safetensors").mkdir()
+    with pytest.raises(MappingError, match="inner.safetensors: is a directory, not a regular file$"):
+        open_checkpoint(tmp_path)  # the directory's only *.safetensors entry
+    (tmp_path / "shard.safetensors").mkdir()
+    write_index(tmp_path / "w.index.json", {"a": "shard.safetensors"})
+    with pytest.raises(HeaderError, match="shard.safetensors is a directory, not a regular file$"):
+        open_checkpoint(tmp_path / "w.index.json")
+    (tmp_path / INDEX_NAME).mkdir()
+    with pytest.raises(MappingError, match=f"{INDEX_NAME}: is a directory, not a regular file$"):
+        open_checkpoint(tmp_path)
+
+
+def test_a_character_device(tmp_path: Path) -> None:
+    if not stat.S_ISCHR(os.stat(os.devnull).st_mode):
+        pytest.skip(f"{os.devnull} is not a character device here")
+    with pytest.raises(MappingError, match=f"^{os.devnull}: is a character device, not a regular file$"):
+        open_checkpoint(os.devnull)
+
+
+def test_a_block_device(tmp_path: Path) -> None:
+    device = tmp_path / "disk.safetensors"
+    try:
+        os.mknod(device, stat.S_IFBLK | 0o600, os.makedev(7, 0))
+    except (OSError, AttributeError) as exc:
+        pytest.skip(f"cannot make a block device node here: {exc}")
+    with pytest.raises(MappingError, match="disk.safetensors: is a block device, not a regular file$"):
+        open_checkpoint(device)
+
+
+@pytest.mark.skipif(not hasattr(socket, "AF_UNIX"), reason="needs UNIX sockets")
+def test_a_socket(tmp_path: Path) -> None:
+    path = tmp_path / "s.safetensors"
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(path))
+        with pytest.raises(MappingError, match="s.safetensors: is a socket, not a regular file$"):
+            open_checkpoint(path)
+
+
+def test_symbolic_links_dangling_looping_and_good(tmp_path: Path) -> None:
+    (tmp_path / "dangling.safetensors").symlink_to("gone.safetensors")
+    with pytest.raises(MappingError, match="dangling.safetensors: is a symbolic link to 'gone.safetensors', "
+                                           "which does not exist$"):
+        open_checkpoint(tmp_path / "dangling.safetensors")
+    (tmp_path / "a.safetensors").symlink_to("b.safetensors")
+    (tmp_path / "b.safetensors").symlink_to("a.safetensors")
+    with pytest.raises(MappingError, match="a.safetensors: is a symbolic link loop"):
+        open_checkpoint(tmp_path / "a.safetensors")
+    write_index(tmp_path / INDEX_NAME, {"w": "a.safetensors"})
+    with pytest.raises(HeaderError, match="but .*a.safetensors is a symbolic link loop"):
+        open_checkpoint(tmp_path)
+
+    save_file(FIRST, str(tmp_path / "real.bin"))
+    (tmp_path / "link.safetensors").symlink_to("real.bin")
+    checkpoint = open_checkpoint(tmp_path / "link.safetensors")
+    assert checkpoint.files == (tmp_path / "link.safetensors",) and set(checkpoint.entries) == set(FIRST)
+
+
+# --------------------------------------------------------------------------- descriptors
+
+
+def fds_on(*paths: Path) -> int:
+    """How many of this process's descriptors are open on any of ``paths``."""
+    targets = {os.path.realpath(p) for p in paths}
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            count += os.readlink(f"/proc/self/fd/{fd}") in targets
+    return count
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+def test_open_checkpoint_leaves_no_descriptor_open(sharded: Path) -> None:
+    files = [sharded / SHARD_1, sharded / SHARD_2, sharded / INDEX_NAME]
+    checkpoint = open_checkpoint(sharded)
+    assert fds_on(*files) == 0 and checkpoint.closed
+    assert_holds(checkpoint, sharded)  # what callers that only read headers use still works
+
+    with open_checkpoint(sharded, keep_open=True) as held:
+        assert fds_on(*files) == 2 and not held.closed
+        assert [held.file(h).path for h in held.headers] == list(held.files)
+    assert fds_on(*files) == 0 and held.closed
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+def test_an_error_on_the_second_shard_closes_the_first(sharded: Path) -> None:
+    (sharded / SHARD_2).write_bytes(b"\x05\0\0\0\0\0\0\0{}")
+    with pytest.raises(HeaderError):
+        open_checkpoint(sharded, keep_open=True)
+    assert fds_on(sharded / SHARD_1, sharded / SHARD_2) == 0

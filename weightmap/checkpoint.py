@@ -9,19 +9,29 @@ Shard names are relative to the index's directory. Every shard header is read an
 validated, and the index is checked against the headers: the index may leave
 tensors out (they are taken from the shard headers) but may not send a tensor to a
 shard that lacks it, and no tensor may live in two shards.
+
+Every file is opened once (:func:`weightmap.files.open_regular`): it must be a
+regular file, and anything else (missing, a dangling symbolic link or a loop, a
+directory, a FIFO, a device, a socket) is a :class:`MappingError` saying what the
+path is; a FIFO is never opened in a way that could block. Headers are read from
+those descriptors. With ``keep_open=True`` the descriptors stay open in the
+:class:`Checkpoint` so that the files mapped later are the files validated here;
+otherwise they are closed before :func:`open_checkpoint` returns.
 """
 
 from __future__ import annotations
 
-import errno
+import contextlib
 import json
 import os
-from dataclasses import dataclass
+import stat
+from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 from typing import Any
 
 from weightmap.errors import HeaderError, MappingError
-from weightmap.format import MAX_HEADER_BYTES, Header, TensorEntry, read_header
+from weightmap.files import CheckpointFile, describe_unusable, open_regular, read_all
+from weightmap.format import MAX_HEADER_BYTES, Header, TensorEntry
 
 __all__ = ["INDEX_NAME", "Checkpoint", "open_checkpoint"]
 
@@ -36,19 +46,47 @@ class Checkpoint:
     ``source`` is the path the caller passed; ``headers`` holds one validated header per
     file (shards sorted by name); ``entries`` maps each tensor name to its file's header
     and its entry, in ``headers`` order then file order.
+
+    ``handles`` are the opened files, in ``headers`` order. They are open only for
+    a checkpoint from ``open_checkpoint(path, keep_open=True)``, until :meth:`close`
+    (or the end of a ``with`` block); :meth:`file` gives the one behind a header.
     """
 
     source: Path
     headers: tuple[Header, ...]
     entries: dict[str, tuple[Header, TensorEntry]]
+    handles: tuple[CheckpointFile, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def files(self) -> tuple[Path, ...]:
         """The checkpoint's files, in ``headers`` order."""
         return tuple(header.path for header in self.headers)
 
+    def file(self, header: Header) -> CheckpointFile:
+        """The opened file whose header this is."""
+        for handle, own in zip(self.handles, self.headers, strict=True):
+            if own is header:
+                return handle
+        raise KeyError(f"{header.path}: not a header of this checkpoint")
 
-def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
+    @property
+    def closed(self) -> bool:
+        """True when no descriptor of this checkpoint is open."""
+        return all(handle.closed for handle in self.handles)
+
+    def close(self) -> None:
+        """Close every descriptor (mappings already made from them stay valid)."""
+        for handle in self.handles:
+            handle.close()
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_checkpoint(path: str | os.PathLike[str], *, keep_open: bool = False) -> Checkpoint:
     """Resolve ``path`` to a :class:`Checkpoint`, reading and validating every header.
 
     ``path`` may be:
@@ -58,33 +96,58 @@ def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     * a directory holding exactly one ``*.safetensors`` file (hidden files ignored): that file;
     * any other file: a single safetensors file.
 
-    A missing path raises :class:`FileNotFoundError`; a directory with no index and
-    several ``.safetensors`` files (or none) raises :class:`MappingError`; anything wrong
-    in a header or the index raises :class:`HeaderError` naming the file and the tensor.
+    Each file is opened once and must be a regular file. A path that does not
+    exist or is not usable (see the module docstring), a directory with no index
+    and several ``.safetensors`` files (or none) raise :class:`MappingError`;
+    anything wrong in a header or the index raises :class:`HeaderError` naming the
+    file and the tensor.
+
+    With ``keep_open=False`` (the default) every descriptor is closed before this
+    returns. With ``keep_open=True`` the checkpoint keeps them open for mapping
+    exactly the files validated here; close it (``with open_checkpoint(p,
+    keep_open=True) as checkpoint: ...``). On an error nothing is left open.
     """
     source = Path(os.fsdecode(path))
-    if not source.exists():
-        raise FileNotFoundError(errno.ENOENT, "checkpoint not found", str(source))
-    if source.is_dir():
-        return _open_directory(source)
-    if source.suffix == ".json":
-        return _open_index(source, source)
-    return _single(source, read_header(source))
+    try:
+        is_directory = stat.S_ISDIR(os.stat(source).st_mode)
+    except OSError:
+        is_directory = False  # open_regular below says what the path is
+    with contextlib.ExitStack() as stack:
+        if is_directory:
+            checkpoint = _open_directory(source, stack)
+        elif source.suffix == ".json":
+            checkpoint = _open_index(source, source, stack)
+        else:
+            checkpoint = _single(source, source, stack)
+        if keep_open:
+            stack.pop_all()
+    return checkpoint
 
 
-def _single(source: Path, header: Header) -> Checkpoint:
+def _open(path: Path, stack: contextlib.ExitStack) -> tuple[CheckpointFile, Header]:
+    """Open one file (closed by ``stack``) and read its header from the descriptor."""
+    file = open_regular(path)
+    stack.callback(file.close)
+    return file, file.read_header()
+
+
+def _single(source: Path, path: Path, stack: contextlib.ExitStack) -> Checkpoint:
+    file, header = _open(path, stack)
     entries = {name: (header, entry) for name, entry in header.tensors.items()}
-    return Checkpoint(source=source, headers=(header,), entries=entries)
+    return Checkpoint(source=source, headers=(header,), entries=entries, handles=(file,))
 
 
-def _open_directory(directory: Path) -> Checkpoint:
+def _open_directory(directory: Path, stack: contextlib.ExitStack) -> Checkpoint:
     """Use the directory's index if it has one, else its only safetensors file."""
     index = directory / INDEX_NAME
-    if index.is_file():
-        return _open_index(directory, index)
-    files = sorted(p for p in directory.iterdir() if _is_shard_file(p))
+    if os.path.lexists(index):
+        return _open_index(directory, index, stack)
+    try:
+        files = sorted(p for p in directory.iterdir() if _is_shard_name(p))
+    except OSError as exc:
+        raise MappingError(f"{directory}: cannot list the directory: {exc.strerror or exc}") from exc
     if len(files) == 1:
-        return _single(directory, read_header(files[0]))
+        return _single(directory, files[0], stack)
     other_indexes = sorted(p.name for p in directory.glob("*.index.json"))
     hint = (
         f" (other index files here: {', '.join(other_indexes)}; pass one explicitly)" if other_indexes else ""
@@ -98,8 +161,9 @@ def _open_directory(directory: Path) -> Checkpoint:
     )
 
 
-def _is_shard_file(path: Path) -> bool:
-    return path.name.endswith(_SUFFIX) and not path.name.startswith(".") and path.is_file()
+def _is_shard_name(path: Path) -> bool:
+    """A visible ``*.safetensors`` entry (whatever it is: opening it says if it is not a file)."""
+    return path.name.endswith(_SUFFIX) and not path.name.startswith(".")
 
 
 # --------------------------------------------------------------------------- index
@@ -116,8 +180,13 @@ def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _load_index(index: Path) -> dict[str, Any]:
     """The index JSON as a dict; it must be an object."""
-    with open(index, "rb") as file:
-        raw = file.read(MAX_HEADER_BYTES + 1)
+    file = open_regular(index)
+    try:
+        raw = read_all(file, MAX_HEADER_BYTES)
+    except OSError as exc:
+        raise MappingError(f"{index}: cannot read the index: {exc.strerror or exc}") from exc
+    finally:
+        file.close()
     if len(raw) > MAX_HEADER_BYTES:
         raise HeaderError(f"{index}: index file is over {MAX_HEADER_BYTES} bytes")
     try:
@@ -149,19 +218,22 @@ def _weight_map(index: Path) -> dict[str, str]:
     return {name: os.path.normpath(shard) for name, shard in weight_map.items()}
 
 
-def _read_shards(index: Path, weight_map: dict[str, str]) -> dict[str, Header]:
-    """Read and validate the header of every shard the index names, in name order."""
+def _read_shards(
+    index: Path, weight_map: dict[str, str], stack: contextlib.ExitStack
+) -> dict[str, tuple[CheckpointFile, Header]]:
+    """Open every shard the index names and validate its header, in name order."""
     first_user = {shard: name for name, shard in reversed(weight_map.items())}
-    headers: dict[str, Header] = {}
+    shards: dict[str, tuple[CheckpointFile, Header]] = {}
     for shard in sorted(first_user):
         shard_path = index.parent / shard
-        if not shard_path.is_file():
+        problem = describe_unusable(shard_path)
+        if problem is not None:
             raise HeaderError(
                 f"{index}: tensor {first_user[shard]!r}: the index names shard {shard!r}, "
-                f"but {shard_path} does not exist"
+                f"but {shard_path} {problem}"
             )
-        headers[shard] = read_header(shard_path)
-    return headers
+        shards[shard] = _open(shard_path, stack)
+    return shards
 
 
 def _check_single_home(index: Path, headers: dict[str, Header]) -> None:
@@ -186,10 +258,16 @@ def _check_assignments(index: Path, weight_map: dict[str, str], headers: dict[st
         )
 
 
-def _open_index(source: Path, index: Path) -> Checkpoint:
+def _open_index(source: Path, index: Path, stack: contextlib.ExitStack) -> Checkpoint:
     weight_map = _weight_map(index)
-    headers = _read_shards(index, weight_map)
+    shards = _read_shards(index, weight_map, stack)
+    headers = {shard: header for shard, (_, header) in shards.items()}
     _check_single_home(index, headers)
     _check_assignments(index, weight_map, headers)
     entries = {name: (header, entry) for header in headers.values() for name, entry in header.tensors.items()}
-    return Checkpoint(source=source, headers=tuple(headers.values()), entries=entries)
+    return Checkpoint(
+        source=source,
+        headers=tuple(headers.values()),
+        entries=entries,
+        handles=tuple(file for file, _ in shards.values()),
+    )

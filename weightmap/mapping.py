@@ -2,15 +2,25 @@
 
 :func:`map_weights` works in three steps, and only the last one touches the model:
 
-1. *resolve*: validate every header, find each tensor's checkpoint entry, check
-   shapes and dtypes, decide per tensor whether it is mapped, copied or missing.
-   Any error is raised here, so an error leaves the model exactly as it was;
-2. *materialise*: map the files copy-on-write and make one ``torch.frombuffer``
-   view per tensor (no read, no copy), plus the copies that are unavoidable
-   (a dtype cast, an offset that is not a multiple of the item size);
+1. *resolve*: open every file of the checkpoint once (it must be a regular
+   file), read and validate its header from that descriptor, find each
+   tensor's checkpoint entry, check that the model's tensor can be replaced
+   at all (a plain dense tensor or ``Parameter``: not a subclass, not sparse,
+   quantized or nested), check shapes and dtypes, decide per tensor whether it
+   is mapped, copied or missing. Any error is raised here, so an error leaves the model
+   exactly as it was;
+2. *materialise*: map the descriptors that were validated (after checking that
+   each file still has the size, modification time and header that were
+   validated), copy-on-write and, on Linux, ``MAP_NORESERVE`` (see
+   :mod:`weightmap.registry`: a checkpoint larger than RAM + swap maps), then
+   make one ``torch.frombuffer`` view per tensor (no read, no copy), plus the
+   copies that are unavoidable (a dtype cast, an offset that is not a multiple
+   of the item size). The descriptors are closed when this step ends;
 3. *assign*: put each new tensor into every slot that held the old one, so ties
    stay ties. A tensor on the meta device is replaced (a ``Parameter`` by a new
-   ``Parameter``); a real one keeps its object and gets ``.data = view``.
+   ``Parameter``); a real one keeps its object and gets ``.data = view``. If an
+   assignment fails anyway, the ones already made are undone before the
+   :class:`MappingError` is raised.
 """
 
 from __future__ import annotations
@@ -24,7 +34,6 @@ from typing import Any
 
 import torch
 
-from weightmap import registry
 from weightmap.checkpoint import Checkpoint, open_checkpoint
 from weightmap.errors import MappingError
 from weightmap.format import Header, TensorEntry, check_little_endian
@@ -51,6 +60,9 @@ class MappedWeights:
     ``close()`` (or leaving a ``with`` block) drops only this handle's
     references: the weights stay mapped, and releasable, for as long as a
     tensor uses them, and each file is unmapped when its last view goes.
+
+    ``repr()`` is a one-line summary of counts and bytes, whatever the model's
+    size; it reads no weight, so it faults no page in.
     """
 
     mapped: list[str]
@@ -119,6 +131,38 @@ def _lookup(target: Target, keys: Callable[[str], str | None], checkpoint: Check
     return _Plan(target)
 
 
+def _unreplaceable(tensor: torch.Tensor) -> str | None:
+    """Why a view of the file cannot take this tensor's place (None when it can).
+
+    Only a plain dense tensor or ``Parameter`` can be replaced by (or given the data of)
+    a ``torch.frombuffer`` view: a subclass, a sparse, quantized or nested tensor would
+    either refuse ``.data = view`` or silently lose what makes it what it is.
+    """
+    if type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+        kind = type(tensor)
+        return (
+            f"is a {kind.__module__}.{kind.__qualname__}, a tensor subclass: only plain tensors and "
+            "Parameters can be replaced by views of the file"
+        )
+    if tensor.is_nested:
+        return "is a nested tensor: only dense tensors can be views of the file"
+    if tensor.layout != torch.strided:
+        return f"has layout {tensor.layout}: only dense (torch.strided) tensors can be views of the file"
+    if tensor.is_quantized:
+        return f"is quantized ({tensor.dtype}): only unquantized tensors can be views of the file"
+    return None
+
+
+def _check_replaceable(plan: _Plan) -> None:
+    assert plan.entry is not None and plan.header is not None
+    reason = _unreplaceable(plan.target.tensor)
+    if reason is not None:
+        raise MappingError(
+            f"{plan.header.path}: tensor {plan.entry.name!r} (model name {plan.target.names[0]!r}): "
+            f"the model's tensor {reason}. The model was left unchanged."
+        )
+
+
 def _check_shape(plan: _Plan) -> None:
     assert plan.entry is not None and plan.header is not None
     want = tuple(plan.target.tensor.shape)
@@ -161,6 +205,7 @@ def _resolve(targets: list[Target], checkpoint: Checkpoint, keys: Callable[[str]
     for target in targets:
         plan = _lookup(target, keys, checkpoint)
         if plan.found:
+            _check_replaceable(plan)
             _check_shape(plan)
             plan.copy_reason = _copy_reason(plan)
         plans.append(plan)
@@ -196,18 +241,58 @@ def _materialise(plan: _Plan, maps: dict[Path, mmap.mmap]) -> torch.Tensor:
     return tensor if entry.dtype == want else tensor.to(want)
 
 
-def _assign(target: Target, new: torch.Tensor) -> None:
+def _assign(target: Target, new: torch.Tensor) -> Callable[[], None]:
+    """Put ``new`` where the target's tensor is; returns what puts the old one back."""
     old = target.tensor
     if old.device.type != "meta":
+        previous = old.data
+
+        def restore_data() -> None:
+            with torch.no_grad():
+                old.data = previous
+
         with torch.no_grad():
             old.data = new
-        return
+        return restore_data
     replacement: torch.Tensor = new
     if isinstance(old, torch.nn.Parameter):
         replacement = torch.nn.Parameter(new, requires_grad=old.requires_grad)
-    for slot, key in target.slots:
-        slot[key] = replacement
+    held = [(slot, key, slot[key]) for slot, key in target.slots]
+
+    def restore_slots() -> None:
+        for slot, key, value in held:
+            slot[key] = value
+        target.tensor = old
+
+    try:
+        for slot, key in target.slots:
+            slot[key] = replacement
+    except BaseException:
+        restore_slots()
+        raise
     target.tensor = replacement
+    return restore_slots
+
+
+def _assign_all(new: list[tuple[_Plan, torch.Tensor]]) -> None:
+    """Assign every new tensor, or none: a failure puts back every tensor already replaced.
+
+    Everything :func:`_resolve` can check is checked before this runs; this is what
+    keeps the model unchanged if the assignment itself fails anyway.
+    """
+    undo: list[Callable[[], None]] = []
+    for plan, tensor in new:
+        try:
+            undo.append(_assign(plan.target, tensor))
+        except Exception as exc:
+            for restore in reversed(undo):
+                restore()
+            assert plan.entry is not None and plan.header is not None
+            raise MappingError(
+                f"{plan.header.path}: tensor {plan.entry.name!r} (model name {plan.target.names[0]!r}): "
+                f"cannot be replaced by a view of the file ({type(exc).__name__}: {exc}). "
+                "The model was left unchanged."
+            ) from exc
 
 
 def _names(plans: list[_Plan], keep: Callable[[_Plan], bool]) -> list[str]:
@@ -243,12 +328,20 @@ def map_weights(
     * A dtype mismatch is cast into new memory and a tensor whose offset is not
       a multiple of its item size is copied into aligned memory; both are
       reported in ``copied``. Persistent tensors not found are in ``missing``.
-      A shape mismatch always raises.
+      A shape mismatch always raises, and so does a model tensor found in the
+      checkpoint that cannot be replaced by a view (a tensor subclass, or a
+      sparse, quantized or nested tensor).
     * ``strict=True`` raises unless every persistent tensor (parameters,
       persistent buffers, an ExportedProgram's lifted constants) is mapped
       without a copy. Non-persistent buffers are never required.
+    * Each file is opened once and must be a regular file; its header is read
+      from that descriptor and that descriptor is mapped, so the file mapped is
+      the file validated. A file changed between the two is an error.
     * Headers are validated before anything is mapped, and every tensor is
       resolved before any is changed: an error leaves the model as it was.
+    * A checkpoint larger than RAM maps (on Linux, ``MAP_NORESERVE``): only the
+      pages read become resident, only the pages written become private memory.
+      A mapping the kernel still refuses is a :class:`MappingError`.
 
     Raises :class:`MappingError` (a ``ValueError``); header problems raise
     :class:`HeaderError`. Each message names the file, the tensor and the rule.
@@ -262,15 +355,13 @@ def map_weights(
     """
     check_little_endian()
     targets = collect_targets(model)
-    checkpoint = open_checkpoint(path)
-    plans = _resolve(targets, checkpoint, _key_function(key_map), strict)
-
-    needed = {plan.header.path for plan in plans if plan.header is not None and plan.entry and plan.entry.numel}
-    maps = {p: registry.map_file(p) for p in checkpoint.files if p in needed}
+    with open_checkpoint(path, keep_open=True) as checkpoint:
+        plans = _resolve(targets, checkpoint, _key_function(key_map), strict)
+        needed = {plan.header.path for plan in plans if plan.header is not None and plan.entry and plan.entry.numel}
+        maps = {h.path: checkpoint.file(h).map() for h in checkpoint.headers if h.path in needed}
     new = [(plan, _materialise(plan, maps)) for plan in plans if plan.found]
 
-    for plan, tensor in new:
-        _assign(plan.target, tensor)
+    _assign_all(new)
 
     nbytes = sum(p.entry.nbytes for p, _ in new if p.entry is not None and not p.copy_reason)
     return MappedWeights(
