@@ -1,0 +1,203 @@
+"""Tests of cold and warm page-cache preparation (harness.coldcache)."""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+from pathlib import Path
+
+import pytest
+
+import harness.coldcache as coldcache
+from harness.coldcache import COLD_TOLERANCE_BYTES, file_page_counts, prepare_cold, prepare_warm
+from harness.residency import FileResidency
+
+MiB = 1 << 20
+SIZE = 16 * MiB
+
+
+def _fs_type(path: Path) -> str:
+    """Filesystem type of the mount holding ``path`` (Linux ``/proc/self/mountinfo``)."""
+    target = os.path.realpath(path)
+    best, best_type = "", ""
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            fields = line.split()
+            mount_point = fields[4].replace("\\040", " ")
+            fs_type = fields[fields.index("-") + 1]
+            inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
+            if inside and len(mount_point) >= len(best):
+                best, best_type = mount_point, fs_type
+    return best_type
+
+
+@pytest.fixture
+def disk_dir(tmp_path: Path) -> Path:
+    if _fs_type(tmp_path) in ("tmpfs", "ramfs"):
+        pytest.skip(f"{tmp_path} is in memory: its page cache cannot be dropped")
+    return tmp_path
+
+
+def _write(path: Path, nbytes: int = SIZE, *, sync: bool) -> None:
+    """Write ``nbytes`` of non-zero data; ``sync=False`` leaves the pages dirty (no fsync)."""
+    block = bytes(range(1, 256)) * (MiB // 255 + 1)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        done = 0
+        while done < nbytes:
+            done += os.write(fd, block[: min(MiB, nbytes - done)])
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _resident(path: Path) -> int:
+    with FileResidency([path]) as r:
+        return r.resident_bytes()
+
+
+def _dirty(path: Path) -> int | None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        counts = file_page_counts(fd)
+    finally:
+        os.close(fd)
+    return None if counts is None else counts.dirty + counts.writeback
+
+
+def test_cold_leaves_a_cached_file_out_of_the_page_cache(disk_dir: Path) -> None:
+    path = disk_dir / "weights.bin"
+    _write(path, sync=True)
+    with open(path, "rb") as fh:  # make every page resident
+        while fh.read(MiB):
+            pass
+    assert _resident(path) == SIZE
+    report = prepare_cold([path], settle=False)
+    assert report.state == "cold"
+    assert report.files[0].resident_bytes_before == SIZE
+    assert report.files[0].resident_bytes_after <= COLD_TOLERANCE_BYTES
+    assert report.resident_bytes == report.files[0].resident_bytes_after
+    assert _resident(path) <= COLD_TOLERANCE_BYTES
+    assert report.cold_ok
+
+
+def test_cold_flushes_dirty_pages_before_dropping_them(disk_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # posix_fadvise(DONTNEED) skips pages that are dirty or under writeback when it runs; the
+    # file must be clean by then. Record the file's dirty state at the moment of the drop.
+    path = disk_dir / "fresh.bin"
+    _write(path, sync=False)
+    if not _dirty(path):
+        pytest.skip("cachestat(2) is not available here, or the kernel wrote the file back already")
+    at_drop: list[int | None] = []
+    real = os.posix_fadvise
+
+    def spy(fd: int, offset: int, length: int, advice: int) -> None:
+        if advice == os.POSIX_FADV_DONTNEED:
+            counts = file_page_counts(fd)
+            at_drop.append(None if counts is None else counts.dirty + counts.writeback)
+        real(fd, offset, length, advice)
+
+    monkeypatch.setattr(coldcache.os, "posix_fadvise", spy)
+    # Short enough that waiting for the kernel's own writeback (30 s by default) cannot stand in for the flush.
+    report = prepare_cold([path], settle=False, timeout_s=5)
+    assert at_drop == [0]
+    assert report.files[0].resident_bytes_after <= COLD_TOLERANCE_BYTES, report.to_json()
+    assert report.files[0].dirty_bytes_after == 0
+    assert report.files[0].writeback_bytes_after == 0
+    assert report.files[0].flushes >= 1
+
+
+def test_cold_works_on_a_read_only_file(disk_dir: Path) -> None:
+    path = disk_dir / "ro.bin"
+    _write(path, sync=False)
+    path.chmod(0o444)
+    report = prepare_cold([path], settle=False)
+    assert report.files[0].resident_bytes_after <= COLD_TOLERANCE_BYTES
+    assert report.cold_ok
+
+
+def test_cold_records_dirty_bytes_found_before_the_flush(disk_dir: Path) -> None:
+    path = disk_dir / "fresh.bin"
+    _write(path, sync=False)
+    dirty = _dirty(path)
+    if dirty is None:
+        pytest.skip("cachestat(2) is not available here: per-file dirty state is not visible")
+    report = prepare_cold([path], settle=False)
+    before = (report.files[0].dirty_bytes_before or 0) + (report.files[0].writeback_bytes_before or 0)
+    assert before > 0
+    assert report.dirty_source == "cachestat"
+    assert report.files[0].dirty_bytes_after == 0
+
+
+def test_settle_waits_for_the_machine_and_reports_it(disk_dir: Path) -> None:
+    path = disk_dir / "weights.bin"
+    _write(path, sync=True)
+    report = prepare_cold([path], settle=True, settle_bytes=1 << 62, timeout_s=30)
+    assert report.settled is True
+    assert "sync" in report.method
+    assert report.system_dirty_bytes_before is not None
+
+
+def test_settle_gives_up_at_the_timeout_and_says_so(disk_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = disk_dir / "weights.bin"
+    _write(path, sync=True)
+    monkeypatch.setattr(coldcache, "system_dirty_bytes", lambda: 10 << 30)  # a machine that never settles
+    report = prepare_cold([path], settle=True, timeout_s=0.3)
+    assert report.settled is False
+    assert any("dirty or under writeback" in note for note in report.notes)
+    assert report.files[0].resident_bytes_after <= COLD_TOLERANCE_BYTES  # dropped all the same
+
+
+def test_cold_reports_pages_a_process_still_maps(disk_dir: Path) -> None:
+    path = disk_dir / "mapped.bin"
+    _write(path, sync=True)
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        mm.madvise(mmap.MADV_WILLNEED)
+        for offset in range(0, SIZE, mmap.PAGESIZE):  # fault every page in: mapped pages cannot be dropped
+            mm[offset]
+        report = prepare_cold([path], settle=False)
+    assert report.files[0].resident_bytes_after > COLD_TOLERANCE_BYTES
+    assert not report.cold_ok
+    assert any("still in the page cache" in note for note in report.notes)
+
+
+def test_warm_reads_every_page_in(disk_dir: Path) -> None:
+    path = disk_dir / "weights.bin"
+    _write(path, sync=True)
+    prepare_cold([path], settle=False)
+    report = prepare_warm([path], chunk=3 * MiB)  # not a divisor of the size: the tail is read too
+    assert report.state == "warm"
+    assert report.files[0].resident_bytes_before <= COLD_TOLERANCE_BYTES
+    assert report.files[0].resident_bytes_after == SIZE
+    assert report.resident_bytes == SIZE
+
+
+def test_report_is_json(disk_dir: Path) -> None:
+    path = disk_dir / "weights.bin"
+    _write(path, sync=True)
+    data = json.loads(json.dumps(prepare_cold([path], settle=False).to_json()))
+    assert data["state"] == "cold"
+    assert data["total_bytes"] == SIZE
+    assert data["files"][0]["path"] == str(path)
+    assert data["cold_ok"] is True
+    assert {"method", "seconds", "flush_seconds", "settle_seconds", "resident_bytes", "notes"} <= data.keys()
+
+
+def test_bad_arguments_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no files"):
+        prepare_cold([])
+    with pytest.raises(FileNotFoundError, match="missing.bin"):
+        prepare_cold([tmp_path / "missing.bin"])
+    with pytest.raises(FileNotFoundError, match="not a regular file"):
+        prepare_warm([tmp_path])
+
+
+def test_system_dirty_bytes_reads_meminfo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "meminfo"
+    fake.write_text("MemTotal: 100 kB\nDirty:        12 kB\nWriteback:     3 kB\nWritebackTmp: 7 kB\n")
+    monkeypatch.setattr(coldcache, "MEMINFO", str(fake))
+    assert coldcache.system_dirty_bytes() == 15 * 1024
+    fake.write_text("MemTotal: 100 kB\n")
+    assert coldcache.system_dirty_bytes() is None
