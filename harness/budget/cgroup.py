@@ -303,9 +303,9 @@ def _read_group(version: int, path: Path) -> GroupReading:
             counters[f"memory.oom_control:{key}"] = value
         for name in ("memory.failcnt", "memory.memsw.failcnt", "memory.max_usage_in_bytes",
                      "memory.memsw.max_usage_in_bytes"):
-            value = _number(path / name)
-            if value is not None:
-                counters[name] = value
+            number = _number(path / name)
+            if number is not None:
+                counters[name] = number
         kills = counters.get("memory.oom_control:oom_kill")
     else:
         for key, value in _keyed(path / "memory.events").items():

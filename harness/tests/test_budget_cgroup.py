@@ -225,17 +225,17 @@ def test_no_memory_controller_is_refused_plainly(tmp_path) -> None:
 
 def test_a_directory_that_is_not_a_cgroup_is_refused_and_left_clean(tmp_path) -> None:
     fake = MemoryController(1, tmp_path, tmp_path)
-    with pytest.raises(CgroupUnavailable, match=r"^budget mode needs a writable memory cgroup: .* not a memory cgroup"):
-        with MemoryGroup.create(64 * MIB, PREFIX, fake):
-            pass
+    refused = r"^budget mode needs a writable memory cgroup: .* not a memory cgroup"
+    with pytest.raises(CgroupUnavailable, match=refused), MemoryGroup.create(64 * MIB, PREFIX, fake):
+        pass
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_parent_that_cannot_be_written_is_refused(tmp_path) -> None:
     fake = MemoryController(1, tmp_path / "absent", tmp_path / "absent")
-    with pytest.raises(CgroupUnavailable, match=r"^budget mode needs a writable memory cgroup: cannot create"):
-        with MemoryGroup.create(64 * MIB, PREFIX, fake):
-            pass
+    refused = r"^budget mode needs a writable memory cgroup: cannot create"
+    with pytest.raises(CgroupUnavailable, match=refused), MemoryGroup.create(64 * MIB, PREFIX, fake):
+        pass
 
 
 def test_v1_group_found_from_mountinfo_and_proc_cgroup(tmp_path) -> None:
