@@ -288,3 +288,19 @@ def test_v1_counters_are_read_from_oom_control_and_max_usage(tmp_path) -> None:
     assert reading.peak_bytes == 4096 and reading.oom_kills == 3 and reading.counters["memory.failcnt"] == 7
     (tmp_path / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\n")  # kernels before 4.13
     assert _read_group(1, tmp_path).oom_kills is None
+
+
+def test_a_sweep_of_real_runs_finds_what_the_command_needs(controller, no_leftovers) -> None:
+    from harness.budget.sweep import smallest_limit
+
+    def attempt(limit: int):
+        return run_in_group([sys.executable, "-c", ALLOCATE_300_MIB], limit, 60, controller=controller,
+                            name_prefix=PREFIX)
+
+    sweep = smallest_limit(attempt, 64 * MIB, 1024 * MIB, 32 * MIB, extra_factors=(1.5,))
+    assert sweep.largest_failing_bytes is not None
+    # 300 MiB of anonymous memory plus the interpreter's own (a few MiB charged to the group).
+    assert 300 * MIB < sweep.minimum_bytes <= 300 * MIB + 64 * MIB
+    assert sweep.minimum_bytes - sweep.largest_failing_bytes <= 32 * MIB
+    failed = [a for a in sweep.attempts if not a.completed]
+    assert failed and all(a.oom_kills and "OOM-killed" in (a.reason or "") for a in failed)
