@@ -123,7 +123,7 @@ class Sweep:
 
 
 def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB"
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
 def _verdicts(points: Sequence[SweepPoint]) -> dict[int, bool]:
