@@ -46,12 +46,13 @@ def controller() -> MemoryController:
 
 
 def _children(controller: MemoryController) -> set[str]:
-    return {p.name for p in controller.parent.iterdir() if p.is_dir()}
+    # Only the tests' own prefix: a budget run of the same user may come and go meanwhile.
+    return {p.name for p in controller.parent.iterdir() if p.is_dir() and p.name.startswith(PREFIX)}
 
 
 @pytest.fixture
 def no_leftovers(controller: MemoryController):
-    """Every test leaves the parent's children as it found them."""
+    """Every test leaves the parent's children (with the tests' prefix) as it found them."""
     before = _children(controller)
     yield
     assert _children(controller) == before
