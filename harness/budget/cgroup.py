@@ -33,6 +33,10 @@ v1 (``/sys/fs/cgroup/memory``) and v2 (``memory.max``), as this module sets and 
 
     The peak counts page cache charged to the group: a command that streams a
     file larger than the limit shows a peak at the limit and still completes.
+    Seen on Linux 6.18 with v1: an OOM kill adds one to ``oom_kill`` while
+    ``under_oom`` is back to 0 by the time the command has exited, and
+    ``memory.failcnt`` stayed 0 even then, so the OOM verdict rests on
+    ``oom_kill`` alone (``failcnt`` is recorded, not trusted).
 
 How the command joins its group (no race, no ``preexec_fn``)
     The command is started through a small Python wrapper that blocks reading
