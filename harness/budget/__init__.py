@@ -1,0 +1,51 @@
+"""Budget mode: how much host memory a run needs, found by running it under kernel memory limits.
+
+* :mod:`harness.budget.cgroup`: :func:`run_in_group` runs one command in a fresh
+  memory cgroup with a limit and swap off, and returns an :class:`Attempt`
+  (completed or not and why, wall time, the group's own peak, OOM kills);
+  :class:`MemoryGroup` is the group itself, removed whatever happens.
+* :mod:`harness.budget.sweep`: :func:`smallest_limit` bisects for the smallest
+  limit at which a run completes, keeping every attempt for a wall-time curve.
+* :mod:`harness.budget.cache`: :func:`drop_page_cache`, so that each attempt
+  starts cold and its group is charged for what it reads.
+
+Each attempt is a fresh process on a cold cache in a group of its own::
+
+    def attempt(limit: int) -> Attempt:
+        return run_in_group(worker_command, limit, timeout_s, cold_files=checkpoint_files)
+
+    sweep = smallest_limit(attempt, lower=baseline_bytes, upper=machine_bytes,
+                           precision_bytes=default_precision(model_bytes))
+"""
+
+from harness.budget.cache import drop_page_cache
+from harness.budget.cgroup import (
+    DEFAULT_PREFIX,
+    Attempt,
+    CgroupUnavailable,
+    GroupReading,
+    MemoryController,
+    MemoryGroup,
+    find_controller,
+    remove_stale_groups,
+    run_in_group,
+)
+from harness.budget.sweep import Sweep, SweepError, SweepPoint, default_precision, smallest_limit
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "Attempt",
+    "CgroupUnavailable",
+    "GroupReading",
+    "MemoryController",
+    "MemoryGroup",
+    "Sweep",
+    "SweepError",
+    "SweepPoint",
+    "default_precision",
+    "drop_page_cache",
+    "find_controller",
+    "remove_stale_groups",
+    "run_in_group",
+    "smallest_limit",
+]

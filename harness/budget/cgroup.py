@@ -1,0 +1,650 @@
+"""A command run under a kernel memory limit, in a memory cgroup of its own.
+
+The question a budget answers is "does it complete on a host with this much
+memory?". The kernel answers it, not a watcher: the command runs in a fresh
+memory cgroup whose limit is the budget, with swap off in the group. Page
+cache is charged to the group that reads it; under the limit the kernel
+reclaims clean file pages (a mapped checkpoint's pages among them) and
+OOM-kills only when what is left cannot be reclaimed (anonymous memory, with
+no swap to go to).
+
+Where groups are made
+    Under the group this process already runs in (``/proc/self/cgroup``), so
+    that whatever limit the surrounding container or session sets still holds
+    above ours. On cgroup v2 a group that holds processes cannot hand the
+    memory controller to children, so when the memory controller is not
+    already in this group's ``cgroup.subtree_control`` the groups are made
+    beside it, under its parent.
+
+v1 (``/sys/fs/cgroup/memory``) and v2 (``memory.max``), as this module sets and reads them
+    ===================  ===========================================  ==================================
+    what                 v1                                           v2
+    ===================  ===========================================  ==================================
+    limit                ``memory.limit_in_bytes``                    ``memory.max``
+    swap off             ``memory.memsw.limit_in_bytes`` = limit      ``memory.swap.max`` = 0
+                         (where swap accounting exists) and
+                         ``memory.swappiness`` = 0
+    whole group on OOM   (no such knob)                               ``memory.oom.group`` = 1
+    peak                 ``memory.max_usage_in_bytes``                ``memory.peak`` (kernel 5.19+)
+    OOM kills            ``oom_kill`` in ``memory.oom_control``       ``oom_kill`` in ``memory.events``
+                         (kernel 4.13+)
+    limit reached        ``memory.failcnt``                           ``max`` in ``memory.events``
+    ===================  ===========================================  ==================================
+
+    The peak counts page cache charged to the group: a command that streams a
+    file larger than the limit shows a peak at the limit and still completes.
+    Seen on Linux 6.18 with v1: an OOM kill adds one to ``oom_kill`` while
+    ``under_oom`` is back to 0 by the time the command has exited, and
+    ``memory.failcnt`` stayed 0 even then, so the OOM verdict rests on
+    ``oom_kill`` alone (``failcnt`` is recorded, not trusted).
+
+How the command joins its group (no race, no ``preexec_fn``)
+    The command is started through a small Python wrapper that blocks reading
+    a pipe. The parent writes the wrapper's pid into the group's
+    ``cgroup.procs``, checks that it arrived, then writes one byte to the
+    pipe; only then does the wrapper ``exec`` the command, so every page the
+    command touches, and every process it forks, is charged to the group.
+    ``preexec_fn`` would do it in the child between fork and exec, but is not
+    safe in a parent with threads (the harness runs a stderr pump), and an
+    error there surfaces as an opaque ``SubprocessError``; here an error
+    joining the group is raised in the parent, naming the file.
+
+Cleanup
+    :meth:`MemoryGroup.create` is a context manager: on the way out, however it
+    is left (an exception, ``KeyboardInterrupt``), every task still in the group
+    is killed, the processes it started are reaped, and the directory is
+    removed. A run killed before it could clean up (``SIGKILL``, a power cut)
+    leaves its group behind; group names carry the owner's pid and start time,
+    and each :meth:`MemoryGroup.create` removes groups with its prefix whose owner
+    is gone (killing what is left in them), never those of a live owner.
+
+Without a usable memory cgroup (no controller mounted, not delegated to this
+process, no permission, a read-only file system) :class:`CgroupUnavailable` says
+so; nothing falls back to a watcher.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import errno
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from harness.budget.cache import drop_page_cache
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "Attempt",
+    "CgroupUnavailable",
+    "GroupReading",
+    "MemoryController",
+    "MemoryGroup",
+    "find_controller",
+    "remove_stale_groups",
+    "run_in_group",
+]
+
+DEFAULT_PREFIX = "weightmap-bench"
+
+_PROCS = "cgroup.procs"
+
+# The wrapper that waits, inside its group, for the parent's go-ahead before exec.
+# argv: [python, -I, -S, -c, CODE, fd, command...]
+_WRAPPER = (
+    "import os, sys\n"
+    "fd = int(sys.argv[1])\n"
+    "if os.read(fd, 1) != b'1':\n"
+    "    os._exit(125)\n"
+    "os.close(fd)\n"
+    "try:\n"
+    "    os.execvp(sys.argv[2], sys.argv[2:])\n"
+    "except OSError as exc:\n"
+    "    sys.stderr.write(f'cannot run {sys.argv[2]!r}: {exc.strerror}\\n')\n"
+    "    os._exit(127)\n"
+)
+
+
+class CgroupUnavailable(RuntimeError):
+    """No writable memory cgroup for budget runs; the message says what is missing."""
+
+
+def _unavailable(why: str) -> CgroupUnavailable:
+    return CgroupUnavailable(f"budget mode needs a writable memory cgroup: {why}")
+
+
+# --------------------------------------------------------------------------- finding the controller
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One line of ``/proc/self/mountinfo``: where, which subtree, which file system, its options."""
+
+    point: Path
+    root: str
+    fstype: str
+    options: frozenset[str]
+
+
+def _unescape(field_: str) -> str:
+    """mountinfo writes space, tab, newline and backslash as octal escapes."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field_)
+
+
+def parse_mountinfo(text: str) -> list[Mount]:
+    """The mounts of a ``/proc/<pid>/mountinfo`` text (malformed lines are skipped)."""
+    mounts = []
+    for line in text.splitlines():
+        head, sep, tail = line.partition(" - ")
+        fields, rest = head.split(), tail.split()
+        if not sep or len(fields) < 6 or len(rest) < 2:
+            continue
+        options = set(fields[5].split(","))
+        if len(rest) >= 3:
+            options.update(rest[2].split(","))
+        mounts.append(Mount(Path(_unescape(fields[4])), _unescape(fields[3]), rest[0], frozenset(options)))
+    return mounts
+
+
+def parse_proc_cgroup(text: str) -> dict[str, str]:
+    """``/proc/<pid>/cgroup`` as controller -> path; the v2 entry (``0::/path``) is under ``""``."""
+    paths: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if not controllers:
+            paths[""] = path
+        for name in controllers.split(","):
+            if name:
+                paths[name] = path
+    return paths
+
+
+@dataclass(frozen=True)
+class MemoryController:
+    """The memory controller this process can make groups with.
+
+    ``version`` is 1 or 2; ``own`` is the group this process runs in; ``parent`` is the
+    directory new groups are made in (``own`` itself, or on v2 possibly its parent).
+    """
+
+    version: int
+    own: Path
+    parent: Path
+
+    def describe(self) -> str:
+        """One line for the results: which controller and where the groups go."""
+        return f"cgroup v{self.version} memory controller; groups made under {self.parent}"
+
+
+def _group_dir(mount: Mount, path: str) -> Path:
+    """The directory of cgroup ``path`` (as ``/proc/self/cgroup`` names it) under ``mount``."""
+    root = mount.root.rstrip("/")
+    if root and (path == root or path.startswith(root + "/")):
+        path = path[len(root):]
+    return mount.point / path.lstrip("/")
+
+
+def _read_words(path: Path) -> set[str]:
+    try:
+        return set(path.read_text().split())
+    except OSError:
+        return set()
+
+
+def find_controller(proc: Path = Path("/proc/self")) -> MemoryController:
+    """Find the memory controller from ``proc``'s ``mountinfo`` and ``cgroup``.
+
+    A v1 ``memory`` hierarchy wins over a cgroup2 mount (hybrid machines mount both,
+    and then the memory controller lives on v1). Raises :class:`CgroupUnavailable`
+    when neither has it or this process's group cannot be found.
+    """
+    try:
+        mounts = parse_mountinfo((proc / "mountinfo").read_text())
+        paths = parse_proc_cgroup((proc / "cgroup").read_text())
+    except OSError as exc:
+        raise _unavailable(f"cannot read {exc.filename} ({exc.strerror}); is this Linux?") from exc
+    v1 = [m for m in mounts if m.fstype == "cgroup" and "memory" in m.options]
+    if v1:
+        mount = v1[0]
+        if "memory" not in paths:
+            raise _unavailable(f"a v1 memory hierarchy is mounted at {mount.point}, "
+                               f"but {proc / 'cgroup'} names no memory group for this process")
+        own = _group_dir(mount, paths["memory"])
+        if not (own / "memory.limit_in_bytes").is_file():
+            raise _unavailable(f"this process's memory group {own} is not visible under {mount.point} "
+                               "(no memory.limit_in_bytes there)")
+        return MemoryController(1, own, own)
+    v2 = [m for m in mounts if m.fstype == "cgroup2"]
+    if not v2:
+        raise _unavailable("no memory controller is mounted: no cgroup v1 'memory' hierarchy and no cgroup2 "
+                           f"file system in {proc / 'mountinfo'}")
+    if "" not in paths:
+        raise _unavailable(f"a cgroup2 file system is mounted at {v2[0].point}, but {proc / 'cgroup'} "
+                           "has no '0::' line for this process")
+    own = _group_dir(v2[0], paths[""])
+    if "memory" not in _read_words(own / "cgroup.controllers"):
+        raise _unavailable(f"the memory controller is not enabled for this process's group {own} "
+                           "(not in its cgroup.controllers); delegate it (e.g. systemd-run --scope -p "
+                           "Delegate=yes) or run in a container with its own cgroup")
+    if "memory" in _read_words(own / "cgroup.subtree_control"):
+        return MemoryController(2, own, own)
+    # A group with processes in it cannot enable controllers for children: make siblings.
+    return MemoryController(2, own, own.parent)
+
+
+# --------------------------------------------------------------------------- files per version
+
+
+@dataclass(frozen=True)
+class _Files:
+    limit: str
+    peak: str
+
+
+_V1 = _Files(limit="memory.limit_in_bytes", peak="memory.max_usage_in_bytes")
+_V2 = _Files(limit="memory.max", peak="memory.peak")
+
+
+def _files(version: int) -> _Files:
+    return _V1 if version == 1 else _V2
+
+
+def _keyed(path: Path) -> dict[str, int]:
+    """A ``key value`` per line file (``memory.oom_control``, ``memory.events``); {} if absent."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    values = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].lstrip("-").isdigit():
+            values[parts[0]] = int(parts[1])
+    return values
+
+
+def _number(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+@dataclass(frozen=True)
+class GroupReading:
+    """What the kernel counted for one group.
+
+    ``peak_bytes``: the group's own high-water mark (page cache included), None where the
+    kernel keeps none (v2 before 5.19). ``oom_kills``: processes the OOM killer killed in
+    the group, None where the kernel does not count them (v1 before 4.13). ``counters``:
+    every counter read, by file and key, for the record.
+    """
+
+    peak_bytes: int | None
+    oom_kills: int | None
+    counters: dict[str, int]
+
+
+def _read_group(version: int, path: Path) -> GroupReading:
+    counters: dict[str, int] = {}
+    if version == 1:
+        for key, value in _keyed(path / "memory.oom_control").items():
+            counters[f"memory.oom_control:{key}"] = value
+        for name in ("memory.failcnt", "memory.memsw.failcnt", "memory.max_usage_in_bytes",
+                     "memory.memsw.max_usage_in_bytes"):
+            number = _number(path / name)
+            if number is not None:
+                counters[name] = number
+        kills = counters.get("memory.oom_control:oom_kill")
+    else:
+        for key, value in _keyed(path / "memory.events").items():
+            counters[f"memory.events:{key}"] = value
+        peak = _number(path / "memory.peak")
+        if peak is not None:
+            counters["memory.peak"] = peak
+        kills = counters.get("memory.events:oom_kill")
+    return GroupReading(counters.get(_files(version).peak), kills, counters)
+
+
+# --------------------------------------------------------------------------- owners and stale groups
+
+
+def _start_ticks(pid: int) -> int | None:
+    """A process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22); None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()
+    return int(fields[19]) if len(fields) > 19 else None
+
+
+def _name_pattern(prefix: str) -> re.Pattern[str]:
+    return re.compile(re.escape(prefix) + r"-(\d+)-(\d+)-[0-9a-f]{8}")
+
+
+def _pids(path: Path) -> list[int]:
+    return [int(word) for word in (path / _PROCS).read_text().split()]
+
+
+def _kill_and_remove(path: Path, timeout_s: float, reap: Iterable[subprocess.Popen[Any]] = ()) -> None:
+    """Kill every task in the group until it is empty, reap ``reap``, remove the directory."""
+    deadline = time.monotonic() + timeout_s
+    children = list(reap)
+    while True:
+        try:
+            pids = _pids(path)
+        except FileNotFoundError:
+            return  # already gone
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for child in children:
+            child.poll()  # reap our own children so that they do not linger as zombies
+        if not pids:
+            try:
+                path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError as exc:
+                if exc.errno != errno.EBUSY:
+                    raise
+        if time.monotonic() > deadline:
+            raise OSError(errno.EBUSY, f"{path}: tasks {pids} are still in the group after "
+                                       f"{timeout_s:.0f} s of SIGKILL; remove it by hand")
+        time.sleep(0.01)
+
+
+def remove_stale_groups(controller: MemoryController, prefix: str = DEFAULT_PREFIX,
+                        timeout_s: float = 10.0) -> list[Path]:
+    """Remove groups named ``<prefix>-<pid>-<start>-<token>`` whose owner process is gone.
+
+    A group whose owner (same pid, same start time) still runs belongs to a run in
+    progress and is left alone. What is left in a stale group (a benchmark process
+    orphaned by a crashed run) is killed first. Returns the groups removed; one that
+    cannot be removed is reported with a warning and left.
+    """
+    pattern, removed = _name_pattern(prefix), []
+    try:
+        children = sorted(controller.parent.iterdir())
+    except OSError:
+        return []
+    for child in children:
+        match = pattern.fullmatch(child.name)
+        if match is None or not child.is_dir():
+            continue
+        owner, started = int(match.group(1)), int(match.group(2))
+        if _start_ticks(owner) == started:
+            continue
+        try:
+            _kill_and_remove(child, timeout_s)
+            removed.append(child)
+        except OSError as exc:
+            warnings.warn(f"cannot remove the stale memory cgroup {child}: {exc}", stacklevel=2)
+    return removed
+
+
+# --------------------------------------------------------------------------- the group
+
+
+def _write(path: Path, value: str) -> None:
+    try:
+        with open(path, "w") as f:
+            f.write(value)
+    except OSError as exc:
+        raise _unavailable(f"cannot write {value!r} to {path}: {exc.strerror}") from exc
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+class MemoryGroup:
+    """A memory cgroup of this process's making, with a limit and swap off. Use :meth:`create`."""
+
+    def __init__(self, controller: MemoryController, path: Path, limit_bytes: int, swap_note: str) -> None:
+        self.controller = controller
+        self.path = path
+        self.limit_bytes = limit_bytes
+        self.swap_note = swap_note
+        """How swap was turned off in the group (a line for the results)."""
+        self._children: list[subprocess.Popen[Any]] = []
+
+    @classmethod
+    @contextlib.contextmanager
+    def create(cls, limit_bytes: int, name_prefix: str = DEFAULT_PREFIX,
+               controller: MemoryController | None = None) -> Iterator[MemoryGroup]:
+        """Make a uniquely named group with ``limit_bytes`` and swap off; remove it on the way out.
+
+        Stale groups with the same prefix are removed first (see :func:`remove_stale_groups`).
+        Raises :class:`CgroupUnavailable` when the group cannot be made or limited.
+        """
+        if limit_bytes < 4096:
+            raise ValueError(f"a memory limit of {limit_bytes} bytes is below one page")
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name_prefix):
+            raise ValueError(f"group name prefix {name_prefix!r} must be letters, digits, '_', '.' or '-'")
+        controller = controller or find_controller()
+        remove_stale_groups(controller, name_prefix)
+        group = cls._make(controller, limit_bytes, name_prefix)
+        try:
+            yield group
+        finally:
+            group.remove()
+
+    @classmethod
+    def _make(cls, controller: MemoryController, limit_bytes: int, prefix: str) -> MemoryGroup:
+        pid = os.getpid()
+        path = controller.parent / f"{prefix}-{pid}-{_start_ticks(pid) or 0}-{secrets.token_hex(4)}"
+        try:
+            path.mkdir()
+        except OSError as exc:
+            raise _unavailable(f"cannot create {path}: {exc.strerror}") from exc
+        try:
+            files = _files(controller.version)
+            if not (path / files.limit).exists():
+                raise _unavailable(f"{controller.parent} is not a memory cgroup: the new directory {path.name} "
+                                   f"has no {files.limit}")
+            _write(path / files.limit, str(limit_bytes))
+            if controller.version == 1:
+                notes = []
+                if (path / "memory.memsw.limit_in_bytes").exists():
+                    _write(path / "memory.memsw.limit_in_bytes", str(limit_bytes))
+                    notes.append("memory.memsw.limit_in_bytes = limit")
+                _write(path / "memory.swappiness", "0")
+                notes.append("memory.swappiness = 0")
+                swap_note = ", ".join(notes)
+            else:
+                swap_note = "no swap accounting in this kernel: swap not limited"
+                if (path / "memory.swap.max").exists():
+                    _write(path / "memory.swap.max", "0")
+                    swap_note = "memory.swap.max = 0"
+                if (path / "memory.oom.group").exists():
+                    _write(path / "memory.oom.group", "1")
+        except BaseException:
+            with contextlib.suppress(OSError):
+                path.rmdir()
+            raise
+        return cls(controller, path, limit_bytes, swap_note)
+
+    def popen(self, command: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
+        """Start ``command`` inside the group (see the module's docstring for how it joins).
+
+        ``kwargs`` go to :class:`subprocess.Popen`. The process is in the group before the
+        command's first instruction; it is killed and reaped when the group is removed.
+        """
+        if not command:
+            raise ValueError("empty command")
+        read_fd, write_fd = os.pipe()
+        pass_fds = tuple(kwargs.pop("pass_fds", ())) + (read_fd,)
+        argv = [sys.executable, "-I", "-S", "-c", _WRAPPER, str(read_fd), *command]
+        try:
+            process = subprocess.Popen(argv, pass_fds=pass_fds, **kwargs)
+        except BaseException:
+            os.close(read_fd)
+            os.close(write_fd)
+            raise
+        os.close(read_fd)
+        self._children.append(process)
+        try:
+            self._join(process.pid)
+            os.write(write_fd, b"1")
+        except BaseException:
+            process.kill()
+            process.wait()
+            raise
+        finally:
+            os.close(write_fd)
+        return process
+
+    def _join(self, pid: int) -> None:
+        procs = self.path / _PROCS
+        _write(procs, str(pid))
+        if pid not in _pids(self.path):
+            raise _unavailable(f"wrote pid {pid} to {procs}, but it is not listed there")
+
+    def pids(self) -> list[int]:
+        """The processes in the group now ([] once it is gone)."""
+        try:
+            return _pids(self.path)
+        except FileNotFoundError:
+            return []
+
+    def read(self) -> GroupReading:
+        """The group's peak and OOM counters as the kernel has them now."""
+        return _read_group(self.controller.version, self.path)
+
+    def kill(self) -> None:
+        """SIGKILL every process in the group (the group stays)."""
+        for pid in self.pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def remove(self, timeout_s: float = 10.0) -> None:
+        """Kill what is left in the group, reap the processes it started, remove the directory."""
+        _kill_and_remove(self.path, timeout_s, self._children)
+        for child in self._children:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=timeout_s)
+
+
+# --------------------------------------------------------------------------- one attempt
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One run of a command under one memory limit.
+
+    ``completed`` is True when the command exited with status 0 before the timeout.
+    ``reason`` says why it did not (an OOM kill seen in the group's counters, a signal,
+    a status, the timeout), or notes an OOM kill the command survived. ``group_peak_bytes``
+    and ``oom_kills`` are the kernel's figures for the group (None where it keeps none);
+    ``counters`` holds every counter read.
+    """
+
+    limit_bytes: int
+    completed: bool
+    returncode: int | None
+    wall_s: float
+    group_peak_bytes: int | None
+    oom_kills: int | None
+    reason: str | None
+    counters: Mapping[str, int] = field(default_factory=dict)
+
+    def row(self) -> dict[str, Any]:
+        """A flat record for a CSV or a data frame."""
+        return {"limit_bytes": self.limit_bytes, "completed": self.completed, "returncode": self.returncode,
+                "wall_s": round(self.wall_s, 3), "group_peak_bytes": self.group_peak_bytes,
+                "oom_kills": self.oom_kills, "reason": self.reason or ""}
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _reason(limit: int, returncode: int | None, timed_out: bool, timeout_s: float,
+            reading: GroupReading, tail: Sequence[str]) -> str | None:
+    where = f"under a {_gib(limit)} limit"
+    kills = reading.oom_kills or 0
+    peak = reading.peak_bytes
+    if timed_out:
+        return f"stopped after the timeout of {timeout_s:.0f} s {where}"
+    if kills:
+        if returncode == 0:
+            return f"completed, but the kernel OOM-killed {kills} process(es) in its group {where}"
+        return f"OOM-killed by the kernel in its memory cgroup {where} ({kills} OOM kill(s) in the group's counters)"
+    if returncode is not None and returncode < 0:
+        text = f"killed by {_signal_name(-returncode)} {where}"
+        if reading.oom_kills is None and peak is not None and peak >= limit - (1 << 20):
+            text += ", with the group at its limit (this kernel does not count OOM kills: out of memory?)"
+        return text
+    if returncode:
+        last = " | ".join(line for line in list(tail)[-3:] if line)
+        return f"exited with status {returncode} {where}" + (f": {last}" if last else "")
+    return None
+
+
+def _pump(stream: IO[str], tail: collections.deque[str], echo: bool) -> None:
+    for line in stream:
+        if echo:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+        tail.append(line.rstrip())
+
+
+def run_in_group(command: Sequence[str], limit_bytes: int, timeout_s: float, *,
+                 env: Mapping[str, str] | None = None, cwd: str | os.PathLike[str] | None = None,
+                 cold_files: Iterable[str | os.PathLike[str]] = (), echo_stderr: bool = True,
+                 stdout: int | IO[Any] | None = None, name_prefix: str = DEFAULT_PREFIX,
+                 controller: MemoryController | None = None) -> Attempt:
+    """Run ``command`` once in a fresh memory group limited to ``limit_bytes``; never leaves the group behind.
+
+    ``cold_files`` are dropped from the page cache just before the start (see
+    :func:`~harness.budget.cache.drop_page_cache`), so that the group is charged for
+    reading them. The command's stderr is passed through (``echo_stderr``) and its last
+    lines kept for the reason of a failure. ``wall_s`` runs from the command's release
+    into its group to its exit. Raises :class:`CgroupUnavailable` when no group can be
+    made; a failure of the command itself is an :class:`Attempt` with ``completed=False``.
+    """
+    tail: collections.deque[str] = collections.deque(maxlen=20)
+    with MemoryGroup.create(limit_bytes, name_prefix, controller) as group:
+        drop_page_cache(cold_files)
+        process = group.popen(list(command), env=None if env is None else dict(env), cwd=cwd, stdout=stdout,
+                              stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1)
+        started = time.monotonic()
+        assert process.stderr is not None
+        pump = threading.Thread(target=_pump, args=(process.stderr, tail, echo_stderr), daemon=True)
+        pump.start()
+        timed_out = False
+        try:
+            returncode: int | None = process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            group.kill()
+            returncode = process.wait()
+        wall_s = time.monotonic() - started
+        group.kill()  # anything the command left running
+        pump.join(timeout=5)
+        reading = group.read()
+    reason = _reason(limit_bytes, returncode, timed_out, timeout_s, reading, tail)
+    return Attempt(limit_bytes=limit_bytes, completed=returncode == 0 and not timed_out, returncode=returncode,
+                   wall_s=wall_s, group_peak_bytes=reading.peak_bytes, oom_kills=reading.oom_kills,
+                   reason=reason, counters=reading.counters)

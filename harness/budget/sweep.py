@@ -1,0 +1,235 @@
+"""The smallest memory limit at which a run completes, found by bisection.
+
+``smallest_limit(attempt, lower, upper, precision_bytes)`` calls ``attempt(limit)``
+(one fresh run under that limit, e.g. :func:`harness.budget.cgroup.run_in_group`)
+as few times as it can and keeps every :class:`~harness.budget.cgroup.Attempt`,
+so that wall time against the limit can be plotted from the same runs.
+
+The search
+    1. ``upper`` first: the run must complete there (an unconstrained limit), or
+       :class:`SweepError` is raised with the attempt's reason; nothing below it
+       would mean anything.
+    2. ``lower`` next (the baseline, where nothing should fit): a run that
+       completes there ends the sweep with ``at_lower_bound`` set; the minimum is
+       at or below it.
+    3. Bisection between the largest limit that failed and the smallest that
+       completed, until they are at most ``precision_bytes`` apart. Limits are
+       multiples of ``granularity`` (1 MiB).
+    4. Extra points: one run at each ``extra_factors`` multiple of the minimum
+       (1.25x, 1.5x, 2x by default) below ``upper``, for the wall-time curve.
+
+Results that do not line up (a run is not a pure function of its limit: reclaim
+timing, the other tenants of a shared host)
+    Each bisection step trusts one run. When the bracket has closed, both of its
+    ends are run once more; where the second run disagrees with the first, a
+    third decides (majority of three). If an end flips, the bracket is rebuilt
+    from every limit's verdict (the largest failing limit, and the smallest
+    completing limit above it) and bisection resumes there. So a single spurious
+    failure above the true minimum, or a single lucky completion below it, does
+    not move the answer by more than the precision, at the price of two or
+    three extra runs per sweep. A limit's verdict is the majority of its runs;
+    limits whose runs disagreed, and failures above the reported minimum (an
+    extra point that failed), are listed in ``unstable_limits`` for the results
+    to show. The minimum reported is the smallest completing limit above the
+    largest failing one: a completion below a failure is not believed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from harness.budget.cgroup import Attempt
+
+__all__ = ["Sweep", "SweepError", "SweepPoint", "default_precision", "smallest_limit"]
+
+MIB = 1 << 20
+
+
+class SweepError(RuntimeError):
+    """The sweep cannot give an answer (the run fails at its upper bound, or runs out of attempts)."""
+
+
+def default_precision(model_bytes: int) -> int:
+    """The precision the results use: 2% of the model, but no finer than 64 MiB."""
+    return max(math.ceil(0.02 * model_bytes), 64 * MIB)
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One run of the sweep and why it was made.
+
+    ``phase``: ``upper``, ``lower``, ``bisect``, ``confirm`` (a bracket end run again),
+    ``tiebreak`` (a third run where two disagreed) or ``extra`` (a point of the curve).
+    """
+
+    phase: str
+    attempt: Attempt
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """Every run of one sweep, and what they say.
+
+    ``minimum_bytes`` is the smallest limit at which the run completes (see the module's
+    docstring for how disagreeing runs count) and ``largest_failing_bytes`` the largest at
+    which it fails (None with ``at_lower_bound``); they are at most ``precision_bytes``
+    apart unless the granularity stopped the bisection first.
+    """
+
+    lower_bytes: int
+    upper_bytes: int
+    precision_bytes: int
+    points: tuple[SweepPoint, ...]
+    minimum_bytes: int
+    largest_failing_bytes: int | None
+    at_lower_bound: bool
+    unstable_limits: tuple[int, ...]
+
+    @property
+    def attempts(self) -> tuple[Attempt, ...]:
+        """Every attempt, in the order they ran."""
+        return tuple(p.attempt for p in self.points)
+
+    def verdicts(self) -> dict[int, bool]:
+        """Each limit tried -> whether the run completes there (majority of its runs)."""
+        return _verdicts(self.points)
+
+    @property
+    def minimum_attempt(self) -> Attempt:
+        """The first run that completed at the minimum (its wall time and peak)."""
+        return next(p.attempt for p in self.points if p.attempt.limit_bytes == self.minimum_bytes
+                    and p.attempt.completed)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One flat record per run, in order, with its phase: for a CSV or a data frame."""
+        return [{"run": i, "phase": p.phase, **p.attempt.row()} for i, p in enumerate(self.points)]
+
+    def describe(self) -> str:
+        """One line for the results."""
+        runs = len(self.points)
+        wall = sum(p.attempt.wall_s for p in self.points)
+        if self.at_lower_bound:
+            return (f"completes at the lower bound {_gib(self.lower_bytes)} (the minimum is at or below it); "
+                    f"{runs} runs, {wall:.0f} s")
+        text = (f"smallest limit that completes: {_gib(self.minimum_bytes)} (fails at "
+                f"{_gib(self.largest_failing_bytes or 0)}; precision {_gib(self.precision_bytes)}); "
+                f"{runs} runs, {wall:.0f} s")
+        if self.unstable_limits:
+            text += "; runs disagreed at " + ", ".join(_gib(n) for n in self.unstable_limits)
+        return text
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def _verdicts(points: Sequence[SweepPoint]) -> dict[int, bool]:
+    runs: dict[int, list[bool]] = {}
+    for p in points:
+        runs.setdefault(p.attempt.limit_bytes, []).append(p.attempt.completed)
+    # A tie (two runs that disagree, before their tiebreak) counts as a failure.
+    return {limit: 2 * sum(outcomes) > len(outcomes) for limit, outcomes in runs.items()}
+
+
+def _disagreeing(points: Sequence[SweepPoint]) -> set[int]:
+    runs: dict[int, set[bool]] = {}
+    for p in points:
+        runs.setdefault(p.attempt.limit_bytes, set()).add(p.attempt.completed)
+    return {limit for limit, outcomes in runs.items() if len(outcomes) > 1}
+
+
+class _Runner:
+    """Calls ``attempt`` and records every run, refusing to go past ``max_attempts``."""
+
+    def __init__(self, attempt: Callable[[int], Attempt], max_attempts: int) -> None:
+        self.attempt, self.max_attempts = attempt, max_attempts
+        self.points: list[SweepPoint] = []
+
+    def run(self, limit: int, phase: str) -> Attempt:
+        if len(self.points) >= self.max_attempts:
+            raise SweepError(f"no answer after {self.max_attempts} runs; the results do not settle "
+                             f"(limits with disagreeing runs: {sorted(_disagreeing(self.points))})")
+        result = self.attempt(limit)
+        if result.limit_bytes != limit:
+            raise SweepError(f"asked for a run under {limit} bytes, got one under {result.limit_bytes}")
+        self.points.append(SweepPoint(phase, result))
+        return result
+
+    def runs_at(self, limit: int) -> int:
+        return sum(1 for p in self.points if p.attempt.limit_bytes == limit)
+
+
+def smallest_limit(attempt: Callable[[int], Attempt], lower: int, upper: int, precision_bytes: int, *,
+                   extra_factors: Sequence[float] = (1.25, 1.5, 2.0), granularity: int = MIB,
+                   max_attempts: int = 60) -> Sweep:
+    """Bisect for the smallest limit in ``[lower, upper]`` at which ``attempt(limit)`` completes.
+
+    See the module's docstring for the search and for how runs that disagree are
+    handled. Raises :class:`SweepError` when the run fails at ``upper``, and
+    ``ValueError`` for bounds that are not ``0 < lower < upper`` or a precision below
+    the granularity.
+    """
+    if not 0 < lower < upper:
+        raise ValueError(f"the bounds must satisfy 0 < lower < upper, got lower={lower}, upper={upper}")
+    if granularity < 1 or precision_bytes < granularity:
+        raise ValueError(f"the precision ({precision_bytes} bytes) must be at least the granularity "
+                         f"({granularity} bytes), which must be positive")
+    runner = _Runner(attempt, max_attempts)
+    top = runner.run(upper, "upper")
+    if not top.completed:
+        raise SweepError(f"the run does not complete at the upper bound {_gib(upper)}: {top.reason}; "
+                         "raise the upper bound (it should be a limit the run never reaches)")
+    if runner.run(lower, "lower").completed:
+        return _finish(runner, lower, upper, precision_bytes, lower, None, extra_factors, granularity)
+
+    confirmed: set[int] = set()
+    while True:
+        verdicts = _verdicts(runner.points)
+        lo = max(limit for limit, ok in verdicts.items() if not ok)
+        above = [limit for limit, ok in verdicts.items() if ok and limit > lo]
+        if not above:
+            raise SweepError(f"the run no longer completes at the upper bound {_gib(upper)} when run again: "
+                             f"{runner.points[-1].attempt.reason}")
+        hi = min(above)
+        while hi - lo > precision_bytes:
+            mid = (lo + hi) // 2 // granularity * granularity
+            if not lo < mid < hi:
+                break
+            completed = (_verdicts(runner.points)[mid] if runner.runs_at(mid)
+                         else runner.run(mid, "bisect").completed)
+            if completed:
+                hi = mid
+            else:
+                lo = mid
+        flipped = False
+        for end, expected in ((hi, True), (lo, False)):
+            if end in confirmed:
+                continue
+            confirmed.add(end)
+            again = runner.run(end, "confirm")
+            first = next(p.attempt for p in runner.points if p.attempt.limit_bytes == end)
+            if again.completed != first.completed:
+                runner.run(end, "tiebreak")
+            flipped = flipped or _verdicts(runner.points)[end] != expected
+        if not flipped:
+            break
+        if _verdicts(runner.points).get(lower):
+            return _finish(runner, lower, upper, precision_bytes, lower, None, extra_factors, granularity)
+    return _finish(runner, lower, upper, precision_bytes, hi, lo, extra_factors, granularity)
+
+
+def _finish(runner: _Runner, lower: int, upper: int, precision: int, minimum: int, failing: int | None,
+            extra_factors: Sequence[float], granularity: int) -> Sweep:
+    for factor in extra_factors:
+        limit = math.ceil(minimum * factor / granularity) * granularity
+        if limit >= upper or runner.runs_at(limit):
+            continue
+        runner.run(limit, "extra")
+    verdicts = _verdicts(runner.points)
+    unstable = _disagreeing(runner.points) | {limit for limit, ok in verdicts.items() if limit > minimum and not ok}
+    return Sweep(lower_bytes=lower, upper_bytes=upper, precision_bytes=precision, points=tuple(runner.points),
+                 minimum_bytes=minimum, largest_failing_bytes=failing, at_lower_bound=failing is None,
+                 unstable_limits=tuple(sorted(unstable)))

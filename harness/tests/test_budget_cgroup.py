@@ -1,0 +1,307 @@
+"""Budget runs in a real memory cgroup (skipped, with the reason, where none is writable).
+
+Each test keeps its own memory small: a child allocates at most 300 MiB, and the
+page-cache test streams a 512 MiB file through a 128 MiB limit.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.budget.cgroup import (
+    CgroupUnavailable,
+    MemoryController,
+    MemoryGroup,
+    _read_group,
+    _start_ticks,
+    find_controller,
+    remove_stale_groups,
+    run_in_group,
+)
+
+MIB = 1 << 20
+PREFIX = "weightmap-bench-test"
+
+ALLOCATE_300_MIB = (
+    "b = bytearray(300 << 20)\n"
+    "b[::4096] = b'\\x01' * (len(b) // 4096)\n"  # touch every page: anonymous, resident
+)
+
+
+@pytest.fixture(scope="module")
+def controller() -> MemoryController:
+    try:
+        found = find_controller()
+        with MemoryGroup.create(64 * MIB, PREFIX, found):
+            pass
+    except CgroupUnavailable as exc:
+        pytest.skip(str(exc))
+    return found
+
+
+def _children(controller: MemoryController) -> set[str]:
+    # Only the tests' own prefix: a budget run of the same user may come and go meanwhile.
+    return {p.name for p in controller.parent.iterdir() if p.is_dir() and p.name.startswith(PREFIX)}
+
+
+@pytest.fixture
+def no_leftovers(controller: MemoryController):
+    """Every test leaves the parent's children (with the tests' prefix) as it found them."""
+    before = _children(controller)
+    yield
+    assert _children(controller) == before
+
+
+def test_anonymous_memory_over_the_limit_is_oom_killed_and_recorded(controller, no_leftovers) -> None:
+    attempt = run_in_group([sys.executable, "-c", ALLOCATE_300_MIB], 128 * MIB, 60, controller=controller,
+                           name_prefix=PREFIX)
+    assert not attempt.completed
+    assert attempt.returncode == -9
+    assert attempt.oom_kills is not None and attempt.oom_kills >= 1
+    assert attempt.reason is not None and "OOM-killed" in attempt.reason and "128 MiB" in attempt.reason
+    assert attempt.group_peak_bytes is not None and attempt.group_peak_bytes <= 128 * MIB
+
+
+def test_under_a_larger_limit_it_completes_with_its_peak(controller, no_leftovers) -> None:
+    attempt = run_in_group([sys.executable, "-c", ALLOCATE_300_MIB], 1024 * MIB, 60, controller=controller,
+                           name_prefix=PREFIX)
+    assert attempt.completed, attempt.reason
+    assert attempt.returncode == 0 and attempt.reason is None and attempt.oom_kills == 0
+    assert attempt.group_peak_bytes is not None
+    assert 300 * MIB <= attempt.group_peak_bytes < 1024 * MIB
+    assert attempt.wall_s > 0
+
+
+def test_clean_page_cache_is_reclaimed_under_the_limit(controller, no_leftovers, tmp_path: Path) -> None:
+    data = tmp_path / "big.bin"
+    chunk = bytes(range(256)) * 4096  # 1 MiB, not zeros
+    with open(data, "wb") as f:
+        for _ in range(512):
+            f.write(chunk)
+    reader = (
+        "import sys\n"
+        "n = 0\n"
+        "with open(sys.argv[1], 'rb', buffering=0) as f:\n"
+        "    while block := f.read(1 << 20):\n"
+        "        n += len(block)\n"
+        "sys.exit(0 if n == 512 << 20 else 3)\n"
+    )
+    attempt = run_in_group([sys.executable, "-c", reader, str(data)], 128 * MIB, 120, cold_files=[data],
+                           controller=controller, name_prefix=PREFIX)
+    assert attempt.completed, attempt.reason
+    peak = attempt.group_peak_bytes
+    assert peak is not None and peak <= 128 * MIB
+    # Dropped from the cache first, the file's pages were charged to the group: it filled up to its limit.
+    assert peak >= 96 * MIB
+
+
+def test_the_command_runs_in_its_group_from_its_first_instruction(controller, no_leftovers, tmp_path) -> None:
+    out = tmp_path / "cgroup.txt"
+    with open(out, "w") as f:
+        attempt = run_in_group(["cat", "/proc/self/cgroup"], 64 * MIB, 30, stdout=f, controller=controller,
+                               name_prefix=PREFIX)
+    assert attempt.completed, attempt.reason
+    memory = [line for line in out.read_text().splitlines()
+              if "memory" in line.split(":")[1].split(",") or line.startswith("0::")]
+    assert memory and f"/{PREFIX}-{os.getpid()}-" in memory[0]
+
+
+def test_a_timeout_stops_the_command(controller, no_leftovers) -> None:
+    attempt = run_in_group(["sleep", "60"], 64 * MIB, 0.5, controller=controller, name_prefix=PREFIX)
+    assert not attempt.completed
+    assert attempt.reason is not None and "timeout" in attempt.reason
+    assert attempt.wall_s < 10
+
+
+def test_a_failing_command_is_recorded_with_its_status_and_last_words(controller, no_leftovers) -> None:
+    code = "import sys; print('no checkpoint here', file=sys.stderr); sys.exit(3)"
+    attempt = run_in_group([sys.executable, "-c", code], 64 * MIB, 30, echo_stderr=False, controller=controller,
+                           name_prefix=PREFIX)
+    assert not attempt.completed and attempt.returncode == 3
+    assert attempt.reason is not None and "status 3" in attempt.reason and "no checkpoint here" in attempt.reason
+
+
+def _gone(pid: int, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_what_the_command_leaves_running_is_killed(controller, no_leftovers, tmp_path) -> None:
+    pid_file = tmp_path / "pid"
+    attempt = run_in_group(["sh", "-c", f"sleep 60 & echo $! > {pid_file}; exit 0"], 64 * MIB, 30,
+                           controller=controller, name_prefix=PREFIX)
+    assert attempt.completed, attempt.reason
+    assert _gone(int(pid_file.read_text()))
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_leaving_the_group_by_an_error_kills_its_tasks_and_removes_it(controller, no_leftovers, error) -> None:
+    with pytest.raises(error), MemoryGroup.create(64 * MIB, PREFIX, controller) as group:
+        process = group.popen(["sleep", "60"])
+        path = group.path
+        assert group.pids() == [process.pid]
+        raise error("interrupted")
+    assert not path.exists()
+    assert process.returncode == -9
+
+
+def test_the_group_has_the_limit_and_no_swap(controller, no_leftovers) -> None:
+    with MemoryGroup.create(96 * MIB, PREFIX, controller) as group:
+        if controller.version == 1:
+            assert int((group.path / "memory.limit_in_bytes").read_text()) == 96 * MIB
+            assert int((group.path / "memory.swappiness").read_text()) == 0
+            memsw = group.path / "memory.memsw.limit_in_bytes"
+            if memsw.exists():
+                assert int(memsw.read_text()) == 96 * MIB
+        else:
+            assert int((group.path / "memory.max").read_text()) == 96 * MIB
+            if (group.path / "memory.swap.max").exists():
+                assert (group.path / "memory.swap.max").read_text().strip() == "0"
+
+
+def test_a_stale_group_of_a_dead_owner_is_removed_and_a_live_owners_kept(controller, no_leftovers) -> None:
+    owner = subprocess.Popen(["sleep", "30"])
+    owner_ticks = _start_ticks(owner.pid)
+    owner.kill()
+    owner.wait()
+    stale = controller.parent / f"{PREFIX}-{owner.pid}-{owner_ticks}-deadbeef"
+    live = controller.parent / f"{PREFIX}-{os.getpid()}-{_start_ticks(os.getpid())}-0badcafe"
+    stale.mkdir()
+    live.mkdir()
+    orphan = subprocess.Popen(["sleep", "60"])
+    try:
+        (stale / "cgroup.procs").write_text(str(orphan.pid))
+        with MemoryGroup.create(64 * MIB, PREFIX, controller):
+            assert not stale.exists()
+            assert live.exists()
+        assert orphan.wait(timeout=10) == -9
+    finally:
+        orphan.kill()
+        orphan.wait()
+        for path in (stale, live):
+            if path.exists():
+                path.rmdir()
+
+
+def test_remove_stale_groups_leaves_other_names_alone(controller, no_leftovers) -> None:
+    other = controller.parent / f"{PREFIX}-not-ours"
+    other.mkdir()
+    try:
+        assert remove_stale_groups(controller, PREFIX) == []
+        assert other.exists()
+    finally:
+        other.rmdir()
+
+
+# --------------------------------------------------------------------------- without a usable cgroup
+
+
+def _fake_proc(tmp_path: Path, mountinfo: str, cgroup: str) -> Path:
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "mountinfo").write_text(mountinfo)
+    (proc / "cgroup").write_text(cgroup)
+    return proc
+
+
+def test_no_memory_controller_is_refused_plainly(tmp_path) -> None:
+    proc = _fake_proc(tmp_path, "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw\n", "0::/\n")
+    with pytest.raises(CgroupUnavailable, match=r"^budget mode needs a writable memory cgroup: no memory controller"):
+        find_controller(proc)
+
+
+def test_a_directory_that_is_not_a_cgroup_is_refused_and_left_clean(tmp_path) -> None:
+    fake = MemoryController(1, tmp_path, tmp_path)
+    refused = r"^budget mode needs a writable memory cgroup: .* not a memory cgroup"
+    with pytest.raises(CgroupUnavailable, match=refused), MemoryGroup.create(64 * MIB, PREFIX, fake):
+        pass
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_parent_that_cannot_be_written_is_refused(tmp_path) -> None:
+    fake = MemoryController(1, tmp_path / "absent", tmp_path / "absent")
+    refused = r"^budget mode needs a writable memory cgroup: cannot create"
+    with pytest.raises(CgroupUnavailable, match=refused), MemoryGroup.create(64 * MIB, PREFIX, fake):
+        pass
+
+
+def test_v1_group_found_from_mountinfo_and_proc_cgroup(tmp_path) -> None:
+    mount = tmp_path / "memory"
+    own = mount / "session" / "abc"
+    own.mkdir(parents=True)
+    (own / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    proc = _fake_proc(
+        tmp_path,
+        f"35 31 0:32 / {mount} rw,relatime - cgroup cgroup rw,memory\n"
+        f"41 31 0:38 / {tmp_path / 'unified'} rw,relatime - cgroup2 cgroup2 rw\n",
+        "5:devices:/\n4:memory:/session/abc\n0::/\n",
+    )
+    assert find_controller(proc) == MemoryController(1, own, own)
+
+
+@pytest.mark.parametrize("delegated", [True, False])
+def test_v2_groups_go_under_this_group_when_delegated_else_beside_it(tmp_path, delegated) -> None:
+    mount = tmp_path / "cg2"
+    own = mount / "user.slice" / "run.scope"
+    own.mkdir(parents=True)
+    (own / "cgroup.controllers").write_text("cpu io memory pids\n")
+    (own / "cgroup.subtree_control").write_text("memory\n" if delegated else "\n")
+    proc = _fake_proc(tmp_path, f"30 23 0:26 / {mount} rw,nosuid - cgroup2 cgroup2 rw\n", "0::/user.slice/run.scope\n")
+    assert find_controller(proc) == MemoryController(2, own, own if delegated else own.parent)
+
+
+def test_v2_without_the_memory_controller_is_refused(tmp_path) -> None:
+    mount = tmp_path / "cg2"
+    mount.mkdir()
+    (mount / "cgroup.controllers").write_text("cpu io pids\n")
+    proc = _fake_proc(tmp_path, f"30 23 0:26 / {mount} rw - cgroup2 cgroup2 rw\n", "0::/\n")
+    with pytest.raises(CgroupUnavailable, match="memory controller is not enabled"):
+        find_controller(proc)
+
+
+def test_v2_counters_are_read_from_memory_events_and_peak(tmp_path) -> None:
+    (tmp_path / "memory.events").write_text("low 0\nhigh 0\nmax 12\noom 2\noom_kill 1\noom_group_kill 0\n")
+    (tmp_path / "memory.peak").write_text("134217728\n")
+    reading = _read_group(2, tmp_path)
+    assert reading.peak_bytes == 128 * MIB and reading.oom_kills == 1
+    assert reading.counters["memory.events:max"] == 12
+
+
+def test_v1_counters_are_read_from_oom_control_and_max_usage(tmp_path) -> None:
+    (tmp_path / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n")
+    (tmp_path / "memory.max_usage_in_bytes").write_text("4096\n")
+    (tmp_path / "memory.failcnt").write_text("7\n")
+    reading = _read_group(1, tmp_path)
+    assert reading.peak_bytes == 4096 and reading.oom_kills == 3 and reading.counters["memory.failcnt"] == 7
+    (tmp_path / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\n")  # kernels before 4.13
+    assert _read_group(1, tmp_path).oom_kills is None
+
+
+def test_a_sweep_of_real_runs_finds_what_the_command_needs(controller, no_leftovers) -> None:
+    from harness.budget.sweep import smallest_limit
+
+    def attempt(limit: int):
+        return run_in_group([sys.executable, "-c", ALLOCATE_300_MIB], limit, 60, controller=controller,
+                            name_prefix=PREFIX)
+
+    sweep = smallest_limit(attempt, 64 * MIB, 1024 * MIB, 32 * MIB, extra_factors=(1.5,))
+    assert sweep.largest_failing_bytes is not None
+    # 300 MiB of anonymous memory plus the interpreter's own (a few MiB charged to the group).
+    assert 300 * MIB < sweep.minimum_bytes <= 300 * MIB + 64 * MIB
+    assert sweep.minimum_bytes - sweep.largest_failing_bytes <= 32 * MIB
+    failed = [a for a in sweep.attempts if not a.completed]
+    assert failed and all(a.oom_kills and "OOM-killed" in (a.reason or "") for a in failed)
