@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import mmap
 import os
+import pickle
 import struct
 import sys
 import weakref
@@ -320,6 +322,77 @@ def test_read_header_content_errors_are_header_errors(content: bytes, pattern: s
     path.write_bytes(content)
     with pytest.raises(HeaderError, match=pattern):
         read_header(path)
+
+
+def _torch_zip(path: Path) -> None:
+    torch.save({"w": torch.ones(3)}, path)
+
+
+def _torch_legacy(path: Path) -> None:
+    torch.save({"w": torch.ones(3)}, path, _use_new_zipfile_serialization=False)
+
+
+def _numpy_npy(path: Path) -> None:
+    import numpy
+
+    with open(path, "wb") as f:
+        numpy.save(f, numpy.ones(3))
+
+
+def _writes(content: bytes) -> Any:
+    return lambda path: path.write_bytes(content)
+
+
+NOT_SAFETENSORS = [
+    pytest.param(_torch_zip, "a zip archive \\(torch.save writes those", id="torch.save zip"),
+    pytest.param(_torch_legacy, "a Python pickle \\(torch.save", id="torch.save legacy pickle"),
+    pytest.param(_writes(pickle.dumps({"w": [1.0] * 3}, protocol=2)), "a Python pickle", id="pickle 2"),
+    pytest.param(_writes(pickle.dumps({"w": [1.0] * 300}, protocol=5)), "a Python pickle", id="pickle 5"),
+    pytest.param(_writes(json.dumps({"weight_map": {"w": "a.safetensors"}}).encode()), "JSON text", id="json"),
+    pytest.param(_writes(b"  [1, 2, 3]\n"), "JSON text", id="json list"),
+    pytest.param(_writes(b"version https://git-lfs.github.com/spec/v1\noid sha256:00\n"), "like text",
+                 id="git-lfs pointer"),
+    pytest.param(_writes(b"GGUF" + struct.pack("<IQQ", 3, 0, 0)), "a GGUF file", id="gguf"),
+    pytest.param(_writes(b"\x89HDF\r\n\x1a\n" + bytes(40)), "an HDF5 file", id="hdf5"),
+    pytest.param(_numpy_npy, "a NumPy .npy array", id="npy"),
+    pytest.param(_writes(gzip.compress(b"{}" * 100)), "gzip-compressed", id="gzip"),
+    pytest.param(_writes(bytes(range(200, 256)) * 4), "its first 8 bytes \\(c8 c9 ca cb cc cd ce cf\\) "
+                 "read as a header length of \\d+, over the limit .* match no format", id="random bytes"),
+]
+
+
+@pytest.mark.parametrize(("make", "pattern"), NOT_SAFETENSORS)
+def test_files_that_are_not_safetensors_say_what_they_look_like(make: Any, pattern: str, tmp_path: Path) -> None:
+    path = tmp_path / "model.bin"
+    make(path)
+    with pytest.raises(HeaderError, match=f"^{path}: not a safetensors file: .*{pattern}"):
+        read_header(path)
+    # Readers that read only the first 8 bytes and hand them to parse_header get the same answer.
+    content = path.read_bytes()
+    with pytest.raises(HeaderError, match=f"not a safetensors file: .*{pattern}"):
+        parse_header(content[:8], len(content), path)
+
+
+def test_a_signature_behind_a_plausible_length_is_found_before_the_header_is_read(tmp_path: Path) -> None:
+    # "PK\x03\x04" then zeros reads as a 67 MB header: the zip signature is reported without
+    # reading (or allocating) that header.
+    path = tmp_path / "odd.zip"
+    with open(path, "wb") as f:
+        f.write(b"PK\x03\x04" + bytes(60))
+        f.truncate(80 * 2**20)
+    with pytest.raises(HeaderError, match="not a safetensors file: it starts like a zip archive"):
+        read_header(path)
+
+
+def test_truncated_safetensors_is_still_reported_as_truncated(tmp_path: Path) -> None:
+    path = tmp_path / "cut.safetensors"
+    save_file({"w": torch.ones(1000)}, str(path))
+    path.write_bytes(path.read_bytes()[:40])
+    with pytest.raises(HeaderError, match="header length \\d+ runs past the end of the file \\(40 bytes\\)"):
+        read_header(path)
+    raw = pack("[1]")  # a plausible length and a broken header: safetensors' own rules still apply
+    with pytest.raises(HeaderError, match="not an object"):
+        parse_header(raw, len(raw), NAME)
 
 
 def test_check_little_endian(monkeypatch: pytest.MonkeyPatch) -> None:

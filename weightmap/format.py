@@ -51,6 +51,7 @@ __all__ = [
     "check_little_endian",
     "parse_header",
     "read_header",
+    "read_header_fd",
     "write_checkpoint",
 ]
 
@@ -397,18 +398,87 @@ def _check_coverage(entries: list[TensorEntry], header_end: int, file_size: int,
         )
 
 
-def _split_length(raw: memoryview, file_size: int, path: Path) -> int:
-    """Read and check the 8-byte header length N against the limit, the file and the bytes given."""
+# Leading bytes of formats a checkpoint is often confused with, and what to call each.
+_MAGIC: tuple[tuple[bytes, str], ...] = (
+    (b"PK\x03\x04", "a zip archive (torch.save writes those; read it with torch.load)"),
+    (b"PK\x05\x06", "an empty zip archive"),
+    (b"\x89HDF\r\n\x1a\n", "an HDF5 file (Keras .h5 weights are HDF5)"),
+    (b"GGUF", "a GGUF file (llama.cpp's format)"),
+    (b"\x93NUMPY", "a NumPy .npy array (numpy.save writes those)"),
+    (b"\x1f\x8b", "gzip-compressed data"),
+    (b"\x28\xb5\x2f\xfd", "zstd-compressed data"),
+    (b"\xfd7zXZ\x00", "xz-compressed data"),
+    (b"BZh", "bzip2-compressed data"),
+    (b"7z\xbc\xaf\x27\x1c", "a 7-Zip archive"),
+    (b"\x7fELF", "an ELF executable or library"),
+)
+_PICKLE = (
+    "a Python pickle (torch.save(..., _use_new_zipfile_serialization=False) and pickle.dump write "
+    "those; read it with torch.load)"
+)
+_SNIFF_BYTES = 64
+
+
+def _looks_like(view: memoryview, *, plausible: bool) -> str | None:
+    """What the file's first bytes say it is, when they say it is something other than safetensors.
+
+    ``plausible`` is True when the first 8 bytes read as a header length within the limit (bytes
+    4 to 7 are then zero, as in every safetensors file): only signatures of 4 bytes or more are
+    trusted then, since shorter ones (gzip's, a pickle's) can be the low bytes of a real length.
+    Returns None when the bytes match nothing known.
+    """
+    head = bytes(view[:_SNIFF_BYTES])
+    for magic, what in _MAGIC:
+        if head.startswith(magic) and (len(magic) >= 4 or not plausible):
+            return what
+    if plausible:
+        return None
+    if head[0] == 0x80 and 2 <= head[1] <= 5:
+        return _PICKLE
+    text = head.decode("utf-8", errors="ignore")  # a character cut at the end is dropped
+    if len(text) * 2 >= len(head) and all(c.isprintable() or c in "\t\n\r" for c in text):
+        first = text.lstrip("\ufeff \t\n\r")[:1]
+        return "JSON text" if first in ("{", "[") else "text"
+    return None
+
+
+def _not_safetensors(path: Path, what: str) -> HeaderError:
+    return _fail(path, f"not a safetensors file: it starts like {what}")
+
+
+def _split_length(raw: memoryview, file_size: int, path: Path, *, complete: bool = True) -> int:
+    """Read and check the 8-byte header length N against the limit, the file and the bytes given.
+
+    A length over the limit means the file is not safetensors at all: the message says what its
+    first bytes look like instead. So does a length past the end of the file when the first bytes
+    match a known format; otherwise that is reported as the truncation it most likely is.
+    """
     if file_size < _LENGTH_BYTES:
         raise _fail(path, f"file is {file_size} bytes, too short for the 8-byte header length")
     if len(raw) < _LENGTH_BYTES:
         raise _fail(path, f"got {len(raw)} bytes, too few for the 8-byte header length")
     (length,) = struct.unpack_from("<Q", raw)
     if length > MAX_HEADER_BYTES:
-        raise _fail(path, f"header length {length} is over the limit of {MAX_HEADER_BYTES} bytes")
+        what = _looks_like(raw, plausible=False)
+        if what is not None:
+            raise _not_safetensors(path, what)
+        raise _fail(
+            path,
+            f"not a safetensors file: its first 8 bytes ({bytes(raw[:8]).hex(' ')}) read as a header "
+            f"length of {length}, over the limit of {MAX_HEADER_BYTES} bytes, and match no format "
+            "weightmap recognises",
+        )
     if _LENGTH_BYTES + length > file_size:
+        what = _looks_like(raw, plausible=True)
+        if what is not None:
+            raise _not_safetensors(path, what)
         raise _fail(path, f"header length {length} runs past the end of the file ({file_size} bytes)")
-    if len(raw) < _LENGTH_BYTES + length:
+    if len(raw) > _LENGTH_BYTES and length:
+        first = bytes(raw[_LENGTH_BYTES : _LENGTH_BYTES + min(length, _SNIFF_BYTES)]).lstrip(b" \t\n\r")[:1]
+        what = _looks_like(raw, plausible=True) if first not in (b"{", b"") else None
+        if what is not None:
+            raise _not_safetensors(path, what)
+    if complete and len(raw) < _LENGTH_BYTES + length:
         raise _fail(path, f"got {len(raw)} bytes, fewer than the {_LENGTH_BYTES + length} the header needs")
     return int(length)
 
@@ -450,15 +520,42 @@ def parse_header(raw: bytes | bytearray | memoryview, file_size: int, path: Path
     )
 
 
-def _read_into(file: Any, buffer: memoryview) -> int:
-    """Fill ``buffer`` from ``file``; returns the bytes read (fewer only at end of file)."""
+_PREFIX_BYTES = _LENGTH_BYTES + 4096
+
+
+def _pread_into(fd: int, buffer: memoryview, offset: int) -> int:
+    """Fill ``buffer`` from ``fd`` at ``offset``; returns the bytes read (fewer only at end of file)."""
     filled = 0
     while filled < len(buffer):
-        count = file.readinto(buffer[filled:])
+        count = os.preadv(fd, [buffer[filled:]], offset + filled)
         if not count:
             break
         filled += count
     return filled
+
+
+def read_header_fd(fd: int, path: PathArg) -> Header:
+    """Read and validate the header of the safetensors file open as ``fd``.
+
+    Reads with ``pread`` (the descriptor's position is left alone): first a few KiB, enough to
+    tell a safetensors file from something else, then the rest of the header if it is longer.
+    ``path`` only names the file in the result and in messages; the file size comes from
+    ``fstat(fd)``, so the header is checked against the file the descriptor refers to.
+    """
+    where = Path(os.fsdecode(path))
+    file_size = os.fstat(fd).st_size
+    prefix = bytearray(min(file_size, _PREFIX_BYTES))
+    got = _pread_into(fd, memoryview(prefix), 0)
+    view = memoryview(prefix)[:got]
+    if got < _LENGTH_BYTES:
+        return parse_header(view, file_size, where)
+    length = _split_length(view, file_size, where, complete=False)
+    if _LENGTH_BYTES + length <= got:
+        return parse_header(view, file_size, where)
+    raw = bytearray(_LENGTH_BYTES + length)
+    raw[:got] = view
+    got += _pread_into(fd, memoryview(raw)[got:], got)
+    return parse_header(memoryview(raw)[:got], file_size, where)
 
 
 def read_header(path: PathArg) -> Header:
@@ -470,17 +567,7 @@ def read_header(path: PathArg) -> Header:
     """
     where = Path(os.fsdecode(path))
     with open(where, "rb") as file:
-        file_size = os.fstat(file.fileno()).st_size
-        head = file.read(_LENGTH_BYTES)
-        if len(head) < _LENGTH_BYTES:
-            return parse_header(head, file_size, where)
-        (length,) = struct.unpack("<Q", head)
-        if length > MAX_HEADER_BYTES or _LENGTH_BYTES + length > file_size:
-            return parse_header(head, file_size, where)
-        raw = bytearray(_LENGTH_BYTES + length)
-        raw[:_LENGTH_BYTES] = head
-        got = _read_into(file, memoryview(raw)[_LENGTH_BYTES:])
-    return parse_header(memoryview(raw)[: _LENGTH_BYTES + got], file_size, where)
+        return read_header_fd(file.fileno(), where)
 
 
 def check_little_endian() -> None:
