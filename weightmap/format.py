@@ -60,7 +60,7 @@ MAX_HEADER_BYTES: int = 100_000_000
 
 _LENGTH_BYTES = 8
 _MAX_DIM = 2**63 - 1
-_SIZE_CAP = 2**64
+_U64_MAX = 2**64 - 1
 _MAX_INT_DIGITS = len(str(2**64 - 1))
 _WRITE_CHUNK = 64 * 1024 * 1024
 _ENTRY_FIELDS = frozenset({"dtype", "shape", "data_offsets"})
@@ -183,10 +183,12 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"non-standard JSON constant {name}")
 
 
-def _parse_int(digits: str) -> int:
+def _parse_int(digits: str) -> int | float:
     """JSON integers; longer than any 64-bit value is an error (and never a slow conversion)."""
     if len(digits.lstrip("-")) > _MAX_INT_DIGITS:
         raise ValueError(f"integer of {len(digits)} characters is out of the 64-bit range")
+    if digits == "-0":
+        return -0.0  # JSON's -0 is not an integer to safetensors' reader either (serde reads -0.0)
     return int(digits)
 
 
@@ -329,23 +331,39 @@ def _parse_offsets(offsets: Any, name: str, path: Path, data_size: int) -> tuple
 
 
 def _check_size(name: str, dtype: torch.dtype, shape: tuple[int, ...], span: int, path: Path) -> None:
-    """end - begin must equal numel * itemsize.
+    """end - begin must equal numel * itemsize, computed as safetensors computes it.
 
-    The product is exact up to 2**64 (or the span, if larger); past that it stops
-    growing, so a header of many huge dimensions costs no more than a small one.
+    safetensors multiplies the dimensions in order in unsigned 64-bit arithmetic and rejects
+    the tensor on overflow, even when a later dimension is 0 (``[2**62, 7, 0]``), then
+    multiplies by the item size in bits, again rejecting overflow. The loop stops at the
+    first 0 or overflow, so a header of many dimensions costs at most one pass over them.
     """
-    cap = max(span, _SIZE_CAP)
-    needed = 0 if 0 in shape else dtype.itemsize
-    for dim in shape:
-        if needed > cap:
+    product = 1
+    for index, dim in enumerate(shape):
+        product *= dim
+        if product > _U64_MAX:
+            later_zero = " (a later dimension is 0, but the size overflows before it)" if 0 in shape[index:] else ""
+            raise _fail(
+                path,
+                f"shape {_show(list(shape))}: the product of its dimensions exceeds 2**64 - 1 at "
+                f"dimension {index}{later_zero}",
+                name,
+            )
+        if product == 0:
             break
-        needed *= dim
+    if product * dtype.itemsize * 8 > _U64_MAX:
+        raise _fail(
+            path,
+            f"shape {_show(list(shape))} of {DTYPE_CODES[dtype]}: {product} elements of {dtype.itemsize} "
+            "bytes exceed 2**64 - 1 bits",
+            name,
+        )
+    needed = product * dtype.itemsize
     if needed != span:
-        wanted = f"more than {cap}" if needed > cap else str(needed)
         raise _fail(
             path,
             f"data_offsets span {span} bytes but shape {_show(list(shape))} of {DTYPE_CODES[dtype]} "
-            f"needs {wanted} bytes",
+            f"needs {needed} bytes",
             name,
         )
 
