@@ -64,13 +64,11 @@ holding at most one tensor in memory at a time.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import json
 import math
 import os
 import re
-import secrets
 import struct
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -81,6 +79,7 @@ from typing import Any
 
 import torch
 
+from weightmap.atomic_write import AtomicFile
 from weightmap.errors import HeaderError, MappingError
 
 __all__ = [
@@ -104,7 +103,6 @@ _LENGTH_BYTES = 8
 _MAX_DIM = 2**63 - 1
 _U64_MAX = 2**64 - 1
 _MAX_INT_DIGITS = len(str(2**64 - 1))
-_WRITE_CHUNK = 64 * 1024 * 1024
 _ENTRY_FIELDS = frozenset({"dtype", "shape", "data_offsets"})
 _METADATA_KEY = "__metadata__"
 
@@ -961,53 +959,15 @@ def _filled(
     return tensor.detach().to("cpu").resolve_conj().resolve_neg().contiguous()
 
 
-def _write_all(fd: int, data: memoryview | bytes) -> None:
-    """os.write until every byte is written (a single write may be partial)."""
-    view = memoryview(data).cast("B")
-    written = 0
-    while written < len(view):
-        written += os.write(fd, view[written : written + _WRITE_CHUNK])
-
-
-def _write_tensor(fd: int, tensor: torch.Tensor) -> int:
+def _write_tensor(out: AtomicFile, tensor: torch.Tensor) -> int:
     """Write a CPU contiguous tensor's bytes straight from its memory; returns the byte count."""
     nbytes = tensor.numel() * tensor.element_size()
     if nbytes:
         # A ctypes array over the tensor's memory exposes it as a buffer without copying;
         # ``tensor`` stays referenced here until the write is done.
         buffer = (ctypes.c_ubyte * nbytes).from_address(tensor.data_ptr())
-        _write_all(fd, memoryview(buffer))
+        out.write(memoryview(buffer))
     return nbytes
-
-
-def _create_temp(target: Path) -> tuple[int, Path]:
-    """Create a new hidden file next to ``target``; returns its descriptor and path."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
-    while True:
-        temp = target.with_name(f".{target.name}.{secrets.token_hex(8)}.tmp")
-        try:
-            return os.open(temp, flags, 0o666), temp
-        except FileExistsError:
-            continue
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make a rename in ``directory`` durable, where the platform allows it."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _remove_quietly(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
 
 
 def write_checkpoint(
@@ -1025,40 +985,33 @@ def write_checkpoint(
     CPU if needed, written and dropped. ``progress(nbytes)`` is called after each tensor.
     The result may live on any device and be non-contiguous.
 
-    The file is written under a hidden temporary name in the same directory
-    (``.<name>.<random>.tmp``), fsynced, then renamed onto ``path``: a crash never
-    leaves a partial file under the final name, and replacing a file this process has
-    mapped is safe (the mapping keeps the old inode). On any error the temporary file
-    is removed and nothing is left under ``path``'s name that was not there before.
+    The file is replaced in one step (:class:`~weightmap.atomic_write.AtomicFile`): it is
+    written as a new file in the same directory, unnamed where the file system allows
+    (Linux ``O_TMPFILE``), fsynced and renamed onto ``path``. A crash or ``SIGKILL``
+    never leaves a partial file under the final name nor, with ``O_TMPFILE``, any file
+    at all; without it, the hidden file a killed writer leaves is removed by the next
+    save in that directory. Replacing a file this process has mapped is safe (the
+    mapping keeps the old inode). Replacing a file keeps its permission bits; a
+    symlink is followed and left in place. On an exception, nothing is left that was
+    not there before.
 
     Duplicate names, the reserved name ``__metadata__``, dtypes without a safetensors
     code and metadata that is not string to string raise :class:`MappingError` before
-    anything is written. Returns the written file's :class:`Header`.
+    anything is written. Failures of the system (no space, a missing or read-only
+    directory) raise :class:`OSError` with its errno whose message names ``path``; a
+    directory at ``path`` is an :class:`IsADirectoryError`. Returns the written file's
+    :class:`Header`.
     """
     target = Path(os.fsdecode(path))
-    if target.is_dir():
-        raise IsADirectoryError(f"{target}: is a directory, cannot write a checkpoint onto it")
     layout = _plan_layout(specs, target)
     head = _encode_header(layout, metadata, target)
     file_size = len(head) + (layout[-1][3] if layout else 0)
-    fd, temp = _create_temp(target)
-    finished = False
-    try:
-        try:
-            _write_all(fd, head)
-            for spec, shape, _, _ in layout:
-                tensor = _filled(spec, shape, fill, target)
-                written = _write_tensor(fd, tensor)
-                del tensor
-                if progress is not None:
-                    progress(written)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temp, target)
-        finished = True
-    finally:
-        if not finished:
-            _remove_quietly(temp)
-    _fsync_directory(target.parent)
+    with AtomicFile(target) as out:
+        out.write(head)
+        for spec, shape, _, _ in layout:
+            tensor = _filled(spec, shape, fill, target)
+            written = _write_tensor(out, tensor)
+            del tensor
+            if progress is not None:
+                progress(written)
     return parse_header(head, file_size, target)
