@@ -240,6 +240,7 @@ _ENTRY_RE = re.compile(
     + rb'"shape"' + _WS + rb":" + _WS + rb"(" + _INT_ITEMS + rb"\])" + _WS + rb"," + _WS
     + rb'"data_offsets"' + _WS + rb":" + _WS + rb"\[" + _WS + rb"(" + _INT + rb")" + _WS + rb"," + _WS
     + rb"(" + _INT + rb")" + _WS + rb"\]" + _WS + rb"\}"
+    + _WS + rb"(?:(,)" + _WS + rb"|(\}))?"  # and what follows it: another item or the end of the header object
 )
 
 # json's string decoder (in C): escapes and surrogate pairs exactly as JSON defines them.
@@ -580,6 +581,12 @@ def _scan_document(
         if fast is not None and fast.group(1) != b"__metadata__":
             name, entry = _fast_entry(sc, fast, data_start, data_size)
             pos = fast.end()
+            if fast.group(6) is not None:  # matched the ',' after the entry too
+                more = True
+            elif fast.group(7) is not None:  # matched the '}' that ends the header's object
+                more = False
+            else:
+                more, pos = sc.next_item(pos, "after the entry of tensor {}", name)
         else:
             name, pos = sc.string(pos, "a tensor name in double quotes", "tensor name")
             pos = sc.colon(pos, f"the name {_show(name)}")
@@ -591,10 +598,10 @@ def _scan_document(
                 more, pos = sc.next_item(pos, "after __metadata__")
                 continue
             entry, pos = _scan_entry(sc, name, pos, data_start, data_size)
+            more, pos = sc.next_item(pos, "after the entry of tensor {}", name)
         if name in entries:
             raise _fail(sc.path, "name appears twice in the header", name)
         entries[name] = entry
-        more, pos = sc.next_item(pos, "after the entry of tensor {}", name)
     pos = sc.skip(pos)
     if pos < sc.end:
         raise _fail(
@@ -612,19 +619,33 @@ def _check_size(name: str, dtype: torch.dtype, shape: Sequence[int], span: int, 
     multiplies by the item size in bits, again rejecting overflow. The loop stops at the
     first 0 or overflow, so a header of many dimensions costs at most one pass over them.
     """
-    product = 1
-    for index, dim in enumerate(shape):
-        product *= dim
+    if 0 not in shape:
+        # With no 0, the running product only grows: it overflows exactly when the whole does.
+        product = math.prod(shape)
         if product > _U64_MAX:
-            later_zero = " (a later dimension is 0, but the size overflows before it)" if 0 in shape[index:] else ""
+            index = 0
+            running = 1
+            for index, dim in enumerate(shape):  # noqa: B007 - the index is reported
+                running *= dim
+                if running > _U64_MAX:
+                    break
             raise _fail(
-                path,
-                f"shape {_show(shape)}: the product of its dimensions exceeds 2**64 - 1 at "
-                f"dimension {index}{later_zero}",
+                path, f"shape {_show(shape)}: the product of its dimensions exceeds 2**64 - 1 at dimension {index}",
                 name,
             )
-        if product == 0:
-            break
+    else:
+        product = 1
+        for index, dim in enumerate(shape):
+            product *= dim
+            if product == 0:
+                break
+            if product > _U64_MAX:
+                raise _fail(
+                    path,
+                    f"shape {_show(shape)}: the product of its dimensions exceeds 2**64 - 1 at dimension "
+                    f"{index} (a later dimension is 0, but the size overflows before it)",
+                    name,
+                )
     if product * dtype.itemsize * 8 > _U64_MAX:
         raise _fail(
             path,
