@@ -168,11 +168,26 @@ def test_valid_edge_cases_are_accepted_like_safetensors(header: Any, data: bytes
     assert safetensors_accepts(path)
 
 
-def test_tensors_are_ordered_by_offset_whatever_the_json_order() -> None:
-    header = {"c": entry("U8", [2], 6, 8), "a": entry("F32", [1], 0, 4), "z": entry("U8", [0], 4, 4),
-              "b": entry("U8", [2], 4, 6)}
+@pytest.mark.parametrize(
+    ("header", "order"),
+    [
+        ({"c": entry("U8", [2], 6, 8), "a": entry("F32", [1], 0, 4), "z": entry("U8", [0], 4, 4),
+          "b": entry("U8", [2], 4, 6)}, ["a", "z", "b", "c"]),
+        ({"a": entry("F32", [1], 0, 4), "z": entry("U8", [0], 4, 4), "y": entry("U8", [0], 4, 4),
+          "b": entry("U8", [4], 4, 8)}, ["a", "y", "z", "b"]),
+        ({"a": entry("F32", [1], 0, 4), "b": entry("U8", [4], 4, 8), "z": entry("U8", [0], 4, 4)},
+         ["a", "z", "b"]),
+        ({"a": entry("F32", [1], 0, 4), "b": entry("U8", [4], 4, 8), "z": entry("U8", [0], 8, 8)},
+         ["a", "b", "z"]),
+    ],
+)
+def test_tensors_are_ordered_by_offset_then_name_whatever_the_json_order(
+    header: dict[str, Any], order: list[str]
+) -> None:
     raw = pack(header, bytes(8))
-    assert list(parse_header(raw, len(raw), NAME).tensors) == ["a", "z", "b", "c"]
+    parsed = parse_header(raw, len(raw), NAME)
+    assert list(parsed.tensors) == order
+    assert all(e.start == e.end for e in parsed.tensors.values() if e.nbytes == 0)
 
 
 def test_metadata_null_reads_as_none_and_empty_header_has_no_tensors() -> None:

@@ -296,11 +296,15 @@ class _Scanner:
     it is read. Every method returns the position after what it read, or raises HeaderError.
     """
 
-    __slots__ = ("buf", "end", "path", "shapes", "start")
+    __slots__ = ("buf", "end", "in_order", "last", "path", "shapes", "start")
 
     def __init__(self, buf: memoryview, start: int, end: int, path: Path) -> None:
         self.buf, self.start, self.end, self.path = buf, start, end, path
-        self.shapes: dict[tuple[int, ...], tuple[int, ...]] = {}  # one tuple per distinct shape
+        # Objects shared between entries, so that a header of many tensors costs less: one tuple
+        # per distinct shape, and one int where a tensor starts at the offset the last one ended.
+        self.shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self.last: TensorEntry | None = None
+        self.in_order = True  # entries met so far are in (start, end, name) order
 
     def at(self, pos: int) -> int:
         """The byte at ``pos``, or -1 at the end of the header."""
@@ -454,9 +458,18 @@ def _make_entry(
     _check_size(name, dtype, shape, end - begin, sc.path)
     dims = tuple(shape)
     start = data_start + begin
-    return TensorEntry(
-        name, dtype, sc.shapes.setdefault(dims, dims), start, start if end == begin else data_start + end
-    )
+    last = sc.last
+    if last is not None and start == last.end:
+        start = last.end
+    stop = start if end == begin else data_start + end
+    if last is not None and (
+        start < last.start
+        or (start == last.start and (stop < last.end or (stop == last.end and name < last.name)))
+    ):
+        sc.in_order = False
+    entry = TensorEntry(name, dtype, sc.shapes.setdefault(dims, dims), start, stop)
+    sc.last = entry
+    return entry
 
 
 def _scan_entry(sc: _Scanner, name: str, pos: int, data_start: int, data_size: int) -> tuple[TensorEntry, int]:
@@ -800,12 +813,14 @@ def parse_header(raw: bytes | bytearray | memoryview, file_size: int, path: Path
     data_start = _LENGTH_BYTES + length
     scanner = _Scanner(view, _LENGTH_BYTES, data_start, where)
     entries, metadata_span = _scan_document(scanner, data_start, file_size - data_start)
-    # Three stable sorts on single existing keys order by (start, end, name) without a key tuple
-    # per tensor.
-    ordered = sorted(entries.values(), key=attrgetter("name"))
+    ordered = list(entries.values())
     del entries
-    ordered.sort(key=attrgetter("end"))
-    ordered.sort(key=attrgetter("start"))
+    if not scanner.in_order:
+        # Three stable sorts on single existing keys order by (start, end, name) without a key
+        # tuple per tensor.
+        ordered.sort(key=attrgetter("name"))
+        ordered.sort(key=attrgetter("end"))
+        ordered.sort(key=attrgetter("start"))
     _check_coverage(ordered, data_start, file_size, where)
     metadata = _build_metadata(scanner, metadata_span) if metadata_span is not None else None
     return Header(
