@@ -100,26 +100,12 @@ def _lock(fd: int) -> bool | None:
     return True
 
 
-def remove_abandoned(directory: PathArg) -> list[str]:
-    """Remove the hidden files that writers killed mid-write left in ``directory``.
+def _remove_abandoned(dir_fd: int) -> None:
+    """Remove the hidden files that writers killed mid-write left in the directory open as ``dir_fd``.
 
     A hidden file is abandoned when its name has this module's pattern and no process holds
-    its lock. Files that cannot be opened, locked or removed are left alone. Returns the
-    names removed.
+    its lock. Files that cannot be opened, locked or removed are left alone.
     """
-    removed: list[str] = []
-    try:
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
-    except OSError:
-        return removed
-    try:
-        _remove_abandoned(dir_fd, removed)
-    finally:
-        os.close(dir_fd)
-    return removed
-
-
-def _remove_abandoned(dir_fd: int, removed: list[str]) -> None:
     try:
         names = os.listdir(dir_fd)
     except OSError:
@@ -139,7 +125,6 @@ def _remove_abandoned(dir_fd: int, removed: list[str]) -> None:
                 os.stat(name, dir_fd=dir_fd, follow_symlinks=False), found
             ):
                 os.unlink(name, dir_fd=dir_fd)
-                removed.append(name)
         except OSError:
             pass
         finally:
@@ -189,7 +174,7 @@ class AtomicFile:
         except OSError as exc:
             raise _failure(exc, target, f"opening its directory {directory}") from exc
         try:
-            _remove_abandoned(self._dir_fd, [])
+            _remove_abandoned(self._dir_fd)
             self._open(directory)
             if found is not None:
                 self._inherit(found)
