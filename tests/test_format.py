@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import mmap
 import os
+import pickle
 import struct
 import sys
 import weakref
@@ -147,6 +149,14 @@ OK_SPACES = '  \n{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}\t  '
         pytest.param({"z": entry("F32", [0], 0, 0), "w": entry("F32", [1], 0, 4)}, bytes(4), id="zero first"),
         pytest.param({"w": entry("F32", [1], 0, 4), "z": entry("F32", [0], 4, 4)}, b"\0" * 4, id="zero last"),
         pytest.param({"a": entry("U8", [0], 0, 0), "b": entry("BF16", [9, 0], 0, 0)}, b"", id="zero only"),
+        pytest.param({"w": entry("F32", [2**62, 3, 0], 0, 0)}, b"", id="zero-size, product in range"),
+        pytest.param('{"\\u0077":{"data_offsets":[0,4],"shape":[1],"dtype":"F32"}}', bytes(4),
+                     id="escaped name, any order"),
+        pytest.param(' {\n "w" : { "dtype" : "U8" , "shape" : [ 2 , 1 ] , "data_offsets" : [ 0 , 2 ] } ,\n'
+                     ' "__metadata__" : { "a\\n" : "\\u00e9\\ud83d\\ude00" } }\n', b"\0\0", id="spaces everywhere"),
+        pytest.param({"w": entry("U8", [1] * 40_000, 0, 1)}, b"\0", id="40000 dimensions"),
+        pytest.param({"w": entry("F64", [0, 2**62, 7], 0, 0)}, b"", id="zero-size, 0 first"),
+        pytest.param({"w": entry("U8", [2**63 - 1, 2, 0], 0, 0)}, b"", id="zero-size, product below 2**64"),
     ],
 )
 def test_valid_edge_cases_are_accepted_like_safetensors(header: Any, data: bytes, tmp_path: Path) -> None:
@@ -158,11 +168,26 @@ def test_valid_edge_cases_are_accepted_like_safetensors(header: Any, data: bytes
     assert safetensors_accepts(path)
 
 
-def test_tensors_are_ordered_by_offset_whatever_the_json_order() -> None:
-    header = {"c": entry("U8", [2], 6, 8), "a": entry("F32", [1], 0, 4), "z": entry("U8", [0], 4, 4),
-              "b": entry("U8", [2], 4, 6)}
+@pytest.mark.parametrize(
+    ("header", "order"),
+    [
+        ({"c": entry("U8", [2], 6, 8), "a": entry("F32", [1], 0, 4), "z": entry("U8", [0], 4, 4),
+          "b": entry("U8", [2], 4, 6)}, ["a", "z", "b", "c"]),
+        ({"a": entry("F32", [1], 0, 4), "z": entry("U8", [0], 4, 4), "y": entry("U8", [0], 4, 4),
+          "b": entry("U8", [4], 4, 8)}, ["a", "y", "z", "b"]),
+        ({"a": entry("F32", [1], 0, 4), "b": entry("U8", [4], 4, 8), "z": entry("U8", [0], 4, 4)},
+         ["a", "z", "b"]),
+        ({"a": entry("F32", [1], 0, 4), "b": entry("U8", [4], 4, 8), "z": entry("U8", [0], 8, 8)},
+         ["a", "b", "z"]),
+    ],
+)
+def test_tensors_are_ordered_by_offset_then_name_whatever_the_json_order(
+    header: dict[str, Any], order: list[str]
+) -> None:
     raw = pack(header, bytes(8))
-    assert list(parse_header(raw, len(raw), NAME).tensors) == ["a", "z", "b", "c"]
+    parsed = parse_header(raw, len(raw), NAME)
+    assert list(parsed.tensors) == order
+    assert all(e.start == e.end for e in parsed.tensors.values() if e.nbytes == 0)
 
 
 def test_metadata_null_reads_as_none_and_empty_header_has_no_tensors() -> None:
@@ -198,7 +223,7 @@ MALFORMED = [
     case("not an object", pack("[1, 2]"), "not an object"),
     case("string header", pack('"hi"'), "not an object"),
     case("nan constant", pack('{"w":{"dtype":"F32","shape":[NaN],"data_offsets":[0,4]}}', b"\0" * 4),
-         "not valid JSON.*NaN"),
+         "tensor 'w': shape must be a list of non-negative integers, got \\[NaN\\]$"),
     case("metadata value int", pack({"__metadata__": {"k": 1}, **W8}, Z8),
          "__metadata__ value for key 'k' is not a string"),
     case("metadata list", pack({"__metadata__": ["k"], **W8}, Z8), "__metadata__ must be an object"),
@@ -218,10 +243,11 @@ MALFORMED = [
     case("dim over int64", pack({"w": entry("F32", [2**63, 0], 0, 0)}),
          "tensor 'w': .*2\\*\\*63", reference=False),
     case("huge digits", pack('{"w":{"dtype":"F32","shape":[' + BIG_INT + '],"data_offsets":[0,4]}}'),
-         "not valid JSON.*out of the 64-bit range"),
-    case("21 digits", pack({"w": entry("F32", [0], 0, 10**20)}), "not valid JSON.*out of the 64-bit range"),
+         "tensor 'w': shape must be .*: an integer of 5000 digits is out of the 64-bit range"),
+    case("21 digits", pack({"w": entry("F32", [0], 0, 10**20)}),
+         "tensor 'w': data_offsets must be .*: an integer of 21 digits is out of the 64-bit range"),
     case("object in shape", pack({"w": entry("F32", [{}, [1]], 0, 4)}, bytes(4)),
-         "shape must be .*got \\[\\{\\.\\.\\.\\}, \\[\\.\\.\\.\\]\\]"),
+         "shape must be .*got \\[\\{\\}, \\[1\\]\\]$"),
     case("negative offset", pack({"w": entry("F32", [2], -1, 7)}, Z8),
          "tensor 'w': data_offsets must be \\[begin, end\\] of non-negative"),
     case("float offset", pack({"w": entry("F32", [2], 0, 8.0)}, Z8), "tensor 'w': data_offsets must be"),
@@ -249,7 +275,19 @@ MALFORMED = [
     case("size mismatch bf16", pack({"w": entry("BF16", [2, 2], 0, 4)}, b"\0" * 4),
          "tensor 'w': .*needs 8 bytes"),
     case("product overflows u64", pack({"w": entry("F64", [2**62, 2**62, 2**40], 0, 8)}, Z8),
-         "tensor 'w': .*needs more than 18446744073709551616 bytes"),
+         "tensor 'w': .*product of its dimensions exceeds 2\\*\\*64 - 1 at dimension 1$"),
+    case("zero-size overflow", pack({"w": entry("F32", [2**62, 7, 0], 0, 0)}),
+         "tensor 'w': .*exceeds 2\\*\\*64 - 1 at dimension 1 \\(a later dimension is 0"),
+    case("zero-size overflow at 2**64", pack({"w": entry("U8", [2**32, 2**32, 0], 0, 0)}),
+         "tensor 'w': .*exceeds 2\\*\\*64 - 1 at dimension 1 \\(a later dimension is 0"),
+    case("elements times bits overflow", pack({"w": entry("F64", [2**61], 0, 8)}, Z8),
+         "tensor 'w': .*2305843009213693952 elements of 8 bytes exceed 2\\*\\*64 - 1 bits"),
+    case("-0 dimension", pack('{"w":{"dtype":"F32","shape":[-0],"data_offsets":[0,0]}}'),
+         "tensor 'w': shape must be a list of non-negative integers"),
+    case("-0 dimension among others", pack('{"w":{"dtype":"F32","shape":[2,-0],"data_offsets":[0,0]}}'),
+         "tensor 'w': shape must be a list of non-negative integers"),
+    case("-0 offset", pack('{"w":{"dtype":"F32","shape":[0],"data_offsets":[-0,0]}}'),
+         "tensor 'w': data_offsets must be \\[begin, end\\] of non-negative integers"),
     case("duplicate name", pack(TWO_W, b"\0"), "tensor 'w': name appears twice", reference=False),
     case("duplicate field", pack('{"w":{"dtype":"U8","dtype":"U8","shape":[1],"data_offsets":[0,1]}}', b"\0"),
          "tensor 'w': entry: key 'dtype' is given twice"),
@@ -259,7 +297,41 @@ MALFORMED = [
          "tensor name is not valid UTF-8"),
     case("lone surrogate metadata", pack('{"__metadata__":{"\\udfff":"v"}}'),
          "__metadata__ key is not valid UTF-8"),
-    case("deep nesting", pack("[" * 100_000 + "]" * 100_000), "nested too deeply|not valid JSON"),
+    case("deep nesting", pack("[" * 100_000 + "]" * 100_000), "header JSON is not an object: it starts with \\[\\[\\["),
+    case("deep nesting in an entry", pack('{"w":' + "[" * 100_000 + "]" * 100_000 + "}"),
+         "tensor 'w': entry must be an object .*got \\[\\[\\[\\[.*\\.\\.\\.$"),
+    case("deep nesting in a shape", pack('{"w":{"dtype":"F32","shape":' + "[" * 100_000 + "]" * 100_000 + "}}"),
+         "tensor 'w': shape must be a list of non-negative integers, got \\[\\[\\["),
+    case("deep nesting in metadata", pack('{"__metadata__":{"a":"b","k":' + "{" * 100_000 + "}" * 100_000 + "}}"),
+         "__metadata__ value for key 'k' is not a string: \\{\\{\\{"),
+    case("objects in metadata", pack('{"__metadata__":{"k":[{},{},{}]}}'),
+         "__metadata__ value for key 'k' is not a string: \\[\\{\\},\\{\\},\\{\\}\\]$"),
+    case("null metadata value", pack('{"__metadata__":{"k":"v","n":null}}'),
+         "__metadata__ value for key 'n' is not a string: null$"),
+    case("tensor named __metadata__", pack({"__metadata__": entry("U8", [1], 0, 1)}, b"\0"),
+         "__metadata__ value for key 'shape' is not a string"),
+    case("duplicate metadata key", pack('{"__metadata__":{"k":"a","k":"b"}}'),
+         "__metadata__: key 'k' is given twice", reference=False),
+    case("lone surrogate metadata value", pack('{"__metadata__":{"k":"\\udc00"}}'),
+         "__metadata__ value for key 'k' is not valid UTF-8"),
+    case("entry null", pack('{"w":null}'), "tensor 'w': entry must be an object .*got null$"),
+    case("entry string", pack('{"w":"F32"}'), "tensor 'w': entry must be an object .*got \"F32\"$"),
+    case("empty header", pack(""), "header is not valid JSON: it is empty"),
+    case("trailing comma", pack('{"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},}', b"\0"),
+         "not valid JSON: expected a tensor name in double quotes at byte 53, found }"),
+    case("trailing comma in entry", pack('{"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1],}}', b"\0"),
+         "not valid JSON: expected a field name in double quotes at byte 52"),
+    case("missing colon", pack('{"w" {}}'), "not valid JSON: expected ':' after the name 'w' at byte 5"),
+    case("missing comma", pack('{"__metadata__":{} "w":{}}'), "not valid JSON: expected ',' or '}' after __metadata__"),
+    case("unterminated string", pack('{"w'), "the string at byte 1 is unterminated"),
+    case("control character in a string", pack('{"a\tb":{}}'), "string at byte 1 is unterminated or holds a control"),
+    case("bad escape", pack('{"a\\x":{}}'), "string at byte 1 is unterminated or holds a control character or a bad"),
+    case("single quotes", pack("{'w':{}}"), "expected a tensor name in double quotes at byte 1, found 'w':{}}"),
+    case("not utf-8 outside strings", pack(b'{"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}\xff}', b"\0"),
+         "header is not valid UTF-8 \\(byte 52 of the header\\)"),
+    case("negative dim in a long shape",
+         pack('{"w":{"dtype":"U8","shape":[' + "1," * 5000 + '-1],"data_offsets":[0,1]}}', b"\0"),
+         "tensor 'w': shape must be a list of non-negative integers, got \\[1,1,1,"),
 ]
 
 
@@ -320,6 +392,77 @@ def test_read_header_content_errors_are_header_errors(content: bytes, pattern: s
     path.write_bytes(content)
     with pytest.raises(HeaderError, match=pattern):
         read_header(path)
+
+
+def _torch_zip(path: Path) -> None:
+    torch.save({"w": torch.ones(3)}, path)
+
+
+def _torch_legacy(path: Path) -> None:
+    torch.save({"w": torch.ones(3)}, path, _use_new_zipfile_serialization=False)
+
+
+def _numpy_npy(path: Path) -> None:
+    import numpy
+
+    with open(path, "wb") as f:
+        numpy.save(f, numpy.ones(3))
+
+
+def _writes(content: bytes) -> Any:
+    return lambda path: path.write_bytes(content)
+
+
+NOT_SAFETENSORS = [
+    pytest.param(_torch_zip, "a zip archive \\(torch.save writes those", id="torch.save zip"),
+    pytest.param(_torch_legacy, "a Python pickle \\(torch.save", id="torch.save legacy pickle"),
+    pytest.param(_writes(pickle.dumps({"w": [1.0] * 3}, protocol=2)), "a Python pickle", id="pickle 2"),
+    pytest.param(_writes(pickle.dumps({"w": [1.0] * 300}, protocol=5)), "a Python pickle", id="pickle 5"),
+    pytest.param(_writes(json.dumps({"weight_map": {"w": "a.safetensors"}}).encode()), "JSON text", id="json"),
+    pytest.param(_writes(b"  [1, 2, 3]\n"), "JSON text", id="json list"),
+    pytest.param(_writes(b"version https://git-lfs.github.com/spec/v1\noid sha256:00\n"), "like text",
+                 id="git-lfs pointer"),
+    pytest.param(_writes(b"GGUF" + struct.pack("<IQQ", 3, 0, 0)), "a GGUF file", id="gguf"),
+    pytest.param(_writes(b"\x89HDF\r\n\x1a\n" + bytes(40)), "an HDF5 file", id="hdf5"),
+    pytest.param(_numpy_npy, "a NumPy .npy array", id="npy"),
+    pytest.param(_writes(gzip.compress(b"{}" * 100)), "gzip-compressed", id="gzip"),
+    pytest.param(_writes(bytes(range(200, 256)) * 4), "its first 8 bytes \\(c8 c9 ca cb cc cd ce cf\\) "
+                 "read as a header length of \\d+, over the limit .* match no format", id="random bytes"),
+]
+
+
+@pytest.mark.parametrize(("make", "pattern"), NOT_SAFETENSORS)
+def test_files_that_are_not_safetensors_say_what_they_look_like(make: Any, pattern: str, tmp_path: Path) -> None:
+    path = tmp_path / "model.bin"
+    make(path)
+    with pytest.raises(HeaderError, match=f"^{path}: not a safetensors file: .*{pattern}"):
+        read_header(path)
+    # Readers that read only the first 8 bytes and hand them to parse_header get the same answer.
+    content = path.read_bytes()
+    with pytest.raises(HeaderError, match=f"not a safetensors file: .*{pattern}"):
+        parse_header(content[:8], len(content), path)
+
+
+def test_a_signature_behind_a_plausible_length_is_found_before_the_header_is_read(tmp_path: Path) -> None:
+    # "PK\x03\x04" then zeros reads as a 67 MB header: the zip signature is reported without
+    # reading (or allocating) that header.
+    path = tmp_path / "odd.zip"
+    with open(path, "wb") as f:
+        f.write(b"PK\x03\x04" + bytes(60))
+        f.truncate(80 * 2**20)
+    with pytest.raises(HeaderError, match="not a safetensors file: it starts like a zip archive"):
+        read_header(path)
+
+
+def test_truncated_safetensors_is_still_reported_as_truncated(tmp_path: Path) -> None:
+    path = tmp_path / "cut.safetensors"
+    save_file({"w": torch.ones(1000)}, str(path))
+    path.write_bytes(path.read_bytes()[:40])
+    with pytest.raises(HeaderError, match="header length \\d+ runs past the end of the file \\(40 bytes\\)"):
+        read_header(path)
+    raw = pack("[1]")  # a plausible length and a broken header: safetensors' own rules still apply
+    with pytest.raises(HeaderError, match="not an object"):
+        parse_header(raw, len(raw), NAME)
 
 
 def test_check_little_endian(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,6 +3,12 @@
 Every error about a checkpoint's content or a model/checkpoint mismatch is a
 :class:`MappingError`, so callers can catch one type. Both derive from
 :class:`ValueError`: the input was wrong, not the machine.
+
+Failures of the machine stay :class:`OSError`, with the system's errno and so its
+subclass (``FileNotFoundError``, ``PermissionError``, ``IsADirectoryError``, ...):
+a file that cannot be opened, no space left while writing, a missing or read-only
+directory. Those weightmap raises while writing name the target file (in the message
+and in ``filename``), never a hidden temporary one.
 """
 
 from __future__ import annotations

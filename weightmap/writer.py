@@ -39,13 +39,25 @@ def save_weights_for_mapping(model: torch.nn.Module | Any, path: str | os.PathLi
     without a copy from then on. The file loads with
     ``safetensors.torch.load_file`` too.
 
-    The file is written to a temporary name beside ``path`` and renamed, so a
-    crash never leaves a half-written checkpoint under the final name, and
-    writing onto the file the model is mapped from is safe (existing views keep
-    the old file's pages). Returns ``path``.
+    The file replaces ``path`` in one step: it is written as a new file beside
+    it (unnamed, with Linux's ``O_TMPFILE``, where the file system allows), flushed
+    to disk and renamed onto ``path``. So a crash, even ``SIGKILL``, never leaves a
+    half-written checkpoint under the final name; with ``O_TMPFILE`` it leaves no
+    file at all, and without it the hidden ``.<name>.<random>.weightmap-tmp`` a
+    killed writer leaves is removed by the next save in that directory. Writing onto
+    the file the model is mapped from is safe (existing views keep the old file's
+    pages). Replacing a file keeps its permission bits (a 0600 checkpoint stays
+    0600), and its owner where allowed; a new file gets 0666 less the umask. When
+    ``path`` is a symlink, the file it points to is replaced and the link is kept.
+    Returns ``path``.
 
     Raises :class:`MappingError` naming the tensor when a tensor is still on the
-    meta device (there is nothing to write).
+    meta device (there is nothing to write), before anything is written. Failures
+    of the system (no space left, a missing or read-only directory) raise
+    :class:`OSError` with the system's errno (``FileNotFoundError``,
+    ``PermissionError``, ...) whose message and ``filename`` name ``path``, never
+    the hidden file, and whatever was at ``path`` is unchanged; a directory at
+    ``path`` raises :class:`IsADirectoryError`.
 
     Example::
 
