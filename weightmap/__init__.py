@@ -43,12 +43,14 @@ Example::
 from weightmap.errors import HeaderError, MappingError
 from weightmap.mapping import MappedWeights, map_weights
 from weightmap.plan import ReleasePlan, ReleaseStep
+from weightmap.prefetch import PREFETCH_METHODS
 from weightmap.release import release_mapped_storage, release_storage
 from weightmap.writer import save_weights_for_mapping
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "PREFETCH_METHODS",
     "HeaderError",
     "MappedWeights",
     "MappingError",

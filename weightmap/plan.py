@@ -24,6 +24,19 @@ weight. When a storage is released depends on its kind:
   ``resize=True``: it can only be freed with ``resize_(0)``, after which its
   tensor must never be read again (see :func:`weightmap.release_storage`).
   By default ordinary storages are kept and counted in ``kept``.
+
+A plan made with ``prefetch=`` (one of :data:`weightmap.PREFETCH_METHODS`)
+also warms the page cache for the partitions about to be built, on a
+background thread: "partition i is built" is also "partition i + 1 is next".
+Prefetch changes what is in the page cache, never what is released, and
+brings no page into the process (its RSS does not rise)::
+
+    plan = ReleasePlan.from_names(model, names, prefetch="madvise")
+    plan.prefetch(0)          # partitions 0 and 1 start warming
+    for i, part in enumerate(parts):
+        build_engine(part)    # meanwhile the disk reads partition i + 1
+        plan.built(i)         # releases, then warms partition i + 2
+    plan.close()
 """
 
 from __future__ import annotations
@@ -34,6 +47,7 @@ from typing import Any
 
 import torch
 
+from weightmap.prefetch import FileRange, Prefetcher, PrefetchMethod, PrefetchStats, file_ranges
 from weightmap.release import is_mapped, release_mapped_storage, release_storage
 from weightmap.targets import collect_targets
 
@@ -106,13 +120,28 @@ class ReleasePlan:
       partition that reads it, not only after the last. Turn it off when the
       model's mapped weights are written in place and a later partition must
       see those writes.
+    * ``prefetch`` (default None): a method of :data:`weightmap.PREFETCH_METHODS`
+      to warm the page cache with, on a background thread that :meth:`close`
+      stops. While partition i builds, partitions i + 1 .. i + ``prefetch_ahead``
+      (default 1) are warmed, so the disk reads the next partition while this
+      one is built: :meth:`prefetch` (call it for partition 0) asks for
+      partitions 0 .. ``prefetch_ahead``, and each :meth:`built` asks for the
+      one that comes into that window. ``prefetch_ahead=0`` warms only the
+      partition being built, from its start: measured here, that overlaps
+      nothing and gains nothing. Each partition ahead costs page cache (the
+      machine's memory, reclaimable), never the process's RSS.
     """
 
     def __init__(self, partitions: Sequence[Iterable[torch.Tensor]], *, resize: bool = False,
-                 reread: bool = True) -> None:
+                 reread: bool = True, prefetch: PrefetchMethod | None = None, prefetch_ahead: int = 1) -> None:
+        if prefetch_ahead < 0:
+            raise ValueError(f"prefetch_ahead={prefetch_ahead}: must be 0 or more")
         self.partitions = len(partitions)
         self.resize = resize
         self.reread = reread
+        self.prefetch_ahead = prefetch_ahead
+        self._prefetcher = Prefetcher(prefetch) if prefetch is not None else None
+        self._warmed = -1  # the last partition handed to the prefetcher
         self._next = 0
         self._weights: dict[tuple[str, int, int], _Weight] = {}
         self._by_partition: list[list[_Weight]] = []
@@ -130,10 +159,14 @@ class ReleasePlan:
                     weight.readers.append(index)
                     reads.append(weight)
             self._by_partition.append(reads)
+        self._ranges: list[list[FileRange]] = [
+            file_ranges(w.storage for w in reads if w.mapped and w.storage is not None) for reads in self._by_partition
+        ]
 
     @classmethod
     def from_tensors(cls, partitions: Sequence[Iterable[torch.Tensor]], *, resize: bool = False,
-                     reread: bool = True) -> ReleasePlan:
+                     reread: bool = True, prefetch: PrefetchMethod | None = None,
+                     prefetch_ahead: int = 1) -> ReleasePlan:
         """A plan from the tensors each partition reads, partitions in build order.
 
         Meta tensors and empty ones are ignored (nothing to release).
@@ -142,11 +175,12 @@ class ReleasePlan:
 
             plan = ReleasePlan.from_tensors([[model.embed.weight], [model.head.weight]])
         """
-        return cls(partitions, resize=resize, reread=reread)
+        return cls(partitions, resize=resize, reread=reread, prefetch=prefetch, prefetch_ahead=prefetch_ahead)
 
     @classmethod
     def from_names(cls, model: torch.nn.Module | Any, partitions: Sequence[Iterable[str]], *,
-                   resize: bool = False, reread: bool = True) -> ReleasePlan:
+                   resize: bool = False, reread: bool = True, prefetch: PrefetchMethod | None = None,
+                   prefetch_ahead: int = 1) -> ReleasePlan:
         """A plan from the names (state_dict or buffer names) each partition reads.
 
         ``model`` is a module or an ExportedProgram. An unknown name is a
@@ -165,13 +199,62 @@ class ReleasePlan:
                     raise KeyError(f"partition {index} reads {name!r}, which the model does not have")
                 tensors.append(by_name[name])
             resolved.append(tensors)
-        return cls(resolved, resize=resize, reread=reread)
+        return cls(resolved, resize=resize, reread=reread, prefetch=prefetch, prefetch_ahead=prefetch_ahead)
 
     def __repr__(self) -> str:
+        method = self._prefetcher.method if self._prefetcher is not None else None
         return (
             f"ReleasePlan(partitions={self.partitions}, next={self._next}, storages={len(self._weights)}, "
-            f"pending_bytes={self.pending_bytes}, resize={self.resize}, reread={self.reread})"
+            f"pending_bytes={self.pending_bytes}, resize={self.resize}, reread={self.reread}, "
+            f"prefetch={method!r})"
         )
+
+    def prefetch(self, index: int) -> int:
+        """Start warming the page cache for partitions ``index`` .. ``index + prefetch_ahead``; returns at once.
+
+        Only mapped storages are warmed, from the file: nothing is faulted into
+        the process. Partitions already handed over are not asked for twice.
+        Returns the bytes newly asked for. A plan made without ``prefetch=``
+        raises ``ValueError``. Call it for partition 0 before the first build;
+        :meth:`built` calls it for the next partition.
+        """
+        if self._prefetcher is None:
+            raise ValueError("this ReleasePlan was made without prefetch=...: pass one of "
+                             "weightmap.PREFETCH_METHODS to from_names or from_tensors")
+        if not 0 <= index < self.partitions:
+            raise ValueError(f"cannot prefetch partition {index}: the plan has {self.partitions}")
+        asked = 0
+        last = min(self.partitions - 1, index + self.prefetch_ahead)
+        for i in range(max(index, self._warmed + 1, self._next), last + 1):
+            ranges = self._ranges[i]
+            self._prefetcher.submit(ranges, tag=i)
+            asked += sum(r.length for r in ranges)
+        self._warmed = max(self._warmed, last)
+        return asked
+
+    def wait_for_prefetch(self, timeout: float | None = None) -> bool:
+        """Block until everything asked for was asked of the kernel (True), or ``timeout`` seconds pass (False).
+
+        A builder never needs this: builds read pages whether or not they are
+        warm yet. It is for measuring prefetch. True at once without ``prefetch=``.
+        """
+        return self._prefetcher.wait(timeout) if self._prefetcher is not None else True
+
+    @property
+    def prefetch_stats(self) -> PrefetchStats | None:
+        """What the prefetch thread did so far (None without ``prefetch=``)."""
+        return self._prefetcher.stats if self._prefetcher is not None else None
+
+    def close(self) -> None:
+        """Stop the prefetch thread, if any (what it was still to do is dropped). Releasing is unaffected."""
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+
+    def __enter__(self) -> ReleasePlan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def last_use(self, tensor: torch.Tensor) -> int | None:
         """The index of the last partition that reads ``tensor`` (None if none does)."""
@@ -190,6 +273,10 @@ class ReleasePlan:
         Partitions must be reported in order, each once (0, 1, 2, ...): a
         ``ValueError`` otherwise, since releasing out of order could free a
         weight that an earlier partition still has to read.
+
+        With ``prefetch=``, what is left of partition ``index``'s own prefetch
+        is dropped, and after the release partitions up to
+        ``index + 1 + prefetch_ahead`` are asked for (see :meth:`prefetch`).
         """
         if index != self._next:
             raise ValueError(f"partition {index} reported built, but partition {self._next} is next")
@@ -208,4 +295,8 @@ class ReleasePlan:
                     kept, kept_bytes = kept + 1, kept_bytes + weight.nbytes
             elif self.reread and weight.mapped and release_mapped_storage(storage):
                 dropped, dropped_bytes = dropped + 1, dropped_bytes + weight.nbytes
+        if self._prefetcher is not None:
+            self._prefetcher.cancel_through(index)
+            if index + 1 < self.partitions:
+                self.prefetch(index + 1)
         return ReleaseStep(index, released, released_bytes, kept, kept_bytes, dropped, dropped_bytes)
