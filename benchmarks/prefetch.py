@@ -156,13 +156,14 @@ class Variant:
 
     @classmethod
     def parse(cls, text: str) -> Variant:
-        parts = text.split(":")
-        method = parts[0]
+        method, *rest = text.split(":")
         if method != "none" and method not in PREFETCH_METHODS:
             raise SystemExit(f"unknown variant {text!r}: method must be none or one of {PREFETCH_METHODS}")
-        ahead = int(parts[1]) if len(parts) > 1 and parts[1] else 1
-        evict = len(parts) > 2 and parts[2] == "evict"
-        return cls(method, ahead, evict)
+        evict = "evict" in rest
+        numbers = [int(p) for p in rest if p.isdigit()]
+        if len(numbers) + evict != len(rest):
+            raise SystemExit(f"unknown variant {text!r}: expected METHOD[:AHEAD][:evict]")
+        return cls(method, numbers[0] if numbers else 1, evict)
 
     @property
     def label(self) -> str:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import mmap
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -202,3 +205,33 @@ def test_a_vanished_file_is_counted_not_raised(tmp_path: Path) -> None:
         prefetcher.submit([FileRange(tmp_path / "missing.safetensors", 0, MIB, 0)])
         assert prefetcher.wait(60)
         assert prefetcher.stats.errors == 1 and prefetcher.stats.warmed_bytes == 0
+
+
+def prefetch_threads() -> int:
+    return sum(1 for t in threading.enumerate() if t.name == "weightmap-prefetch")
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def test_the_prefetch_thread_stops_after_the_last_partition_or_with_the_plan(cold_file: tuple[Path, int]) -> None:
+    path, nbytes = cold_file
+    model = mapped_four(path, nbytes)
+    before = prefetch_threads()
+    plan = ReleasePlan.from_names(model, [[n] for n in NAMES[:2]], prefetch="read")
+    plan.prefetch(0)
+    assert prefetch_threads() == before + 1
+    plan.built(0)
+    plan.built(1)
+    assert wait_until(lambda: prefetch_threads() == before), "the thread outlived the last partition"
+
+    plan = ReleasePlan.from_names(model, [[n] for n in NAMES], prefetch="fadvise")
+    plan.prefetch(0)
+    assert prefetch_threads() == before + 1
+    del plan
+    gc.collect()
+    assert wait_until(lambda: prefetch_threads() == before), "the thread outlived its plan"

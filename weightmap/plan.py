@@ -41,6 +41,7 @@ brings no page into the process (its RSS does not rise)::
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -141,6 +142,8 @@ class ReleasePlan:
         self.reread = reread
         self.prefetch_ahead = prefetch_ahead
         self._prefetcher = Prefetcher(prefetch) if prefetch is not None else None
+        if self._prefetcher is not None:  # a plan dropped without close() stops its thread too
+            weakref.finalize(self, self._prefetcher.shutdown)
         self._warmed = -1  # the last partition handed to the prefetcher
         self._next = 0
         self._weights: dict[tuple[str, int, int], _Weight] = {}
@@ -246,7 +249,10 @@ class ReleasePlan:
         return self._prefetcher.stats if self._prefetcher is not None else None
 
     def close(self) -> None:
-        """Stop the prefetch thread, if any (what it was still to do is dropped). Releasing is unaffected."""
+        """Stop the prefetch thread, if any (what it was still to do is dropped). Releasing is unaffected.
+
+        The last :meth:`built` closes it too, and so does dropping the plan.
+        """
         if self._prefetcher is not None:
             self._prefetcher.close()
 
@@ -299,4 +305,6 @@ class ReleasePlan:
             self._prefetcher.cancel_through(index)
             if index + 1 < self.partitions:
                 self.prefetch(index + 1)
+            else:
+                self._prefetcher.shutdown()  # nothing is left to warm
         return ReleaseStep(index, released, released_bytes, kept, kept_bytes, dropped, dropped_bytes)

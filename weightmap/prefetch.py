@@ -212,18 +212,19 @@ class Prefetcher:
         with self._cond:
             return self._cond.wait_for(lambda: not self._jobs and not self._busy, timeout)
 
-    def close(self) -> None:
-        """Stop the thread (what is queued is dropped) and close the descriptors it opened."""
+    def shutdown(self) -> None:
+        """Tell the thread to stop after the chunk in hand (what is queued is dropped); does not wait."""
         with self._cond:
             self._closed = True
             self._jobs.clear()
             self._cond.notify_all()
-            thread = self._thread
-        if thread is not None:
+
+    def close(self) -> None:
+        """Stop the thread and wait for it; it closes the descriptors it opened."""
+        self.shutdown()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
             thread.join()
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
 
     def __enter__(self) -> Prefetcher:
         return self
@@ -235,18 +236,26 @@ class Prefetcher:
 
     def _run(self) -> None:
         buffer = bytearray(self.buffer_bytes) if self.method == "read" else None
-        while True:
+        try:
+            while True:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+                    self._cond.wait_for(lambda: self._jobs or self._closed)
+                    if self._closed:
+                        return
+                    job = self._jobs.popleft()
+                    self._busy = True
+                for r in job.ranges:
+                    if not self._warm(job.tag, r, buffer):
+                        break
+        finally:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
             with self._cond:
                 self._busy = False
                 self._cond.notify_all()
-                self._cond.wait_for(lambda: self._jobs or self._closed)
-                if self._closed:
-                    return
-                job = self._jobs.popleft()
-                self._busy = True
-            for r in job.ranges:
-                if not self._warm(job.tag, r, buffer):
-                    break
 
     def _live(self, tag: int) -> bool:
         return not self._closed and tag > self._cancelled
