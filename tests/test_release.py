@@ -46,11 +46,12 @@ def test_release_storage_drops_mapped_pages_without_resizing(tmp_path: Path) -> 
     assert int(model.a.sum()) == 64 * PAGE  # re-read from the file
 
 
-def test_release_storage_resizes_an_ordinary_storage() -> None:
+def test_release_storage_resizes_an_ordinary_storage_when_asked() -> None:
     t = torch.ones(1024)
     assert release_mapped_storage(t) is False
+    assert release_storage(t) is False  # the default keeps ordinary storages
     assert t.untyped_storage().nbytes() == 4096
-    assert release_storage(t) is True
+    assert release_storage(t, resize=True) is True
     assert t.untyped_storage().nbytes() == 0
 
 
@@ -62,8 +63,8 @@ def test_release_storage_leaves_foreign_unresizable_storages_alone(tmp_path: Pat
     buffer = bytearray(b"\1" * 64)
     view = torch.frombuffer(buffer, dtype=torch.uint8)
     with caplog.at_level("DEBUG", logger="weightmap"):
-        assert release_storage(view) is False
-        assert release_storage(foreign) in (False, True)  # resizable in some safetensors versions
+        assert release_storage(view, resize=True) is False
+        assert release_storage(foreign, resize=True) in (False, True)  # resizable in some safetensors versions
     assert view.untyped_storage().nbytes() == 64 and int(view.sum()) == 64
     assert "not resizable" in caplog.text
 
@@ -196,7 +197,7 @@ def test_partitioned_build_releases_after_last_use(tmp_path: Path, monkeypatch: 
 
     monkeypatch.setattr(weightmap.release, "release_mapped_storage", spy)
     parts = model.partitions()
-    plan = ReleasePlan.from_names(model, parts)  # the default: release_storage
+    plan = ReleasePlan.from_names(model, parts, reread=False)  # each weight once, after its last reader
     params = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers())
     last = {}
     for i, names in enumerate(parts):
@@ -236,10 +237,10 @@ def test_plan_rejects_out_of_order_partitions(tmp_path: Path) -> None:
         ReleasePlan.from_names(model, [["nope"]])
 
 
-def test_plan_releases_ordinary_storages_by_resizing() -> None:
+def test_plan_releases_ordinary_storages_by_resizing_when_asked() -> None:
     model = TinyNet()
     parts = model.partitions()
-    plan = ReleasePlan.from_names(model, parts)
+    plan = ReleasePlan.from_names(model, parts, resize=True)
     total = plan.pending_bytes
     steps = [plan.built(i) for i in range(len(parts))]
     assert sum(s.released_bytes for s in steps) == total
@@ -275,10 +276,10 @@ def test_without_madvise_release_is_refused_and_nothing_breaks(tmp_path: Path,
     model.a.fill_(5)
     monkeypatch.setattr(weightmap.release, "madvise_supported", lambda: False)
     assert release_mapped_storage(model.a) is False
-    assert release_storage(model.a) is False  # not resizable either: left alone
+    assert release_storage(model.a, resize=True) is False  # not resizable either: left alone
     assert bool((model.a == 5).all()), "nothing was dropped"
     plain = torch.ones(16)
-    assert release_storage(plain) is True  # ordinary storages are still freed
+    assert release_storage(plain, resize=True) is True  # ordinary storages are still freed
 
 
 def test_big_endian_hosts_get_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,10 +12,15 @@ Public API:
   zero-copy, copy-on-write views of a checkpoint and returns a
   :class:`MappedWeights` report/handle.
 * :func:`release_mapped_storage` drops a mapped storage's resident pages
-  (``madvise(MADV_DONTNEED)``); :func:`release_storage` releases any weight after
-  its last use (mapped: pages dropped; ordinary: ``resize_(0)``).
-* :class:`ReleasePlan` releases each weight right after the last partition
-  that reads it.
+  (``madvise(MADV_DONTNEED)``); the tensor stays valid and re-reads the file.
+  :func:`release_storage` releases any weight after its last use: mapped ones
+  by dropping pages; ordinary ones only with ``resize=True`` (``resize_(0)``),
+  since a resized tensor crashes the process when read, and never while
+  another tensor views the storage.
+* :class:`ReleasePlan` releases weights as partitions are built: a mapped
+  weight's pages after every partition that reads it (``reread=False``: after
+  the last one only), an ordinary weight after its last reader when the plan
+  was made with ``resize=True``.
 * :func:`save_weights_for_mapping` writes a checkpoint that maps without copies.
 * Errors are :class:`MappingError` (a ``ValueError``); header problems are
   :class:`HeaderError`.
@@ -38,12 +43,14 @@ Example::
 from weightmap.errors import HeaderError, MappingError
 from weightmap.mapping import MappedWeights, map_weights
 from weightmap.plan import ReleasePlan, ReleaseStep
+from weightmap.prefetch import PREFETCH_METHODS
 from weightmap.release import release_mapped_storage, release_storage
 from weightmap.writer import save_weights_for_mapping
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "PREFETCH_METHODS",
     "HeaderError",
     "MappedWeights",
     "MappingError",

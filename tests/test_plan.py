@@ -1,0 +1,185 @@
+"""ReleasePlan: the safe default, tied weights dropped between readers, a repr that reads nothing."""
+
+from __future__ import annotations
+
+import mmap
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import torch
+from pages import tensor_present_pages
+from safetensors.torch import save_file, save_model
+from support import TinyNet, meta_tiny, seeded
+
+from weightmap import ReleasePlan, ReleaseStep, map_weights
+
+PAGE = mmap.PAGESIZE
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Tied(torch.nn.Module):
+    """A tied "embedding" read by the first and the last partition, and two blocks between."""
+
+    def __init__(self, pages: int = 64) -> None:
+        super().__init__()
+        n = pages * PAGE // 4
+        self.embed = torch.nn.Parameter(torch.empty(n, device="meta"))
+        self.block0 = torch.nn.Parameter(torch.empty(n, device="meta"))
+        self.block1 = torch.nn.Parameter(torch.empty(n, device="meta"))
+        self.register_buffer("inv_freq", torch.arange(16, dtype=torch.float32), persistent=False)
+
+    @staticmethod
+    def partitions() -> list[list[str]]:
+        return [["embed", "inv_freq"], ["block0"], ["block1"], ["embed", "inv_freq"]]
+
+
+def mapped_tied(tmp_path: Path, pages: int = 64) -> tuple[Tied, Path]:
+    path = tmp_path / "tied.safetensors"
+    n = pages * PAGE // 4
+    save_file({name: torch.full((n,), float(i + 1)) for i, name in enumerate(["embed", "block0", "block1"])},
+              str(path))
+    model = Tied(pages)
+    map_weights(model, path, strict=True)
+    return model, path
+
+
+def touch(*tensors: torch.Tensor) -> None:
+    for t in tensors:
+        t.sum()
+
+
+def test_default_plan_keeps_ordinary_buffers_so_the_model_still_runs() -> None:
+    # An ordinary non-persistent buffer (rotary frequencies) read by a partition:
+    # resizing it would make the next forward a segmentation fault.
+    code = """
+        import sys, tempfile, torch
+        sys.path.insert(0, "tests")
+        from safetensors.torch import save_model
+        from support import TinyNet, meta_tiny, seeded
+        from weightmap import ReleasePlan, map_weights
+        reference = seeded(TinyNet(width=64))
+        path = tempfile.mkdtemp() + "/tiny.safetensors"
+        save_model(reference, path)
+        model = meta_tiny(width=64)
+        map_weights(model, path, strict=True)
+        model.inv_freq = reference.inv_freq.clone()
+        parts = model.partitions()
+        parts[0].append("inv_freq")
+        plan = ReleasePlan.from_names(model, parts)
+        steps = [plan.built(i) for i in range(len(parts))]
+        print(sum(s.kept for s in steps), model.inv_freq.untyped_storage().nbytes())
+        tokens = torch.tensor([[3, 1, 4, 1, 5]])
+        torch.testing.assert_close(model(tokens), reference(tokens))
+        print("ran")
+    """
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, f"the child died (returncode {result.returncode}): {result.stderr[-2000:]}"
+    assert result.stdout.split() == ["1", str(64 * 4), "ran"]  # inv_freq kept, not resized
+
+
+def test_resize_plan_frees_ordinary_storages_after_their_last_reader(tmp_path: Path) -> None:
+    model, _ = mapped_tied(tmp_path, pages=4)
+    inv_freq = model.inv_freq
+    plan = ReleasePlan.from_names(model, Tied.partitions(), resize=True)
+    first = plan.built(0)
+    assert first.kept == 0 and first.dropped == 1  # the tied mapped weight; inv_freq waits for partition 3
+    assert inv_freq.untyped_storage().nbytes() == 64, "an ordinary storage was resized before its last reader"
+    plan.built(1)
+    plan.built(2)
+    last = plan.built(3)
+    assert (last.released, last.kept) == (2, 0)
+    assert inv_freq.untyped_storage().nbytes() == 0
+    assert model.embed.untyped_storage().nbytes() == 4 * PAGE  # mapped: never resized
+
+
+def test_tied_mapped_weight_is_dropped_after_every_reader(tmp_path: Path) -> None:
+    model, path = mapped_tied(tmp_path)
+    weight = 64 * PAGE
+    plan = ReleasePlan.from_names(model, Tied.partitions())
+    assert plan.pending_bytes == 3 * weight + 64
+
+    touch(model.embed)
+    assert tensor_present_pages(model.embed) >= 64
+    step = plan.built(0)
+    assert (step.dropped, step.dropped_bytes) == (1, weight)
+    assert (step.released, step.released_bytes) == (0, 0)
+    assert step.kept == 0, "inv_freq's last reader is partition 3"
+    assert tensor_present_pages(model.embed) <= 2, "the tied weight stayed resident after its first reader"
+
+    for i, name in ((1, "block0"), (2, "block1")):
+        touch(getattr(model, name))
+        step = plan.built(i)
+        assert (step.released, step.released_bytes, step.dropped) == (1, weight, 0)
+        assert tensor_present_pages(getattr(model, name)) <= 2
+        assert tensor_present_pages(model.embed) <= 2
+
+    assert float(model.embed.detach()[0]) == 1.0  # re-read from the file
+    touch(model.embed)
+    step = plan.built(3)
+    assert (step.released, step.released_bytes, step.dropped) == (1, weight, 0)
+    assert (step.kept, step.kept_bytes) == (1, 64)  # inv_freq: ordinary, kept without resize=True
+    assert tensor_present_pages(model.embed) <= 2
+    assert plan.pending_bytes == 0
+
+
+def test_reread_false_keeps_a_tied_weight_and_its_writes_until_its_last_reader(tmp_path: Path) -> None:
+    model, _ = mapped_tied(tmp_path)
+    plan = ReleasePlan.from_names(model, Tied.partitions(), reread=False)
+    with torch.no_grad():
+        model.embed.fill_(7.0)  # written in place by the first partition
+    step = plan.built(0)
+    assert (step.dropped, step.dropped_bytes, step.released) == (0, 0, 0)
+    assert tensor_present_pages(model.embed) >= 64, "the tied weight was dropped before its last reader"
+    plan.built(1)
+    plan.built(2)
+    assert bool((model.embed == 7.0).all()), "the in-place write was lost before the last reader"
+    step = plan.built(3)
+    assert (step.released, step.released_bytes) == (1, 64 * PAGE)
+    assert float(model.embed.detach()[PAGE]) == 1.0  # after its last reader it reverts to the file
+
+
+def test_reread_drops_discard_in_place_writes(tmp_path: Path) -> None:
+    model, _ = mapped_tied(tmp_path)
+    plan = ReleasePlan.from_names(model, Tied.partitions())
+    with torch.no_grad():
+        model.embed.fill_(7.0)
+    plan.built(0)
+    # Whole pages re-read from the file; the partial pages at the ends keep the write.
+    assert int((model.embed == 1.0).sum()) >= model.embed.numel() - 2 * PAGE // 4
+
+
+def test_every_storage_is_released_once_whatever_reread_does(tmp_path: Path) -> None:
+    reference = seeded(TinyNet(width=256))
+    path = tmp_path / "tiny.safetensors"
+    save_model(reference, str(path))
+    for reread in (True, False):
+        model = meta_tiny(width=256)
+        map_weights(model, path, strict=True)
+        plan = ReleasePlan.from_names(model, model.partitions(), reread=reread)
+        total = plan.pending_bytes
+        steps = [plan.built(i) for i in range(4)]
+        assert sum(s.released_bytes for s in steps) == total
+        assert sum(s.kept for s in steps) == 0
+        tied = model.embed.weight.untyped_storage().nbytes()
+        assert sum(s.dropped_bytes for s in steps) == (tied if reread else 0)
+
+
+def test_repr_is_short_and_reads_no_weight(tmp_path: Path) -> None:
+    model, _ = mapped_tied(tmp_path)  # three 256 KiB weights
+    plan = ReleasePlan.from_names(model, Tied.partitions())
+    text = repr(plan)
+    assert len(text) < 300, text
+    assert text.startswith("ReleasePlan(partitions=4, next=0, storages=4,")
+    assert sum(tensor_present_pages(t) for t in (model.embed, model.block0, model.block1)) == 0, \
+        "repr() read weight pages"
+    touch(model.embed)
+    step = plan.built(0)
+    assert tensor_present_pages(model.embed) <= 2
+    assert len(repr(plan)) < 300 and "next=1" in repr(plan)
+    assert tensor_present_pages(model.embed) <= 2, "repr() faulted released pages back in"
+    assert repr(step) == "ReleaseStep(index=0, released=0, released_bytes=0, kept=0, kept_bytes=0, " \
+                         f"dropped=1, dropped_bytes={model.embed.untyped_storage().nbytes()})"
+    assert isinstance(step, ReleaseStep)

@@ -1,0 +1,237 @@
+"""Prefetch warms the page cache, never the process, and never changes what a plan releases."""
+
+from __future__ import annotations
+
+import gc
+import mmap
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from pages import cached_pages, drop_cache, tensor_present_pages
+from safetensors.torch import save_file
+
+from weightmap import PREFETCH_METHODS, ReleasePlan, ReleaseStep, map_weights
+from weightmap.prefetch import FileRange, Prefetcher, file_ranges
+
+PAGE = mmap.PAGESIZE
+MIB = 2**20
+NAMES = ("w0", "w1", "w2", "w3")
+
+
+class Four(torch.nn.Module):
+    def __init__(self, nbytes: int) -> None:
+        super().__init__()
+        for name in NAMES:
+            self.register_buffer(name, torch.empty(nbytes, dtype=torch.uint8, device="meta"))
+        self.register_buffer("ordinary", torch.ones(1024), persistent=False)
+
+
+def write_four(path: Path, nbytes: int) -> None:
+    save_file({name: torch.full((nbytes,), i + 1, dtype=torch.uint8) for i, name in enumerate(NAMES)}, str(path))
+
+
+def mapped_four(path: Path, nbytes: int) -> Four:
+    model = Four(nbytes)
+    map_weights(model, path, strict=True)
+    return model
+
+
+def rss_file() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssFile:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no RssFile in /proc/self/status")
+
+
+def cached_fraction(path: Path, ranges: list[FileRange]) -> float:
+    total = sum(r.length for r in ranges)
+    return sum(cached_pages(path, r.offset, r.length) for r in ranges) * PAGE / total
+
+
+def settled_fraction(path: Path, ranges: list[FileRange], want: float = 0.95, timeout: float = 60.0) -> float:
+    """The cached fraction once reads in flight have landed (mincore counts a page once it is read)."""
+    deadline = time.monotonic() + timeout
+    while (fraction := cached_fraction(path, ranges)) < want and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return fraction
+
+
+@pytest.fixture
+def cold_file(tmp_path: Path) -> tuple[Path, int]:
+    nbytes = 16 * MIB
+    path = tmp_path / "four.safetensors"
+    write_four(path, nbytes)
+    drop_cache(path)
+    return path, nbytes
+
+
+@pytest.mark.parametrize("method", PREFETCH_METHODS)
+def test_prefetch_fills_the_page_cache_without_faulting_pages_into_the_process(
+        cold_file: tuple[Path, int], method: str) -> None:
+    path, nbytes = cold_file
+    model = mapped_four(path, nbytes)
+    tensors = [getattr(model, n) for n in NAMES]
+    ranges = file_ranges(tensors)
+    if cached_fraction(path, ranges) > 0.05:
+        pytest.skip("the file did not leave the page cache (fadvise DONTNEED refused here)")
+    before = rss_file()
+    with Prefetcher(method) as prefetcher:  # type: ignore[arg-type]
+        prefetcher.submit(ranges)
+        assert prefetcher.wait(60), "prefetch did not finish in a minute"
+        assert prefetcher.stats.errors == 0
+        assert prefetcher.stats.warmed_bytes >= 4 * nbytes
+    assert settled_fraction(path, ranges) >= 0.95, "prefetch did not warm the page cache"
+    assert sum(tensor_present_pages(t) for t in tensors) == 0, "prefetch faulted mapped pages into the process"
+    assert rss_file() - before < 4 * MIB, "prefetch raised the process's RssFile"
+
+
+def test_file_ranges_merge_neighbours_and_skip_what_is_not_mapped(cold_file: tuple[Path, int]) -> None:
+    path, nbytes = cold_file
+    model = mapped_four(path, nbytes)
+    ranges = file_ranges([model.w2, model.w0, model.w1, model.ordinary, torch.ones(3)])
+    assert len(ranges) == 1
+    (r,) = ranges
+    assert r.path == path and r.length == 3 * nbytes
+    assert r.address == model.w0.data_ptr()
+    assert file_ranges([model.ordinary]) == []
+    assert [x.length for x in file_ranges([model.w0, model.w3])] == [nbytes, nbytes]  # 32 MiB apart: not merged
+
+
+def test_plan_warms_the_next_partition_when_one_is_built(cold_file: tuple[Path, int]) -> None:
+    path, nbytes = cold_file
+    model = mapped_four(path, nbytes)
+    parts = [[n] for n in NAMES]
+    with ReleasePlan.from_names(model, parts, prefetch="fadvise", prefetch_ahead=0) as plan:
+        ranges = [file_ranges([getattr(model, n)]) for n in NAMES]
+        if cached_fraction(path, ranges[0]) > 0.05:
+            pytest.skip("the file did not leave the page cache (fadvise DONTNEED refused here)")
+        assert plan.prefetch(0) == nbytes
+        assert plan.prefetch(0) == 0  # asked once
+        assert plan.wait_for_prefetch(60)
+        assert settled_fraction(path, ranges[0]) >= 0.95
+        assert cached_fraction(path, ranges[1]) < 0.5, "prefetch ran ahead of what was asked"
+        model.w0.sum()
+        plan.built(0)
+        assert plan.wait_for_prefetch(60)
+        assert settled_fraction(path, ranges[1]) >= 0.95, "built(0) did not warm partition 1"
+        assert cached_fraction(path, ranges[2]) < 0.5
+        assert tensor_present_pages(model.w1) <= 1  # only the page it shares with w0, which was read
+        stats = plan.prefetch_stats
+        assert stats is not None and stats.requested_bytes == 2 * nbytes
+
+
+def test_by_default_the_partition_after_the_one_being_built_is_warmed(cold_file: tuple[Path, int]) -> None:
+    path, nbytes = cold_file
+    model = mapped_four(path, nbytes)
+    ranges = [file_ranges([getattr(model, n)]) for n in NAMES]
+    with ReleasePlan.from_names(model, [[n] for n in NAMES], prefetch="madvise") as plan:
+        assert plan.prefetch(0) == 2 * nbytes  # partitions 0 and 1
+        assert plan.wait_for_prefetch(60)
+        assert settled_fraction(path, ranges[1]) >= 0.95
+        assert cached_fraction(path, ranges[2]) < 0.5
+        plan.built(0)
+        assert plan.wait_for_prefetch(60)
+        assert settled_fraction(path, ranges[2]) >= 0.95, "built(0) did not warm partition 2"
+        assert cached_fraction(path, ranges[3]) < 0.5
+        stats = plan.prefetch_stats
+        assert stats is not None and stats.requested_bytes == 3 * nbytes
+    with ReleasePlan.from_names(model, [[n] for n in NAMES], prefetch="fadvise", prefetch_ahead=2) as plan:
+        assert plan.prefetch(0) == 3 * nbytes
+
+
+def test_prefetch_does_not_change_what_the_plan_releases(tmp_path: Path) -> None:
+    nbytes = 64 * PAGE
+    path = tmp_path / "four.safetensors"
+    write_four(path, nbytes)
+    parts = [["w0", "ordinary"], ["w1", "w0"], ["w2"], ["w3", "w0", "ordinary"]]
+    results: dict[str | None, tuple[list[ReleaseStep], list[int]]] = {}
+    for method in (None, *PREFETCH_METHODS):
+        model = mapped_four(path, nbytes)
+        with ReleasePlan.from_names(model, parts, prefetch=method) as plan:  # type: ignore[arg-type]
+            if method:
+                plan.prefetch(0)
+            steps = []
+            for i, names in enumerate(parts):
+                for name in names:
+                    getattr(model, name).sum()
+                steps.append(plan.built(i))
+                assert plan.wait_for_prefetch(60)
+            # Whatever was read last is released, whole pages and all.
+            present = [tensor_present_pages(getattr(model, n)) for n in ("w0", "w3")]
+        results[method] = steps, present
+    assert all(max(present) <= 2 for _, present in results.values()), results
+    assert all(steps == results[None][0] for steps, _ in results.values()), results
+
+
+def test_a_request_for_a_built_partition_is_dropped(cold_file: tuple[Path, int]) -> None:
+    path, nbytes = cold_file
+    model = mapped_four(path, nbytes)
+    ranges = file_ranges([model.w0])
+    with Prefetcher("fadvise") as prefetcher:
+        prefetcher.cancel_through(5)
+        prefetcher.submit(ranges, tag=3)
+        assert prefetcher.wait(60)
+        assert prefetcher.stats.warmed_bytes == 0
+        assert prefetcher.stats.cancelled_bytes == nbytes
+    assert cached_fraction(path, ranges) < 0.05
+
+
+def test_prefetch_errors_are_clear(tmp_path: Path) -> None:
+    model = Four(PAGE)
+    with pytest.raises(ValueError, match="not one of fadvise, madvise, read"):
+        Prefetcher("willneed")  # type: ignore[arg-type]
+    plan = ReleasePlan.from_names(model, [["ordinary"]])
+    with pytest.raises(ValueError, match="made without prefetch"):
+        plan.prefetch(0)
+    with pytest.raises(ValueError, match="prefetch_ahead=-1"):
+        ReleasePlan.from_names(model, [["ordinary"]], prefetch="fadvise", prefetch_ahead=-1)
+    with ReleasePlan.from_names(model, [["ordinary"]], prefetch="fadvise") as plan:
+        with pytest.raises(ValueError, match="cannot prefetch partition 1: the plan has 1"):
+            plan.prefetch(1)
+        assert plan.prefetch(0) == 0  # nothing mapped: nothing to warm
+    prefetcher = Prefetcher("read")
+    prefetcher.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        prefetcher.submit([FileRange(tmp_path / "x", 0, 1, 0)])
+
+
+def test_a_vanished_file_is_counted_not_raised(tmp_path: Path) -> None:
+    with Prefetcher("read") as prefetcher:
+        prefetcher.submit([FileRange(tmp_path / "missing.safetensors", 0, MIB, 0)])
+        assert prefetcher.wait(60)
+        assert prefetcher.stats.errors == 1 and prefetcher.stats.warmed_bytes == 0
+
+
+def prefetch_threads() -> int:
+    return sum(1 for t in threading.enumerate() if t.name == "weightmap-prefetch")
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def test_the_prefetch_thread_stops_after_the_last_partition_or_with_the_plan(cold_file: tuple[Path, int]) -> None:
+    path, nbytes = cold_file
+    model = mapped_four(path, nbytes)
+    before = prefetch_threads()
+    plan = ReleasePlan.from_names(model, [[n] for n in NAMES[:2]], prefetch="read")
+    plan.prefetch(0)
+    assert prefetch_threads() == before + 1
+    plan.built(0)
+    plan.built(1)
+    assert wait_until(lambda: prefetch_threads() == before), "the thread outlived the last partition"
+
+    plan = ReleasePlan.from_names(model, [[n] for n in NAMES], prefetch="fadvise")
+    plan.prefetch(0)
+    assert prefetch_threads() == before + 1
+    del plan
+    gc.collect()
+    assert wait_until(lambda: prefetch_threads() == before), "the thread outlived its plan"

@@ -1,0 +1,313 @@
+"""Warming the page cache for mapped weights before they are read.
+
+A partition's build faults its mapped pages in a few at a time, waiting on the
+disk for each miss. Telling the kernel in advance which file ranges come next
+lets it read them while the previous partition is still being built. Nothing
+here touches the mapping's pages: the file's pages come into the page cache,
+not into this process, so its RSS does not rise; the build then maps them with
+minor faults.
+
+Three ways of asking, picked by name (:data:`PREFETCH_METHODS`):
+
+* ``"fadvise"``: ``posix_fadvise(POSIX_FADV_WILLNEED)`` on the file ranges,
+  through a read-only descriptor of the file. The kernel caps one call at its
+  readahead window (``read_ahead_kb``), so ranges are asked for in chunks;
+* ``"madvise"``: ``madvise(MADV_WILLNEED)`` on the mapped ranges. On a file
+  mapping the kernel turns it into the same readahead as ``"fadvise"``, without
+  opening the file again;
+* ``"read"``: ``pread()`` of the ranges into one small reused buffer: the
+  bytes are copied and thrown away, and the page cache keeps the pages.
+
+Each runs on one background thread, so asking never blocks the caller: when
+the device's queue is full, the kernel makes readahead calls wait, and that
+wait happens on the prefetch thread. Requests run in the order asked; a
+request for a partition that is already built is dropped (:meth:`Prefetcher.cancel_through`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import mmap
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from weightmap import registry
+
+__all__ = ["PREFETCH_METHODS", "FileRange", "Prefetcher", "PrefetchMethod", "PrefetchStats", "file_ranges",
+           "evict_ranges"]
+
+log = logging.getLogger("weightmap")
+
+PrefetchMethod = Literal["fadvise", "madvise", "read"]
+PREFETCH_METHODS: tuple[PrefetchMethod, ...] = ("fadvise", "madvise", "read")
+
+CHUNK_BYTES = 2 * 2**20  # one readahead request; below every kernel's read_ahead_kb cap that matters
+MERGE_GAP_BYTES = 2**20  # ranges this close in one file are asked for as one
+
+
+@dataclass(frozen=True)
+class FileRange:
+    """Bytes ``[offset, offset + length)`` of ``path``, mapped at ``address`` in this process."""
+
+    path: Path
+    offset: int
+    length: int
+    address: int
+
+
+def file_ranges(storages: Iterable[torch.UntypedStorage | torch.Tensor]) -> list[FileRange]:
+    """The file ranges behind the mapped storages among ``storages``, merged and in file order.
+
+    Storages that :func:`weightmap.map_weights` did not map are skipped, so
+    are empty ones. Ranges of one mapping closer than ``MERGE_GAP_BYTES`` are
+    merged into one (the gap is read too).
+    """
+    by_region: dict[int, tuple[registry.Region, list[tuple[int, int]]]] = {}
+    for item in storages:
+        storage = item.untyped_storage() if isinstance(item, torch.Tensor) else item
+        if storage.device.type != "cpu" or storage.nbytes() == 0:
+            continue
+        found = registry.find_region(storage.data_ptr(), storage.nbytes())
+        if found is None:
+            continue
+        region = found[0]
+        spans = by_region.setdefault(region.base, (region, []))[1]
+        spans.append((storage.data_ptr() - region.base, storage.nbytes()))
+    ranges = []
+    for region, spans in by_region.values():
+        spans.sort()
+        start, end = spans[0][0], spans[0][0] + spans[0][1]
+        for offset, length in spans[1:]:
+            if offset <= end + MERGE_GAP_BYTES:
+                end = max(end, offset + length)
+                continue
+            ranges.append(FileRange(region.path, start, end - start, region.base + start))
+            start, end = offset, offset + length
+        ranges.append(FileRange(region.path, start, end - start, region.base + start))
+    ranges.sort(key=lambda r: (str(r.path), r.offset))
+    return ranges
+
+
+_libc: ctypes.CDLL | None = None
+
+
+def _madvise(address: int, length: int, advice: int) -> None:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        _libc.madvise.restype = ctypes.c_int
+    if _libc.madvise(address, length, advice) != 0:  # ctypes releases the GIL around the call
+        err = ctypes.get_errno()
+        raise OSError(err, f"madvise at 0x{address:x} ({length} bytes): {os.strerror(err)}")
+
+
+def evict_ranges(ranges: Iterable[FileRange]) -> None:
+    """Ask the kernel to drop the ranges' clean pages from the page cache (``POSIX_FADV_DONTNEED``).
+
+    Only page-aligned pages entirely inside each range are named, so pages a
+    neighbour shares stay. Pages another process maps or that are dirty stay
+    too: the kernel only drops what nobody uses.
+    """
+    page = mmap.PAGESIZE
+    for r in ranges:
+        start = -(-r.offset // page) * page
+        end = (r.offset + r.length) // page * page
+        if end <= start:
+            continue
+        fd = os.open(r.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+@dataclass
+class _Job:
+    tag: int
+    ranges: Sequence[FileRange]
+
+
+@dataclass
+class PrefetchStats:
+    """What a :class:`Prefetcher` did: bytes asked for, warmed and dropped (cancelled), errors, busy seconds."""
+
+    requested_bytes: int = 0
+    warmed_bytes: int = 0
+    cancelled_bytes: int = 0
+    errors: int = 0
+    busy_s: float = 0.0
+
+
+@dataclass
+class Prefetcher:
+    """Warms the page cache for file ranges on one background thread.
+
+    ``method`` is one of :data:`PREFETCH_METHODS`; ``buffer_bytes`` bounds the
+    ``"read"`` method's one reused buffer (its only memory). :meth:`submit`
+    returns at once; :meth:`wait` blocks until everything asked for is done
+    (for tests and benchmarks; a builder never needs it). Errors (a file
+    removed, a mapping gone) are logged on the ``weightmap`` logger and
+    counted, never raised: prefetch is advice.
+
+    Example::
+
+        prefetcher = Prefetcher("fadvise")
+        prefetcher.submit(file_ranges(next_partition_tensors), tag=1)
+        build(current_partition)      # the disk reads the next partition meanwhile
+        prefetcher.close()
+    """
+
+    method: PrefetchMethod = "fadvise"
+    buffer_bytes: int = CHUNK_BYTES
+    stats: PrefetchStats = field(default_factory=PrefetchStats, init=False)
+    _jobs: deque[_Job] = field(default_factory=deque, init=False, repr=False)
+    _cond: threading.Condition = field(default_factory=threading.Condition, init=False, repr=False)
+    _cancelled: int = field(default=-1, init=False, repr=False)
+    _busy: bool = field(default=False, init=False, repr=False)
+    _closed: bool = field(default=False, init=False, repr=False)
+    _thread: threading.Thread | None = field(default=None, init=False, repr=False)
+    _fds: dict[Path, int] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.method not in PREFETCH_METHODS:
+            raise ValueError(f"prefetch method {self.method!r} is not one of {', '.join(PREFETCH_METHODS)}")
+        if self.buffer_bytes < mmap.PAGESIZE:
+            raise ValueError(f"prefetch buffer_bytes={self.buffer_bytes} is under one page ({mmap.PAGESIZE})")
+
+    def submit(self, ranges: Sequence[FileRange], tag: int = 0) -> None:
+        """Queue ``ranges`` to be warmed; returns at once. ``tag`` names the request for :meth:`cancel_through`."""
+        if not ranges:
+            return
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("this Prefetcher is closed")
+            self._jobs.append(_Job(tag, list(ranges)))
+            self.stats.requested_bytes += sum(r.length for r in ranges)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="weightmap-prefetch", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def cancel_through(self, tag: int) -> None:
+        """Drop what is still to do for requests tagged ``tag`` or lower (they are no longer ahead)."""
+        with self._cond:
+            self._cancelled = max(self._cancelled, tag)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until every request is done or dropped; False if ``timeout`` seconds passed first.
+
+        Done means asked of the kernel: after ``"fadvise"`` and ``"madvise"``
+        the reads may still be in flight; after ``"read"`` they have landed.
+        """
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._jobs and not self._busy, timeout)
+
+    def shutdown(self) -> None:
+        """Tell the thread to stop after the chunk in hand (what is queued is dropped); does not wait."""
+        with self._cond:
+            self._closed = True
+            self._jobs.clear()
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Stop the thread and wait for it; it closes the descriptors it opened."""
+        self.shutdown()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def __enter__(self) -> Prefetcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ the thread
+
+    def _run(self) -> None:
+        buffer = bytearray(self.buffer_bytes) if self.method == "read" else None
+        try:
+            while True:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+                    self._cond.wait_for(lambda: self._jobs or self._closed)
+                    if self._closed:
+                        return
+                    job = self._jobs.popleft()
+                    self._busy = True
+                for r in job.ranges:
+                    if not self._warm(job.tag, r, buffer):
+                        break
+        finally:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+    def _live(self, tag: int) -> bool:
+        return not self._closed and tag > self._cancelled
+
+    def _warm(self, tag: int, r: FileRange, buffer: bytearray | None) -> bool:
+        """Warm one range chunk by chunk; False once the request was cancelled."""
+        started = time.perf_counter()
+        done = 0
+        try:
+            done = self._warm_mapped(tag, r) if self.method == "madvise" else self._warm_file(tag, r, buffer)
+        except OSError as exc:
+            self.stats.errors += 1
+            log.debug("prefetch of %s [%d, +%d) stopped: %s", r.path, r.offset, r.length, exc)
+        finally:
+            self.stats.busy_s += time.perf_counter() - started
+            self.stats.warmed_bytes += done
+        if done < r.length:
+            self.stats.cancelled_bytes += r.length - done
+        return self._live(tag)
+
+    def _fd(self, path: Path) -> int:
+        fd = self._fds.get(path)
+        if fd is None:
+            fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        return fd
+
+    def _warm_file(self, tag: int, r: FileRange, buffer: bytearray | None) -> int:
+        fd = self._fd(r.path)
+        done = 0
+        view = memoryview(buffer) if buffer is not None else None
+        while done < r.length and self._live(tag):
+            if view is not None:
+                n = os.preadv(fd, [view[: min(len(view), r.length - done)]], r.offset + done)
+                if n <= 0:
+                    break  # the file is shorter than it was when mapped
+            else:
+                n = min(CHUNK_BYTES, r.length - done)
+                os.posix_fadvise(fd, r.offset + done, n, os.POSIX_FADV_WILLNEED)
+            done += n
+        return done
+
+    def _warm_mapped(self, tag: int, r: FileRange) -> int:
+        found = registry.find_region(r.address, r.length)  # a strong reference: not unmapped meanwhile
+        if found is None:
+            return 0
+        page = mmap.PAGESIZE
+        start = r.address // page * page
+        end = r.address + r.length
+        done = start
+        while done < end and self._live(tag):
+            n = min(CHUNK_BYTES, end - done)
+            _madvise(done, n, mmap.MADV_WILLNEED)
+            done += n
+        del found
+        return max(0, min(done, end) - r.address)
