@@ -1,0 +1,1 @@
+"""Compiling an exported, mapped model partition by partition."""

@@ -1,0 +1,335 @@
+"""Building a partitioned program engine by engine, and running the engines as one model.
+
+:func:`build_engines` compiles the partitions in build order and measures each build:
+compile time, artifact bytes, the kernel's high-water mark of host RSS over the build
+(``VmHWM`` reset just before it), the growth of the compiler's cache and the largest
+compiler subprocess so far. Around each build it calls the caller back: ``on_start(i,
+partition)`` before, ``on_built(i, record)`` after; the caller releases the weights whose
+last reader that engine was there (``weightmap.ReleasePlan.built(i)``), so the next
+engine starts without them.
+
+:class:`CompiledPipeline` is the built model: the loaded engines run in order, each on the
+activations the earlier ones produced. :func:`compare_with_eager` runs it and the eager
+model on the same inputs and reports the largest difference; outside the dtype's tolerance
+it is a :class:`MismatchError`.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
+from torch.export.graph_signature import TensorArgument as _TensorArgument
+from torch.utils import _pytree as pytree
+
+from harness.compile.graph_partition import GraphPartition, subprogram
+from harness.compile.inductor import (
+    InductorSettings,
+    LoadedEngine,
+    check_device,
+    compile_engine,
+    engine_tensors,
+    inductor_cache,
+    load_engine,
+    to_device,
+)
+from harness.procfs import PeakTracker, read_status
+
+__all__ = [
+    "TOLERANCES",
+    "BuiltEngines",
+    "Comparison",
+    "CompiledPipeline",
+    "EngineRecord",
+    "MismatchError",
+    "build_engines",
+    "compare_with_eager",
+]
+
+
+@dataclass(frozen=True)
+class EngineRecord:
+    """One engine build, as measured.
+
+    ``host_hwm_bytes``: peak RSS of this process during the build (None where the kernel
+    refused the reset). ``cache_bytes``: growth of the compiler's cache directory.
+    ``compiler_child_peak_bytes``: peak RSS of the largest compiler subprocess this process
+    has waited for so far (``getrusage(RUSAGE_CHILDREN)``; it can only grow, so an engine
+    whose compiler stayed smaller shows an earlier engine's figure).
+    """
+
+    index: int
+    weights: str
+    device: str
+    weight_bytes: int
+    weight_count: int
+    nodes: int
+    compile_s: float
+    artifact_bytes: int
+    rss_before_bytes: int
+    rss_after_bytes: int
+    host_hwm_bytes: int | None
+    cache_bytes: int
+    compiler_child_peak_bytes: int
+    path: str
+
+    @property
+    def peak_over_floor_bytes(self) -> int | None:
+        """What the compiler added on top of this engine's weights: peak - (RSS at start + weights)."""
+        if self.host_hwm_bytes is None:
+            return None
+        return self.host_hwm_bytes - (self.rss_before_bytes + self.weight_bytes)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["peak_over_floor_bytes"] = self.peak_over_floor_bytes
+        return out
+
+
+def _tree_bytes(root: Path) -> int:
+    total = 0
+    for folder, _, files in os.walk(root):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_size
+            except OSError:
+                continue  # a temporary file removed while walking
+    return total
+
+
+def _child_peak() -> int:
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # KiB on Linux
+
+
+@dataclass
+class BuiltEngines:
+    """The artifacts of one build, their records, and what loading them needs."""
+
+    program: ExportedProgram
+    parts: list[GraphPartition]
+    settings: InductorSettings
+    artifacts: list[Path]
+    records: list[EngineRecord]
+    baseline_rss_bytes: int
+    cache_dir: Path
+    constants: list[dict[str, torch.Tensor]] = field(default_factory=list)
+
+    @property
+    def copy_floor_bytes(self) -> int:
+        """RSS at the start of the build + the largest engine's weights: no build can use less."""
+        return self.baseline_rss_bytes + max((p.weight_bytes for p in self.parts), default=0)
+
+    def load(self) -> CompiledPipeline:
+        """Load every artifact (``mapped`` ones with their weights) into a runnable pipeline."""
+        engines = [
+            load_engine(path, device=self.settings.device, constants=consts)
+            for path, consts in zip(self.artifacts, self.constants, strict=True)
+        ]
+        return CompiledPipeline(self.program, self.parts, engines, self.settings.device)
+
+
+def build_engines(
+    program: ExportedProgram,
+    parts: Sequence[GraphPartition],
+    settings: InductorSettings,
+    work_dir: str | os.PathLike[str],
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    on_start: Callable[[int, GraphPartition], None] | None = None,
+    on_built: Callable[[int, EngineRecord], None] | None = None,
+    track_peak: bool = True,
+) -> BuiltEngines:
+    """Compile ``parts`` of ``program`` in order into ``work_dir/engine-NNN.pt2``.
+
+    ``cache_dir`` (default ``work_dir/inductor-cache``) holds the compiler's caches for the
+    build (see :func:`inductor_cache`). ``on_start`` and ``on_built`` are called around each
+    engine; ``on_built`` is where the caller releases that engine's last-read weights.
+    ``track_peak=False`` leaves ``VmHWM`` to the caller (the reset is process-wide). An error
+    in a build is raised with the engine's index; engines built before it stay on disk.
+    """
+    device = str(check_device(settings.device))
+    work = Path(work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    cache = Path(cache_dir) if cache_dir is not None else work / "inductor-cache"
+    tracker = PeakTracker()
+    built = BuiltEngines(program, list(parts), settings, [], [], read_status().rss_bytes, cache)
+    with inductor_cache(cache) as cache_path:
+        built.cache_dir = cache_path
+        for part in parts:
+            i = part.index
+            if on_start is not None:
+                on_start(i, part)
+            cache_before = _tree_bytes(cache_path)
+            rss_before = read_status().rss_bytes
+            if track_peak:
+                tracker.begin()
+            start = time.perf_counter()
+            sub = to_device(subprogram(program, part, example_device=device), device)
+            artifact = compile_engine(sub, work / f"engine-{i:03d}.pt2", settings)
+            seconds = time.perf_counter() - start
+            hwm = tracker.end() if track_peak else None
+            record = EngineRecord(
+                index=i,
+                weights=settings.weights,
+                device=device,
+                weight_bytes=part.weight_bytes,
+                weight_count=len(part.weights),
+                nodes=len(part.nodes),
+                compile_s=seconds,
+                artifact_bytes=artifact.stat().st_size,
+                rss_before_bytes=rss_before,
+                rss_after_bytes=read_status().rss_bytes,
+                host_hwm_bytes=hwm,
+                cache_bytes=_tree_bytes(cache_path) - cache_before,
+                compiler_child_peak_bytes=_child_peak(),
+                path=str(artifact),
+            )
+            built.artifacts.append(artifact)
+            built.records.append(record)
+            # A mapped engine runs on the partition's own tensors (on the CPU: the mapped
+            # views); a packaged one needs none, and on a GPU its device copies go here.
+            built.constants.append(engine_tensors(sub) if settings.weights == "mapped" else {})
+            del sub
+            if on_built is not None:
+                on_built(i, record)
+    return built
+
+
+class CompiledPipeline:
+    """The engines of a partitioned program, run in build order as the program's forward.
+
+    Called like the exported model (same positional and keyword arguments); inputs are moved
+    to the engines' device, and outputs come back as the model returns them (on that device).
+    An activation is dropped as soon as no later engine reads it.
+    """
+
+    def __init__(
+        self,
+        program: ExportedProgram,
+        parts: Sequence[GraphPartition],
+        engines: Sequence[LoadedEngine],
+        device: str,
+    ) -> None:
+        if len(parts) != len(engines):
+            raise ValueError(f"{len(parts)} partitions but {len(engines)} engines")
+        self.parts = list(parts)
+        self.engines = list(engines)
+        self.device = torch.device(device)
+        sig = program.graph_signature
+        self._inputs = [s.arg.name for s in sig.input_specs if s.kind == InputKind.USER_INPUT
+                        and isinstance(s.arg, _TensorArgument)]
+        self._in_spec = program.call_spec.in_spec
+        self._out_spec = program.call_spec.out_spec
+        output = next(n for n in program.graph.nodes if n.op == "output")
+        self._outputs: list[Any] = [a.name if isinstance(a, torch.fx.Node) else _Constant(a)
+                                    for a in output.args[0]]
+        kept = {o for o in self._outputs if isinstance(o, str)}
+        self._last_read: dict[str, int] = {}
+        for part in self.parts:
+            for name in part.inputs:
+                if name not in kept:
+                    self._last_read[name] = part.index
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from torch.export._tree_utils import reorder_kwargs
+
+        flat = pytree.tree_leaves((args, reorder_kwargs(kwargs, self._in_spec) if kwargs else {}))
+        if len(flat) != len(self._inputs) or not all(isinstance(t, torch.Tensor) for t in flat):
+            raise TypeError(f"the model takes {len(self._inputs)} tensors ({', '.join(self._inputs)}), "
+                            f"got {len(flat)} values")
+        env: dict[str, torch.Tensor] = {n: t.to(self.device) for n, t in zip(self._inputs, flat, strict=True)}
+        for part, engine in zip(self.parts, self.engines, strict=True):
+            outs = engine(*(env[name] for name in part.inputs))
+            for name in part.inputs:
+                if self._last_read.get(name) == part.index:
+                    del env[name]
+            env.update(zip(part.outputs, outs, strict=True))
+        values = [env[o] if isinstance(o, str) else o.value for o in self._outputs]
+        return pytree.tree_unflatten(values, self._out_spec)
+
+
+@dataclass(frozen=True)
+class _Constant:
+    value: Any
+
+
+TOLERANCES: Mapping[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-7, 1e-7),
+    torch.float32: (1e-4, 1e-4),
+    torch.float16: (1e-3, 1e-3),
+    torch.bfloat16: (1.6e-2, 1.6e-2),
+}
+"""(atol, rtol) per output dtype: an element passes when ``|built - eager| <= atol + rtol * |eager|``.
+
+Looser than bit equality because a compiler fuses and reorders floating-point sums."""
+
+
+class MismatchError(AssertionError):
+    """The built model's output differs from the eager model's beyond the dtype's tolerance."""
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The built model against eager on one input: the largest absolute difference over outputs."""
+
+    max_abs_diff: float
+    outputs: int
+    ok: bool
+    detail: str
+
+    def check(self) -> Comparison:
+        """Raise :class:`MismatchError` unless every output is within tolerance; returns self."""
+        if not self.ok:
+            raise MismatchError(self.detail)
+        return self
+
+
+def compare_with_eager(
+    built: Callable[..., Any],
+    eager: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any] | None = None,
+) -> Comparison:
+    """Run both on the same inputs and compare every output (see :data:`TOLERANCES`).
+
+    Outputs must match in structure, shape and dtype; integer and bool outputs must be
+    equal. Differences are computed in float64 on the CPU. Call ``.check()`` on the result
+    to make a mismatch an error.
+    """
+    kw = dict(kwargs or {})
+    with torch.no_grad():
+        got = pytree.tree_leaves(built(*args, **kw))
+        want = pytree.tree_leaves(eager(*args, **kw))
+    if len(got) != len(want):
+        return Comparison(float("inf"), len(want), False, f"the built model returns {len(got)} values, eager {len(want)}")
+    worst = 0.0
+    problems = []
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        if not isinstance(w, torch.Tensor) or not isinstance(g, torch.Tensor):
+            if g != w:
+                problems.append(f"output {i}: {g!r} != {w!r}")
+            continue
+        if g.shape != w.shape or g.dtype != w.dtype:
+            problems.append(f"output {i}: {g.dtype}{list(g.shape)} built, {w.dtype}{list(w.shape)} eager")
+            continue
+        a, b = g.detach().cpu().double(), w.detach().cpu().double()
+        diff = (a - b).abs()
+        largest = float(diff.max()) if diff.numel() else 0.0
+        worst = max(worst, largest)
+        atol, rtol = TOLERANCES.get(w.dtype, (0.0, 0.0))
+        bad = int((diff > atol + rtol * b.abs()).sum())
+        if bad:
+            problems.append(
+                f"output {i}: {bad} of {diff.numel()} elements differ beyond {atol:g} + {rtol:g}*|eager| "
+                f"for {w.dtype} (largest difference {largest:.3g})"
+            )
+    detail = "; ".join(problems) if problems else f"every output within tolerance (max abs diff {worst:.3g})"
+    return Comparison(worst, len(want), not problems, detail)
