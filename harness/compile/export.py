@@ -104,7 +104,8 @@ def shared_with_model(program: ExportedProgram, model: torch.nn.Module) -> tuple
     data pointer, storage size, dtype and shape (so writing one would write the other).
     """
     own = _model_tensors(model)
-    shared, not_shared = [], []
+    shared: list[str] = []
+    not_shared: list[str] = []
     tensors: dict[str, Any] = {**program.state_dict, **program.constants}
     for name, tensor in tensors.items():
         if not isinstance(tensor, torch.Tensor):

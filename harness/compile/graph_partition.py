@@ -182,7 +182,15 @@ def _classify(program: ExportedProgram) -> _Graph:
         elif node.op == "call_function":
             if "val" not in node.meta:
                 raise PartitionError(f"node {node.name!r} has no recorded value (node.meta['val'])")
-            if all(n in weight_name or n in pure for n in _input_nodes(node)):
+            from_weights = [n for n in _input_nodes(node) if n in weight_name or n in pure]
+            schema = getattr(node.target, "_schema", None)
+            if from_weights and schema is not None and schema.is_mutable:
+                raise PartitionError(
+                    f"node {node.name!r} ({node.target}) writes in place to what it reads of "
+                    f"{', '.join(weight_name.get(n, n.name) for n in from_weights)}: a weight that is written "
+                    "cannot be split between engines"
+                )
+            if len(from_weights) == len(_input_nodes(node)):
                 pure.add(node)
             else:
                 activations.append(node)
@@ -220,8 +228,8 @@ def partition_program(
     Give exactly one of ``cap_bytes`` (a fixed cap) or ``count`` (the cap that splits the
     program's weights into about that many engines; see :func:`cap_for_program`). The rule
     for what stays together and how bytes are counted is in the module docstring. Raises
-    :class:`PartitionError` for graphs it cannot cut (mutations, non-tensor inputs,
-    ``get_attr`` or submodule calls) and ``ValueError`` for a bad cap.
+    :class:`PartitionError` for graphs it cannot cut (writes to weights or extra outputs,
+    non-tensor inputs, ``get_attr`` or submodule calls) and ``ValueError`` for a bad cap.
     """
     if (cap_bytes is None) == (count is None):
         raise ValueError("give either cap_bytes or count")
@@ -246,11 +254,11 @@ def partition_program(
     tail = orphans[taken:] + [n for n in _input_nodes(g.output) if n in g.pure]
     if tail:
         tail_needed: set[fx.Node] = set()
-        for extra in tail:
-            tail_needed |= {extra} | _closure(extra, g)
+        for node in tail:
+            tail_needed |= {node} | _closure(node, g)
         if units:
-            node, needed = units[-1]
-            units[-1] = (node, needed | tail_needed)
+            last_node, last_needed = units[-1]
+            units[-1] = (last_node, last_needed | tail_needed)
         else:
             raise PartitionError("the program computes nothing from its inputs: there is no activation to cut at")
     for n in _input_nodes(g.output):
@@ -261,7 +269,7 @@ def partition_program(
     open_group: list[tuple[fx.Node, set[fx.Node]]] = []
     open_keys: dict[tuple[Any, ...], int] = {}
     for unit in units:
-        extra = {}
+        extra: dict[tuple[Any, ...], int] = {}
         for n in unit[1]:
             if n in weights:
                 key = _storage_key(weights[n])
@@ -288,12 +296,12 @@ def _describe(
     where: dict[fx.Node, int] = {}
     members: list[list[fx.Node]] = []
     for index, group in enumerate(groups):
-        nodes: set[fx.Node] = set()
+        chosen: set[fx.Node] = set()
         for act, needed in group:
-            nodes.add(act)
-            nodes |= {n for n in needed if n not in weights}
+            chosen.add(act)
+            chosen |= {n for n in needed if n not in weights}
             where[act] = index
-        members.append(sorted(nodes, key=g.order.__getitem__))
+        members.append(sorted(chosen, key=g.order.__getitem__))
     for user_input in g.user_inputs:
         where[user_input] = -1
     needed_later: dict[fx.Node, int] = {}  # activation -> last partition (len = output) that reads it
@@ -363,7 +371,6 @@ def subprogram(
     graph_module = program.graph_module
     by_name = {n.name: n for n in graph_module.graph.nodes}
     sig = program.graph_signature
-    specs = {s.arg.name: s for s in sig.input_specs if isinstance(s.arg, TensorArgument)}
     wanted = set(part.weights)
     device = torch.device(example_device) if example_device is not None else None
 

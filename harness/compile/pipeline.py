@@ -41,7 +41,7 @@ from harness.compile.inductor import (
     load_engine,
     to_device,
 )
-from harness.procfs import PeakTracker, read_status
+from harness.procfs import PeakTracker, mapping_rss, read_status
 
 __all__ = [
     "TOLERANCES",
@@ -63,7 +63,9 @@ class EngineRecord:
     refused the reset). ``cache_bytes``: growth of the compiler's cache directory.
     ``compiler_child_peak_bytes``: peak RSS of the largest compiler subprocess this process
     has waited for so far (``getrusage(RUSAGE_CHILDREN)``; it can only grow, so an engine
-    whose compiler stayed smaller shows an earlier engine's figure).
+    whose compiler stayed smaller shows an earlier engine's figure). ``pages_read_bytes``:
+    growth of this process's resident pages of the checkpoint files over the build (what the
+    compiler read of the mapped weights; None when no checkpoint was named).
     """
 
     index: int
@@ -80,6 +82,7 @@ class EngineRecord:
     cache_bytes: int
     compiler_child_peak_bytes: int
     path: str
+    pages_read_bytes: int | None = None
 
     @property
     def peak_over_floor_bytes(self) -> int | None:
@@ -146,13 +149,20 @@ def build_engines(
     on_start: Callable[[int, GraphPartition], None] | None = None,
     on_built: Callable[[int, EngineRecord], None] | None = None,
     track_peak: bool = True,
+    checkpoint: Sequence[str | os.PathLike[str]] = (),
 ) -> BuiltEngines:
     """Compile ``parts`` of ``program`` in order into ``work_dir/engine-NNN.pt2``.
 
     ``cache_dir`` (default ``work_dir/inductor-cache``) holds the compiler's caches for the
     build (see :func:`inductor_cache`). ``on_start`` and ``on_built`` are called around each
     engine; ``on_built`` is where the caller releases that engine's last-read weights.
-    ``track_peak=False`` leaves ``VmHWM`` to the caller (the reset is process-wide). An error
+    ``track_peak=False`` leaves ``VmHWM`` to the caller (the reset is process-wide).
+    ``checkpoint`` names the mapped files whose pages each build reads (``pages_read_bytes``).
+
+    With ``weights="mapped"`` the engines keep running on the program's tensors: release
+    them with ``ReleasePlan(..., release=weightmap.release_mapped_storage)``, which only drops
+    mapped pages; the default ``release_storage`` resizes other tensors (non-persistent
+    buffers, loaded weights) to 0 and :func:`load_engine` then refuses them. An error
     in a build is raised with the engine's index; engines built before it stay on disk.
     """
     device = str(check_device(settings.device))
@@ -168,6 +178,7 @@ def build_engines(
             if on_start is not None:
                 on_start(i, part)
             cache_before = _tree_bytes(cache_path)
+            ckpt_before = sum(mapping_rss(p) for p in checkpoint) if checkpoint else None
             rss_before = read_status().rss_bytes
             if track_peak:
                 tracker.begin()
@@ -176,6 +187,7 @@ def build_engines(
             artifact = compile_engine(sub, work / f"engine-{i:03d}.pt2", settings)
             seconds = time.perf_counter() - start
             hwm = tracker.end() if track_peak else None
+            ckpt_after = sum(mapping_rss(p) for p in checkpoint) if checkpoint else None
             record = EngineRecord(
                 index=i,
                 weights=settings.weights,
@@ -191,6 +203,7 @@ def build_engines(
                 cache_bytes=_tree_bytes(cache_path) - cache_before,
                 compiler_child_peak_bytes=_child_peak(),
                 path=str(artifact),
+                pages_read_bytes=None if ckpt_before is None or ckpt_after is None else ckpt_after - ckpt_before,
             )
             built.artifacts.append(artifact)
             built.records.append(record)
@@ -309,7 +322,8 @@ def compare_with_eager(
         got = pytree.tree_leaves(built(*args, **kw))
         want = pytree.tree_leaves(eager(*args, **kw))
     if len(got) != len(want):
-        return Comparison(float("inf"), len(want), False, f"the built model returns {len(got)} values, eager {len(want)}")
+        detail = f"the built model returns {len(got)} values, eager {len(want)}"
+        return Comparison(float("inf"), len(want), False, detail)
     worst = 0.0
     problems = []
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
