@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from harness.models import SyntheticTransformer, fill_non_persistent
 from weightmap import map_weights
 
 # About 4.5 MiB of bfloat16 weights: a read of them would show as hundreds of pages.
-SHAPE = {"layers": 2, "width": 256, "heads": 4, "vocab": 4096, "dtype": torch.bfloat16}
+SHAPE: dict[str, Any] = {"layers": 2, "width": 256, "heads": 4, "vocab": 4096, "dtype": torch.bfloat16}
 TOKENS = torch.tensor([[1, 2, 3, 4095]])
 
 

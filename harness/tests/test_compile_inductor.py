@@ -32,7 +32,7 @@ from harness.models import SyntheticTransformer, fill_non_persistent
 from weightmap import ReleasePlan, ReleaseStep, map_weights, release_mapped_storage, release_storage
 
 # 3.5 MiB of bfloat16 weights: the tied embedding (2 MiB) and one layer (1.5 MiB).
-SHAPE = {"layers": 1, "width": 256, "heads": 4, "vocab": 4096, "dtype": torch.bfloat16}
+SHAPE: dict[str, Any] = {"layers": 1, "width": 256, "heads": 4, "vocab": 4096, "dtype": torch.bfloat16}
 TOKENS = torch.tensor([[7, 1, 4093, 12, 12, 600]])
 MIB = 2**20
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -23,7 +24,7 @@ from harness.compile.graph_partition import (
 from harness.models import SyntheticTransformer, fill_non_persistent
 from weightmap import ReleasePlan, map_weights
 
-SHAPE = {"layers": 3, "width": 128, "heads": 4, "vocab": 1024, "dtype": torch.bfloat16}
+SHAPE: dict[str, Any] = {"layers": 3, "width": 128, "heads": 4, "vocab": 1024, "dtype": torch.bfloat16}
 
 
 @dataclass
@@ -180,6 +181,8 @@ def test_lifted_constants_are_weights_and_become_named_buffers() -> None:
 
 
 class _Counter(torch.nn.Module):
+    calls: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         self.register_buffer("calls", torch.zeros(()))
