@@ -49,6 +49,7 @@ __all__ = [
     "engine_tensors",
     "inductor_cache",
     "load_engine",
+    "to_device",
 ]
 
 WeightsMode = Literal["packaged", "mapped"]
