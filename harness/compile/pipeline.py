@@ -17,7 +17,6 @@ it is a :class:`MismatchError`.
 from __future__ import annotations
 
 import os
-import resource
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -30,6 +29,7 @@ from torch.export.graph_signature import InputKind
 from torch.export.graph_signature import TensorArgument as _TensorArgument
 from torch.utils import _pytree as pytree
 
+from harness.compile.children import ChildPeak
 from harness.compile.graph_partition import GraphPartition, subprogram
 from harness.compile.inductor import (
     InductorSettings,
@@ -61,9 +61,10 @@ class EngineRecord:
 
     ``host_hwm_bytes``: peak RSS of this process during the build (None where the kernel
     refused the reset). ``cache_bytes``: growth of the compiler's cache directory.
-    ``compiler_child_peak_bytes``: peak RSS of the largest compiler subprocess this process
-    has waited for so far (``getrusage(RUSAGE_CHILDREN)``; it can only grow, so an engine
-    whose compiler stayed smaller shows an earlier engine's figure). ``pages_read_bytes``:
+    ``children_peak_bytes``: the largest summed RSS of the compiler's subprocesses at one
+    sample (every 20 ms, see :class:`~harness.compile.children.ChildPeak`), and
+    ``largest_child_bytes``/``largest_child``: the largest single one and its name; they are
+    not in ``host_hwm_bytes``, which is this process alone. ``pages_read_bytes``:
     growth of this process's resident pages of the checkpoint files over the build (what the
     compiler read of the mapped weights; None when no checkpoint was named).
     """
@@ -80,7 +81,9 @@ class EngineRecord:
     rss_after_bytes: int
     host_hwm_bytes: int | None
     cache_bytes: int
-    compiler_child_peak_bytes: int
+    children_peak_bytes: int
+    largest_child_bytes: int
+    largest_child: str
     path: str
     pages_read_bytes: int | None = None
 
@@ -106,10 +109,6 @@ def _tree_bytes(root: Path) -> int:
             except OSError:
                 continue  # a temporary file removed while walking
     return total
-
-
-def _child_peak() -> int:
-    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # KiB on Linux
 
 
 @dataclass
@@ -183,8 +182,9 @@ def build_engines(
             if track_peak:
                 tracker.begin()
             start = time.perf_counter()
-            sub = to_device(subprogram(program, part, example_device=device), device)
-            artifact = compile_engine(sub, work / f"engine-{i:03d}.pt2", settings)
+            with ChildPeak() as children:
+                sub = to_device(subprogram(program, part, example_device=device), device)
+                artifact = compile_engine(sub, work / f"engine-{i:03d}.pt2", settings)
             seconds = time.perf_counter() - start
             hwm = tracker.end() if track_peak else None
             ckpt_after = sum(mapping_rss(p) for p in checkpoint) if checkpoint else None
@@ -201,7 +201,9 @@ def build_engines(
                 rss_after_bytes=read_status().rss_bytes,
                 host_hwm_bytes=hwm,
                 cache_bytes=_tree_bytes(cache_path) - cache_before,
-                compiler_child_peak_bytes=_child_peak(),
+                children_peak_bytes=children.peak_bytes,
+                largest_child_bytes=children.largest_bytes,
+                largest_child=children.largest_name,
                 path=str(artifact),
                 pages_read_bytes=None if ckpt_before is None or ckpt_after is None else ckpt_after - ckpt_before,
             )

@@ -62,13 +62,14 @@ def _mib(value: int | None) -> str:
 def table(records: list[EngineRecord], steps: list[ReleaseStep]) -> str:
     """The per-engine figures as a Markdown table (MiB, seconds)."""
     head = ("| engine | weights MiB | compile s | artifact MiB | VmHWM MiB | floor MiB | over floor MiB "
-            "| cache MiB | read MiB | released MiB |")
-    rows = [head, "|" + " ---: |" * 10]
+            "| children MiB | cache MiB | read MiB | released MiB |")
+    rows = [head, "|" + " ---: |" * 11]
     for r, s in zip(records, steps, strict=True):
         rows.append(
             f"| {r.index} | {_mib(r.weight_bytes)} | {r.compile_s:.1f} | {_mib(r.artifact_bytes)} "
             f"| {_mib(r.host_hwm_bytes)} | {_mib(r.rss_before_bytes + r.weight_bytes)} "
-            f"| {_mib(r.peak_over_floor_bytes)} | {_mib(r.cache_bytes)} | {_mib(r.pages_read_bytes)} "
+            f"| {_mib(r.peak_over_floor_bytes)} | {_mib(r.children_peak_bytes)} | {_mib(r.cache_bytes)} "
+            f"| {_mib(r.pages_read_bytes)} "
             f"| {_mib(s.released_bytes)} |"
         )
     return "\n".join(rows)
