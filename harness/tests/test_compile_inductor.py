@@ -110,6 +110,7 @@ def test_mapped_engines_build_in_order_releasing_after_each(mapped: Build) -> No
         assert record.compile_s > 0 and record.cache_bytes > 0
         assert record.host_hwm_bytes is None or record.host_hwm_bytes >= record.rss_before_bytes
         assert record.pages_read_bytes is not None
+        assert record.largest_child_bytes > 0 and record.children_peak_bytes >= record.largest_child_bytes
         assert Path(record.path).is_file()
 
 
