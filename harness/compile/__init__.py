@@ -7,7 +7,7 @@ The steps, in the order a strategy runs them::
     parts = partition_program(exported.program, count=16)          # or cap_bytes=...
     plan = ReleasePlan.from_names(exported.program, [p.weights for p in parts],
                                   release=release_mapped_storage)  # mapped engines keep the views
-    built = build_engines(exported.program, parts, InductorSettings(weights="mapped"), work_dir,
+    built = build_engines(exported.program, parts, InductorCompiler(weights="mapped"), work_dir,
                           cache_dir=cache, on_built=lambda i, record: plan.built(i))
     compare_with_eager(built.load(), fresh_model, inputs).check()  # the built model equals eager
 
@@ -16,7 +16,7 @@ The steps, in the order a strategy runs them::
 * :func:`partition_program` (:mod:`.graph_partition`): the program's graph cut in execution
   order under a per-engine weight cap; each :class:`GraphPartition` lists the weights it
   reads. :func:`subprogram` makes one partition an ExportedProgram of its own.
-* :class:`InductorSettings`, :func:`compile_engine`, :func:`load_engine` (:mod:`.inductor`):
+* :class:`InductorCompiler`, :func:`compile_engine`, :func:`load_engine` (:mod:`.inductor`):
   AOTInductor with weights ``packaged`` in the artifact or ``mapped`` (the artifact holds
   none and runs on the given tensors); a ``mapped`` artifact is never loaded without them.
 * :func:`build_engines`, :class:`CompiledPipeline`, :func:`compare_with_eager`
@@ -38,9 +38,10 @@ from harness.compile.graph_partition import (
 )
 from harness.compile.inductor import (
     WEIGHTS,
+    Artifact,
     EngineBuildError,
     EngineLoadError,
-    InductorSettings,
+    InductorCompiler,
     LoadedEngine,
     WeightsMode,
     check_device,
@@ -55,6 +56,7 @@ from harness.compile.pipeline import (
     BuiltEngines,
     Comparison,
     CompiledPipeline,
+    EngineCompiler,
     EngineRecord,
     MismatchError,
     build_engines,
@@ -64,15 +66,17 @@ from harness.compile.pipeline import (
 __all__ = [
     "TOLERANCES",
     "WEIGHTS",
+    "Artifact",
     "BuiltEngines",
     "Comparison",
     "CompiledPipeline",
     "EngineBuildError",
     "EngineLoadError",
+    "EngineCompiler",
     "EngineRecord",
     "ExportResult",
     "GraphPartition",
-    "InductorSettings",
+    "InductorCompiler",
     "LoadedEngine",
     "MismatchError",
     "PartitionError",

@@ -39,9 +39,10 @@ from torch.export import ExportedProgram
 
 __all__ = [
     "WEIGHTS",
+    "Artifact",
     "EngineBuildError",
     "EngineLoadError",
-    "InductorSettings",
+    "InductorCompiler",
     "LoadedEngine",
     "WeightsMode",
     "check_device",
@@ -68,18 +69,29 @@ class EngineLoadError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class InductorSettings:
-    """How each partition is compiled.
+class Artifact:
+    """One built engine: its file, and the tensors it runs on (empty when it holds its weights)."""
+
+    path: Path
+    constants: dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class InductorCompiler:
+    """AOTInductor, configured: builds and loads one engine per partition program.
 
     ``weights``: ``"packaged"`` or ``"mapped"`` (see the module docstring). ``device``:
     ``"cpu"`` or ``"cuda[:N]"``. ``configs``: further ``torch._inductor.config`` settings, by
     their dotted names; the two this module sets itself (``aot_inductor.package_constants_in_so``
-    and ``aot_inductor.metadata``) may not be given.
+    and ``aot_inductor.metadata``) may not be given. It is the
+    :class:`~harness.compile.pipeline.EngineCompiler` that :func:`~harness.compile.pipeline.build_engines`
+    drives.
     """
 
     weights: WeightsMode = "packaged"
     device: str = "cpu"
     configs: Mapping[str, Any] = field(default_factory=dict)
+    name: str = field(default="inductor", init=False)
 
     def __post_init__(self) -> None:
         if self.weights not in WEIGHTS:
@@ -88,6 +100,23 @@ class InductorSettings:
         if reserved:
             raise ValueError(f"{', '.join(sorted(reserved))} is set by the weights setting, not by configs")
         torch.device(self.device)  # a malformed device name fails here
+
+    def session(self, cache_dir: str | os.PathLike[str]) -> contextlib.AbstractContextManager[Path]:
+        """Check the device, and keep inductor's caches under ``cache_dir`` while the block runs."""
+        check_device(self.device)
+        return inductor_cache(cache_dir)
+
+    def compile(self, program: ExportedProgram, stem: str | os.PathLike[str]) -> Artifact:
+        """Build ``stem.pt2`` from a partition program whose weights may still be on the CPU."""
+        on_device = to_device(program, self.device)
+        path = compile_engine(on_device, Path(stem).with_suffix(".pt2"), self)
+        # A mapped engine runs on the partition's own tensors (on the CPU, the mapped views;
+        # on a GPU, their device copies); a packaged one holds its weights.
+        return Artifact(path, engine_tensors(on_device) if self.weights == "mapped" else {})
+
+    def load(self, artifact: Artifact) -> LoadedEngine:
+        """The engine, ready to run (see :func:`load_engine`)."""
+        return load_engine(artifact.path, device=self.device, constants=artifact.constants)
 
 
 def check_device(device: str) -> torch.device:
@@ -148,11 +177,11 @@ def _dtype(t: torch.Tensor) -> str:
 def compile_engine(
     program: ExportedProgram,
     package_path: str | os.PathLike[str],
-    settings: InductorSettings,
+    compiler: InductorCompiler,
 ) -> Path:
     """Compile one partition program with AOTInductor into ``package_path`` (a ``.pt2``).
 
-    ``program`` must already be on ``settings.device`` (see :func:`to_device`). Run it inside
+    ``program`` must already be on ``compiler.device`` (see :func:`to_device`). Run it inside
     :func:`inductor_cache` to keep the compiler's cache where the caller wants it. Returns
     the artifact's path; failures are ``EngineBuildError`` carrying inductor's message.
     """
@@ -160,10 +189,10 @@ def compile_engine(
     if path.suffix != ".pt2":
         raise ValueError(f"an AOTInductor package must end in .pt2: {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    configs: dict[str, Any] = dict(settings.configs)
-    configs["aot_inductor.package_constants_in_so"] = settings.weights == "packaged"
+    configs: dict[str, Any] = dict(compiler.configs)
+    configs["aot_inductor.package_constants_in_so"] = compiler.weights == "packaged"
     configs["aot_inductor.metadata"] = {
-        _WEIGHTS_KEY: settings.weights,
+        _WEIGHTS_KEY: compiler.weights,
         _CONSTANTS_KEY: _describe_constants(engine_tensors(program)),
     }
     try:

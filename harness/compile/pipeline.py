@@ -2,8 +2,8 @@
 
 :func:`build_engines` compiles the partitions in build order and measures each build:
 compile time, artifact bytes, the kernel's high-water mark of host RSS over the build
-(``VmHWM`` reset just before it), the growth of the compiler's cache and the largest
-compiler subprocess so far. Around each build it calls the caller back: ``on_start(i,
+(``VmHWM`` reset just before it), the memory of the compiler's subprocesses (sampled), the
+growth of its cache and the checkpoint pages it read. Around each build it calls the caller back: ``on_start(i,
 partition)`` before, ``on_built(i, record)`` after; the caller releases the weights whose
 last reader that engine was there (``weightmap.ReleasePlan.built(i)``), so the next
 engine starts without them.
@@ -19,9 +19,10 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.export import ExportedProgram
@@ -31,16 +32,7 @@ from torch.utils import _pytree as pytree
 
 from harness.compile.children import ChildPeak
 from harness.compile.graph_partition import GraphPartition, subprogram
-from harness.compile.inductor import (
-    InductorSettings,
-    LoadedEngine,
-    check_device,
-    compile_engine,
-    engine_tensors,
-    inductor_cache,
-    load_engine,
-    to_device,
-)
+from harness.compile.inductor import Artifact
 from harness.procfs import PeakTracker, mapping_rss, read_status
 
 __all__ = [
@@ -48,11 +40,40 @@ __all__ = [
     "BuiltEngines",
     "Comparison",
     "CompiledPipeline",
+    "EngineCompiler",
     "EngineRecord",
     "MismatchError",
     "build_engines",
     "compare_with_eager",
 ]
+
+
+class EngineCompiler(Protocol):
+    """What :func:`build_engines` needs of an engine compiler (AOTInductor here; a TensorRT builder would fit).
+
+    ``name``, ``weights`` (the compiler's weight setting, for the records) and ``device``.
+    ``session(cache_dir)``: a context for the whole build that keeps the compiler's caches
+    under ``cache_dir`` and yields that directory. ``compile(program, stem)``: one engine from
+    one partition program (its weights the partition's own tensors, on the CPU), written
+    beside ``stem``; the :class:`Artifact` names the file and the tensors the engine will run
+    on. ``load(artifact)``: a callable taking the partition's inputs, returning a tuple of its
+    outputs.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def weights(self) -> str: ...
+
+    @property
+    def device(self) -> str: ...
+
+    def session(self, cache_dir: str | os.PathLike[str]) -> AbstractContextManager[Path]: ...
+
+    def compile(self, program: ExportedProgram, stem: str | os.PathLike[str]) -> Artifact: ...
+
+    def load(self, artifact: Artifact) -> Callable[..., tuple[torch.Tensor, ...]]: ...
 
 
 @dataclass(frozen=True)
@@ -70,6 +91,7 @@ class EngineRecord:
     """
 
     index: int
+    compiler: str
     weights: str
     device: str
     weight_bytes: int
@@ -117,12 +139,11 @@ class BuiltEngines:
 
     program: ExportedProgram
     parts: list[GraphPartition]
-    settings: InductorSettings
-    artifacts: list[Path]
+    compiler: EngineCompiler
+    artifacts: list[Artifact]
     records: list[EngineRecord]
     baseline_rss_bytes: int
     cache_dir: Path
-    constants: list[dict[str, torch.Tensor]] = field(default_factory=list)
 
     @property
     def copy_floor_bytes(self) -> int:
@@ -131,17 +152,14 @@ class BuiltEngines:
 
     def load(self) -> CompiledPipeline:
         """Load every artifact (``mapped`` ones with their weights) into a runnable pipeline."""
-        engines = [
-            load_engine(path, device=self.settings.device, constants=consts)
-            for path, consts in zip(self.artifacts, self.constants, strict=True)
-        ]
-        return CompiledPipeline(self.program, self.parts, engines, self.settings.device)
+        engines = [self.compiler.load(artifact) for artifact in self.artifacts]
+        return CompiledPipeline(self.program, self.parts, engines, self.compiler.device)
 
 
 def build_engines(
     program: ExportedProgram,
     parts: Sequence[GraphPartition],
-    settings: InductorSettings,
+    compiler: EngineCompiler,
     work_dir: str | os.PathLike[str],
     *,
     cache_dir: str | os.PathLike[str] | None = None,
@@ -150,10 +168,10 @@ def build_engines(
     track_peak: bool = True,
     checkpoint: Sequence[str | os.PathLike[str]] = (),
 ) -> BuiltEngines:
-    """Compile ``parts`` of ``program`` in order into ``work_dir/engine-NNN.pt2``.
+    """Compile ``parts`` of ``program`` in order into ``work_dir/engine-NNN.*``.
 
-    ``cache_dir`` (default ``work_dir/inductor-cache``) holds the compiler's caches for the
-    build (see :func:`inductor_cache`). ``on_start`` and ``on_built`` are called around each
+    ``cache_dir`` (default ``work_dir/compiler-cache``) holds the compiler's caches for the
+    build (``compiler.session``). ``on_start`` and ``on_built`` are called around each
     engine; ``on_built`` is where the caller releases that engine's last-read weights.
     ``track_peak=False`` leaves ``VmHWM`` to the caller (the reset is process-wide).
     ``checkpoint`` names the mapped files whose pages each build reads (``pages_read_bytes``).
@@ -161,16 +179,16 @@ def build_engines(
     With ``weights="mapped"`` the engines keep running on the program's tensors: release
     them with ``ReleasePlan(..., release=weightmap.release_mapped_storage)``, which only drops
     mapped pages; the default ``release_storage`` resizes other tensors (non-persistent
-    buffers, loaded weights) to 0 and :func:`load_engine` then refuses them. An error
-    in a build is raised with the engine's index; engines built before it stay on disk.
+    buffers, loaded weights) to 0 and the inductor loader then refuses them. A failed build
+    raises the compiler's error (AOTInductor's is an ``EngineBuildError`` naming
+    ``engine-NNN.pt2``); engines built before it stay on disk.
     """
-    device = str(check_device(settings.device))
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
-    cache = Path(cache_dir) if cache_dir is not None else work / "inductor-cache"
+    cache = Path(cache_dir) if cache_dir is not None else work / "compiler-cache"
     tracker = PeakTracker()
-    built = BuiltEngines(program, list(parts), settings, [], [], read_status().rss_bytes, cache)
-    with inductor_cache(cache) as cache_path:
+    built = BuiltEngines(program, list(parts), compiler, [], [], read_status().rss_bytes, cache)
+    with compiler.session(cache) as cache_path:
         built.cache_dir = cache_path
         for part in parts:
             i = part.index
@@ -183,20 +201,21 @@ def build_engines(
                 tracker.begin()
             start = time.perf_counter()
             with ChildPeak() as children:
-                sub = to_device(subprogram(program, part, example_device=device), device)
-                artifact = compile_engine(sub, work / f"engine-{i:03d}.pt2", settings)
+                sub = subprogram(program, part, example_device=compiler.device)
+                artifact = compiler.compile(sub, work / f"engine-{i:03d}")
             seconds = time.perf_counter() - start
             hwm = tracker.end() if track_peak else None
             ckpt_after = sum(mapping_rss(p) for p in checkpoint) if checkpoint else None
             record = EngineRecord(
                 index=i,
-                weights=settings.weights,
-                device=device,
+                compiler=compiler.name,
+                weights=compiler.weights,
+                device=compiler.device,
                 weight_bytes=part.weight_bytes,
                 weight_count=len(part.weights),
                 nodes=len(part.nodes),
                 compile_s=seconds,
-                artifact_bytes=artifact.stat().st_size,
+                artifact_bytes=artifact.path.stat().st_size,
                 rss_before_bytes=rss_before,
                 rss_after_bytes=read_status().rss_bytes,
                 host_hwm_bytes=hwm,
@@ -204,14 +223,11 @@ def build_engines(
                 children_peak_bytes=children.peak_bytes,
                 largest_child_bytes=children.largest_bytes,
                 largest_child=children.largest_name,
-                path=str(artifact),
+                path=str(artifact.path),
                 pages_read_bytes=None if ckpt_before is None or ckpt_after is None else ckpt_after - ckpt_before,
             )
             built.artifacts.append(artifact)
             built.records.append(record)
-            # A mapped engine runs on the partition's own tensors (on the CPU: the mapped
-            # views); a packaged one needs none, and on a GPU its device copies go here.
-            built.constants.append(engine_tensors(sub) if settings.weights == "mapped" else {})
             del sub
             if on_built is not None:
                 on_built(i, record)
@@ -230,7 +246,7 @@ class CompiledPipeline:
         self,
         program: ExportedProgram,
         parts: Sequence[GraphPartition],
-        engines: Sequence[LoadedEngine],
+        engines: Sequence[Callable[..., tuple[torch.Tensor, ...]]],
         device: str,
     ) -> None:
         if len(parts) != len(engines):

@@ -29,7 +29,7 @@ import torch
 from harness.checkpoints import ensure_checkpoint
 from harness.compile.export import export_mapped
 from harness.compile.graph_partition import partition_program, program_weight_bytes
-from harness.compile.inductor import WEIGHTS, InductorSettings
+from harness.compile.inductor import WEIGHTS, InductorCompiler
 from harness.compile.pipeline import EngineRecord, build_engines, compare_with_eager
 from harness.models import SyntheticTransformer, fill_non_persistent
 from harness.procfs import read_status
@@ -103,9 +103,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"engine {i}: {record.compile_s:.1f} s, {_mib(record.artifact_bytes)} MiB artifact, "
               f"VmHWM {_mib(record.host_hwm_bytes)} MiB", file=sys.stderr, flush=True)
 
-    settings = InductorSettings(weights=args.weights, device=args.device)
+    compiler = InductorCompiler(weights=args.weights, device=args.device)
     start = time.perf_counter()
-    built = build_engines(program, parts, settings, work / f"engines-{args.weights}",
+    built = build_engines(program, parts, compiler, work / f"engines-{args.weights}",
                           cache_dir=work / f"inductor-cache-{args.weights}", on_built=built_one,
                           checkpoint=[checkpoint])
     build_s = time.perf_counter() - start

@@ -21,7 +21,8 @@ from harness.compile.graph_partition import GraphPartition, partition_program, p
 from harness.compile.inductor import (
     EngineBuildError,
     EngineLoadError,
-    InductorSettings,
+    InductorCompiler,
+    LoadedEngine,
     _recorded,
     check_device,
     inductor_cache,
@@ -66,7 +67,7 @@ class Build:
     env_during: list[str | None] = field(default_factory=list)
 
 
-def _build(path: Path, work: Path, cache: Path, settings: InductorSettings, plan_release: Any, **cut: int) -> Build:
+def _build(path: Path, work: Path, cache: Path, compiler: InductorCompiler, plan_release: Any, **cut: int) -> Build:
     model = _mapped(path)
     program = export_mapped(model, (TOKENS,), checkpoint=[path]).program
     parts = partition_program(program, **cut)
@@ -81,7 +82,7 @@ def _build(path: Path, work: Path, cache: Path, settings: InductorSettings, plan
         build.events.append(("built", i))
         build.steps.append(plan.built(i))
 
-    build.built = build_engines(program, parts, settings, work, cache_dir=cache, on_start=started, on_built=done,
+    build.built = build_engines(program, parts, compiler, work, cache_dir=cache, on_start=started, on_built=done,
                                 checkpoint=[path])
     return build
 
@@ -90,7 +91,7 @@ def _build(path: Path, work: Path, cache: Path, settings: InductorSettings, plan
 def mapped(checkpoint: Path, cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Build]:
     # The cap puts the embedding and the layer up to its up_proj in the first engine, down_proj, the
     # norm and the tied head in the second.
-    yield _build(checkpoint, tmp_path_factory.mktemp("mapped"), cache, InductorSettings(weights="mapped"),
+    yield _build(checkpoint, tmp_path_factory.mktemp("mapped"), cache, InductorCompiler(weights="mapped"),
                  release_mapped_storage, cap_bytes=int(3.25 * MIB))
 
 
@@ -105,7 +106,8 @@ def test_mapped_engines_build_in_order_releasing_after_each(mapped: Build) -> No
     records = mapped.built.records
     assert [r.index for r in records] == [0, 1]
     for record, part in zip(records, mapped.parts, strict=True):
-        assert record.weights == "mapped" and record.weight_bytes == part.weight_bytes
+        assert record.compiler == "inductor" and record.weights == "mapped"
+        assert record.weight_bytes == part.weight_bytes
         assert record.artifact_bytes < part.weight_bytes  # the artifact holds none of its weights
         assert record.compile_s > 0 and record.cache_bytes > 0
         assert record.host_hwm_bytes is None or record.host_hwm_bytes >= record.rss_before_bytes
@@ -124,6 +126,7 @@ def test_mapped_pipeline_runs_on_the_views_and_equals_eager(mapped: Build, check
     pipeline = mapped.built.load()
     weights = program_weights(mapped.built.program)
     for engine in pipeline.engines:
+        assert isinstance(engine, LoadedEngine)
         assert engine.weights == "mapped" and engine.constants
         for name, tensor in engine.constants.items():
             assert tensor.data_ptr() == weights[name].data_ptr(), f"{name} was copied"
@@ -132,8 +135,8 @@ def test_mapped_pipeline_runs_on_the_views_and_equals_eager(mapped: Build, check
 
 
 def test_a_mapped_engine_is_never_run_without_its_weights(mapped: Build) -> None:
-    path = mapped.built.artifacts[1]
-    given = dict(mapped.built.constants[1])
+    path = mapped.built.artifacts[1].path
+    given = dict(mapped.built.artifacts[1].constants)
     with pytest.raises(EngineLoadError, match=r"engine-001\.pt2.*norm\.weight: not given"):
         load_engine(path)
     name = "norm.weight"
@@ -146,11 +149,11 @@ def test_a_mapped_engine_is_never_run_without_its_weights(mapped: Build) -> None
 
 
 def test_packaged_engine_holds_its_weights(checkpoint: Path, cache: Path, tmp_path: Path) -> None:
-    build = _build(checkpoint, tmp_path, cache, InductorSettings(weights="packaged"), release_storage, count=1)
+    build = _build(checkpoint, tmp_path, cache, InductorCompiler(weights="packaged"), release_storage, count=1)
     (record,) = build.built.records
     assert record.weights == "packaged"
     assert record.artifact_bytes > record.weight_bytes  # the weights are in the artifact
-    assert build.built.constants == [{}]
+    assert [a.constants for a in build.built.artifacts] == [{}]
     assert build.built.copy_floor_bytes == build.built.baseline_rss_bytes + record.weight_bytes
     pipeline = build.built.load()
     # The mapped weights' pages were dropped after the build; the engine does not read them.
@@ -166,9 +169,9 @@ def test_only_artifacts_that_record_their_weight_setting_load(tmp_path: Path) ->
 
 def test_settings_and_devices_are_checked_before_building() -> None:
     with pytest.raises(ValueError, match="weights must be one of packaged, mapped"):
-        InductorSettings(weights="copied")  # type: ignore[arg-type]
+        InductorCompiler(weights="copied")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="package_constants_in_so is set by the weights setting"):
-        InductorSettings(configs={"aot_inductor.package_constants_in_so": False})
+        InductorCompiler(configs={"aot_inductor.package_constants_in_so": False})
     with pytest.raises(EngineBuildError, match="cpu or cuda"):
         check_device("mps")
     if not torch.cuda.is_available():
