@@ -1,0 +1,99 @@
+"""A real compiler in the loop: export a mapped model, cut it into engines, build each with AOTInductor.
+
+The steps, in the order a strategy runs them::
+
+    model = build_on_meta(); map_weights(model, checkpoint); fill_non_persistent(model)
+    exported = export_mapped(model, inputs, checkpoint=paths)      # phase "export": reads nothing
+    parts = partition_program(exported.program, count=16)          # or cap_bytes=...
+    plan = ReleasePlan.from_names(exported.program, [p.weights for p in parts],
+                                  release=release_mapped_storage)  # mapped engines keep the views
+    built = build_engines(exported.program, parts, InductorCompiler(weights="mapped"), work_dir,
+                          cache_dir=cache, on_built=lambda i, record: plan.built(i))
+    compare_with_eager(built.load(), fresh_model, inputs).check()  # the built model equals eager
+
+* :func:`export_mapped` (:mod:`.export`): ``torch.export.export`` measured: checkpoint pages
+  read, host memory, and whether the program's tensors are the model's own.
+* :func:`partition_program` (:mod:`.graph_partition`): the program's graph cut in execution
+  order under a per-engine weight cap; each :class:`GraphPartition` lists the weights it
+  reads. :func:`subprogram` makes one partition an ExportedProgram of its own.
+* :class:`InductorCompiler`, :func:`compile_engine`, :func:`load_engine` (:mod:`.inductor`):
+  AOTInductor with weights ``packaged`` in the artifact or ``mapped`` (the artifact holds
+  none and runs on the given tensors); a ``mapped`` artifact is never loaded without them.
+* :func:`build_engines`, :class:`CompiledPipeline`, :func:`compare_with_eager`
+  (:mod:`.pipeline`): the build loop with per-engine records and callbacks, the loaded
+  engines run as one model, and the check against eager.
+
+``python -m harness.compile.probe`` measures one such build of a synthetic transformer.
+"""
+
+from harness.compile.export import ExportResult, export_mapped, shared_with_model
+from harness.compile.graph_partition import (
+    GraphPartition,
+    PartitionError,
+    cap_for_program,
+    partition_program,
+    program_weight_bytes,
+    program_weights,
+    subprogram,
+)
+from harness.compile.inductor import (
+    WEIGHTS,
+    Artifact,
+    EngineBuildError,
+    EngineLoadError,
+    InductorCompiler,
+    LoadedEngine,
+    WeightsMode,
+    check_device,
+    compile_engine,
+    engine_tensors,
+    inductor_cache,
+    load_engine,
+    to_device,
+)
+from harness.compile.pipeline import (
+    TOLERANCES,
+    BuiltEngines,
+    Comparison,
+    CompiledPipeline,
+    EngineCompiler,
+    EngineRecord,
+    MismatchError,
+    build_engines,
+    compare_with_eager,
+)
+
+__all__ = [
+    "TOLERANCES",
+    "WEIGHTS",
+    "Artifact",
+    "BuiltEngines",
+    "Comparison",
+    "CompiledPipeline",
+    "EngineBuildError",
+    "EngineLoadError",
+    "EngineCompiler",
+    "EngineRecord",
+    "ExportResult",
+    "GraphPartition",
+    "InductorCompiler",
+    "LoadedEngine",
+    "MismatchError",
+    "PartitionError",
+    "WeightsMode",
+    "build_engines",
+    "cap_for_program",
+    "check_device",
+    "compare_with_eager",
+    "compile_engine",
+    "engine_tensors",
+    "export_mapped",
+    "inductor_cache",
+    "load_engine",
+    "partition_program",
+    "program_weight_bytes",
+    "program_weights",
+    "shared_with_model",
+    "subprogram",
+    "to_device",
+]

@@ -1,0 +1,70 @@
+"""The memory of the processes a compiler starts (the C++ compiler, the assembler, the linker).
+
+The kernel's high-water mark (``VmHWM``) covers this process only, and
+``getrusage(RUSAGE_CHILDREN).ru_maxrss`` does not help either: a child that forked from a
+large process and then exec'd the compiler reports the parent's RSS at fork as its own
+peak. :class:`ChildPeak` samples instead: a thread reads the RSS of every descendant
+process (``psutil``) every ``interval_s`` and keeps the largest sum and the largest single
+process seen. A child that lives shorter than the interval can be missed.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import TracebackType
+
+import psutil
+
+__all__ = ["ChildPeak"]
+
+
+class ChildPeak:
+    """Peak RSS of this process's descendants over a ``with`` block, sampled on a thread.
+
+    ``peak_bytes``: the largest sum over all descendants at one sample. ``largest_bytes`` and
+    ``largest_name``: the largest single process seen and its executable's name.
+    ``samples``: how many samples were taken.
+    """
+
+    def __init__(self, interval_s: float = 0.02) -> None:
+        self.interval_s = interval_s
+        self.peak_bytes = 0
+        self.largest_bytes = 0
+        self.largest_name = ""
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._me = psutil.Process()
+
+    def _sample(self) -> None:
+        total = 0
+        for child in self._me.children(recursive=True):
+            try:
+                rss = child.memory_info().rss
+                if rss > self.largest_bytes:
+                    self.largest_bytes, self.largest_name = rss, child.name()
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+            total += rss
+        self.peak_bytes = max(self.peak_bytes, total)
+        self.samples += 1
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._sample()
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> ChildPeak:
+        self._thread = threading.Thread(target=self._run, name="child-peak", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()

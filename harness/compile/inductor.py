@@ -1,0 +1,296 @@
+"""AOTInductor as an engine compiler: one partition program in, one ``.pt2`` artifact out.
+
+Two weight settings:
+
+``packaged``
+    AOTInductor's default: the artifact holds its weights (written into the shared
+    library), as a TensorRT engine holds its own. Building it reads every weight and
+    writes a copy of it.
+``mapped``
+    ``aot_inductor.package_constants_in_so = False``: the artifact holds no weight. Loading
+    it hands the engine the partition's tensors with ``load_constants(...,
+    user_managed=True)``, which keeps their pointers (no copy): on the CPU the engine runs
+    on the mapped views themselves, the way a weight-stripped engine is refitted.
+
+Such an artifact without its constants crashes the process on its first run (a
+segmentation fault, not an error). So every artifact built here records its setting and the
+name, dtype and shape of each weight it needs in its metadata, and :func:`load_engine`
+refuses to return a ``mapped`` engine unless every constant it asks for is given with the
+recorded dtype and shape, on its device; an artifact that carries no such record is refused
+too.
+
+Compiling on ``cuda`` moves the partition's weights to the GPU first (the engine's weights
+live there); the artifact is then built for the GPU. It needs a CUDA build of torch and a GPU;
+without one, :func:`check_device` says so before anything is compiled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import torch
+from torch.export import ExportedProgram
+
+__all__ = [
+    "WEIGHTS",
+    "Artifact",
+    "EngineBuildError",
+    "EngineLoadError",
+    "InductorCompiler",
+    "LoadedEngine",
+    "WeightsMode",
+    "check_device",
+    "compile_engine",
+    "engine_tensors",
+    "inductor_cache",
+    "load_engine",
+    "to_device",
+]
+
+WeightsMode = Literal["packaged", "mapped"]
+WEIGHTS: tuple[str, ...] = get_args(WeightsMode)
+
+_WEIGHTS_KEY = "weightmap_harness.weights"
+_CONSTANTS_KEY = "weightmap_harness.constants"
+
+
+class EngineBuildError(RuntimeError):
+    """An engine cannot be built as asked; the message names the engine and the reason."""
+
+
+class EngineLoadError(RuntimeError):
+    """An artifact cannot be loaded safely; the message names the file, the tensor and the rule."""
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """One built engine: its file, and the tensors it runs on (empty when it holds its weights)."""
+
+    path: Path
+    constants: dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class InductorCompiler:
+    """AOTInductor, configured: builds and loads one engine per partition program.
+
+    ``weights``: ``"packaged"`` or ``"mapped"`` (see the module docstring). ``device``:
+    ``"cpu"`` or ``"cuda[:N]"``. ``configs``: further ``torch._inductor.config`` settings, by
+    their dotted names; the two this module sets itself (``aot_inductor.package_constants_in_so``
+    and ``aot_inductor.metadata``) may not be given. It is the
+    :class:`~harness.compile.pipeline.EngineCompiler` that :func:`~harness.compile.pipeline.build_engines`
+    drives.
+    """
+
+    weights: WeightsMode = "packaged"
+    device: str = "cpu"
+    configs: Mapping[str, Any] = field(default_factory=dict)
+    name: str = field(default="inductor", init=False)
+
+    def __post_init__(self) -> None:
+        if self.weights not in WEIGHTS:
+            raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, not {self.weights!r}")
+        reserved = {"aot_inductor.package_constants_in_so", "aot_inductor.metadata"} & set(self.configs)
+        if reserved:
+            raise ValueError(f"{', '.join(sorted(reserved))} is set by the weights setting, not by configs")
+        torch.device(self.device)  # a malformed device name fails here
+
+    def session(self, cache_dir: str | os.PathLike[str]) -> contextlib.AbstractContextManager[Path]:
+        """Check the device, and keep inductor's caches under ``cache_dir`` while the block runs."""
+        check_device(self.device)
+        return inductor_cache(cache_dir)
+
+    def compile(self, program: ExportedProgram, stem: str | os.PathLike[str]) -> Artifact:
+        """Build ``stem.pt2`` from a partition program whose weights may still be on the CPU."""
+        on_device = to_device(program, self.device)
+        path = compile_engine(on_device, Path(stem).with_suffix(".pt2"), self)
+        # A mapped engine runs on the partition's own tensors (on the CPU, the mapped views;
+        # on a GPU, their device copies); a packaged one holds its weights.
+        return Artifact(path, engine_tensors(on_device) if self.weights == "mapped" else {})
+
+    def load(self, artifact: Artifact) -> LoadedEngine:
+        """The engine, ready to run (see :func:`load_engine`)."""
+        return load_engine(artifact.path, device=self.device, constants=artifact.constants)
+
+
+def check_device(device: str) -> torch.device:
+    """The device engines are built for; ``EngineBuildError`` where this machine has none."""
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        return dev
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            build = torch.version.cuda
+            why = "this torch has no CUDA support" if build is None else "no CUDA device is visible"
+            raise EngineBuildError(f"engines for {device} need a GPU: {why}")
+        return dev
+    raise EngineBuildError(f"engines can be built for cpu or cuda, not {device}")
+
+
+@contextlib.contextmanager
+def inductor_cache(directory: str | os.PathLike[str]) -> Iterator[Path]:
+    """Inductor's on-disk caches (``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR``) under ``directory``.
+
+    The directory is created and kept (it holds the precompiled headers a later build in
+    the same directory reuses). Inductor's in-memory caches are cleared on entry and exit so
+    that nothing from another directory is used; the variables are restored on exit.
+    """
+    from torch._inductor.utils import clear_caches
+
+    path = Path(directory).resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    saved = {k: os.environ.get(k) for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    clear_caches()
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
+    os.environ["TRITON_CACHE_DIR"] = str(path / "triton")
+    try:
+        yield path
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        clear_caches()
+
+
+def engine_tensors(program: ExportedProgram) -> dict[str, torch.Tensor]:
+    """The tensors a partition program reads, by name: what a ``mapped`` engine is loaded with."""
+    tensors: dict[str, Any] = {**program.state_dict, **program.constants}
+    return {k: v for k, v in tensors.items() if isinstance(v, torch.Tensor)}
+
+
+def _describe_constants(tensors: Mapping[str, torch.Tensor]) -> str:
+    return json.dumps({k: [_dtype(v), list(v.shape), list(v.stride())] for k, v in tensors.items()})
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def compile_engine(
+    program: ExportedProgram,
+    package_path: str | os.PathLike[str],
+    compiler: InductorCompiler,
+) -> Path:
+    """Compile one partition program with AOTInductor into ``package_path`` (a ``.pt2``).
+
+    ``program`` must already be on ``compiler.device`` (see :func:`to_device`). Run it inside
+    :func:`inductor_cache` to keep the compiler's cache where the caller wants it. Returns
+    the artifact's path; failures are ``EngineBuildError`` carrying inductor's message.
+    """
+    path = Path(package_path)
+    if path.suffix != ".pt2":
+        raise ValueError(f"an AOTInductor package must end in .pt2: {path}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    configs: dict[str, Any] = dict(compiler.configs)
+    configs["aot_inductor.package_constants_in_so"] = compiler.weights == "packaged"
+    configs["aot_inductor.metadata"] = {
+        _WEIGHTS_KEY: compiler.weights,
+        _CONSTANTS_KEY: _describe_constants(engine_tensors(program)),
+    }
+    try:
+        out = torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=configs)
+    except Exception as exc:
+        raise EngineBuildError(f"AOTInductor failed to build {path.name}: {type(exc).__name__}: {exc}") from exc
+    return Path(out)
+
+
+def to_device(program: ExportedProgram, device: str) -> ExportedProgram:
+    """``program`` with its weights, examples and device arguments on ``device``.
+
+    On the CPU it is returned as is (mapped views stay mapped). Elsewhere the weights are
+    copied there (``torch.export.passes.move_to_device_pass``, in place).
+    """
+    dev = check_device(device)
+    if dev.type == "cpu":
+        return program
+    from torch.export.passes import move_to_device_pass
+
+    return move_to_device_pass(program, dev)
+
+
+@dataclass
+class LoadedEngine:
+    """A loaded artifact, callable on its partition's inputs; returns a tuple of its outputs.
+
+    For a ``mapped`` engine ``constants`` holds the tensors it runs on: the engine keeps
+    only their pointers, so they stay referenced here for as long as the engine lives.
+    """
+
+    path: Path
+    weights: WeightsMode
+    model: Any
+    constants: dict[str, torch.Tensor]
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(self.model(*inputs))
+
+
+def _recorded(path: Path, metadata: Mapping[str, str]) -> tuple[WeightsMode, dict[str, list[Any]]]:
+    weights = metadata.get(_WEIGHTS_KEY)
+    if weights not in WEIGHTS or _CONSTANTS_KEY not in metadata:
+        raise EngineLoadError(
+            f"{path}: the artifact does not record its weight setting ({_WEIGHTS_KEY}), so it cannot be "
+            "known whether it holds its weights; only artifacts built by compile_engine are loaded"
+        )
+    described = json.loads(metadata[_CONSTANTS_KEY])
+    return weights, dict(described)  # type: ignore[return-value]
+
+
+def load_engine(
+    package_path: str | os.PathLike[str],
+    *,
+    device: str = "cpu",
+    constants: Mapping[str, torch.Tensor] | None = None,
+) -> LoadedEngine:
+    """Load an artifact built by :func:`compile_engine` for ``device``.
+
+    A ``mapped`` artifact needs ``constants``: every name it asks for
+    (``get_constant_fqns``), with the dtype and shape recorded when it was built, on
+    ``device``. They are handed over with ``user_managed=True`` (no copy). Anything missing
+    or different (strides included) is an ``EngineLoadError`` naming the file and the tensor, raised before the
+    engine could run. A ``packaged`` artifact ignores ``constants``.
+    """
+    path = Path(package_path)
+    dev = check_device(device)
+    index = dev.index if dev.index is not None else (0 if dev.type == "cuda" else -1)
+    model = torch._inductor.aoti_load_package(str(path), device_index=index)
+    weights, described = _recorded(path, model.get_metadata())
+    if weights == "packaged":
+        return LoadedEngine(path, weights, model, {})
+    given = dict(constants or {})
+    needed = list(model.get_constant_fqns())
+    problems = []
+    for name in needed:
+        tensor = given.get(name)
+        if tensor is None:
+            problems.append(f"{name}: not given (a mapped engine holds no weights and must be handed each one)")
+            continue
+        want = described.get(name)
+        if want is None:
+            problems.append(f"{name}: the artifact asks for a tensor its build did not record")
+            continue
+        have = [_dtype(tensor), list(tensor.shape), list(tensor.stride())]
+        if have != want:
+            problems.append(f"{name}: built for dtype, shape, strides {want}, given {have}")
+            continue
+        if tensor.numel() and tensor.untyped_storage().nbytes() == 0:
+            problems.append(
+                f"{name}: its storage was released (resized to 0); a mapped engine runs on the tensors "
+                "themselves, so release them with weightmap.release_mapped_storage, which only drops pages"
+            )
+            continue
+        if tensor.device != dev and not (dev.type == tensor.device.type == "cuda" and dev.index is None):
+            problems.append(f"{name}: on {tensor.device}, but the engine runs on {dev}")
+    if problems:
+        raise EngineLoadError(f"{path}: cannot hand the engine its weights: " + "; ".join(problems))
+    handed = {name: given[name] for name in needed}
+    model.load_constants(handed, check_full_update=True, user_managed=True)
+    return LoadedEngine(path, weights, model, handed)

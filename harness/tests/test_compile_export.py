@@ -1,0 +1,90 @@
+"""The export phase: exporting a mapped model reads no checkpoint page and copies no weight."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from harness.checkpoints import ensure_checkpoint
+from harness.compile.export import export_mapped, shared_with_model
+from harness.models import SyntheticTransformer, fill_non_persistent
+from weightmap import map_weights
+
+# About 4.5 MiB of bfloat16 weights: a read of them would show as hundreds of pages.
+SHAPE: dict[str, Any] = {"layers": 2, "width": 256, "heads": 4, "vocab": 4096, "dtype": torch.bfloat16}
+TOKENS = torch.tensor([[1, 2, 3, 4095]])
+
+
+def _cold(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path, _ = ensure_checkpoint(SyntheticTransformer(**SHAPE), tmp_path_factory.mktemp("ckpt") / "m.safetensors",
+                                seed=1, progress=False)
+    return path
+
+
+def _mapped(path: Path) -> SyntheticTransformer:
+    model = SyntheticTransformer(**SHAPE)
+    map_weights(model, path, strict=True).close()
+    fill_non_persistent(model)
+    return model
+
+
+def test_export_of_a_mapped_model_reads_nothing_and_holds_the_views(checkpoint: Path) -> None:
+    model = _mapped(checkpoint)
+    _cold(checkpoint)
+    result = export_mapped(model, (TOKENS,), checkpoint=[checkpoint])
+    assert result.pages_read_bytes == 0
+    assert result.residency_after_bytes is not None and result.residency_before_bytes is not None
+    assert result.residency_after_bytes - result.residency_before_bytes < 64 * 1024
+    names = set(model.state_dict()) | {"inv_freq"}
+    assert set(result.shared) == names and result.not_shared == ()
+    for name, tensor in result.program.state_dict.items():
+        assert tensor.data_ptr() == model.get_parameter(name).data_ptr()
+    assert result.nodes == len(result.program.graph.nodes) > 50
+    summary = result.summary()
+    assert summary["pages_read_bytes"] == 0 and summary["shared"] == len(names)
+
+
+def test_an_export_that_reads_the_weights_is_seen(checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The figures can see a read: here export is made to run the model first, touching every weight."""
+    real = torch.export.export
+
+    def reading(model: torch.nn.Module, *args: object, **kwargs: object) -> torch.export.ExportedProgram:
+        with torch.no_grad():
+            model(TOKENS)
+        return real(model, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.export, "export", reading)
+    model = _mapped(checkpoint)
+    _cold(checkpoint)
+    result = export_mapped(model, (TOKENS,), checkpoint=[checkpoint])
+    assert result.pages_read_bytes is not None and result.pages_read_bytes > 4 * 2**20
+    assert result.residency_after_bytes is not None and result.residency_before_bytes is not None
+    assert result.residency_after_bytes - result.residency_before_bytes > 4 * 2**20
+
+
+def test_a_copied_weight_is_reported_as_not_shared(checkpoint: Path) -> None:
+    model = _mapped(checkpoint)
+    program = export_mapped(model, (TOKENS,)).program
+    model.norm.weight = torch.nn.Parameter(model.norm.weight.clone())
+    shared, not_shared = shared_with_model(program, model)
+    assert not_shared == ["norm.weight"]
+    assert "embed.weight" in shared
+
+
+def test_a_model_on_meta_is_refused_before_export() -> None:
+    with pytest.raises(ValueError, match="meta device .*embed.weight.*map its weights first"):
+        export_mapped(SyntheticTransformer(**SHAPE), (TOKENS,))

@@ -1,0 +1,198 @@
+"""AOTInductor engines built partition by partition from a mapped model, both weight settings.
+
+Each AOTInductor build costs seconds (a C++ compile), so the module builds three engines in
+all: two ``mapped`` ones and one ``packaged``, sharing one compiler cache.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from harness.checkpoints import ensure_checkpoint
+from harness.compile.export import export_mapped
+from harness.compile.graph_partition import GraphPartition, partition_program, program_weight_bytes, program_weights
+from harness.compile.inductor import (
+    EngineBuildError,
+    EngineLoadError,
+    InductorCompiler,
+    LoadedEngine,
+    _recorded,
+    check_device,
+    inductor_cache,
+    load_engine,
+)
+from harness.compile.pipeline import BuiltEngines, EngineRecord, build_engines, compare_with_eager
+from harness.models import SyntheticTransformer, fill_non_persistent
+from weightmap import ReleasePlan, ReleaseStep, map_weights, release_mapped_storage, release_storage
+
+# 3.5 MiB of bfloat16 weights: the tied embedding (2 MiB) and one layer (1.5 MiB).
+SHAPE: dict[str, Any] = {"layers": 1, "width": 256, "heads": 4, "vocab": 4096, "dtype": torch.bfloat16}
+TOKENS = torch.tensor([[7, 1, 4093, 12, 12, 600]])
+MIB = 2**20
+
+
+def _mapped(path: Path) -> SyntheticTransformer:
+    model = SyntheticTransformer(**SHAPE)
+    map_weights(model, path, strict=True).close()
+    fill_non_persistent(model)
+    return model
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path, _ = ensure_checkpoint(SyntheticTransformer(**SHAPE), tmp_path_factory.mktemp("ckpt") / "m.safetensors",
+                                seed=2, progress=False)
+    return path
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("inductor-cache")
+
+
+@dataclass
+class Build:
+    model: SyntheticTransformer
+    parts: list[GraphPartition]
+    built: BuiltEngines
+    events: list[tuple[str, int]] = field(default_factory=list)
+    steps: list[ReleaseStep] = field(default_factory=list)
+    env_during: list[str | None] = field(default_factory=list)
+
+
+def _build(path: Path, work: Path, cache: Path, compiler: InductorCompiler, plan_release: Any, **cut: int) -> Build:
+    model = _mapped(path)
+    program = export_mapped(model, (TOKENS,), checkpoint=[path]).program
+    parts = partition_program(program, **cut)
+    plan = ReleasePlan.from_names(program, [p.weights for p in parts], release=plan_release)
+    build = Build(model, parts, None)  # type: ignore[arg-type]
+
+    def started(i: int, part: GraphPartition) -> None:
+        build.events.append(("start", i))
+        build.env_during.append(os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
+
+    def done(i: int, record: EngineRecord) -> None:
+        build.events.append(("built", i))
+        build.steps.append(plan.built(i))
+
+    build.built = build_engines(program, parts, compiler, work, cache_dir=cache, on_start=started, on_built=done,
+                                checkpoint=[path])
+    return build
+
+
+@pytest.fixture(scope="module")
+def mapped(checkpoint: Path, cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Build]:
+    # The cap puts the embedding and the layer up to its up_proj in the first engine, down_proj, the
+    # norm and the tied head in the second.
+    yield _build(checkpoint, tmp_path_factory.mktemp("mapped"), cache, InductorCompiler(weights="mapped"),
+                 release_mapped_storage, cap_bytes=int(3.25 * MIB))
+
+
+def test_mapped_engines_build_in_order_releasing_after_each(mapped: Build) -> None:
+    assert len(mapped.parts) == 2
+    assert mapped.events == [("start", 0), ("built", 0), ("start", 1), ("built", 1)]
+    program = mapped.built.program
+    released = sum(s.released_bytes for s in mapped.steps)
+    kept = sum(s.kept_bytes for s in mapped.steps)
+    assert released + kept == program_weight_bytes(program)
+    assert kept == mapped.model.inv_freq.numel() * 4  # the one tensor that is not a mapped view
+    records = mapped.built.records
+    assert [r.index for r in records] == [0, 1]
+    for record, part in zip(records, mapped.parts, strict=True):
+        assert record.compiler == "inductor" and record.weights == "mapped"
+        assert record.weight_bytes == part.weight_bytes
+        assert record.artifact_bytes < part.weight_bytes  # the artifact holds none of its weights
+        assert record.compile_s > 0 and record.cache_bytes > 0
+        assert record.host_hwm_bytes is None or record.host_hwm_bytes >= record.rss_before_bytes
+        assert record.pages_read_bytes is not None
+        assert record.largest_child_bytes > 0 and record.children_peak_bytes >= record.largest_child_bytes
+        assert Path(record.path).is_file()
+
+
+def test_compiler_cache_lives_where_the_caller_says(mapped: Build, cache: Path) -> None:
+    assert mapped.env_during == [str(cache.resolve())] * 2
+    assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") != str(cache.resolve())  # restored afterwards
+    assert any(cache.iterdir())
+
+
+def test_mapped_pipeline_runs_on_the_views_and_equals_eager(mapped: Build, checkpoint: Path) -> None:
+    pipeline = mapped.built.load()
+    weights = program_weights(mapped.built.program)
+    for engine in pipeline.engines:
+        assert isinstance(engine, LoadedEngine)
+        assert engine.weights == "mapped" and engine.constants
+        for name, tensor in engine.constants.items():
+            assert tensor.data_ptr() == weights[name].data_ptr(), f"{name} was copied"
+    comparison = compare_with_eager(pipeline, _mapped(checkpoint), (TOKENS,)).check()
+    assert comparison.outputs == 1 and comparison.max_abs_diff < 1e-4
+
+
+def test_a_mapped_engine_is_never_run_without_its_weights(mapped: Build) -> None:
+    path = mapped.built.artifacts[1].path
+    given = dict(mapped.built.artifacts[1].constants)
+    with pytest.raises(EngineLoadError, match=r"engine-001\.pt2.*norm\.weight: not given"):
+        load_engine(path)
+    name = "norm.weight"
+    with pytest.raises(EngineLoadError, match=r"norm\.weight: built for"):
+        load_engine(path, constants={**given, name: torch.ones(given[name].numel() + 1, dtype=torch.bfloat16)})
+    released = given[name].clone()
+    released.untyped_storage().resize_(0)
+    with pytest.raises(EngineLoadError, match=r"norm\.weight: its storage was released"):
+        load_engine(path, constants={**given, name: released})
+
+
+def test_packaged_engine_holds_its_weights(checkpoint: Path, cache: Path, tmp_path: Path) -> None:
+    build = _build(checkpoint, tmp_path, cache, InductorCompiler(weights="packaged"), release_storage, count=1)
+    (record,) = build.built.records
+    assert record.weights == "packaged"
+    assert record.artifact_bytes > record.weight_bytes  # the weights are in the artifact
+    assert [a.constants for a in build.built.artifacts] == [{}]
+    assert build.built.copy_floor_bytes == build.built.baseline_rss_bytes + record.weight_bytes
+    pipeline = build.built.load()
+    # The mapped weights' pages were dropped after the build; the engine does not read them.
+    compare_with_eager(pipeline, _mapped(checkpoint), (TOKENS,)).check()
+
+
+def test_only_artifacts_that_record_their_weight_setting_load(tmp_path: Path) -> None:
+    with pytest.raises(EngineLoadError, match="does not record its weight setting"):
+        _recorded(tmp_path / "x.pt2", {"AOTI_DEVICE_KEY": "cpu"})
+    assert _recorded(tmp_path / "x.pt2", {"weightmap_harness.weights": "mapped",
+                                          "weightmap_harness.constants": "{}"})[0] == "mapped"
+
+
+def test_settings_and_devices_are_checked_before_building() -> None:
+    with pytest.raises(ValueError, match="weights must be one of packaged, mapped"):
+        InductorCompiler(weights="copied")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="package_constants_in_so is set by the weights setting"):
+        InductorCompiler(configs={"aot_inductor.package_constants_in_so": False})
+    with pytest.raises(EngineBuildError, match="cpu or cuda"):
+        check_device("mps")
+    if not torch.cuda.is_available():
+        with pytest.raises(EngineBuildError, match="need a GPU"):
+            check_device("cuda")
+
+
+def test_inductor_cache_restores_the_environment(tmp_path: Path) -> None:
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    with inductor_cache(tmp_path / "c") as path:
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(path) and path.is_dir()
+    assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") == before
+
+
+def test_a_built_model_that_differs_from_eager_is_an_error() -> None:
+    x = (torch.ones(3),)
+    close = compare_with_eager(lambda t: t * 1.00001, lambda t: t, x)
+    assert close.ok and close.max_abs_diff == pytest.approx(1e-5, rel=1e-2)
+    far = compare_with_eager(lambda t: t + 1e-3, lambda t: t, x)
+    assert not far.ok and "beyond" in far.detail
+    with pytest.raises(AssertionError, match="3 of 3 elements"):
+        far.check()
+    shape = compare_with_eager(lambda t: t[:2], lambda t: t, x)
+    assert not shape.ok and "built" in shape.detail
