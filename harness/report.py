@@ -9,8 +9,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.floor import compared_peak_bytes, compared_peak_label, excess_fraction, floor_or_none
-from harness.results import GIB, Reference, RunResults, StrategyResult, write_atomic
+from harness.atomic import write_atomic
+from harness.metrics import StrategyMetrics
+from harness.record import Reference
+from harness.results import Results
+
+GIB = 1 << 30
+"""Bytes in a GiB; every figure and table reports GiB."""
 
 NOTES_MARKER = "<!-- notes: kept when this file is regenerated -->"
 """Everything from this line to the end of an existing report survives regeneration."""
@@ -61,7 +66,7 @@ def _shorten(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
-def status_text(strategy: StrategyResult, limit: int | None = None) -> str:
+def status_text(strategy: StrategyMetrics, limit: int | None = None) -> str:
     """``ok``, or ``FAILED: <reason>`` (shortened to ``limit`` characters when given)."""
     if strategy.ok:
         return strategy.status
@@ -71,7 +76,7 @@ def status_text(strategy: StrategyResult, limit: int | None = None) -> str:
     return f"FAILED: {reason}" if strategy.status == "failed" else f"{strategy.status}: {reason}"
 
 
-def _gpu_cell(value: int | None, run: RunResults, decimals: int) -> str:
+def _gpu_cell(value: int | None, run: Results, decimals: int) -> str:
     if not run.gpu_measured:
         return f"{DASH} (no GPU)"
     return format_gib(value, decimals)
@@ -85,22 +90,17 @@ def short_commit(commit: str | None, length: int = 12) -> str:
     return sha[:length] + ("-dirty" if dirty else "")
 
 
-def strategy_row(run: RunResults, strategy: StrategyResult, decimals: int) -> list[str]:
+def strategy_row(run: Results, strategy: StrategyMetrics, decimals: int) -> list[str]:
     """The table cells of one strategy, in :data:`TABLE_COLUMNS` order."""
-    floor = floor_or_none(strategy, run.device)
-    peak = compared_peak_bytes(strategy, run.device)
-    excess = None
-    if floor is not None and peak is not None and run.model.bytes > 0:
-        excess = excess_fraction(peak, floor, run.model.bytes)
     status = status_text(strategy, _STATUS_CHARS)
     return [
         strategy.name,
         format_gib(strategy.host_at_partitioning_bytes, decimals),
-        format_gib(strategy.host_peak_bytes, decimals),
-        format_gib(strategy.anon_peak_bytes, decimals),
-        _gpu_cell(strategy.host_gpu_peak_bytes, run, decimals),
-        format_gib(floor, decimals),
-        format_percent(excess),
+        format_gib(strategy.run_host_peak_bytes, decimals),
+        format_gib(strategy.run_anon_peak_bytes, decimals),
+        _gpu_cell(run.record.strategies[strategy.name].host_gpu_peak_bytes, run, decimals),
+        format_gib(strategy.floor_bytes, decimals),
+        format_percent(strategy.excess),
         format_gib(strategy.released_bytes, decimals),
         DASH if strategy.wall_s is None else f"{strategy.wall_s:.1f} s",
         status if strategy.ok else f"**{status}**",
@@ -134,13 +134,13 @@ def _table(rows: Sequence[Sequence[str]]) -> list[str]:
     return lines
 
 
-def _versions(run: RunResults) -> str:
-    return ", ".join(f"{k} {v}" for k, v in run.versions.items() if v)
+def _versions(run: Results) -> str:
+    return ", ".join(f"{k} {v}" for k, v in run.record.versions.items() if v)
 
 
-def machine_text(run: RunResults) -> str:
+def machine_text(run: Results) -> str:
     """``16 CPUs, 128 GiB memory, NVIDIA H200`` (or ``no GPU``)."""
-    m = run.machine
+    m = run.record.machine
     parts = []
     if m.cpus is not None:
         parts.append(f"{m.cpus} CPUs")
@@ -150,8 +150,9 @@ def machine_text(run: RunResults) -> str:
     return ", ".join(parts)
 
 
-def context_paragraph(run: RunResults) -> str:
+def context_paragraph(results: Results) -> str:
     """One paragraph on what was measured, where, and with what."""
+    run = results.record
     model = run.model
     decimals = gib_decimals(model.bytes)
     about = [
@@ -162,10 +163,10 @@ def context_paragraph(run: RunResults) -> str:
     text = f"Model **{model.name}** ({', '.join(a for a in about if a)})"
     if model.source_note:
         text += f", {model.source_note.rstrip('.')}"
-    machine = f"; machine: {machine_text(run)}"
+    machine = f"; machine: {machine_text(results)}"
     if run.machine.kernel:
         machine += f", kernel {run.machine.kernel}"
-    engines = f"{run.engine_count} engines" if run.engine_count is not None else "engines"
+    engines = f"{run.engines} engines"
     if run.engine_cap_bytes:
         engines += f" (cap {format_gib(run.engine_cap_bytes, decimals)} each)"
     setup = [
@@ -178,11 +179,11 @@ def context_paragraph(run: RunResults) -> str:
     ]
     text += machine + "; " + ", ".join(s for s in setup if s) + "."
     created = run.created or "at an unrecorded time"
-    text += f" Commit {short_commit(run.commit)}, created {created}; {_versions(run)}."
+    text += f" Commit {short_commit(run.commit)}, created {created}; {_versions(results)}."
     return text
 
 
-def _floor_note(run: RunResults, decimals: int) -> str:
+def _floor_note(run: Results, decimals: int) -> str:
     if run.on_gpu:
         floor = (
             "on the GPU engines accumulate, so the floor is baseline + max over k of "
@@ -202,13 +203,11 @@ def _floor_note(run: RunResults, decimals: int) -> str:
     )
 
 
-def _above_floor(run: RunResults, s: StrategyResult, decimals: int) -> str | None:
-    floor = floor_or_none(s, run.device)
-    peak = compared_peak_bytes(s, run.device)
-    if floor is None or peak is None or run.model.bytes <= 0:
+def _above_floor(s: StrategyMetrics, decimals: int) -> str | None:
+    floor, peak, fraction = s.floor_bytes, s.compared_peak_bytes, s.excess
+    if floor is None or peak is None or fraction is None:
         return None
-    fraction = excess_fraction(peak, floor, run.model.bytes)
-    label = compared_peak_label(run.device)
+    label = s.compared_label
     if fraction < 0:
         return (
             f"{label} {format_gib(peak, decimals)} is {format_gib(floor - peak, decimals)} below the floor "
@@ -220,29 +219,30 @@ def _above_floor(run: RunResults, s: StrategyResult, decimals: int) -> str | Non
     )
 
 
-def strategy_observations(run: RunResults, s: StrategyResult) -> list[str]:
+def strategy_observations(run: Results, s: StrategyMetrics) -> list[str]:
     """Facts about one strategy, computed from its figures only: a headline and indented details."""
-    decimals = gib_decimals(run.model.bytes)
-    model = run.model.bytes
+    decimals = gib_decimals(s.model_bytes)
+    model = s.model_bytes
+    r = run.record.strategies[s.name]
     headline: list[str] = []
     if not s.ok:
         headline.append(status_text(s))
-    if s.host_at_partitioning_bytes is not None and s.baseline_rss_bytes is not None:
-        above = s.host_at_partitioning_bytes - s.baseline_rss_bytes
+    if s.host_at_partitioning_bytes is not None and s.baseline_bytes is not None:
+        above = s.host_at_partitioning_bytes - s.baseline_bytes
         headline.append(
             f"host at partitioning {format_gib(above, decimals)} above the baseline of "
-            f"{format_gib(s.baseline_rss_bytes, decimals)}"
+            f"{format_gib(s.baseline_bytes, decimals)}"
         )
-    floor_fact = _above_floor(run, s, decimals)
+    floor_fact = _above_floor(s, decimals)
     if floor_fact:
         headline.append(floor_fact)
     details: list[str] = []
     memory = []
-    if s.anon_peak_bytes is not None and model > 0:
-        share = s.anon_peak_bytes / model * 100
-        memory.append(f"anonymous peak {format_gib(s.anon_peak_bytes, decimals)} ({share:.0f}% of the model)")
-    if s.gpu_peak_bytes is not None:
-        memory.append(f"GPU peak {format_gib(s.gpu_peak_bytes, decimals)}")
+    if s.run_anon_peak_bytes is not None and model > 0:
+        share = s.run_anon_peak_bytes / model * 100
+        memory.append(f"anonymous peak {format_gib(s.run_anon_peak_bytes, decimals)} ({share:.0f}% of the model)")
+    if s.run_gpu_peak_bytes is not None:
+        memory.append(f"GPU peak {format_gib(s.run_gpu_peak_bytes, decimals)}")
     if memory:
         details.append("; ".join(memory))
     release = []
@@ -251,43 +251,40 @@ def strategy_observations(run: RunResults, s: StrategyResult) -> list[str]:
         release.append(f"released {format_gib(s.released_bytes, decimals)} ({share:.0f}% of the model)")
     if s.unreleased_bytes is not None:
         release.append(f"{format_gib(s.unreleased_bytes, decimals)} never released")
-    if s.release_note:
-        release.append(s.release_note.rstrip("."))
+    if r.release_note:
+        release.append(r.release_note.rstrip("."))
     if release:
         details.append("; ".join(release))
     sampling = []
-    if s.peak_source:
-        sampling.append(f"peaks from the {s.peak_source}")
-    if s.sample_count is not None:
-        sampling.append(f"{s.sample_count} samples")
-    if s.max_gap_ms is not None:
-        sampling.append(f"longest gap between samples {s.max_gap_ms:.1f} ms")
-    if s.mean_interval_ms is not None:
-        sampling.append(f"mean interval {s.mean_interval_ms:.1f} ms")
-    if sampling:
-        details.append(", ".join(sampling))
-    if s.note:
-        details.append(s.note.rstrip("."))
+    if r.peak_source:
+        sampling.append(f"peaks from the {r.peak_source}")
+    sampling.append(f"{r.samples} samples")
+    if r.max_gap_ms is not None:
+        sampling.append(f"longest gap between samples {r.max_gap_ms:.1f} ms")
+    if r.mean_interval_ms is not None:
+        sampling.append(f"mean interval {r.mean_interval_ms:.1f} ms")
+    details.append(", ".join(sampling))
+    if r.note:
+        details.append(r.note.rstrip("."))
     if not s.ok:
-        finished = sum(1 for e in s.engines if e.end_s is not None)
-        total = run.engine_count if run.engine_count is not None else "?"
-        last = f" up to {s.samples['t_s'].max():.1f} s" if len(s.samples) else ""
-        details.append(f"partial data: {len(s.samples)} samples{last}; {finished} of {total} engines built")
+        samples = run.samples[s.name]
+        last = f" up to {samples['t_s'].max():.1f} s" if len(samples) else ""
+        details.append(f"partial data: {len(samples)} samples{last}; {s.engines_built} of {run.record.engines} "
+                       "engines built")
     lines = [f"- **{s.name}**: " + ("; ".join(headline) or "no figures recorded") + "."]
     return lines + [f"  - {d}." for d in details]
 
 
-def comparison_observations(run: RunResults) -> list[str]:
+def comparison_observations(run: Results) -> list[str]:
     """Which finished strategy is lowest on host at partitioning and on the compared peak."""
-    finished = [s for s in run.strategies.values() if s.ok]
+    finished = [s for s in run.metrics.values() if s.ok]
     if len(finished) < 2:
         return []
-    decimals = gib_decimals(run.model.bytes)
+    decimals = gib_decimals(run.record.model.bytes)
     lines = []
-    label = compared_peak_label(run.device)
     figures = {
         "host at partitioning": {s.name: s.host_at_partitioning_bytes for s in finished},
-        label: {s.name: compared_peak_bytes(s, run.device) for s in finished},
+        finished[0].compared_label: {s.name: s.compared_peak_bytes for s in finished},
     }
     for title, by_name in figures.items():
         known = [(v, name) for name, v in by_name.items() if v is not None]
@@ -302,21 +299,22 @@ def comparison_observations(run: RunResults) -> list[str]:
     return lines
 
 
-def render_report(run: RunResults, figures: Sequence[str] = (), notes: str | None = None) -> str:
+def render_report(run: Results, figures: Sequence[str] = (), notes: str | None = None) -> str:
     """The whole markdown text. ``figures`` are image paths relative to the report; ``notes`` is
     the kept tail of a previous report (from the marker on), or ``None`` for a fresh file."""
-    decimals = gib_decimals(run.model.bytes)
-    rows = [strategy_row(run, s, decimals) for s in run.strategies.values()]
-    rows += [reference_row(r) for r in run.references]
+    record = run.record
+    decimals = gib_decimals(record.model.bytes)
+    rows = [strategy_row(run, s, decimals) for s in run.metrics.values()]
+    rows += [reference_row(r) for r in record.references]
     lines = [f"# {run.name}: memory by loading strategy", ""]
-    if run.description:
-        lines += [f"*{' '.join(run.description.split())}*", ""]
+    if record.description:
+        lines += [f"*{' '.join(record.description.split())}*", ""]
     lines += [context_paragraph(run), ""]
     lines += _table(rows)
     lines += ["", _floor_note(run, decimals), ""]
-    notes_on_refs = [f"- reference **{r.label}**: {r.note.rstrip('.')}." for r in run.references if r.note]
+    notes_on_refs = [f"- reference **{r.label}**: {r.note.rstrip('.')}." for r in record.references if r.note]
     lines += ["## Observations", ""]
-    for strategy in run.strategies.values():
+    for strategy in run.metrics.values():
         lines += strategy_observations(run, strategy)
     lines += comparison_observations(run)
     lines += notes_on_refs
@@ -339,8 +337,7 @@ def kept_notes(path: Path) -> str | None:
     return None if at < 0 else text[at:]
 
 
-def write_report(run: RunResults, path: Path, figures: Sequence[str] = ()) -> Path:
+def write_report(run: Results, path: Path, figures: Sequence[str] = ()) -> Path:
     """Render the report to ``path`` atomically, keeping the notes of the file it replaces."""
     path = Path(path)
-    text = render_report(run, figures, kept_notes(path))
-    return write_atomic(path, text.encode("utf-8"))
+    return write_atomic(path, render_report(run, figures, kept_notes(path)))

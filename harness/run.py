@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import collections
 import datetime
-import json
-import os
 import subprocess
 import sys
 import threading
@@ -22,17 +20,30 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import psutil
 
 from harness import machine
 from harness.backends import check_backend, resolve_device
 from harness.checkpoints import checkpoint_specs, describe_specs, ensure_checkpoint
+from harness.metrics import StrategyMetrics
 from harness.models import build_model
 from harness.partition import cap_for, model_bytes, partition
+from harness.record import (
+    CheckpointInfo,
+    MachineInfo,
+    ModelInfo,
+    Reference,
+    RunRecord,
+    StrategyRecord,
+    events_file,
+    read_strategy_file,
+    samples_file,
+    strategy_file,
+    write_summary,
+)
 from harness.scenario import Scenario, load_scenario
-from harness.summary import failed_entry, load_raw, strategy_summary
 
 WorkerCommand = Callable[[Scenario, str, Path], Sequence[str]]
 
@@ -95,7 +106,18 @@ def _progress(message: str) -> None:
     print(f"[harness] {message}", file=sys.stderr, flush=True)
 
 
-def prepare(scenario: Scenario) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Prepared:
+    """What every strategy of a scenario shares: the model, its checkpoint and its engines."""
+
+    model: ModelInfo
+    checkpoint: CheckpointInfo
+    engines: int
+    engine_cap_bytes: int
+    largest_engine_bytes: int
+
+
+def prepare(scenario: Scenario) -> Prepared:
     """Check the backend, describe the model and make sure its checkpoint exists."""
     check_backend(scenario.build.backend)
     info = build_model(scenario.model)
@@ -109,22 +131,21 @@ def prepare(scenario: Scenario) -> dict[str, Any]:
         assert scenario.build.engines is not None
         cap = cap_for(info.module, scenario.build.engines)
     engines = partition(info.module, cap)
-    return {
-        "model": {"name": info.name, "source": info.source, "source_note": info.source_note,
-                  "tensors": checkpoint["tensors"], "bytes": checkpoint["nbytes"],
-                  "bytes_with_non_persistent_buffers": model_bytes(info.module)},
-        "checkpoint": {"path": str(path), "generated": generated, "seed": scenario.checkpoint.seed,
-                       "bytes": path.stat().st_size},
-        "engines": len(engines),
-        "engine_cap_bytes": cap,
-        "largest_engine_bytes": max(e.nbytes for e in engines),
-    }
+    return Prepared(
+        model=ModelInfo(name=info.name, source=info.source, source_note=info.source_note,
+                        tensors=checkpoint["tensors"], bytes=checkpoint["nbytes"],
+                        bytes_with_non_persistent_buffers=model_bytes(info.module)),
+        checkpoint=CheckpointInfo(path=str(path), generated=generated, seed=scenario.checkpoint.seed,
+                                  bytes=path.stat().st_size),
+        engines=len(engines),
+        engine_cap_bytes=cap,
+        largest_engine_bytes=max(e.nbytes for e in engines),
+    )
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    os.replace(tmp, path)
+def _failed(reason: str) -> StrategyRecord:
+    """The record of a strategy whose process left none (killed before it could write one)."""
+    return StrategyRecord(status="failed", error=reason)
 
 
 def run_scenario(
@@ -134,56 +155,60 @@ def run_scenario(
     results: Path = Path("results"),
     command: WorkerCommand = worker_command,
     plots: bool = True,
-) -> dict[str, Any]:
-    """Run every strategy of ``scenario`` and write ``results/<name>/`` and the figures; returns the summary."""
+) -> RunRecord:
+    """Run every strategy of ``scenario`` and write ``results/<name>/`` and the figures; returns the record."""
     name = name or scenario.name
     out = results / name
     out.mkdir(parents=True, exist_ok=True)
     prepared = prepare(scenario)
     device = resolve_device(scenario.build.device)
     limit = int(scenario.run.memory_limit_gib * 2**30) if scenario.run.memory_limit_gib else None
-    summary: dict[str, Any] = {
-        "scenario": scenario.name,
-        "name": name,
-        "description": scenario.description,
-        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "commit": machine.commit(),
-        "machine": machine.machine(),
-        "versions": machine.versions(),
-        **prepared,
-        "backend": scenario.build.backend,
-        "device": device,
-        "cache": scenario.run.cache,
-        "release": scenario.build.release,
-        "sample_interval_ms": scenario.run.sample_interval_ms,
-        "memory_limit_bytes": limit,
-        "references": [r.__dict__ for r in scenario.references],
-        "scenario_config": scenario.to_dict(),
-        "strategies": {},
-    }
+    run = RunRecord(
+        scenario=scenario.name,
+        name=name,
+        description=scenario.description,
+        created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        commit=machine.commit(),
+        machine=MachineInfo(**machine.machine()),
+        versions=machine.versions(),
+        model=prepared.model,
+        checkpoint=prepared.checkpoint,
+        engines=prepared.engines,
+        engine_cap_bytes=prepared.engine_cap_bytes,
+        largest_engine_bytes=prepared.largest_engine_bytes,
+        backend=scenario.build.backend,
+        device=device,
+        cache=scenario.run.cache,
+        release=scenario.build.release,
+        sample_interval_ms=scenario.run.sample_interval_ms,
+        memory_limit_bytes=limit,
+        references=tuple(Reference(**r.__dict__) for r in scenario.references),
+        scenario_config=scenario.to_dict(),
+        strategies={},
+    )
     for i, strategy in enumerate(scenario.strategies, 1):
         _progress(f"strategy {i}/{len(scenario.strategies)}: {strategy}")
-        for stale in ("strategy", "samples", "events"):
-            suffix = "json" if stale == "strategy" else "csv"
-            (out / f"{stale}-{strategy}.{suffix}").unlink(missing_ok=True)
+        for stale in (strategy_file(strategy), samples_file(strategy), events_file(strategy)):
+            (out / stale).unlink(missing_ok=True)
         outcome = watch(command(scenario, strategy, out), limit, scenario.run.timeout_s)
-        raw, samples = load_raw(out, strategy)
-        if raw is None:
-            entry = failed_entry(outcome.reason or f"no record written (exit status {outcome.returncode})")
-        else:
-            if outcome.reason:
-                raw["status"], raw["error"] = "failed", outcome.reason
-            entry = strategy_summary(raw, samples, device, prepared["model"]["bytes"])
-        entry["watched_peak_rss_bytes"] = outcome.peak_rss_bytes
-        summary["strategies"][strategy] = entry
-        _progress(f"{strategy}: {entry['status']}" + (f" ({entry['error']})" if entry["error"] else ""))
-        _write_json(out / "summary.json", summary)  # partial results survive an interrupted run
+        record = read_strategy_file(out, strategy)
+        if record is None:
+            record = _failed(outcome.reason or f"no record written (exit status {outcome.returncode})")
+        elif outcome.reason:
+            record = record.replace(status="failed", error=outcome.reason)
+        record = record.replace(watched_peak_rss_bytes=outcome.peak_rss_bytes)
+        metrics = StrategyMetrics.of(strategy, record, run)
+        record = record.replace(floor_bytes=metrics.floor_bytes,
+                                excess_over_floor=None if metrics.excess is None else round(metrics.excess, 6))
+        run = run.with_strategy(strategy, record)
+        _progress(f"{strategy}: {record.status}" + (f" ({record.error})" if record.error else ""))
+        write_summary(out, run)  # partial results survive an interrupted run
     if plots:
         from harness.plots import render_all
 
         for path in render_all(out):
             _progress(f"wrote {path}")
-    return summary
+    return run
 
 
 def main_run(argv: Sequence[str] | None = None) -> int:
@@ -196,6 +221,6 @@ def main_run(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=Path("results"), help="results root (default: results)")
     args = parser.parse_args(argv)
     scenario = load_scenario(args.scenario)
-    summary = run_scenario(scenario, name=args.name, results=args.results)
-    failed = [s for s, e in summary["strategies"].items() if e["status"] != "ok"]
+    run = run_scenario(scenario, name=args.name, results=args.results)
+    failed = [s for s, e in run.strategies.items() if not e.ok]
     return 1 if failed else 0

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
+import io
 import os
 import sys
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +28,24 @@ import psutil
 import torch
 from tqdm import tqdm
 
+from harness.atomic import write_atomic
 from harness.backends import Backend, make_backend, resolve_device
 from harness.gpu import GpuMonitor
+from harness.metrics import SampleColumns, sampled_peaks
 from harness.models import build_model, fill_non_persistent
 from harness.partition import Engine, cap_for, model_bytes, partition
 from harness.procfs import PeakTracker, read_peak, read_status
+from harness.record import (
+    EVENT_COLUMNS,
+    EngineRecord,
+    Phases,
+    StrategyRecord,
+    events_file,
+    samples_file,
+    write_strategy_file,
+)
 from harness.sampler import Sampler
 from harness.scenario import Scenario, load_scenario
-from harness.schema import EVENT_COLUMNS
 from harness.strategies import LOADERS
 from weightmap import ReleasePlan
 from weightmap.checkpoint import open_checkpoint
@@ -54,19 +64,17 @@ class EventLog:
         return t
 
     def write_csv(self, path: Path) -> None:
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=EVENT_COLUMNS, restval="")
-            writer.writeheader()
-            writer.writerows(self.rows)
-        os.replace(tmp, path)
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, fieldnames=EVENT_COLUMNS, restval="")
+        writer.writeheader()
+        writer.writerows(self.rows)
+        write_atomic(path, text.getvalue())
 
 
 @dataclass
-class StrategyRecord:
-    """Everything the parent needs from one strategy besides the samples."""
+class _Measured:
+    """What one strategy's run has measured so far; :meth:`record` makes it a :class:`StrategyRecord`."""
 
-    strategy: str
     status: str = "running"
     error: str | None = None
     device: str = "cpu"
@@ -77,20 +85,29 @@ class StrategyRecord:
     gpu_baseline_bytes: int | None = None
     phases: dict[str, float] = field(default_factory=dict)
     engine_cap_bytes: int | None = None
-    engines: list[dict[str, Any]] = field(default_factory=list)
+    engines: list[EngineRecord] = field(default_factory=list)
     released_bytes: int = 0
     unreleased_bytes: int = 0
     release_note: str = ""
     peak_source: str = "kernel high-water mark"
     samples: int = 0
-    mean_interval_ms: float = 0.0
-    max_gap_ms: float = 0.0
-    process_wall_s: float = 0.0
+    mean_interval_ms: float | None = None
+    max_gap_ms: float | None = None
+    process_wall_s: float | None = None
 
-    def write(self, path: Path) -> None:
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=1))
-        os.replace(tmp, path)
+    def record(self) -> StrategyRecord:
+        phases = {k: round(v, 6) for k, v in self.phases.items()}
+        return StrategyRecord(
+            status=self.status, error=self.error, note=self.note,
+            baseline_rss_bytes=self.baseline_rss_bytes,
+            host_at_partitioning_bytes=self.host_at_partitioning_bytes,
+            load_hwm_bytes=self.load_hwm_bytes, gpu_baseline_bytes=self.gpu_baseline_bytes,
+            process_wall_s=None if self.process_wall_s is None else round(self.process_wall_s, 3),
+            phases=Phases(**phases), samples=self.samples, mean_interval_ms=self.mean_interval_ms,
+            max_gap_ms=self.max_gap_ms, peak_source=self.peak_source, engine_cap_bytes=self.engine_cap_bytes,
+            released_bytes=self.released_bytes, unreleased_bytes=self.unreleased_bytes,
+            release_note=self.release_note, engines=tuple(self.engines),
+        )
 
 
 def process_start_monotonic() -> float:
@@ -123,7 +140,7 @@ def _named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return named
 
 
-def _release_note(strategy: str, record: StrategyRecord, release: bool) -> str:
+def _release_note(strategy: str, record: _Measured, release: bool) -> str:
     if not release:
         return "release = false: every weight kept until the end"
     if record.unreleased_bytes == 0:
@@ -141,7 +158,7 @@ class Run:
     def __init__(self, scenario: Scenario, strategy: str, out: Path, workdir: Path, t0: float) -> None:
         self.scenario, self.strategy, self.out, self.workdir = scenario, strategy, out, workdir
         self.t0 = t0
-        self.record = StrategyRecord(strategy)
+        self.record = _Measured()
         self.events = EventLog(t0)
         self.peak = PeakTracker()
         self.gpu: GpuMonitor | None = None
@@ -227,19 +244,20 @@ class Run:
             rss, gpu = read_status().rss_bytes, self._gpu_used()
             end = self.events.add("engine_end", engine=engine.index, weight_bytes=engine.nbytes,
                                   host_hwm_bytes=hwm, released_bytes=released, rss_bytes=rss, gpu_used_bytes=gpu)
-            self.record.engines.append({
-                "index": engine.index, "weight_bytes": engine.nbytes, "start_s": start, "end_s": end,
-                "host_hwm_bytes": hwm, "released_bytes": released, "rss_after_bytes": rss,
-                "gpu_used_bytes": gpu, "tensors": len(engine.names),
-            })
+            self.record.engines.append(EngineRecord(
+                index=engine.index, weight_bytes=engine.nbytes, start_s=round(start, 6), end_s=round(end, 6),
+                host_hwm_bytes=hwm, released_bytes=released, rss_after_bytes=rss, gpu_used_bytes=gpu,
+                tensors=len(engine.names),
+            ))
         if not self.peak.supported:
             self.record.peak_source = "samples only: the kernel refused to reset VmHWM (/proc/self/clear_refs)"
         self.record.release_note = _release_note(self.strategy, self.record, scenario.build.release)
         self.record.phases["build_end_s"] = self.events.add("build_end")
         self.sampler.mark(phase="done", engine=None)
 
-    def finish(self) -> None:
-        """Stop the sampler and write every file, whatever happened before."""
+    def finish(self) -> StrategyRecord:
+        """Stop the sampler and write every file, whatever happened before; returns the record."""
+        columns = None
         if self.sampler is not None and self.sampler.running:
             try:
                 stats = self.sampler.stop()
@@ -249,12 +267,17 @@ class Run:
                 self.record.status = "failed"  # the samples stop where the sampler failed
                 self.record.error = "; ".join(filter(None, [self.record.error, str(exc)]))
         if self.sampler is not None:
-            self.sampler.write_csv(self.out / f"samples-{self.strategy}.csv")
-        self.events.write_csv(self.out / f"events-{self.strategy}.csv")
+            self.sampler.write_csv(self.out / samples_file(self.strategy))
+            columns = self.sampler.columns()
+        self.events.write_csv(self.out / events_file(self.strategy))
         if self.backend is not None:
             self.backend.close()
         self.record.process_wall_s = time.monotonic() - self.t0
-        self.record.write(self.out / f"strategy-{self.strategy}.json")
+        record = self.record.record()
+        if columns is not None:
+            record = record.replace(**sampled_peaks(record, SampleColumns.of(columns)))
+        write_strategy_file(self.out, self.strategy, record)
+        return record
 
 
 def run_strategy(scenario: Scenario, strategy: str, out: Path, workdir: Path, t0: float) -> StrategyRecord:
@@ -271,9 +294,7 @@ def run_strategy(scenario: Scenario, strategy: str, out: Path, workdir: Path, t0
         traceback.print_exc(file=sys.stderr)
         run.record.status = "failed"
         run.record.error = f"{type(exc).__name__}: {exc}"
-    finally:
-        run.finish()
-    return run.record
+    return run.finish()
 
 
 def main(argv: list[str] | None = None) -> int:

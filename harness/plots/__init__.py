@@ -31,6 +31,7 @@ from harness.plots.style import (
     strategy_colour,
 )
 from harness.plots.timeline import time_origin, timeline_figure
+from harness.record import RecordError
 from harness.report import write_report
 from harness.results import load_results
 
@@ -87,7 +88,7 @@ def main_plot(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         written = render_all(args.results_dir, args.out)
-    except FileNotFoundError as error:
+    except RecordError as error:
         print(f"plot: {error}", file=sys.stderr)
         return 2
     for path in written:

@@ -11,18 +11,18 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from harness.plots.style import SERIES_COLOURS, _gib, _legend, _new_figure, _styled, strategy_colour
-from harness.results import RunResults
+from harness.results import Results
 
 
 @_styled
-def engines_figure(run: RunResults) -> Figure:
+def engines_figure(run: Results) -> Figure:
     """Per engine: weights (bars) and each strategy's host high-water mark; below, what each released."""
-    strategies = list(run.strategies.values())
-    order = [s.name for s in strategies]
+    strategies = [(name, record, run.metrics[name]) for name, record in run.strategies.items()]
+    order = [name for name, _, _ in strategies]
     fig = _new_figure(12.0, 7.6, run)
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(3, 2))
     weights: dict[int, int] = {}
-    for s in strategies:
+    for _, s, _ in strategies:
         for e in s.engines:
             weights.setdefault(e.index, e.weight_bytes)
     indices = sorted(weights)
@@ -32,9 +32,9 @@ def engines_figure(run: RunResults) -> Figure:
         handles.append(Patch(color=SERIES_COLOURS["weights"], label="engine weights"))
     count = max(1, len(strategies))
     width = 0.8 / count
-    for i, s in enumerate(strategies):
-        colour = strategy_colour(s.name, order)
-        label = s.name if s.ok else f"{s.name} (FAILED, partial)"
+    for i, (name, s, _) in enumerate(strategies):
+        colour = strategy_colour(name, order)
+        label = name if s.ok else f"{name} (FAILED, partial)"
         hwm = [(e.index, e.host_hwm_bytes) for e in s.engines if e.host_hwm_bytes is not None]
         if hwm:
             xs, ys = zip(*hwm, strict=True)
@@ -44,8 +44,8 @@ def engines_figure(run: RunResults) -> Figure:
         if released:
             xs, ys = zip(*released, strict=True)
             bottom.bar(np.asarray(xs) - 0.4 + width * (i + 0.5), _gib(ys), width, color=colour, zorder=2)
-        if released and run.model.bytes > 0:
-            label += f", released {total / run.model.bytes * 100:.0f}% of the model"
+        if released and run.record.model.bytes > 0:
+            label += f", released {total / run.record.model.bytes * 100:.0f}% of the model"
         handles.append(Line2D([], [], color=colour, marker="o", linewidth=1.6, label=label))
     top.set_ylabel("host high-water mark (GiB)")
     top.set_ylim(bottom=0)
@@ -60,5 +60,5 @@ def engines_figure(run: RunResults) -> Figure:
         bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
     if not indices:
         top.text(0.5, 0.5, "no engines recorded", transform=top.transAxes, ha="center", color="#777777")
-    _legend(fig, handles, f"{run.name}: memory engine by engine ({run.model.name})")
+    _legend(fig, handles, f"{run.name}: memory engine by engine ({run.record.model.name})")
     return fig

@@ -10,7 +10,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from harness.floor import compared_peak_label, floor_or_none
+from harness.metrics import compared_label
 from harness.plots.style import (
     _FLOOR_STYLE,
     _MODEL_STYLE,
@@ -20,13 +20,13 @@ from harness.plots.style import (
     _styled,
     strategy_colour,
 )
-from harness.report import gib_decimals
-from harness.results import GIB, RunResults
+from harness.report import GIB, gib_decimals
+from harness.results import Results
 
 _REFERENCE_HATCHES = ("//", "\\\\", "xx", "..")
 
 
-def _peak_metrics(run: RunResults) -> list[tuple[str, str]]:
+def _peak_metrics(run: Results) -> list[tuple[str, str]]:
     """(attribute, label) of the bar groups; host + GPU only when a GPU was measured."""
     metrics = [
         ("host_at_partitioning", "host at\npartitioning"),
@@ -56,18 +56,19 @@ def _bar_label(ax: Axes, x: float, value: float | None, text: str, top: float) -
 
 
 @_styled
-def peaks_figure(run: RunResults) -> Figure:
+def peaks_figure(run: Results) -> Figure:
     """Grouped bars: each metric's value per strategy, references hatched, model size and floor."""
-    decimals = gib_decimals(run.model.bytes)
+    record = run.record
+    decimals = gib_decimals(record.model.bytes)
     metrics = _peak_metrics(run)
-    strategies = list(run.strategies.values())
+    strategies = list(run.metrics.values())
     order = [s.name for s in strategies]
-    series = len(strategies) + len(run.references)
+    series = len(strategies) + len(record.references)
     fig = _new_figure(max(9.0, 2.2 * len(metrics) + 0.5 * series * len(metrics) / 2), 6.4, run)
     ax = fig.subplots()
     width = 0.8 / max(1, series)
     x = np.arange(len(metrics), dtype="float64")
-    values: list[float] = [run.model.bytes / GIB]
+    values: list[float] = [record.model.bytes / GIB]
     bars: list[tuple[float, float | None, str]] = []
     handles: list[Any] = []
     compared = "host_gpu_peak" if run.on_gpu else "host_peak"
@@ -76,20 +77,20 @@ def peaks_figure(run: RunResults) -> Figure:
         colour = strategy_colour(s.name, order)
         offsets = x - 0.4 + width * (i + 0.5)
         for offset, (attribute, _) in zip(offsets, metrics, strict=True):
-            raw = getattr(s, f"{attribute}_bytes")
+            raw = getattr(record.strategies[s.name], f"{attribute}_bytes")
             value = None if raw is None else raw / GIB
             if value is not None:
                 ax.bar(offset, value, width, color=colour, alpha=1.0 if s.ok else 0.45, edgecolor="white")
                 values.append(value)
             bars.append((offset, value, "" if value is None else f"{value:.{decimals}f}"))
-            floor = floor_or_none(s, run.device)
+            floor = s.floor_bytes
             if attribute == compared and floor is not None:
                 ax.hlines(floor / GIB, offset - width * 0.6, offset + width * 0.6, zorder=5, **_FLOOR_STYLE)
                 values.append(floor / GIB)
                 floor_drawn = True
         label = s.name if s.ok else f"{s.name} (FAILED, partial)"
         handles.append(Patch(color=colour, alpha=1.0 if s.ok else 0.45, label=label))
-    for j, ref in enumerate(run.references):
+    for j, ref in enumerate(record.references):
         i = len(strategies) + j
         hatch = _REFERENCE_HATCHES[j % len(_REFERENCE_HATCHES)]
         offsets = x - 0.4 + width * (i + 0.5)
@@ -110,10 +111,10 @@ def peaks_figure(run: RunResults) -> Figure:
     top = (max(values) or 1.0) * 1.22
     for offset, value, text in bars:
         _bar_label(ax, offset, value, text, top)
-    ax.axhline(run.model.bytes / GIB, zorder=4, **_MODEL_STYLE)
+    ax.axhline(record.model.bytes / GIB, zorder=4, **_MODEL_STYLE)
     handles.append(Line2D([], [], label=_model_label(run), **_MODEL_STYLE))
     if floor_drawn:
-        floor_label = f"floor: lowest possible {compared_peak_label(run.device)}"
+        floor_label = f"floor: lowest possible {compared_label(run.on_gpu)}"
         handles.append(Line2D([], [], label=floor_label, **_FLOOR_STYLE))
     ax.set_xticks(x, [label for _, label in metrics])
     ax.set_xlim(-0.5, len(metrics) - 0.5)
@@ -122,5 +123,5 @@ def peaks_figure(run: RunResults) -> Figure:
     if not run.gpu_measured:
         ax.set_title("no GPU: host + GPU peak not measured", loc="right", color="#555555")
     ax.set_title(f"values in GiB, {decimals} decimals", loc="left", color="#555555")
-    _legend(fig, handles, f"{run.name}: memory peaks by loading strategy ({run.model.name})")
+    _legend(fig, handles, f"{run.name}: memory peaks by loading strategy ({record.model.name})")
     return fig

@@ -18,8 +18,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.layout_engine import ConstrainedLayoutEngine
 
-from harness.report import gib_decimals, machine_text, short_commit
-from harness.results import GIB, RunResults, write_atomic
+from harness.atomic import write_atomic
+from harness.report import GIB, gib_decimals, machine_text, short_commit
+from harness.results import Results
 
 STYLE: dict[str, Any] = {
     "font.size": 10,
@@ -50,6 +51,7 @@ STRATEGY_COLOURS = {"map": "#0072B2", "load": "#D55E00", "load_file": "#CC79A7"}
 """One colour per strategy, the same in every figure."""
 
 _EXTRA_COLOURS = ("#44AA99", "#882255", "#999933", "#332288", "#117733", "#AA4499")
+
 _MODEL_STYLE: dict[str, Any] = {"color": SERIES_COLOURS["model"], "linestyle": "-", "linewidth": 1.3}
 _FLOOR_STYLE: dict[str, Any] = {"color": SERIES_COLOURS["floor"], "linestyle": "--", "linewidth": 1.4}
 _FOOTER_PT = 9
@@ -65,32 +67,33 @@ def strategy_colour(name: str, order: Sequence[str]) -> str:
     return _EXTRA_COLOURS[index % len(_EXTRA_COLOURS)]
 
 
-def _styled(build: Callable[[RunResults], Figure]) -> Callable[[RunResults], Figure]:
+def _styled(build: Callable[[Results], Figure]) -> Callable[[Results], Figure]:
     """Draw a figure under :data:`STYLE`, whoever calls the builder."""
 
     @functools.wraps(build)
-    def wrapper(run: RunResults) -> Figure:
+    def wrapper(run: Results) -> Figure:
         with mpl.rc_context(cast(Any, STYLE)):
             return build(run)
 
     return wrapper
 
 
-def footer_text(run: RunResults) -> str:
+def footer_text(run: Results) -> str:
     """Provenance: machine, backend, device, cache, versions, commit, date (wrapped when drawn)."""
-    versions = ", ".join(f"{k} {v}" for k, v in run.versions.items() if v)
-    commit = short_commit(run.commit, 10)
+    record = run.record
+    versions = ", ".join(f"{k} {v}" for k, v in record.versions.items() if v)
+    commit = short_commit(record.commit, 10)
     parts = [
         f"machine: {machine_text(run)}",
-        f"backend {run.backend}, device {run.device}, cache {run.cache or 'unknown'}",
+        f"backend {record.backend}, device {record.device}, cache {record.cache or 'unknown'}",
         versions,
         f"commit {commit}",
-        f"created {run.created or 'unknown'}",
+        f"created {record.created or 'unknown'}",
     ]
     return "   |   ".join(p for p in parts if p)
 
 
-def _new_figure(width: float, height: float, run: RunResults) -> Figure:
+def _new_figure(width: float, height: float, run: Results) -> Figure:
     """A constrained-layout figure with the provenance footer reserved at the bottom."""
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
@@ -147,9 +150,10 @@ def _legend(fig: Figure, handles: list[Any], title: str) -> None:
     )
 
 
-def _model_label(run: RunResults) -> str:
+def _model_label(run: Results) -> str:
     """The legend entry of the model-size line, in GiB."""
-    return f"model size ({run.model.bytes / GIB:.{gib_decimals(run.model.bytes)}f} GiB)"
+    model = run.record.model.bytes
+    return f"model size ({model / GIB:.{gib_decimals(model)}f} GiB)"
 
 
 def _gib(values: Any) -> Any:

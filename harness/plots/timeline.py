@@ -10,12 +10,13 @@ import textwrap
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from harness.floor import compared_peak_label, floor_or_none
+from harness.metrics import compared_label
 from harness.plots.style import (
     _FLOOR_STYLE,
     _MODEL_STYLE,
@@ -26,13 +27,14 @@ from harness.plots.style import (
     _new_figure,
     _styled,
 )
-from harness.report import status_text
-from harness.results import GIB, RunResults, StrategyResult
+from harness.record import StrategyRecord
+from harness.report import GIB, status_text
+from harness.results import Results
 
 _BANDS = ("#E6E6E6", "#F4F4F4")
 
 
-def time_origin(strategy: StrategyResult) -> float:
+def time_origin(strategy: StrategyRecord, samples: pd.DataFrame) -> float:
     """Where a strategy's timeline starts counting: its load start (else its first sample).
 
     Panels share one time axis from each strategy's own load start, so that strategies line up
@@ -40,18 +42,19 @@ def time_origin(strategy: StrategyResult) -> float:
     """
     if strategy.phases.load_start_s is not None:
         return strategy.phases.load_start_s
-    if len(strategy.samples) and strategy.samples["t_s"].notna().any():
-        return float(strategy.samples["t_s"].min())
+    if len(samples) and samples["t_s"].notna().any():
+        return float(samples["t_s"].min())
     return 0.0
 
 
-def _engine_spans(strategy: StrategyResult, origin: float = 0.0) -> list[tuple[int, float, float]]:
+def _engine_spans(strategy: StrategyRecord, samples: pd.DataFrame, origin: float = 0.0
+                  ) -> list[tuple[int, float, float]]:
     """(index, start, end) of every engine build, in seconds from ``origin``.
 
     An engine that started but never ended (a failed build) runs to the last sample.
     """
     spans = []
-    last = float(strategy.samples["t_s"].max()) if len(strategy.samples) else None
+    last = float(samples["t_s"].max()) if len(samples) else None
     for engine in strategy.engines:
         end = engine.end_s if engine.end_s is not None else last
         if engine.start_s is not None and end is not None:
@@ -59,28 +62,28 @@ def _engine_spans(strategy: StrategyResult, origin: float = 0.0) -> list[tuple[i
     return spans
 
 
-def _time_extent(strategy: StrategyResult) -> tuple[float, float]:
+def _time_extent(strategy: StrategyRecord, samples: pd.DataFrame) -> tuple[float, float]:
     """First and last time a strategy's panel draws, in seconds from its origin."""
-    origin = time_origin(strategy)
-    times = [t for _, start, end in _engine_spans(strategy, origin) for t in (start, end)]
-    if len(strategy.samples) and strategy.samples["t_s"].notna().any():
-        t_s = strategy.samples["t_s"]
+    origin = time_origin(strategy, samples)
+    times = [t for _, start, end in _engine_spans(strategy, samples, origin) for t in (start, end)]
+    if len(samples) and samples["t_s"].notna().any():
+        t_s = samples["t_s"]
         times += [float(t_s.min()) - origin, float(t_s.max()) - origin]
     return (min(times), max(times)) if times else (0.0, 1.0)
 
 
-def _timeline_top(run: RunResults) -> float:
+def _timeline_top(run: Results) -> float:
     """The highest value (GiB) any panel draws, so panels can share one y-axis."""
-    tops = [run.model.bytes / GIB]
-    for s in run.strategies.values():
-        frame = s.samples
+    tops = [run.record.model.bytes / GIB]
+    for name in run.strategies:
+        frame = run.samples[name]
         if len(frame):
             tops.append(float(np.nanmax(_gib(frame["rss_bytes"]))))
             tops.append(float(np.nanmax(_gib(frame["resident_bytes"]))))
             host_gpu = _gib(frame["rss_bytes"] + frame["gpu_used_bytes"])
             if np.isfinite(host_gpu).any():
                 tops.append(float(np.nanmax(host_gpu)))
-        floor = floor_or_none(s, run.device)
+        floor = run.metrics[name].floor_bytes
         if floor is not None:
             tops.append(floor / GIB)
     finite = [t for t in tops if np.isfinite(t)]
@@ -107,11 +110,12 @@ def _label_engines(ax: Axes, fig: Figure, spans: list[tuple[int, float, float]],
         )
 
 
-def _timeline_panel(ax: Axes, fig: Figure, run: RunResults, s: StrategyResult, x_range: float) -> None:
+def _timeline_panel(ax: Axes, fig: Figure, run: Results, name: str, x_range: float) -> None:
     """One strategy's memory over time, in seconds from its load start."""
-    origin = time_origin(s)
-    frame = s.samples.dropna(subset=["t_s", "rss_bytes"])
-    spans = _engine_spans(s, origin)
+    s, m, samples = run.strategies[name], run.metrics[name], run.samples[name]
+    origin = time_origin(s, samples)
+    frame = samples.dropna(subset=["t_s", "rss_bytes"])
+    spans = _engine_spans(s, samples, origin)
     for index, start, end in spans:
         ax.axvspan(start, end, color=_BANDS[index % 2], linewidth=0, zorder=0)
     _label_engines(ax, fig, spans, x_range)
@@ -140,11 +144,10 @@ def _timeline_panel(ax: Axes, fig: Figure, run: RunResults, s: StrategyResult, x
         if value is not None:
             x = value - origin
             ax.axvline(x, color=SERIES_COLOURS["phase"], linestyle=style, linewidth=1.2, zorder=5)
-    ax.axhline(run.model.bytes / GIB, zorder=2, **_MODEL_STYLE)
-    floor = floor_or_none(s, run.device)
-    if floor is not None:
-        ax.axhline(floor / GIB, zorder=2, **_FLOOR_STYLE)
-    title = f"{s.name}: {'ok' if s.ok else 'FAILED'}"
+    ax.axhline(run.record.model.bytes / GIB, zorder=2, **_MODEL_STYLE)
+    if m.floor_bytes is not None:
+        ax.axhline(m.floor_bytes / GIB, zorder=2, **_FLOOR_STYLE)
+    title = f"{name}: {'ok' if s.ok else 'FAILED'}"
     if s.wall_s is not None:
         title += f", wall {s.wall_s:.1f} s"
     if origin > 0:
@@ -152,10 +155,10 @@ def _timeline_panel(ax: Axes, fig: Figure, run: RunResults, s: StrategyResult, x
     if s.peak_source:
         title += f", peaks from {s.peak_source}"
     ax.set_title(title, loc="left", color="#000000" if s.ok else "#B00000", fontweight="bold")
-    if not s.gpu_measured:
+    if not m.gpu_measured:
         ax.set_title("no GPU", loc="right", color="#555555")
     if not s.ok:
-        reason = textwrap.fill(status_text(s), width=70)
+        reason = textwrap.fill(status_text(m), width=70)
         ax.text(
             0.99,
             0.5,
@@ -171,7 +174,7 @@ def _timeline_panel(ax: Axes, fig: Figure, run: RunResults, s: StrategyResult, x
     ax.set_ylabel("GiB")
 
 
-def _timeline_legend(run: RunResults) -> list[Any]:
+def _timeline_legend(run: Results) -> list[Any]:
     """The timeline's legend entries; GPU series only when a GPU was measured."""
     handles: list[Any] = [
         Patch(color=SERIES_COLOURS["anon"], alpha=0.8, label="RSS: anonymous"),
@@ -183,7 +186,7 @@ def _timeline_legend(run: RunResults) -> list[Any]:
             Line2D([], [], color=SERIES_COLOURS["gpu"], linewidth=1.5, label="GPU used"),
             Line2D([], [], color=SERIES_COLOURS["host_gpu"], linewidth=1.5, label="host + GPU"),
         ]
-    floor_label = f"floor: lowest possible {compared_peak_label(run.device)}"
+    floor_label = f"floor: lowest possible {compared_label(run.on_gpu)}"
     handles += [
         Line2D([], [], label=_model_label(run), **_MODEL_STYLE),
         Line2D([], [], label=floor_label, **_FLOOR_STYLE),
@@ -195,13 +198,13 @@ def _timeline_legend(run: RunResults) -> list[Any]:
 
 
 @_styled
-def timeline_figure(run: RunResults) -> Figure:
+def timeline_figure(run: Results) -> Figure:
     """One panel per strategy on a shared time axis."""
-    strategies = list(run.strategies.values())
+    strategies = list(run.strategies)
     panels = max(1, len(strategies))
     fig = _new_figure(12.0, 2.0 + 2.6 * panels, run)
     axes = fig.subplots(panels, 1, sharex=True, sharey=True, squeeze=False)[:, 0]
-    extents = [_time_extent(s) for s in strategies] or [(0.0, 1.0)]
+    extents = [_time_extent(run.strategies[s], run.samples[s]) for s in strategies] or [(0.0, 1.0)]
     x_min = min(0.0, *(lo for lo, _ in extents))
     x_max = max(hi for _, hi in extents)
     x_max = x_max if x_max > x_min else x_min + 1.0
@@ -213,6 +216,6 @@ def timeline_figure(run: RunResults) -> Figure:
     axes[0].set_xlim(x_min - margin, x_max + margin)
     axes[0].set_ylim(0, _timeline_top(run) * 1.15)
     axes[-1].set_xlabel("seconds from each strategy's load start")
-    title = f"{run.name}: memory over time by loading strategy ({run.model.name})"
+    title = f"{run.name}: memory over time by loading strategy ({run.record.model.name})"
     _legend(fig, _timeline_legend(run), title)
     return fig

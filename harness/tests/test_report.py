@@ -5,22 +5,22 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 
-from harness.floor import (
-    build_host_peak_bytes,
-    compared_peak_bytes,
+from harness.metrics import (
+    SampleColumns,
     excess_fraction,
     floor_bytes,
     gpu_floor_bytes,
     host_floor_bytes,
+    sampled_peaks,
 )
 from harness.plots import engines_figure, main_plot, peaks_figure, render_all, timeline_figure
-from harness.report import NOTES_MARKER, TABLE_COLUMNS, render_report, short_commit, write_report
-from harness.results import GIB, EngineRecord, Phases, StrategyResult, load_results
+from harness.record import EngineRecord, Phases, RecordError, StrategyRecord
+from harness.report import GIB, NOTES_MARKER, TABLE_COLUMNS, render_report, short_commit, write_report
+from harness.results import load_results
 from harness.tests.fixtures import FAILED_REASON, make_results
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -72,31 +72,11 @@ def cuda_dir(tmp_path: Path) -> Path:
     return make_results(tmp_path / "results", device="cuda")
 
 
-def _strategy(engines: list[int], baseline: int, samples: pd.DataFrame | None = None) -> StrategyResult:
-    """A bare finished strategy with the given engine sizes (build order = list order)."""
-    return StrategyResult(
-        name="map",
-        status="ok",
-        error=None,
-        baseline_rss_bytes=baseline,
-        host_at_partitioning_bytes=None,
-        host_peak_bytes=None,
-        anon_peak_bytes=None,
-        gpu_peak_bytes=None,
-        host_gpu_peak_bytes=None,
-        wall_s=None,
-        phases=Phases(None, None, None),
-        sample_count=None,
-        max_gap_ms=None,
-        peak_source=None,
-        released_bytes=None,
-        unreleased_bytes=None,
-        release_note=None,
-        engines=tuple(
-            EngineRecord(i, size, None, None, baseline + size, None) for i, size in enumerate(engines)
-        ),
-        samples=samples if samples is not None else pd.DataFrame({"t_s": [], "rss_bytes": [], "phase": []}),
-        events=pd.DataFrame(),
+def _engines(sizes: list[int], baseline: int) -> tuple[EngineRecord, ...]:
+    """Engines of the given sizes in build order, each peaking at baseline + its size."""
+    return tuple(
+        EngineRecord(i, size, float(i), float(i) + 0.5, baseline + size, None, None, None)
+        for i, size in enumerate(sizes)
     )
 
 
@@ -109,22 +89,16 @@ def test_floor_hand_computed_cpu_and_gpu() -> None:
     assert host_floor_bytes(base, engines) == base + 3 * GIB
     # max over k of (engines up to and including k + engine k) = max(3+3, 4+1, 6+2)
     assert gpu_floor_bytes(base, engines) == base + 8 * GIB
-    strategy = _strategy(engines, base)
-    assert floor_bytes(strategy, "cpu") == base + 3 * GIB
-    assert floor_bytes(strategy, "cuda") == base + 8 * GIB
+    records = _engines(engines, base)
+    assert floor_bytes(base, records, on_gpu=False) == base + 3 * GIB
+    assert floor_bytes(base, records, on_gpu=True) == base + 8 * GIB
 
 
-def test_floor_from_summary_mapping_sorts_engines_into_build_order() -> None:
-    summary = {
-        "baseline_rss_bytes": 100,
-        "engines": [
-            {"index": 2, "weight_bytes": 2},
-            {"index": 0, "weight_bytes": 3},
-            {"index": 1, "weight_bytes": 1},
-        ],
-    }
-    assert floor_bytes(summary, "cpu") == 103
-    assert floor_bytes(summary, "cuda") == 108
+def test_floor_takes_engines_in_build_order() -> None:
+    records = _engines([3, 1, 2], 100)
+    shuffled = (records[2], records[0], records[1])
+    assert floor_bytes(100, shuffled, on_gpu=False) == 103
+    assert floor_bytes(100, shuffled, on_gpu=True) == 108
 
 
 def test_gpu_floor_is_tight_form_of_simple_bound() -> None:
@@ -133,11 +107,11 @@ def test_gpu_floor_is_tight_form_of_simple_bound() -> None:
     assert gpu_floor_bytes(0, [3, 2, 1]) < 6 + 3
 
 
-def test_floor_needs_engines_and_baseline() -> None:
+def test_floor_needs_engines() -> None:
     with pytest.raises(ValueError):
         host_floor_bytes(0, [])
     with pytest.raises(ValueError):
-        floor_bytes({"baseline_rss_bytes": None, "engines": [{"index": 0, "weight_bytes": 1}]}, "cpu")
+        gpu_floor_bytes(0, [])
 
 
 def test_excess_fraction() -> None:
@@ -147,18 +121,22 @@ def test_excess_fraction() -> None:
         excess_fraction(1, 0, 0)
 
 
-def test_build_phase_peak_takes_engines_and_build_samples_only() -> None:
-    samples = pd.DataFrame(
-        {
-            "t_s": [0.0, 1.0, 2.0],
-            "rss_bytes": [100.0 * GIB, 7.0 * GIB, 1.0 * GIB],
-            "phase": pd.array(["load", "build", "done"], dtype="string"),
-        }
-    )
-    strategy = _strategy([3 * GIB], 2 * GIB, samples)
-    # engine high-water mark 5 GiB, build-phase sample 7 GiB; the load-phase 100 GiB is not the build
-    assert build_host_peak_bytes(strategy) == 7 * GIB
-    assert compared_peak_bytes(strategy, "cpu") == 7 * GIB
+def test_build_phase_peak_takes_engines_and_build_window_samples_only() -> None:
+    samples = SampleColumns.of({
+        "t_s": [0.0, 1.0, 2.0, 9.0],
+        "rss_bytes": [100.0 * GIB, 7.0 * GIB, 1.0 * GIB, 50.0 * GIB],
+        "anon_bytes": [1.0, 1.0, 1.0, 1.0],
+        "gpu_used_bytes": [float("nan")] * 4,
+    })
+    record = StrategyRecord(status="ok", load_hwm_bytes=101 * GIB, engines=_engines([3 * GIB], 2 * GIB),
+                            phases=Phases(load_start_s=0.0, load_end_s=0.5, partition_s=0.9, build_end_s=2.5))
+    peaks = sampled_peaks(record, samples)
+    # engine high-water mark 5 GiB, build-window sample 7 GiB; the 100 GiB load and the 50 GiB after are not
+    assert peaks["build_peak_bytes"] == 7 * GIB
+    assert peaks["host_gpu_peak_bytes"] == 7 * GIB  # no GPU: host alone
+    assert peaks["host_peak_bytes"] == 101 * GIB  # the whole run includes the load's high-water mark
+    assert peaks["gpu_peak_bytes"] is None
+    assert peaks["wall_s"] == 2.5
 
 
 # Reader
@@ -169,14 +147,14 @@ def test_reader_keeps_missing_values_missing(cpu_dir: Path) -> None:
     assert list(run.strategies) == ["map", "load", "load_file"]
     failed = run.strategies["load_file"]
     assert failed.status == "failed" and failed.error == FAILED_REASON
-    assert failed.wall_s is None and failed.released_bytes is None
-    assert run.strategies["map"].samples["gpu_used_bytes"].isna().all()
+    assert failed.wall_s is None and run.metrics["load_file"].floor_bytes is None
+    assert run.samples["map"]["gpu_used_bytes"].isna().all()
     assert not run.gpu_measured
-    assert len(failed.samples) < len(run.strategies["map"].samples)
+    assert len(run.samples["load_file"]) < len(run.samples["map"])
 
 
 def test_reader_rejects_a_directory_without_summary(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(RecordError, match="summary.json: not found"):
         load_results(tmp_path)
 
 
@@ -297,8 +275,8 @@ def test_timeline_panels_count_from_their_own_load_start(cpu_dir: Path) -> None:
     run = load_results(cpu_dir)
     ax = timeline_figure(run).axes[0]
     spans = [
-        float(s.samples["t_s"].max()) - s.phases.load_start_s
-        for s in run.strategies.values()
+        float(run.samples[name]["t_s"].max()) - s.phases.load_start_s
+        for name, s in run.strategies.items()
         if s.phases.load_start_s is not None
     ]
     low, high = ax.get_xlim()
