@@ -17,8 +17,8 @@ Schema (defaults in brackets; see ``scenarios/*.toml`` for examples)::
 
     name          str, [a-z0-9_-]+, required: results go under results/<name>/
     description   str [""]
-    strategies    list of "map" | "load" | "load_file", no duplicates, order kept
-                  [all three]
+    strategies    list of strategy names (:data:`harness.strategies.STRATEGIES`: "map",
+                  "load", "load_file"), no duplicates, order kept [all of them]
     [model]       source: "synthetic" | "spec" | "lerobot" ["synthetic"]
       synthetic:  layers, width, vocab: int > 0 (required); heads: int > 0 [8], width
                   a multiple of heads with an even head size; ffn_mult: int > 0 [4];
@@ -52,13 +52,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.strategies import STRATEGIES
+
 __all__ = [
     "BACKENDS",
     "CACHES",
     "DEVICES",
     "MODEL_DTYPES",
     "SOURCES",
-    "STRATEGIES",
     "BuildConfig",
     "CheckpointConfig",
     "ModelConfig",
@@ -70,7 +71,6 @@ __all__ = [
     "load_scenario",
 ]
 
-STRATEGIES: tuple[str, ...] = ("map", "load", "load_file")
 SOURCES: tuple[str, ...] = ("synthetic", "spec", "lerobot")
 MODEL_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 BACKENDS: tuple[str, ...] = ("copy", "tensorrt")
@@ -190,7 +190,7 @@ class Scenario:
     name: str
     description: str = ""
     path: Path
-    strategies: tuple[str, ...] = STRATEGIES
+    strategies: tuple[str, ...] = tuple(STRATEGIES)
     model: ModelConfig
     checkpoint: CheckpointConfig
     build: BuildConfig
@@ -456,7 +456,7 @@ def _parse(data: Mapping[str, Any], path: Path, shown: Path) -> Scenario:
     if not _NAME.fullmatch(name):
         raise top.error("name", f"expected [a-z0-9_-]+, got {name!r}")
     description = top.string("description", "")
-    strategies = top.strings("strategies", STRATEGIES)
+    strategies = top.strings("strategies", tuple(STRATEGIES))
     if not strategies:
         raise top.error("strategies", "expected at least one strategy")
     for strategy in strategies:

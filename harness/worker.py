@@ -46,8 +46,7 @@ from harness.record import (
 )
 from harness.sampler import Sampler
 from harness.scenario import Scenario, load_scenario
-from harness.strategies import LOADERS
-from weightmap import ReleasePlan
+from harness.strategies import STRATEGIES, Strategy
 from weightmap.checkpoint import open_checkpoint
 
 
@@ -140,23 +139,12 @@ def _named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return named
 
 
-def _release_note(strategy: str, record: _Measured, release: bool) -> str:
-    if not release:
-        return "release = false: every weight kept until the end"
-    if record.unreleased_bytes == 0:
-        how = {"map": "pages dropped with madvise(MADV_DONTNEED)", "load": "storages resized to 0"}
-        return f"every weight released after its last engine ({how.get(strategy, 'released')})"
-    if strategy == "load_file":
-        return ("safetensors' load_file storages are file-backed and not resizable: resize_(0) fails, "
-                "so nothing could be released")
-    return "some storages could not be released (neither mapped by weightmap nor resizable)"
-
-
 class Run:
     """The measured run of one strategy; every step records into ``record`` and ``events``."""
 
     def __init__(self, scenario: Scenario, strategy: str, out: Path, workdir: Path, t0: float) -> None:
         self.scenario, self.strategy, self.out, self.workdir = scenario, strategy, out, workdir
+        self.spec: Strategy = STRATEGIES[strategy]
         self.t0 = t0
         self.record = _Measured()
         self.events = EventLog(t0)
@@ -201,7 +189,7 @@ class Run:
         assert self.sampler is not None
         self.record.phases["load_start_s"] = self.events.add("load_start")
         self.sampler.mark(phase="load")
-        loaded = LOADERS[self.strategy](model, path)
+        loaded = self.spec.load(model, path)
         fill_non_persistent(loaded.model)
         self.record.note = loaded.note
         self.record.phases["load_end_s"] = self.events.add("load_end")
@@ -224,7 +212,8 @@ class Run:
         assert self.sampler is not None
         scenario = self.scenario
         self.backend = make_backend(scenario.build.backend, self.record.device, self.workdir)
-        plan = ReleasePlan.from_names(model, [e.names for e in engines]) if scenario.build.release else None
+        plan = self.spec.release_plan(model, [e.names for e in engines]) if scenario.build.release else None
+        hooks = self.spec.hooks(model, scenario.checkpoint.path) if self.spec.hooks else None
         named = _named_tensors(model)
         self.sampler.mark(phase="build")
         progress = tqdm(engines, desc=f"[{self.strategy}] engines", unit="engine", file=sys.stderr,
@@ -234,8 +223,13 @@ class Run:
             self.peak.begin()
             self.sampler.mark(engine=engine.index)
             start = self.events.add("engine_start", engine=engine.index, weight_bytes=engine.nbytes)
+            if hooks is not None:
+                hooks.before(engine.index, engine.names)
+                named = _named_tensors(model)  # the hook may have put new tensors in place
             self.backend.build_engine(engine, {n: named[n] for n in engine.names})
             step = plan.built(engine.index) if plan else None
+            if hooks is not None:
+                hooks.after(engine.index, engine.names)
             hwm = self.peak.end()
             self.sampler.mark(engine=None)
             released = step.released_bytes if step else 0
@@ -251,7 +245,7 @@ class Run:
             ))
         if not self.peak.supported:
             self.record.peak_source = "samples only: the kernel refused to reset VmHWM (/proc/self/clear_refs)"
-        self.record.release_note = _release_note(self.strategy, self.record, scenario.build.release)
+        self.record.release_note = self.spec.release_note(scenario.build.release, self.record.unreleased_bytes)
         self.record.phases["build_end_s"] = self.events.add("build_end")
         self.sampler.mark(phase="done", engine=None)
 
@@ -301,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = process_start_monotonic()
     parser = argparse.ArgumentParser(prog="python -m harness.worker", description=__doc__.splitlines()[0])
     parser.add_argument("scenario", type=Path)
-    parser.add_argument("strategy", choices=sorted(LOADERS))
+    parser.add_argument("strategy", choices=sorted(STRATEGIES))
     parser.add_argument("out", type=Path)
     parser.add_argument("--workdir", type=Path, default=None, help="where engine files go (default data/engines)")
     args = parser.parse_args(argv)

@@ -24,7 +24,6 @@ from harness.plots.engines import engines_figure
 from harness.plots.peaks import peaks_figure
 from harness.plots.style import (
     SERIES_COLOURS,
-    STRATEGY_COLOURS,
     STYLE,
     footer_text,
     save_figure,
@@ -38,7 +37,6 @@ from harness.results import load_results
 __all__ = [
     "FIGURE_KINDS",
     "SERIES_COLOURS",
-    "STRATEGY_COLOURS",
     "STYLE",
     "engines_figure",
     "figure_paths",

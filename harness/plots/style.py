@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import io
 import textwrap
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -21,6 +21,9 @@ from matplotlib.layout_engine import ConstrainedLayoutEngine
 from harness.atomic import write_atomic
 from harness.report import GIB, gib_decimals, machine_text, short_commit
 from harness.results import Results
+from harness.strategies import strategy_colour
+
+__all__ = ["SERIES_COLOURS", "STYLE", "footer_text", "save_figure", "strategy_colour"]
 
 STYLE: dict[str, Any] = {
     "font.size": 10,
@@ -47,24 +50,10 @@ SERIES_COLOURS = {
 }
 """One colour per memory series, the same in every figure."""
 
-STRATEGY_COLOURS = {"map": "#0072B2", "load": "#D55E00", "load_file": "#CC79A7"}
-"""One colour per strategy, the same in every figure."""
-
-_EXTRA_COLOURS = ("#44AA99", "#882255", "#999933", "#332288", "#117733", "#AA4499")
-
 _MODEL_STYLE: dict[str, Any] = {"color": SERIES_COLOURS["model"], "linestyle": "-", "linewidth": 1.3}
 _FLOOR_STYLE: dict[str, Any] = {"color": SERIES_COLOURS["floor"], "linestyle": "--", "linewidth": 1.4}
 _FOOTER_PT = 9
 _DPI = 120
-
-
-def strategy_colour(name: str, order: Sequence[str]) -> str:
-    """The colour of strategy ``name``; strategies without a fixed colour take one by position."""
-    if name in STRATEGY_COLOURS:
-        return STRATEGY_COLOURS[name]
-    others = [n for n in order if n not in STRATEGY_COLOURS]
-    index = others.index(name) if name in others else len(others)
-    return _EXTRA_COLOURS[index % len(_EXTRA_COLOURS)]
 
 
 def _styled(build: Callable[[Results], Figure]) -> Callable[[Results], Figure]:
