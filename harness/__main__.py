@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from harness.backends import BackendUnavailable
-from harness.scenario import ScenarioError
+from harness.errors import HarnessError
 
 USAGE = """usage: python -m harness {run,plot} ...
 
@@ -29,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
             from harness.plots import main_plot
 
             return main_plot(rest)
-    except (ScenarioError, BackendUnavailable) as exc:
+    except HarnessError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"unknown command {command!r}\n{USAGE}", file=sys.stderr, end="")
