@@ -286,18 +286,20 @@ def run_scenario(
     *,
     name: str | None = None,
     results: Path = Path("results"),
-    command: WorkerCommand = worker_command,
+    command: WorkerCommand | None = None,
     plots: bool = True,
     workdir: Path | None = None,
 ) -> RunRecord:
     """Run every strategy of ``scenario`` into ``results/<name>/``, then render the figures; returns the record.
 
+    ``command`` makes each worker's command line (default :func:`harness.worker.worker_command`).
     ``workdir``: where engines built as files go (default ``data/engines`` under the current
     directory). Raises :class:`~harness.errors.HarnessError` for what a user can fix (see
     :func:`check_results_root` and :func:`~harness.plan.make_plan`), before any strategy runs,
     and :class:`RunInterrupted` on SIGINT or SIGTERM.
     """
-    name = name or scenario.name
+    name = scenario.name if name is None else name
+    command = command or worker_command
     results = Path(results)
     staging = check_results_root(results, name)
     plan = make_plan(scenario, name=name, workdir=workdir or Path.cwd() / "data" / "engines", progress=_progress)
@@ -324,23 +326,9 @@ def run_scenario(
     out = results / name
     _publish(staging, out)
     if plots:
-        from harness.plots import render_all
+        from harness.report import render_all
 
         for path in render_all(out):
             _progress(f"wrote {path}")
     return run
 
-
-def main_run(argv: Sequence[str] | None = None) -> int:
-    """Command line: ``python -m harness run SCENARIO [--name NAME] [--results DIR]``."""
-    import argparse
-
-    from harness.scenario import load_scenario
-
-    parser = argparse.ArgumentParser(prog="python -m harness run", description="Run a scenario.")
-    parser.add_argument("scenario", type=Path, help="a scenario file, e.g. scenarios/smoke.toml")
-    parser.add_argument("--name", help="name of the results (default: the scenario's name)")
-    parser.add_argument("--results", type=Path, default=Path("results"), help="results root (default: results)")
-    args = parser.parse_args(argv)
-    run = run_scenario(load_scenario(args.scenario), name=args.name, results=args.results)
-    return 1 if any(not s.ok for s in run.strategies.values()) else 0

@@ -9,6 +9,7 @@ import pytest
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 
+from harness.cli import main
 from harness.metrics import (
     SampleColumns,
     excess_fraction,
@@ -17,9 +18,13 @@ from harness.metrics import (
     host_floor_bytes,
     sampled_peaks,
 )
-from harness.plots import engines_figure, main_plot, peaks_figure, render_all, timeline_figure
 from harness.record import EngineRecord, Phases, RecordError, StrategyRecord
-from harness.report import GIB, NOTES_MARKER, TABLE_COLUMNS, render_report, short_commit, write_report
+from harness.report import render_all
+from harness.report.engines import engines_figure
+from harness.report.markdown import NOTES_MARKER, TABLE_COLUMNS, render_report, write_report
+from harness.report.peaks import peaks_figure
+from harness.report.text import GIB, short_commit
+from harness.report.timeline import timeline_figure
 from harness.results import load_results
 from harness.tests.fixtures import FAILED_REASON, make_results
 
@@ -308,8 +313,9 @@ def test_short_commit_keeps_dirty_marker() -> None:
     assert short_commit(None) == "not recorded"
 
 
-def test_main_plot(cpu_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main_plot([str(cpu_dir), "--out", str(tmp_path / "out")]) == 0
+def test_plot_command(cpu_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plot", str(cpu_dir), "--out", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "smoke-peaks.png").is_file()
     assert "smoke.md" in capsys.readouterr().out
-    assert main_plot([str(tmp_path / "missing")]) == 2
+    assert main(["plot", str(tmp_path / "missing")]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path / 'missing'}: not a results directory (no such directory)\n"

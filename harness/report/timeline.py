@@ -17,18 +17,18 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from harness.metrics import compared_label
-from harness.plots.style import (
-    _FLOOR_STYLE,
-    _MODEL_STYLE,
-    SERIES_COLOURS,
-    _gib,
-    _legend,
-    _model_label,
-    _new_figure,
-    _styled,
-)
 from harness.record import StrategyRecord
-from harness.report import GIB, status_text
+from harness.report.style import (
+    FLOOR_STYLE,
+    MODEL_STYLE,
+    SERIES_COLOURS,
+    figure_legend,
+    gib,
+    model_label,
+    new_figure,
+    styled,
+)
+from harness.report.text import GIB, status_text
 from harness.results import Results
 
 _BANDS = ("#E6E6E6", "#F4F4F4")
@@ -78,9 +78,9 @@ def _timeline_top(run: Results) -> float:
     for name in run.strategies:
         frame = run.samples[name]
         if len(frame):
-            tops.append(float(np.nanmax(_gib(frame["rss_bytes"]))))
-            tops.append(float(np.nanmax(_gib(frame["resident_bytes"]))))
-            host_gpu = _gib(frame["rss_bytes"] + frame["gpu_used_bytes"])
+            tops.append(float(np.nanmax(gib(frame["rss_bytes"]))))
+            tops.append(float(np.nanmax(gib(frame["resident_bytes"]))))
+            host_gpu = gib(frame["rss_bytes"] + frame["gpu_used_bytes"])
             if np.isfinite(host_gpu).any():
                 tops.append(float(np.nanmax(host_gpu)))
         floor = run.metrics[name].floor_bytes
@@ -121,8 +121,8 @@ def _timeline_panel(ax: Axes, fig: Figure, run: Results, name: str, x_range: flo
     _label_engines(ax, fig, spans, x_range)
     if len(frame):
         t = frame["t_s"].to_numpy(dtype="float64") - origin
-        anon = np.nan_to_num(_gib(frame["anon_bytes"]))
-        file_ = np.nan_to_num(_gib(frame["file_bytes"]))
+        anon = np.nan_to_num(gib(frame["anon_bytes"]))
+        file_ = np.nan_to_num(gib(frame["file_bytes"]))
         ax.stackplot(
             t,
             anon,
@@ -132,11 +132,11 @@ def _timeline_panel(ax: Axes, fig: Figure, run: Results, name: str, x_range: flo
             linewidth=0,
             zorder=1,
         )
-        ax.plot(t, _gib(frame["resident_bytes"]), color=SERIES_COLOURS["resident"], linewidth=1.5, zorder=3)
-        gpu = _gib(frame["gpu_used_bytes"])
+        ax.plot(t, gib(frame["resident_bytes"]), color=SERIES_COLOURS["resident"], linewidth=1.5, zorder=3)
+        gpu = gib(frame["gpu_used_bytes"])
         if np.isfinite(gpu).any():
             ax.plot(t, gpu, color=SERIES_COLOURS["gpu"], linewidth=1.5, zorder=3)
-            host_gpu = _gib(frame["rss_bytes"] + frame["gpu_used_bytes"])
+            host_gpu = gib(frame["rss_bytes"] + frame["gpu_used_bytes"])
             ax.plot(t, host_gpu, color=SERIES_COLOURS["host_gpu"], linewidth=1.5, zorder=4)
     else:
         ax.text(0.5, 0.5, "no samples", transform=ax.transAxes, ha="center", va="center", color="#777777")
@@ -144,9 +144,9 @@ def _timeline_panel(ax: Axes, fig: Figure, run: Results, name: str, x_range: flo
         if value is not None:
             x = value - origin
             ax.axvline(x, color=SERIES_COLOURS["phase"], linestyle=style, linewidth=1.2, zorder=5)
-    ax.axhline(run.record.model.bytes / GIB, zorder=2, **_MODEL_STYLE)
+    ax.axhline(run.record.model.bytes / GIB, zorder=2, **MODEL_STYLE)
     if m.floor_bytes is not None:
-        ax.axhline(m.floor_bytes / GIB, zorder=2, **_FLOOR_STYLE)
+        ax.axhline(m.floor_bytes / GIB, zorder=2, **FLOOR_STYLE)
     title = f"{name}: {'ok' if s.ok else 'FAILED'}"
     if s.wall_s is not None:
         title += f", wall {s.wall_s:.1f} s"
@@ -188,8 +188,8 @@ def _timeline_legend(run: Results) -> list[Any]:
         ]
     floor_label = f"floor: lowest possible {compared_label(run.on_gpu)}"
     handles += [
-        Line2D([], [], label=_model_label(run), **_MODEL_STYLE),
-        Line2D([], [], label=floor_label, **_FLOOR_STYLE),
+        Line2D([], [], label=model_label(run), **MODEL_STYLE),
+        Line2D([], [], label=floor_label, **FLOOR_STYLE),
         Line2D([], [], color=SERIES_COLOURS["phase"], linestyle=":", linewidth=1.2, label="load start"),
         Line2D([], [], color=SERIES_COLOURS["phase"], linestyle="-.", linewidth=1.2, label="partitioning"),
         Patch(facecolor=_BANDS[0], edgecolor="#BBBBBB", label="engine build (number at top)"),
@@ -197,12 +197,12 @@ def _timeline_legend(run: Results) -> list[Any]:
     return handles
 
 
-@_styled
+@styled
 def timeline_figure(run: Results) -> Figure:
     """One panel per strategy on a shared time axis."""
     strategies = list(run.strategies)
     panels = max(1, len(strategies))
-    fig = _new_figure(12.0, 2.0 + 2.6 * panels, run)
+    fig = new_figure(12.0, 2.0 + 2.6 * panels, run)
     axes = fig.subplots(panels, 1, sharex=True, sharey=True, squeeze=False)[:, 0]
     extents = [_time_extent(run.strategies[s], run.samples[s]) for s in strategies] or [(0.0, 1.0)]
     x_min = min(0.0, *(lo for lo, _ in extents))
@@ -217,5 +217,5 @@ def timeline_figure(run: Results) -> Figure:
     axes[0].set_ylim(0, _timeline_top(run) * 1.15)
     axes[-1].set_xlabel("seconds from each strategy's load start")
     title = f"{run.name}: memory over time by loading strategy ({run.record.model.name})"
-    _legend(fig, _timeline_legend(run), title)
+    figure_legend(fig, _timeline_legend(run), title)
     return fig

@@ -12,15 +12,22 @@ from pathlib import Path
 from harness.atomic import write_atomic
 from harness.metrics import StrategyMetrics
 from harness.record import Reference
+from harness.report.text import (
+    DASH,
+    cell,
+    format_gib,
+    format_percent,
+    gib_decimals,
+    machine_text,
+    short_commit,
+    status_text,
+    versions_text,
+)
 from harness.results import Results
-
-GIB = 1 << 30
-"""Bytes in a GiB; every figure and table reports GiB."""
 
 NOTES_MARKER = "<!-- notes: kept when this file is regenerated -->"
 """Everything from this line to the end of an existing report survives regeneration."""
 
-DASH = "—"
 TABLE_COLUMNS = (
     "strategy",
     "host at partitioning",
@@ -36,58 +43,10 @@ TABLE_COLUMNS = (
 _STATUS_CHARS = 160
 
 
-def gib_decimals(model_bytes: int) -> int:
-    """Decimals for GiB figures: 2 for models of 1 GiB or more, 3 below (so small runs stay readable)."""
-    return 2 if model_bytes >= GIB else 3
-
-
-def format_gib(value: int | float | None, decimals: int = 2) -> str:
-    """``value`` bytes as ``"1.23 GiB"``; ``None`` as a dash."""
-    if value is None:
-        return DASH
-    return f"{value / GIB:.{decimals}f} GiB"
-
-
-def format_percent(fraction: float | None) -> str:
-    """A signed percentage (``+1.2%``, ``−0.4%``); ``None`` as a dash."""
-    if fraction is None:
-        return DASH
-    text = f"{fraction * 100:+.1f}%"
-    return text.replace("-", "−")
-
-
-def _cell(text: str) -> str:
-    """Make ``text`` safe inside a markdown table cell (one line, pipes escaped)."""
-    return " ".join(text.split()).replace("|", "\\|")
-
-
-def _shorten(text: str, limit: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
-
-
-def status_text(strategy: StrategyMetrics, limit: int | None = None) -> str:
-    """``ok``, or ``FAILED: <reason>`` (shortened to ``limit`` characters when given)."""
-    if strategy.ok:
-        return strategy.status
-    reason = strategy.error or "no reason recorded"
-    if limit is not None:
-        reason = _shorten(reason, limit)
-    return f"FAILED: {reason}" if strategy.status == "failed" else f"{strategy.status}: {reason}"
-
-
 def _gpu_cell(value: int | None, run: Results, decimals: int) -> str:
     if not run.gpu_measured:
         return f"{DASH} (no GPU)"
     return format_gib(value, decimals)
-
-
-def short_commit(commit: str | None, length: int = 12) -> str:
-    """``commit`` cut to ``length`` hex digits, keeping a ``-dirty`` suffix; "not recorded" when None."""
-    if not commit:
-        return "not recorded"
-    sha, dirty, _ = commit.partition("-dirty")
-    return sha[:length] + ("-dirty" if dirty else "")
 
 
 def strategy_row(run: Results, strategy: StrategyMetrics, decimals: int) -> list[str]:
@@ -130,24 +89,8 @@ def reference_row(reference: Reference) -> list[str]:
 def _table(rows: Sequence[Sequence[str]]) -> list[str]:
     align = ["---"] + ["---:"] * (len(TABLE_COLUMNS) - 2) + ["---"]
     lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "| " + " | ".join(align) + " |"]
-    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
     return lines
-
-
-def _versions(run: Results) -> str:
-    return ", ".join(f"{k} {v}" for k, v in run.record.versions.items() if v)
-
-
-def machine_text(run: Results) -> str:
-    """``16 CPUs, 128 GiB memory, NVIDIA H200`` (or ``no GPU``)."""
-    m = run.record.machine
-    parts = []
-    if m.cpus is not None:
-        parts.append(f"{m.cpus} CPUs")
-    if m.mem_total_bytes:
-        parts.append(f"{m.mem_total_bytes / GIB:.0f} GiB memory")
-    parts.append(m.gpu or "no GPU")
-    return ", ".join(parts)
 
 
 def context_paragraph(results: Results) -> str:
@@ -179,7 +122,7 @@ def context_paragraph(results: Results) -> str:
     ]
     text += machine + "; " + ", ".join(s for s in setup if s) + "."
     created = run.created or "at an unrecorded time"
-    text += f" Commit {short_commit(run.commit)}, created {created}; {_versions(results)}."
+    text += f" Commit {short_commit(run.commit)}, created {created}; {versions_text(results)}."
     return text
 
 

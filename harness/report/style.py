@@ -19,11 +19,23 @@ from matplotlib.figure import Figure
 from matplotlib.layout_engine import ConstrainedLayoutEngine
 
 from harness.atomic import write_atomic
-from harness.report import GIB, gib_decimals, machine_text, short_commit
+from harness.report.text import GIB, footer_text, gib_decimals
 from harness.results import Results
 from harness.strategies import strategy_colour
 
-__all__ = ["SERIES_COLOURS", "STYLE", "footer_text", "save_figure", "strategy_colour"]
+__all__ = [
+    "FLOOR_STYLE",
+    "MODEL_STYLE",
+    "SERIES_COLOURS",
+    "STYLE",
+    "figure_legend",
+    "gib",
+    "model_label",
+    "new_figure",
+    "save_figure",
+    "strategy_colour",
+    "styled",
+]
 
 STYLE: dict[str, Any] = {
     "font.size": 10,
@@ -50,13 +62,13 @@ SERIES_COLOURS = {
 }
 """One colour per memory series, the same in every figure."""
 
-_MODEL_STYLE: dict[str, Any] = {"color": SERIES_COLOURS["model"], "linestyle": "-", "linewidth": 1.3}
-_FLOOR_STYLE: dict[str, Any] = {"color": SERIES_COLOURS["floor"], "linestyle": "--", "linewidth": 1.4}
+MODEL_STYLE: dict[str, Any] = {"color": SERIES_COLOURS["model"], "linestyle": "-", "linewidth": 1.3}
+FLOOR_STYLE: dict[str, Any] = {"color": SERIES_COLOURS["floor"], "linestyle": "--", "linewidth": 1.4}
 _FOOTER_PT = 9
 _DPI = 120
 
 
-def _styled(build: Callable[[Results], Figure]) -> Callable[[Results], Figure]:
+def styled(build: Callable[[Results], Figure]) -> Callable[[Results], Figure]:
     """Draw a figure under :data:`STYLE`, whoever calls the builder."""
 
     @functools.wraps(build)
@@ -67,22 +79,7 @@ def _styled(build: Callable[[Results], Figure]) -> Callable[[Results], Figure]:
     return wrapper
 
 
-def footer_text(run: Results) -> str:
-    """Provenance: machine, backend, device, cache, versions, commit, date (wrapped when drawn)."""
-    record = run.record
-    versions = ", ".join(f"{k} {v}" for k, v in record.versions.items() if v)
-    commit = short_commit(record.commit, 10)
-    parts = [
-        f"machine: {machine_text(run)}",
-        f"backend {record.backend}, device {record.device}, cache {record.cache or 'unknown'}",
-        versions,
-        f"commit {commit}",
-        f"created {record.created or 'unknown'}",
-    ]
-    return "   |   ".join(p for p in parts if p)
-
-
-def _new_figure(width: float, height: float, run: Results) -> Figure:
+def new_figure(width: float, height: float, run: Results) -> Figure:
     """A constrained-layout figure with the provenance footer reserved at the bottom."""
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
@@ -117,7 +114,7 @@ def _legend_columns(widths: list[float], ncols: int) -> list[list[float]]:
     return columns
 
 
-def _legend(fig: Figure, handles: list[Any], title: str) -> None:
+def figure_legend(fig: Figure, handles: list[Any], title: str) -> None:
     """The figure's legend above the axes, titled with the figure's title.
 
     The title lives in the legend because constrained layout does not keep a suptitle clear of a
@@ -139,13 +136,13 @@ def _legend(fig: Figure, handles: list[Any], title: str) -> None:
     )
 
 
-def _model_label(run: Results) -> str:
+def model_label(run: Results) -> str:
     """The legend entry of the model-size line, in GiB."""
     model = run.record.model.bytes
     return f"model size ({model / GIB:.{gib_decimals(model)}f} GiB)"
 
 
-def _gib(values: Any) -> Any:
+def gib(values: Any) -> Any:
     """``values`` (bytes) as a float array in GiB."""
     return np.asarray(values, dtype="float64") / GIB
 

@@ -11,16 +11,16 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from harness.metrics import compared_label
-from harness.plots.style import (
-    _FLOOR_STYLE,
-    _MODEL_STYLE,
-    _legend,
-    _model_label,
-    _new_figure,
-    _styled,
+from harness.report.style import (
+    FLOOR_STYLE,
+    MODEL_STYLE,
+    figure_legend,
+    model_label,
+    new_figure,
     strategy_colour,
+    styled,
 )
-from harness.report import GIB, gib_decimals
+from harness.report.text import GIB, gib_decimals
 from harness.results import Results
 
 _REFERENCE_HATCHES = ("//", "\\\\", "xx", "..")
@@ -55,7 +55,7 @@ def _bar_label(ax: Axes, x: float, value: float | None, text: str, top: float) -
     )
 
 
-@_styled
+@styled
 def peaks_figure(run: Results) -> Figure:
     """Grouped bars: each metric's value per strategy, references hatched, model size and floor."""
     record = run.record
@@ -64,7 +64,7 @@ def peaks_figure(run: Results) -> Figure:
     strategies = list(run.metrics.values())
     order = [s.name for s in strategies]
     series = len(strategies) + len(record.references)
-    fig = _new_figure(max(9.0, 2.2 * len(metrics) + 0.5 * series * len(metrics) / 2), 6.4, run)
+    fig = new_figure(max(9.0, 2.2 * len(metrics) + 0.5 * series * len(metrics) / 2), 6.4, run)
     ax = fig.subplots()
     width = 0.8 / max(1, series)
     x = np.arange(len(metrics), dtype="float64")
@@ -85,7 +85,7 @@ def peaks_figure(run: Results) -> Figure:
             bars.append((offset, value, "" if value is None else f"{value:.{decimals}f}"))
             floor = s.floor_bytes
             if attribute == compared and floor is not None:
-                ax.hlines(floor / GIB, offset - width * 0.6, offset + width * 0.6, zorder=5, **_FLOOR_STYLE)
+                ax.hlines(floor / GIB, offset - width * 0.6, offset + width * 0.6, zorder=5, **FLOOR_STYLE)
                 values.append(floor / GIB)
                 floor_drawn = True
         label = s.name if s.ok else f"{s.name} (FAILED, partial)"
@@ -111,11 +111,11 @@ def peaks_figure(run: Results) -> Figure:
     top = (max(values) or 1.0) * 1.22
     for offset, value, text in bars:
         _bar_label(ax, offset, value, text, top)
-    ax.axhline(record.model.bytes / GIB, zorder=4, **_MODEL_STYLE)
-    handles.append(Line2D([], [], label=_model_label(run), **_MODEL_STYLE))
+    ax.axhline(record.model.bytes / GIB, zorder=4, **MODEL_STYLE)
+    handles.append(Line2D([], [], label=model_label(run), **MODEL_STYLE))
     if floor_drawn:
         floor_label = f"floor: lowest possible {compared_label(run.on_gpu)}"
-        handles.append(Line2D([], [], label=floor_label, **_FLOOR_STYLE))
+        handles.append(Line2D([], [], label=floor_label, **FLOOR_STYLE))
     ax.set_xticks(x, [label for _, label in metrics])
     ax.set_xlim(-0.5, len(metrics) - 0.5)
     ax.set_ylim(0, top)
@@ -123,5 +123,5 @@ def peaks_figure(run: Results) -> Figure:
     if not run.gpu_measured:
         ax.set_title("no GPU: host + GPU peak not measured", loc="right", color="#555555")
     ax.set_title(f"values in GiB, {decimals} decimals", loc="left", color="#555555")
-    _legend(fig, handles, f"{run.name}: memory peaks by loading strategy ({record.model.name})")
+    figure_legend(fig, handles, f"{run.name}: memory peaks by loading strategy ({record.model.name})")
     return fig

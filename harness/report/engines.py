@@ -10,16 +10,16 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from harness.plots.style import SERIES_COLOURS, _gib, _legend, _new_figure, _styled, strategy_colour
+from harness.report.style import SERIES_COLOURS, figure_legend, gib, new_figure, strategy_colour, styled
 from harness.results import Results
 
 
-@_styled
+@styled
 def engines_figure(run: Results) -> Figure:
     """Per engine: weights (bars) and each strategy's host high-water mark; below, what each released."""
     strategies = [(name, record, run.metrics[name]) for name, record in run.strategies.items()]
     order = [name for name, _, _ in strategies]
-    fig = _new_figure(12.0, 7.6, run)
+    fig = new_figure(12.0, 7.6, run)
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(3, 2))
     weights: dict[int, int] = {}
     for _, s, _ in strategies:
@@ -28,7 +28,7 @@ def engines_figure(run: Results) -> Figure:
     indices = sorted(weights)
     handles: list[Any] = []
     if indices:
-        top.bar(indices, _gib([weights[i] for i in indices]), 0.6, color=SERIES_COLOURS["weights"], zorder=1)
+        top.bar(indices, gib([weights[i] for i in indices]), 0.6, color=SERIES_COLOURS["weights"], zorder=1)
         handles.append(Patch(color=SERIES_COLOURS["weights"], label="engine weights"))
     count = max(1, len(strategies))
     width = 0.8 / count
@@ -38,12 +38,12 @@ def engines_figure(run: Results) -> Figure:
         hwm = [(e.index, e.host_hwm_bytes) for e in s.engines if e.host_hwm_bytes is not None]
         if hwm:
             xs, ys = zip(*hwm, strict=True)
-            top.plot(xs, _gib(ys), marker="o", markersize=5, linewidth=1.6, color=colour, zorder=3)
+            top.plot(xs, gib(ys), marker="o", markersize=5, linewidth=1.6, color=colour, zorder=3)
         released = [(e.index, e.released_bytes) for e in s.engines if e.released_bytes is not None]
         total = sum(r for _, r in released)
         if released:
             xs, ys = zip(*released, strict=True)
-            bottom.bar(np.asarray(xs) - 0.4 + width * (i + 0.5), _gib(ys), width, color=colour, zorder=2)
+            bottom.bar(np.asarray(xs) - 0.4 + width * (i + 0.5), gib(ys), width, color=colour, zorder=2)
         if released and run.record.model.bytes > 0:
             label += f", released {total / run.record.model.bytes * 100:.0f}% of the model"
         handles.append(Line2D([], [], color=colour, marker="o", linewidth=1.6, label=label))
@@ -60,5 +60,5 @@ def engines_figure(run: Results) -> Figure:
         bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
     if not indices:
         top.text(0.5, 0.5, "no engines recorded", transform=top.transAxes, ha="center", color="#777777")
-    _legend(fig, handles, f"{run.name}: memory engine by engine ({run.record.model.name})")
+    figure_legend(fig, handles, f"{run.name}: memory engine by engine ({run.record.model.name})")
     return fig
