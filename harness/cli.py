@@ -30,6 +30,8 @@ def _parser() -> argparse.ArgumentParser:
                                description="Re-render the figures and the markdown report of a results directory.")
     plot.add_argument("results_dir", type=Path, help="a results directory holding summary.json")
     plot.add_argument("--out", type=Path, default=None, help="where to write (default: its parent)")
+    plot.add_argument("--notes-checked", action="store_true",
+                      help="the hand-written notes (<name>.notes.md) were re-read: stamp them with these figures")
     return parser
 
 
@@ -44,8 +46,12 @@ def _run(args: argparse.Namespace) -> int:
 def _plot(args: argparse.Namespace) -> int:
     from harness.report import render_all
 
-    for path in render_all(args.results_dir, args.out):
+    rendered = render_all(args.results_dir, args.out, notes_checked=args.notes_checked)
+    for path in rendered.paths:
         print(path)
+    if rendered.stale_notes:
+        print(f"warning: the notes were checked against other figures: {'; '.join(rendered.stale_notes)}",
+              file=sys.stderr)
     return 0
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.metrics import StrategyMetrics, run_metrics
+from harness.metrics import StrategyMetrics, compared_label, run_metrics
 from harness.record import (
     SUMMARY,
     RecordError,
@@ -55,6 +55,11 @@ class Results:
     def on_gpu(self) -> bool:
         """Whether engines were built on a GPU."""
         return self.record.on_gpu
+
+    @property
+    def compared_label(self) -> str:
+        """What the floor is compared with in this run (``build-phase host peak`` without a GPU)."""
+        return compared_label(self.on_gpu)
 
     @property
     def gpu_measured(self) -> bool:

@@ -328,7 +328,10 @@ def run_scenario(
     if plots:
         from harness.report import render_all
 
-        for path in render_all(out):
+        rendered = render_all(out)
+        for path in rendered.paths:
             _progress(f"wrote {path}")
+        if rendered.stale_notes:
+            _progress(f"the notes on {name} were checked against other figures; see {rendered.paths[-1]}")
     return run
 

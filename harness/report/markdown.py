@@ -1,7 +1,9 @@
-"""Markdown report of a results directory: context, one table row per strategy, observations.
+"""Markdown report of a results directory: context, the table, generated observations, and the notes.
 
-The report is regenerated from the data every time; hand-written analysis goes after
-:data:`NOTES_MARKER` and is carried over when the file is rewritten.
+Everything above the notes is generated from the record and :mod:`harness.metrics` on
+every render, so it cannot go stale. Hand-written notes are kept in their own file,
+``<name>.notes.md`` (:mod:`harness.report.notes`), and included under "Notes", with a
+warning above them that lists the figures that changed since they were last checked.
 """
 
 from __future__ import annotations
@@ -11,12 +13,12 @@ from pathlib import Path
 
 from harness.atomic import write_atomic
 from harness.metrics import StrategyMetrics
-from harness.record import Reference
+from harness.report.notes import Notes, check_notes, migrate_notes
+from harness.report.table import columns, reference_cells, strategy_cells
 from harness.report.text import (
-    DASH,
     cell,
     format_gib,
-    format_percent,
+    format_seconds,
     gib_decimals,
     machine_text,
     short_commit,
@@ -25,72 +27,17 @@ from harness.report.text import (
 )
 from harness.results import Results
 
-NOTES_MARKER = "<!-- notes: kept when this file is regenerated -->"
-"""Everything from this line to the end of an existing report survives regeneration."""
-
-TABLE_COLUMNS = (
-    "strategy",
-    "host at partitioning",
-    "host peak",
-    "anonymous peak",
-    "host + GPU peak",
-    "floor",
-    "excess over floor (% of model)",
-    "released",
-    "wall time",
-    "status",
-)
-_STATUS_CHARS = 160
+__all__ = ["render_report", "table_lines", "write_report"]
 
 
-def _gpu_cell(value: int | None, run: Results, decimals: int) -> str:
-    if not run.gpu_measured:
-        return f"{DASH} (no GPU)"
-    return format_gib(value, decimals)
-
-
-def strategy_row(run: Results, strategy: StrategyMetrics, decimals: int) -> list[str]:
-    """The table cells of one strategy, in :data:`TABLE_COLUMNS` order."""
-    status = status_text(strategy, _STATUS_CHARS)
-    return [
-        strategy.name,
-        format_gib(strategy.host_at_partitioning_bytes, decimals),
-        format_gib(strategy.run_host_peak_bytes, decimals),
-        format_gib(strategy.run_anon_peak_bytes, decimals),
-        _gpu_cell(run.record.strategies[strategy.name].host_gpu_peak_bytes, run, decimals),
-        format_gib(strategy.floor_bytes, decimals),
-        format_percent(strategy.excess),
-        format_gib(strategy.released_bytes, decimals),
-        DASH if strategy.wall_s is None else f"{strategy.wall_s:.1f} s",
-        status if strategy.ok else f"**{status}**",
-    ]
-
-
-def _reference_gib(value: float | None) -> str:
-    return DASH if value is None else f"{value:g} GiB"
-
-
-def reference_row(reference: Reference) -> list[str]:
-    """The table cells of a reference figure measured elsewhere; what it lacks is a dash."""
-    return [
-        f"reference: {reference.label} (reference, different setup)",
-        _reference_gib(reference.host_at_partitioning_gib),
-        _reference_gib(reference.host_peak_gib),
-        DASH,
-        _reference_gib(reference.host_gpu_peak_gib),
-        DASH,
-        DASH,
-        DASH,
-        DASH,
-        "reference",
-    ]
-
-
-def _table(rows: Sequence[Sequence[str]]) -> list[str]:
-    align = ["---"] + ["---:"] * (len(TABLE_COLUMNS) - 2) + ["---"]
-    lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "| " + " | ".join(align) + " |"]
-    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
-    return lines
+def table_lines(run: Results) -> list[str]:
+    """The table as markdown lines: a row per strategy, then a row per reference."""
+    headers = [c.header for c in columns(run)]
+    rows = [[cells[h] for h in headers] for cells in strategy_cells(run).values()]
+    rows += [[cells[h] for h in headers] for cells in reference_cells(run)]
+    align = ["---"] + ["---:"] * (len(headers) - 2) + ["---"]
+    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(align) + " |"]
+    return lines + ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
 
 
 def context_paragraph(results: Results) -> str:
@@ -130,19 +77,18 @@ def _floor_note(run: Results, decimals: int) -> str:
     if run.on_gpu:
         floor = (
             "on the GPU engines accumulate, so the floor is baseline + max over k of "
-            "(engines 0..k + engine k), compared with the host + GPU peak"
+            "(engines 0..k + engine k), compared with the build-phase host + GPU peak"
         )
     else:
-        floor = (
-            "engines leave the process, so the floor is baseline + largest engine, compared with the "
-            "build-phase host peak (the larger of the engines' high-water marks and the build-phase samples)"
-        )
-    gpu = "" if run.gpu_measured else " No GPU was measured: host + GPU figures do not apply."
+        floor = "engines leave the process, so the floor is baseline + largest engine"
+    gpu = "" if run.gpu_measured else " No GPU was measured."
     return (
         f"GiB = 2^30 bytes, rounded to {decimals} decimals; references are shown as published. "
         f"Floor: the lowest peak any loader can reach while an engine's weights and its copy coexist; "
-        f"{floor}. Excess = (compared peak − floor) / model size. Failed strategies have no floor: "
-        f"they built only part of the model.{gpu}"
+        f"{floor}. The {run.compared_label} covers partitioning to the end of the last engine (the larger of "
+        f"the engines' kernel high-water marks and the samples); excess = ({run.compared_label} − floor) / "
+        f"model size. Whole-run peaks include the load. Failed strategies have no floor: they built only "
+        f"part of the model.{gpu}"
     )
 
 
@@ -181,6 +127,10 @@ def strategy_observations(run: Results, s: StrategyMetrics) -> list[str]:
         headline.append(floor_fact)
     details: list[str] = []
     memory = []
+    compared = s.compared_peak_bytes
+    if s.run_host_peak_bytes is not None and compared is not None and s.run_host_peak_bytes > compared:
+        memory.append(f"whole-run host peak {format_gib(s.run_host_peak_bytes, decimals)}, reached outside the "
+                      "build phase (during the load)")
     if s.run_anon_peak_bytes is not None and model > 0:
         share = s.run_anon_peak_bytes / model * 100
         memory.append(f"anonymous peak {format_gib(s.run_anon_peak_bytes, decimals)} ({share:.0f}% of the model)")
@@ -198,6 +148,12 @@ def strategy_observations(run: Results, s: StrategyMetrics) -> list[str]:
         release.append(r.release_note.rstrip("."))
     if release:
         details.append("; ".join(release))
+    if s.wall_s is not None:
+        timing = f"wall {format_seconds(s.wall_s)}: load {format_seconds(s.load_s)}, build {format_seconds(s.build_s)}"
+        if s.engine_s:
+            index, seconds = max(s.engine_s, key=lambda item: item[1])
+            timing += f"; slowest engine {index} ({format_seconds(seconds)})"
+        details.append(timing)
     sampling = []
     if r.peak_source:
         sampling.append(f"peaks from the {r.peak_source}")
@@ -242,18 +198,28 @@ def comparison_observations(run: Results) -> list[str]:
     return lines
 
 
-def render_report(run: Results, figures: Sequence[str] = (), notes: str | None = None) -> str:
-    """The whole markdown text. ``figures`` are image paths relative to the report; ``notes`` is
-    the kept tail of a previous report (from the marker on), or ``None`` for a fresh file."""
+def _notes_section(run: Results, notes: Notes) -> list[str]:
+    changes = check_notes(notes, run)
+    lines = ["## Notes", ""]
+    if changes:
+        command = f"python -m harness plot {run.directory} --notes-checked"
+        lines += [f"> **Check these notes**: they are kept in `{notes.path.name}` and were written for other "
+                  "figures. Changed since they were last checked: " + "; ".join(changes) + ". Re-read them "
+                  f"against the table, then run `{command}`.", ""]
+    else:
+        lines += [f"*Hand-written, kept in `{notes.path.name}`; checked against the figures above.*", ""]
+    return lines + [notes.text.strip("\n"), ""]
+
+
+def render_report(run: Results, figures: Sequence[str] = (), notes: Notes | None = None) -> str:
+    """The whole markdown text. ``figures`` are image paths relative to the report; ``notes`` the run's notes."""
     record = run.record
     decimals = gib_decimals(record.model.bytes)
-    rows = [strategy_row(run, s, decimals) for s in run.metrics.values()]
-    rows += [reference_row(r) for r in record.references]
     lines = [f"# {run.name}: memory by loading strategy", ""]
     if record.description:
         lines += [f"*{' '.join(record.description.split())}*", ""]
     lines += [context_paragraph(run), ""]
-    lines += _table(rows)
+    lines += table_lines(run)
     lines += ["", _floor_note(run, decimals), ""]
     notes_on_refs = [f"- reference **{r.label}**: {r.note.rstrip('.')}." for r in record.references if r.note]
     lines += ["## Observations", ""]
@@ -267,20 +233,18 @@ def render_report(run: Results, figures: Sequence[str] = (), notes: str | None =
             lines += [f"![{Path(figure).stem}]({figure})", ""]
         lines.pop()
     lines.append("")
-    text = "\n".join(lines) + "\n"
-    return text + (notes if notes is not None else NOTES_MARKER + "\n")
+    if notes is not None:
+        lines += _notes_section(run, notes)
+    return "\n".join(lines)
 
 
-def kept_notes(path: Path) -> str | None:
-    """The tail of an existing report from :data:`NOTES_MARKER` on, or ``None`` (no file, no marker)."""
-    if not path.is_file():
-        return None
-    text = path.read_text(encoding="utf-8")
-    at = text.find(NOTES_MARKER)
-    return None if at < 0 else text[at:]
+def write_report(run: Results, path: Path, figures: Sequence[str] = ()) -> tuple[Path, list[str]]:
+    """Render the report to ``path`` atomically; returns it and what changed since its notes were checked.
 
-
-def write_report(run: Results, path: Path, figures: Sequence[str] = ()) -> Path:
-    """Render the report to ``path`` atomically, keeping the notes of the file it replaces."""
+    The notes come from ``<name>.notes.md`` beside ``path``; notes still kept at the end of
+    an earlier report are first moved into that file.
+    """
     path = Path(path)
-    return write_atomic(path, render_report(run, figures, kept_notes(path)))
+    notes = migrate_notes(path)
+    write_atomic(path, render_report(run, figures, notes))
+    return path, (check_notes(notes, run) if notes is not None else [])

@@ -65,6 +65,7 @@ SERIES_COLOURS = {
 MODEL_STYLE: dict[str, Any] = {"color": SERIES_COLOURS["model"], "linestyle": "-", "linewidth": 1.3}
 FLOOR_STYLE: dict[str, Any] = {"color": SERIES_COLOURS["floor"], "linestyle": "--", "linewidth": 1.4}
 _FOOTER_PT = 9
+_LEGEND_CHARS = 60
 _DPI = 120
 
 
@@ -120,7 +121,9 @@ def figure_legend(fig: Figure, handles: list[Any], title: str) -> None:
     The title lives in the legend because constrained layout does not keep a suptitle clear of a
     legend placed outside the axes. Columns are as many as the figure's width holds.
     """
-    widths = [(len(h.get_label()) * 0.6 * 9 + 45) / 72 for h in handles]
+    for handle in handles:  # long labels wrap, so that entries can sit side by side
+        handle.set_label("\n".join(textwrap.wrap(handle.get_label(), _LEGEND_CHARS)))
+    widths = [(max(len(line) for line in h.get_label().splitlines()) * 0.6 * 9 + 45) / 72 for h in handles]
     ncols = 1
     for candidate in range(len(widths), 0, -1):
         if sum(max(column) for column in _legend_columns(widths, candidate)) <= fig.get_figwidth() * 0.95:
