@@ -50,8 +50,8 @@ def _plot(args: argparse.Namespace) -> int:
     for path in rendered.paths:
         print(path)
     if rendered.stale_notes:
-        print(f"warning: the notes were checked against other figures: {'; '.join(rendered.stale_notes)}",
-              file=sys.stderr)
+        print(f"warning: check the notes on {rendered.paths[-1].stem}: {'; '.join(rendered.stale_notes)}; "
+              "re-read them, then pass --notes-checked", file=sys.stderr)
     return 0
 
 

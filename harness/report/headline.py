@@ -53,9 +53,8 @@ def _peaks_panel(ax: Axes, run: Results, order: list[str]) -> None:
                                 edgecolor=colour, linestyle=(0, (4, 2)), linewidth=1.4, zorder=2)
             outline.set_gid(f"whole-run:{m.name}")
             ax.add_patch(outline)
-            note = ax.text(whole / GIB + right * 0.01, y - _BAR / 2,
-                           f"whole-run host peak {format_gib(whole, decimals)}", va="bottom", ha="left",
-                           fontsize=9, color="#333333")
+            note = ax.text(whole / GIB, y + _BAR / 2 + 0.03, f"whole-run host peak {format_gib(whole, decimals)}",
+                           va="bottom", ha="right", fontsize=9, color="#333333")
             note.set_in_layout(False)
         if m.floor_bytes is not None:
             line = ax.vlines(m.floor_bytes / GIB, y - _BAR / 2 - 0.08, y + _BAR / 2 + 0.08, zorder=4, **FLOOR_STYLE)
@@ -74,8 +73,8 @@ def _peaks_panel(ax: Axes, run: Results, order: list[str]) -> None:
     ax.set_yticks(range(len(metrics) - 1, -1, -1), ticks)
     for tick, m in zip(ax.get_yticklabels(), metrics, strict=True):
         tick.set_color(strategy_colour(m.name, order))
-    # room for the text after each bar (about 40% of the axis) and after each outline
-    ends = [max((m.compared_peak_bytes or 0) / GIB / 0.6, (m.run_host_peak_bytes or 0) / GIB * 1.25) for m in metrics]
+    # room for the text after each bar (about 40% of the axis); an outline's label sits above its end
+    ends = [max((m.compared_peak_bytes or 0) / GIB / 0.6, (m.run_host_peak_bytes or 0) / GIB * 1.04) for m in metrics]
     ax.set_xlim(0, max(ends, default=1.0))
     ax.set_ylim(-0.6, len(metrics) - 0.4)
     ax.set_xlabel("GiB")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from harness.atomic import write_atomic
 from harness.metrics import StrategyMetrics
-from harness.report.notes import Notes, check_notes, migrate_notes
+from harness.report.notes import NEVER_CHECKED, Notes, check_notes, migrate_notes
 from harness.report.table import columns, reference_cells, strategy_cells
 from harness.report.text import (
     cell,
@@ -201,8 +201,11 @@ def comparison_observations(run: Results) -> list[str]:
 def _notes_section(run: Results, notes: Notes) -> list[str]:
     changes = check_notes(notes, run)
     lines = ["## Notes", ""]
-    if changes:
-        command = f"python -m harness plot {run.directory} --notes-checked"
+    command = f"python -m harness plot {run.directory} --notes-checked"
+    if changes == [NEVER_CHECKED]:
+        lines += [f"> **Check these notes**: they are kept in `{notes.path.name}` and have not been checked "
+                  f"against these figures. Re-read them against the table, then run `{command}`.", ""]
+    elif changes:
         lines += [f"> **Check these notes**: they are kept in `{notes.path.name}` and were written for other "
                   "figures. Changed since they were last checked: " + "; ".join(changes) + ". Re-read them "
                   f"against the table, then run `{command}`.", ""]

@@ -5,7 +5,9 @@ Notes live in ``results/<name>.notes.md``, written by people. The generated repo
 one HTML comment holding the table's figures as they were when the notes were last
 checked against them::
 
-    <!-- notes checked against: {"map": {"build-phase host peak": "1.21 GiB", ...}} -->
+    <!-- notes checked against:
+    {"map": {"build-phase host peak": "1.21 GiB", ...},
+     "load": {...}} -->
 
 When the figures of a run differ from the stamp (a new run, or a change in how a figure
 is derived), the report says which changed, from what to what, above the notes;
@@ -28,8 +30,10 @@ from harness.results import Results
 
 __all__ = ["Notes", "check_notes", "notes_path", "read_notes", "stamp_notes"]
 
-_STAMP = re.compile(r"\A<!-- notes checked against: (?P<figures>.*?) -->\n?", re.S)
+_STAMP = re.compile(r"\A<!-- notes checked against:\s*(?P<figures>.*?) -->\n?", re.S)
 _IGNORED = ("strategy", "status")
+NEVER_CHECKED = "never checked against any figures"
+"""What :func:`check_notes` says of notes without a stamp."""
 OLD_MARKER = "<!-- notes: kept when this file is regenerated -->"
 """Where reports written before notes had a file of their own kept them."""
 
@@ -76,6 +80,7 @@ def migrate_notes(report: Path) -> Notes | None:
     text = report.read_text(encoding="utf-8")
     at = text.find(OLD_MARKER)
     tail = text[at + len(OLD_MARKER):].strip("\n") if at >= 0 else ""
+    tail = re.sub(r"\A## Notes\n+", "", tail)  # the report gives the notes their heading
     if not tail.strip():
         return None
     write_atomic(path, tail + "\n")
@@ -85,10 +90,10 @@ def migrate_notes(report: Path) -> Notes | None:
 def check_notes(notes: Notes, run: Results) -> list[str]:
     """What changed since the notes were checked: one ``"<strategy> <figure>: <then> → <now>"`` each.
 
-    A notes file never checked gives one line saying so.
+    A notes file never checked gives :data:`NEVER_CHECKED`.
     """
     if notes.checked is None:
-        return ["these notes have not been checked against any figures"]
+        return [NEVER_CHECKED]
     now = _figures(run)
     changes = []
     for name in sorted(set(now) | set(notes.checked), key=lambda n: (n not in now, n)):
@@ -104,5 +109,7 @@ def check_notes(notes: Notes, run: Results) -> list[str]:
 
 def stamp_notes(notes: Notes, run: Results) -> Path:
     """Record that ``notes`` were checked against ``run``'s figures (rewrites the file's first line)."""
-    stamp = json.dumps(_figures(run), ensure_ascii=False, separators=(", ", ": "))
-    return write_atomic(notes.path, f"<!-- notes checked against: {stamp} -->\n" + notes.text.lstrip("\n"))
+    figures = _figures(run)
+    lines = [f"{json.dumps(name)}: {json.dumps(cells, ensure_ascii=False)}" for name, cells in figures.items()]
+    stamp = "{" + ",\n ".join(lines) + "}"
+    return write_atomic(notes.path, f"<!-- notes checked against:\n{stamp} -->\n" + notes.text.lstrip("\n"))

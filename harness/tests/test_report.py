@@ -340,7 +340,7 @@ def test_notes_live_apart_and_are_flagged_when_their_figures_change(cpu_dir: Pat
     report = render_all(cpu_dir, notes_checked=True).paths[-1].read_text(encoding="utf-8")
     assert report.endswith("The map strategy's peak comes from engine 0.\n\n| hand | table |\n")
     assert "checked against the figures above" in report and "Check these notes" not in report
-    assert notes.read_text(encoding="utf-8").startswith("<!-- notes checked against: {")
+    assert notes.read_text(encoding="utf-8").startswith("<!-- notes checked against:\n{\"map\": {")
     summary_path = cpu_dir / "summary.json"
     summary = json.loads(summary_path.read_text())
     summary["strategies"]["map"]["host_peak_bytes"] = 9 * GIB
@@ -358,8 +358,8 @@ def test_notes_at_the_end_of_an_old_report_move_to_their_own_file(cpu_dir: Path)
     old = "# smoke\n\nold table\n\n<!-- notes: kept when this file is regenerated -->\n\n## Notes\n\nHand-written.\n"
     (cpu_dir.parent / "smoke.md").write_text(old, encoding="utf-8")
     rendered = render_all(cpu_dir)
-    assert (cpu_dir.parent / "smoke.notes.md").read_text(encoding="utf-8") == "## Notes\n\nHand-written.\n"
-    assert rendered.stale_notes == ["these notes have not been checked against any figures"]
+    assert (cpu_dir.parent / "smoke.notes.md").read_text(encoding="utf-8") == "Hand-written.\n"
+    assert rendered.stale_notes == ["never checked against any figures"]
     assert "old table" not in rendered.paths[-1].read_text(encoding="utf-8")
 
 
