@@ -27,12 +27,12 @@ from typing import Any, Protocol
 
 import torch
 
-from harness.partition import Engine
+from harness.errors import HarnessError
 from weightmap.format import TensorSpec, write_checkpoint
 
 
-class BackendUnavailable(RuntimeError):
-    """The scenario asks for a backend this machine cannot provide."""
+class BackendUnavailable(HarnessError, RuntimeError):
+    """The scenario asks for a backend or device this machine cannot provide."""
 
 
 class Backend(Protocol):
@@ -41,8 +41,8 @@ class Backend(Protocol):
     name: str
     device: str
 
-    def build_engine(self, engine: Engine, tensors: dict[str, torch.Tensor]) -> int:
-        """Build one engine from the tensors it reads; returns the bytes it holds."""
+    def build_engine(self, index: int, tensors: dict[str, torch.Tensor]) -> int:
+        """Build engine ``index`` (engines come in build order) from the tensors it reads; returns its bytes."""
         ...
 
     def built_model(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -115,7 +115,7 @@ class CopyToDevice:
     engines: list[dict[str, torch.Tensor]] = field(default_factory=list)
     aliases: dict[str, str] = field(default_factory=dict)
 
-    def build_engine(self, engine: Engine, tensors: dict[str, torch.Tensor]) -> int:
+    def build_engine(self, index: int, tensors: dict[str, torch.Tensor]) -> int:
         distinct = _distinct(tensors, self.aliases)
         offsets, size = packed_layout(distinct)
         buffer = torch.empty(size, dtype=torch.uint8, device=self.device)
@@ -159,9 +159,9 @@ class CopyToFiles:
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
 
-    def build_engine(self, engine: Engine, tensors: dict[str, torch.Tensor]) -> int:
+    def build_engine(self, index: int, tensors: dict[str, torch.Tensor]) -> int:
         distinct = _distinct(tensors, self.aliases)
-        path = self.workdir / f"engine-{engine.index:03d}.safetensors"
+        path = self.workdir / f"engine-{index:03d}.safetensors"
         specs = [TensorSpec(n, t.dtype, tuple(t.shape)) for n, t in distinct.items()]
         header = write_checkpoint(path, specs, lambda spec: distinct[spec.name].detach())
         _drop_from_page_cache(path)

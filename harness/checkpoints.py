@@ -37,6 +37,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from harness.errors import HarnessError
 from harness.scenario import default_checkpoint_for
 from weightmap.format import TensorSpec, read_header, write_checkpoint
 
@@ -72,8 +73,8 @@ _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be written as asked (e.g. the path holds someone else's file)."""
+class CheckpointError(HarnessError, RuntimeError):
+    """A checkpoint cannot be used or written as asked (a directory, someone else's file, a missing file)."""
 
 
 def checkpoint_metadata(seed: int) -> dict[str, str]:
@@ -259,30 +260,44 @@ def _replaceable(path: Path) -> bool:
 
 
 def ensure_checkpoint(
-    module: nn.Module, path: str | os.PathLike[str], seed: int, *, progress: bool = True
+    module: nn.Module,
+    path: str | os.PathLike[str],
+    seed: int,
+    *,
+    generate: bool = True,
+    progress: bool = True,
 ) -> tuple[Path, bool]:
     """Make sure ``path`` holds the checkpoint of ``module`` for ``seed``; returns ``(path, generated)``.
 
     A file that :func:`checkpoint_matches` is reused untouched (``generated`` False).
-    Otherwise a stale file of ours is deleted first (frees its disk space) and a new
-    one written with :func:`write_checkpoint` (temporary file, fsync, rename), parent
-    directories created. A file at ``path`` that this module did not write (or that
-    is not a readable safetensors file) is never replaced: :class:`CheckpointError`.
+    Otherwise, with ``generate``, a stale file of ours is deleted first (frees its disk
+    space) and a new one written with :func:`write_checkpoint` (temporary file, fsync,
+    rename), parent directories created. :class:`CheckpointError`, naming the path and
+    what to do, when: the path is a directory; a file there was not written by this
+    module (or is not a readable safetensors file; it is never replaced); or, without
+    ``generate``, the file is missing or was generated for another model or seed.
     Progress goes to stderr as a tqdm bar in bytes (``progress=False``: silent).
     Memory: one buffer of the largest tensor's size, reused for every tensor, plus a
     16 MiB chunk of scratch per worker thread, whatever the model's size.
     """
     target = Path(path)
+    if target.is_dir():
+        raise CheckpointError(f"{target}: is a directory; the harness reads and writes one .safetensors file")
     specs = checkpoint_specs(module)
     if checkpoint_matches(target, specs, seed):
         return target, False
-    if target.exists():
-        if not _replaceable(target):
-            raise CheckpointError(
-                f"{target}: exists and was not written by the harness (no generator={GENERATOR!r} "
-                "metadata, or not a readable safetensors file); move it away or set checkpoint.path"
-            )
-        target.unlink()
+    if target.exists() and not _replaceable(target):
+        raise CheckpointError(
+            f"{target}: exists and was not written by the harness (no generator={GENERATOR!r} "
+            "metadata, or not a readable safetensors file); move it away or set checkpoint.path"
+        )
+    if not generate:
+        if target.exists():
+            raise CheckpointError(f"{target}: was generated for another model or seed; "
+                                  "set checkpoint.generate = true to write it again")
+        raise CheckpointError(f"{target}: no such file; check checkpoint.path, or set "
+                              "checkpoint.generate = true to write one with seeded values")
+    target.unlink(missing_ok=True)
     target.parent.mkdir(parents=True, exist_ok=True)
     sizes = describe_specs(specs)
     with (

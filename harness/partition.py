@@ -2,16 +2,23 @@
 
 A *unit* is a module that owns tensors directly (a Linear, a norm, an
 embedding), taken in registration order, which for the models here is the
-order their forward runs them and the order a partitioner walks them. Units
-are packed greedily into engines under a byte cap: a unit never splits, and a
-unit larger than the cap gets an engine of its own. A tied tensor belongs to
-every unit that registers it (the embedding and the head), so it is read by
-the first engine and the last, and released only after the last.
+order their forward runs them and the order a partitioner walks them. A unit
+never splits. Two ways of grouping units into consecutive engines:
+
+* :func:`partition`: greedily under a byte cap; a unit larger than the cap gets
+  an engine of its own;
+* :func:`split_into`: exactly ``count`` engines with the largest as small as a
+  contiguous split allows (the smallest cap whose greedy packing needs at most
+  ``count`` engines, found by bisection; then the largest engines of several
+  units are split until there are ``count``). It needs at least ``count`` units.
+
+A tied tensor belongs to every unit that registers it (the embedding and the
+head), so it is read by the first engine and the last, and released only after
+the last; an engine's bytes count each of its tensor objects once.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -86,40 +93,76 @@ def model_bytes(model: torch.nn.Module) -> int:
     return _nbytes([t for unit in units(model) for t in unit.tensors])
 
 
-def cap_for(model: torch.nn.Module, engines: int) -> int:
-    """The per-engine byte cap that splits the model into about ``engines`` engines."""
-    if engines < 1:
-        raise ValueError(f"engines must be at least 1, not {engines}")
-    return math.ceil(model_bytes(model) / engines)
+def _group_bytes(group: list[Unit]) -> int:
+    return _nbytes([t for unit in group for t in unit.tensors])
+
+
+def _pack(found: list[Unit], cap_bytes: int) -> list[list[Unit]]:
+    """Consecutive groups of units, each closed before it would pass ``cap_bytes``."""
+    groups: list[list[Unit]] = []
+    group: list[Unit] = []
+    sizes: dict[int, int] = {}  # id -> bytes of the distinct tensors in the open group
+    for unit in found:
+        extra = {id(t): t.numel() * t.element_size() for t in unit.tensors if id(t) not in sizes}
+        if group and sum(sizes.values()) + sum(extra.values()) > cap_bytes:
+            groups.append(group)
+            group, sizes = [], {}
+            extra = {id(t): t.numel() * t.element_size() for t in unit.tensors}
+        group.append(unit)
+        sizes.update(extra)
+    if group:
+        groups.append(group)
+    return groups
+
+
+def _engines(groups: list[list[Unit]]) -> list[Engine]:
+    return [
+        Engine(
+            index=i,
+            modules=tuple(u.module for u in group),
+            names=tuple(n for u in group for n in u.names),
+            nbytes=_group_bytes(group),
+        )
+        for i, group in enumerate(groups)
+    ]
 
 
 def partition(model: torch.nn.Module, cap_bytes: int) -> list[Engine]:
     """Pack the model's units into engines of at most ``cap_bytes`` each (a larger unit alone)."""
     if cap_bytes < 1:
         raise ValueError(f"the per-engine cap must be positive, not {cap_bytes}")
-    engines: list[Engine] = []
-    group: list[Unit] = []
-    sizes: dict[int, int] = {}  # id -> bytes of the distinct tensors in the open group
+    return _engines(_pack(units(model), cap_bytes))
 
-    def close() -> None:
-        engines.append(
-            Engine(
-                index=len(engines),
-                modules=tuple(u.module for u in group),
-                names=tuple(n for u in group for n in u.names),
-                nbytes=sum(sizes.values()),
-            )
-        )
-        group.clear()
-        sizes.clear()
 
-    for unit in units(model):
-        extra = {id(t): t.numel() * t.element_size() for t in unit.tensors if id(t) not in sizes}
-        if group and sum(sizes.values()) + sum(extra.values()) > cap_bytes:
-            close()
-            extra = {id(t): t.numel() * t.element_size() for t in unit.tensors}
-        group.append(unit)
-        sizes.update(extra)
-    if group:
-        close()
-    return engines
+def _split_largest(groups: list[list[Unit]]) -> list[list[Unit]]:
+    """Split the largest group of two or more units where its larger half is smallest."""
+    index = max((i for i, g in enumerate(groups) if len(g) > 1), key=lambda i: _group_bytes(groups[i]))
+    group = groups[index]
+    at = min(range(1, len(group)), key=lambda k: max(_group_bytes(group[:k]), _group_bytes(group[k:])))
+    return groups[:index] + [group[:at], group[at:]] + groups[index + 1:]
+
+
+def split_into(model: torch.nn.Module, count: int) -> tuple[list[Engine], int]:
+    """Exactly ``count`` consecutive engines, the largest as small as possible; returns them and the cap.
+
+    The cap is the smallest byte cap under which greedy packing needs at most ``count``
+    engines. Raises ``ValueError`` when ``count`` is below 1 or above the model's number
+    of units (a unit never splits).
+    """
+    found = units(model)
+    if count < 1:
+        raise ValueError(f"the number of engines must be at least 1, not {count}")
+    if count > len(found):
+        raise ValueError(f"{count} engines asked for, but the model has only {len(found)} weight units "
+                         "(modules that own weights), and a unit never splits")
+    low, high = 1, max(1, _group_bytes(found))
+    while low < high:  # the smallest cap whose packing needs at most `count` engines
+        middle = (low + high) // 2
+        if len(_pack(found, middle)) <= count:
+            high = middle
+        else:
+            low = middle + 1
+    groups = _pack(found, low)
+    while len(groups) < count:
+        groups = _split_largest(groups)
+    return _engines(groups), low

@@ -1,45 +1,77 @@
-"""Running a scenario: one process per strategy, then the summary and the figures.
+"""Running a scenario: the plan once, one supervised process per strategy, the record, then the figures.
 
-The parent prepares what all strategies share (the model description and the
-generated checkpoint), starts ``python -m harness.worker`` for each strategy in
-turn, watches its memory from outside (a strategy whose RSS passes the
-scenario's limit is killed and recorded as failed, instead of taking the
-machine down), and writes ``summary.json`` (to a temporary name, then
-renamed) and the figures. A strategy that crashes, is killed or times out
-gets ``"status": "failed"`` with the reason; the others still run.
+:func:`run_scenario` checks that the results can be written (the root is a writable
+directory) before anything else, resolves the scenario into a :class:`~harness.plan.Plan`
+(:func:`~harness.plan.make_plan`, which generates the checkpoint where allowed), and runs
+``python -m harness.worker`` for each strategy in turn. Each worker is watched from
+outside: a worker whose RSS passes the scenario's memory limit, or that outlives its
+timeout, is killed and recorded as failed, instead of taking the machine down; a
+worker dies with the parent (``PR_SET_PDEATHSIG``), and SIGINT or SIGTERM to the parent
+stops the running worker first (:class:`RunInterrupted`).
+
+A run writes into ``results/.<name>.partial/`` and replaces ``results/<name>/`` with it
+only once every strategy has been run, so an interrupted run or a full disk leaves the
+earlier results as they were. ``summary.json`` (a :class:`~harness.record.RunRecord`)
+is rewritten after each strategy, so the partial directory always holds what finished.
+A strategy that crashes, is killed or times out gets ``"status": "failed"`` with the
+reason; the others still run.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import ctypes
 import datetime
-import json
 import os
+import re
+import shutil
+import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from types import FrameType
+from typing import IO
 
 import psutil
 
 from harness import machine
-from harness.backends import check_backend, resolve_device
-from harness.checkpoints import checkpoint_specs, describe_specs, ensure_checkpoint
-from harness.models import build_model
-from harness.partition import cap_for, model_bytes, partition
-from harness.scenario import Scenario, load_scenario
-from harness.summary import failed_entry, load_raw, strategy_summary
+from harness.atomic import write_atomic
+from harness.errors import HarnessError, OutputError
+from harness.metrics import StrategyMetrics
+from harness.plan import Plan, make_plan, write_plan
+from harness.record import (
+    PLAN,
+    MachineInfo,
+    RunRecord,
+    StrategyRecord,
+    read_strategy_file,
+    write_summary,
+)
+from harness.scenario import Scenario
+from harness.worker import FAILURE_PREFIX, worker_command
 
-WorkerCommand = Callable[[Scenario, str, Path], Sequence[str]]
+__all__ = ["RunInterrupted", "WorkerCommand", "check_results_root", "run_scenario", "watch"]
+
+WorkerCommand = Callable[[Path, str, Path], Sequence[str]]
+"""``(plan file, strategy, results directory) -> command line`` of one strategy's process."""
+
+NAME = re.compile(r"[a-z0-9_-]+")
+"""What a results name may be: it names ``results/<name>/`` and the figures beside it."""
+
+GIB = 1 << 30
 
 
-def worker_command(scenario: Scenario, strategy: str, out: Path) -> list[str]:
-    """The command line of one strategy's process."""
-    return [sys.executable, "-m", "harness.worker", str(scenario.path), strategy, str(out)]
+class RunInterrupted(HarnessError):
+    """SIGINT or SIGTERM reached the parent; the running worker was stopped. ``signum`` says which."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
 
 
 @dataclass
@@ -49,34 +81,94 @@ class Outcome:
     returncode: int | None
     reason: str | None  # why it failed, when the parent knows better than the worker
     peak_rss_bytes: int
+    worker_error: str | None = None  # the worker's own last word, when it could not write its record
 
 
-def _pump(stream: IO[str], tail: collections.deque[str]) -> None:
-    """Pass the worker's stderr (its progress) through, keeping the last lines for the record."""
-    for line in stream:
-        sys.stderr.write(line)
-        sys.stderr.flush()
-        tail.append(line.rstrip())
+def _pump(stream: IO[bytes], tail: collections.deque[str]) -> None:
+    """Pass the worker's stderr through byte for byte (bars update in place), keeping its last lines."""
+    pending = b""
+    fd = stream.fileno()
+    while chunk := os.read(fd, 65536):
+        sys.stderr.buffer.write(chunk)
+        sys.stderr.buffer.flush()
+        pending += chunk
+        *lines, pending = re.split(rb"[\r\n]", pending)
+        tail.extend(line.decode("utf-8", "replace") for line in lines if line.strip())
+    if pending.strip():
+        tail.append(pending.decode("utf-8", "replace"))
 
 
-def watch(command: Sequence[str], limit_bytes: int | None, timeout_s: float, poll_s: float = 0.05) -> Outcome:
-    """Run ``command``, killing it when its RSS passes ``limit_bytes`` or it outlives ``timeout_s``."""
-    process = subprocess.Popen(list(command), stderr=subprocess.PIPE, text=True, bufsize=1)
-    tail: collections.deque[str] = collections.deque(maxlen=20)
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL when the parent dies (Linux ``PR_SET_PDEATHSIG``)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+
+
+class _Stop:
+    """Turns SIGINT and SIGTERM into a flag while a worker runs (the handler only records the signal)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[_Stop]:
+        if threading.current_thread() is not threading.main_thread():
+            yield self  # signals go to the main thread; nothing to catch here
+            return
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            self.signum = signum
+
+        previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield self
+        finally:
+            for s, old in previous.items():
+                signal.signal(s, old)
+
+
+def _stop_process(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def watch(
+    command: Sequence[str],
+    limit_bytes: int | None,
+    timeout_s: float,
+    poll_s: float = 0.05,
+    stop: _Stop | None = None,
+) -> Outcome:
+    """Run ``command``, killing it when its RSS passes ``limit_bytes`` or it outlives ``timeout_s``.
+
+    With ``stop``, a signal it caught ends the process and raises :class:`RunInterrupted`.
+    """
+    process = subprocess.Popen(list(command), stderr=subprocess.PIPE, preexec_fn=_die_with_parent,  # noqa: PLW1509
+                               start_new_session=True)
+    tail: collections.deque[str] = collections.deque(maxlen=40)
     assert process.stderr is not None
     pump = threading.Thread(target=_pump, args=(process.stderr, tail), daemon=True)
     pump.start()
     handle = psutil.Process(process.pid)
     started, peak, reason = time.monotonic(), 0, None
     while process.poll() is None:
+        if stop is not None and stop.signum is not None:
+            _stop_process(process)
+            pump.join(timeout=5)
+            name = signal.Signals(stop.signum).name
+            raise RunInterrupted(f"interrupted by {name}; the running strategy's process was stopped", stop.signum)
         try:
             rss = handle.memory_info().rss
         except psutil.Error:
             rss = 0
         peak = max(peak, rss)
         if limit_bytes is not None and rss > limit_bytes:
-            reason = (f"stopped by the harness: RSS {rss / 2**30:.2f} GiB passed the scenario's memory limit "
-                      f"of {limit_bytes / 2**30:.2f} GiB")
+            reason = (f"stopped by the harness: RSS {rss / GIB:.2f} GiB passed the scenario's memory limit "
+                      f"of {limit_bytes / GIB:.2f} GiB")
             process.kill()
         elif time.monotonic() - started > timeout_s:
             reason = f"stopped by the harness: still running after the scenario's timeout of {timeout_s:.0f} s"
@@ -84,47 +176,109 @@ def watch(command: Sequence[str], limit_bytes: int | None, timeout_s: float, pol
         time.sleep(poll_s)
     pump.join(timeout=5)
     code = process.returncode
+    worker_error = next((line.split(FAILURE_PREFIX, 1)[1] for line in reversed(tail) if FAILURE_PREFIX in line),
+                        None)
     if reason is None and code is not None and code < 0:
         reason = f"killed by signal {-code}" + (" (out of memory?)" if -code == 9 else "")
     if reason is None and code not in (0, 1):
         reason = f"exited with status {code}: " + " | ".join(list(tail)[-3:])
-    return Outcome(code, reason, peak)
+    return Outcome(code, reason, peak, worker_error)
 
 
 def _progress(message: str) -> None:
     print(f"[harness] {message}", file=sys.stderr, flush=True)
 
 
-def prepare(scenario: Scenario) -> dict[str, Any]:
-    """Check the backend, describe the model and make sure its checkpoint exists."""
-    check_backend(scenario.build.backend)
-    info = build_model(scenario.model)
-    _progress(f"model {info.name} ({info.source}); {info.source_note}".rstrip("; "))
-    path, generated = ensure_checkpoint(info.module, scenario.checkpoint.path, scenario.checkpoint.seed)
-    _progress(("generated " if generated else "reusing ") + str(path))
-    checkpoint = describe_specs(checkpoint_specs(info.module))  # persistent tensors, a tied one once
-    if scenario.build.engine_cap_mib is not None:
-        cap = int(scenario.build.engine_cap_mib * 2**20)
-    else:
-        assert scenario.build.engines is not None
-        cap = cap_for(info.module, scenario.build.engines)
-    engines = partition(info.module, cap)
-    return {
-        "model": {"name": info.name, "source": info.source, "source_note": info.source_note,
-                  "tensors": checkpoint["tensors"], "bytes": checkpoint["nbytes"],
-                  "bytes_with_non_persistent_buffers": model_bytes(info.module)},
-        "checkpoint": {"path": str(path), "generated": generated, "seed": scenario.checkpoint.seed,
-                       "bytes": path.stat().st_size},
-        "engines": len(engines),
-        "engine_cap_bytes": cap,
-        "largest_engine_bytes": max(e.nbytes for e in engines),
-    }
+def check_results_root(results: Path, name: str) -> Path:
+    """The directory a run of ``name`` stages into, created and written once as a probe.
+
+    Raises :class:`~harness.errors.HarnessError` for a name that is not ``[a-z0-9_-]+`` (a
+    path separator would write outside ``results``), and :class:`~harness.errors.OutputError`
+    when ``results`` is a file or cannot be written.
+    """
+    if not NAME.fullmatch(name):
+        raise HarnessError(f"--name {name!r}: expected letters a-z, digits, '_' or '-' only "
+                           f"(it names {results}/<name>/ and the figures beside it)")
+    if results.exists() and not results.is_dir():
+        raise OutputError(f"{results}: the results root is a file, not a directory; pass --results DIR")
+    staging = results / f".{name}.partial"
+    try:
+        if staging.exists():
+            shutil.rmtree(staging)
+        staging.mkdir(parents=True)
+    except OSError as exc:
+        raise OutputError(f"{results}: cannot write results there ({exc.strerror or exc})") from exc
+    write_atomic(staging / ".probe", b"")
+    (staging / ".probe").unlink()
+    return staging
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    os.replace(tmp, path)
+def _publish(staging: Path, out: Path) -> None:
+    """Put the finished run at ``out``, replacing the earlier one only once the new one is complete."""
+    old = out.with_name(f".{out.name}.old")
+    try:
+        if old.exists():
+            shutil.rmtree(old)
+        if out.exists():
+            os.replace(out, old)
+        os.replace(staging, out)
+    except OSError as exc:
+        raise OutputError(f"{out}: cannot put the new results in place ({exc.strerror or exc}); "
+                          f"they are in {staging}") from exc
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _run_record(plan: Plan) -> RunRecord:
+    """The run's record before any strategy ran: the plan, this machine, this checkout."""
+    return RunRecord(
+        scenario=plan.scenario,
+        name=plan.name,
+        description=plan.description,
+        created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        commit=machine.commit(),
+        machine=MachineInfo(**machine.machine()),
+        versions=machine.versions(),
+        model=plan.model,
+        checkpoint=plan.checkpoint,
+        engines=len(plan.engines),
+        engine_cap_bytes=plan.engine_cap_bytes,
+        largest_engine_bytes=plan.largest_engine_bytes,
+        backend=plan.backend,
+        device=plan.device,
+        cache=plan.cache,
+        release=plan.release,
+        sample_interval_ms=plan.sample_interval_ms,
+        memory_limit_bytes=plan.memory_limit_bytes,
+        references=plan.references,
+        scenario_config=plan.scenario_config,
+        strategies={},
+    )
+
+
+def _result_line(name: str, metrics: StrategyMetrics) -> str:
+    """``map: ok; build-phase host peak 1.21 GiB, floor 1.20 GiB (+0.1% of the model); ...``."""
+    if not metrics.ok:
+        return f"{name}: FAILED ({metrics.error})"
+    parts = [f"{name}: ok"]
+    if metrics.compared_peak_bytes is not None:
+        text = f"{metrics.compared_label} {metrics.compared_peak_bytes / GIB:.2f} GiB"
+        if metrics.floor_bytes is not None and metrics.excess is not None:
+            text += f", floor {metrics.floor_bytes / GIB:.2f} GiB ({metrics.excess * 100:+.1f}% of the model)"
+        parts.append(text)
+    if metrics.run_host_peak_bytes is not None:
+        parts.append(f"whole-run host peak {metrics.run_host_peak_bytes / GIB:.2f} GiB")
+    if metrics.wall_s is not None:
+        parts.append(f"wall {metrics.wall_s:.1f} s")
+    return "; ".join(parts)
+
+
+def _strategy_record(outcome: Outcome, written: StrategyRecord | None) -> StrategyRecord:
+    if written is None:
+        reason = outcome.reason or outcome.worker_error or f"no record written (exit status {outcome.returncode})"
+        written = StrategyRecord(status="failed", error=reason)
+    elif outcome.reason:
+        written = written.replace(status="failed", error=outcome.reason)
+    return written.replace(watched_peak_rss_bytes=outcome.peak_rss_bytes)
 
 
 def run_scenario(
@@ -132,70 +286,52 @@ def run_scenario(
     *,
     name: str | None = None,
     results: Path = Path("results"),
-    command: WorkerCommand = worker_command,
+    command: WorkerCommand | None = None,
     plots: bool = True,
-) -> dict[str, Any]:
-    """Run every strategy of ``scenario`` and write ``results/<name>/`` and the figures; returns the summary."""
-    name = name or scenario.name
+    workdir: Path | None = None,
+) -> RunRecord:
+    """Run every strategy of ``scenario`` into ``results/<name>/``, then render the figures; returns the record.
+
+    ``command`` makes each worker's command line (default :func:`harness.worker.worker_command`).
+    ``workdir``: where engines built as files go (default ``data/engines`` under the current
+    directory). Raises :class:`~harness.errors.HarnessError` for what a user can fix (see
+    :func:`check_results_root` and :func:`~harness.plan.make_plan`), before any strategy runs,
+    and :class:`RunInterrupted` on SIGINT or SIGTERM.
+    """
+    name = scenario.name if name is None else name
+    command = command or worker_command
+    results = Path(results)
+    staging = check_results_root(results, name)
+    plan = make_plan(scenario, name=name, workdir=workdir or Path.cwd() / "data" / "engines", progress=_progress)
+    plan_path = write_plan(staging / PLAN, plan)
+    _progress(f"{len(plan.engines)} engines, the largest {plan.largest_engine_bytes / GIB:.2f} GiB, "
+              f"on {plan.device} ({plan.backend} backend); results go to {results / name}")
+    run = _run_record(plan)
+    with _Stop().installed() as stop:
+        for i, strategy in enumerate(plan.strategies, 1):
+            _progress(f"strategy {i}/{len(plan.strategies)}: {strategy}")
+            try:
+                outcome = watch(command(plan_path, strategy, staging), plan.memory_limit_bytes, plan.timeout_s,
+                                stop=stop)
+            except RunInterrupted as exc:
+                raise RunInterrupted(f"{exc} ({strategy}); {results / name} is unchanged, what finished is in "
+                                     f"{staging}", exc.signum) from exc
+            record = _strategy_record(outcome, read_strategy_file(staging, strategy))
+            metrics = StrategyMetrics.of(strategy, record, run)
+            record = record.replace(floor_bytes=metrics.floor_bytes,
+                                    excess_over_floor=None if metrics.excess is None else round(metrics.excess, 6))
+            run = run.with_strategy(strategy, record)
+            write_summary(staging, run)
+            _progress(_result_line(strategy, metrics))
     out = results / name
-    out.mkdir(parents=True, exist_ok=True)
-    prepared = prepare(scenario)
-    device = resolve_device(scenario.build.device)
-    limit = int(scenario.run.memory_limit_gib * 2**30) if scenario.run.memory_limit_gib else None
-    summary: dict[str, Any] = {
-        "scenario": scenario.name,
-        "name": name,
-        "description": scenario.description,
-        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "commit": machine.commit(),
-        "machine": machine.machine(),
-        "versions": machine.versions(),
-        **prepared,
-        "backend": scenario.build.backend,
-        "device": device,
-        "cache": scenario.run.cache,
-        "release": scenario.build.release,
-        "sample_interval_ms": scenario.run.sample_interval_ms,
-        "memory_limit_bytes": limit,
-        "references": [r.__dict__ for r in scenario.references],
-        "scenario_config": scenario.to_dict(),
-        "strategies": {},
-    }
-    for i, strategy in enumerate(scenario.strategies, 1):
-        _progress(f"strategy {i}/{len(scenario.strategies)}: {strategy}")
-        for stale in ("strategy", "samples", "events"):
-            suffix = "json" if stale == "strategy" else "csv"
-            (out / f"{stale}-{strategy}.{suffix}").unlink(missing_ok=True)
-        outcome = watch(command(scenario, strategy, out), limit, scenario.run.timeout_s)
-        raw, samples = load_raw(out, strategy)
-        if raw is None:
-            entry = failed_entry(outcome.reason or f"no record written (exit status {outcome.returncode})")
-        else:
-            if outcome.reason:
-                raw["status"], raw["error"] = "failed", outcome.reason
-            entry = strategy_summary(raw, samples, device, prepared["model"]["bytes"])
-        entry["watched_peak_rss_bytes"] = outcome.peak_rss_bytes
-        summary["strategies"][strategy] = entry
-        _progress(f"{strategy}: {entry['status']}" + (f" ({entry['error']})" if entry["error"] else ""))
-        _write_json(out / "summary.json", summary)  # partial results survive an interrupted run
+    _publish(staging, out)
     if plots:
-        from harness.plots import render_all
+        from harness.report import render_all
 
-        for path in render_all(out):
+        rendered = render_all(out)
+        for path in rendered.paths:
             _progress(f"wrote {path}")
-    return summary
+        if rendered.stale_notes:
+            _progress(f"the notes on {name} were checked against other figures; see {rendered.paths[-1]}")
+    return run
 
-
-def main_run(argv: Sequence[str] | None = None) -> int:
-    """Command line: ``python -m harness run SCENARIO [--name NAME] [--results DIR]``."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m harness run", description="Run a scenario.")
-    parser.add_argument("scenario", type=Path, help="a scenario file, e.g. scenarios/smoke.toml")
-    parser.add_argument("--name", help="name of the results (default: the scenario's name)")
-    parser.add_argument("--results", type=Path, default=Path("results"), help="results root (default: results)")
-    args = parser.parse_args(argv)
-    scenario = load_scenario(args.scenario)
-    summary = run_scenario(scenario, name=args.name, results=args.results)
-    failed = [s for s, e in summary["strategies"].items() if e["status"] != "ok"]
-    return 1 if failed else 0

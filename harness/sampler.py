@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import csv
 import enum
+import io
 import threading
 import time
 from array import array
@@ -34,10 +35,11 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.atomic import write_atomic
 from harness.gpu import GpuMonitor, torch_reserved_bytes
 from harness.procfs import PeakTracker, StatusReader
+from harness.record import SAMPLE_COLUMNS
 from harness.residency import FileResidency
-from harness.schema import SAMPLE_COLUMNS
 
 __all__ = ["PeakTracker", "Sampler", "SamplerStats"]
 
@@ -257,12 +259,30 @@ class Sampler:
         ]
 
     def write_csv(self, path: Path) -> None:
-        """Write the rows to ``path`` with a header of :attr:`COLUMNS`; empty cells stay empty."""
-        rows = self.rows()
-        with open(path, "w", newline="") as fh:
-            writer = csv.writer(fh)
-            writer.writerow(self.COLUMNS)
-            writer.writerows(rows)  # csv writes None as an empty cell
+        """Write the rows to ``path`` (atomically) with a header of :attr:`COLUMNS`; empty cells stay empty."""
+        text = io.StringIO(newline="")
+        writer = csv.writer(text)
+        writer.writerow(self.COLUMNS)
+        writer.writerows(self.rows())  # csv writes None as an empty cell
+        write_atomic(path, text.getvalue())
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """The numeric columns so far as float64 arrays (NaN for an empty cell), by column name."""
+        with self._lock:
+            n = len(self._t)
+            t = np.frombuffer(self._t, dtype=np.float64)[:n].copy()
+            ints = {
+                "rss_bytes": self._rss, "anon_bytes": self._anon, "file_bytes": self._file,
+                "resident_bytes": self._resident, "gpu_used_bytes": self._gpu_used,
+                "gpu_reserved_bytes": self._gpu_reserved, "engine": self._engines,
+            }
+            raw = {name: np.frombuffer(column, dtype=np.int64)[:n].copy() for name, column in ints.items()}
+        out = {"t_s": t}
+        for name, values in raw.items():
+            floats = values.astype(np.float64)
+            floats[values == _EMPTY] = np.nan
+            out[name] = floats
+        return out
 
     @property
     def stats(self) -> SamplerStats:

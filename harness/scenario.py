@@ -17,19 +17,25 @@ Schema (defaults in brackets; see ``scenarios/*.toml`` for examples)::
 
     name          str, [a-z0-9_-]+, required: results go under results/<name>/
     description   str [""]
-    strategies    list of "map" | "load" | "load_file", no duplicates, order kept
-                  [all three]
+    strategies    list of strategy names (:data:`harness.strategies.STRATEGIES`: "map",
+                  "load", "load_file"), no duplicates, order kept [all of them]
     [model]       source: "synthetic" | "spec" | "lerobot" ["synthetic"]
       synthetic:  layers, width, vocab: int > 0 (required); heads: int > 0 [8], width
                   a multiple of heads with an even head size; ffn_mult: int > 0 [4];
                   dtype: "float32" | "bfloat16" | "float16" ["float32"]
-      spec:       spec: path to a weight-spec JSON (required, must exist)
+      spec:       spec: path to a weight-spec JSON (required, must exist and be UTF-8 JSON
+                  with a "tensors" list)
       lerobot:    spec as above (what the lerobot model is checked against);
                   fallback: "spec" to build from the spec where lerobot cannot be
                   imported (recorded), else that is an error at run time [none]
       spec, lerobot: trim: list of tensor names left out [[]]; each must be in the spec
-    [checkpoint]  path [data/<model key>.safetensors]; seed: int >= 0 [0]
-    [build]       exactly one of engines: int > 0 / engine_cap_mib: number > 0;
+    [checkpoint]  path [data/<model key>.safetensors]; seed: int >= 0 [0];
+                  generate: bool, write the checkpoint (seeded values) when the file is
+                  missing or was generated for another model or seed [true without a
+                  path, false with one: a path that does not exist is then an error]
+    [build]       exactly one of engines: int > 0 (exactly that many engines; the model
+                  needs at least as many weight units) / engine_cap_mib: number > 0
+                  (at least one byte);
                   backend: "copy" | "tensorrt" ["copy"];
                   device: "auto" | "cpu" | "cuda" ["auto"]; release: bool [true]
     [run]         cache: "cold" | "warm" ["cold"]; sample_interval_ms: number > 0 [10.0];
@@ -52,13 +58,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.errors import HarnessError
+from harness.strategies import STRATEGIES
+
 __all__ = [
     "BACKENDS",
     "CACHES",
     "DEVICES",
     "MODEL_DTYPES",
     "SOURCES",
-    "STRATEGIES",
     "BuildConfig",
     "CheckpointConfig",
     "ModelConfig",
@@ -70,7 +78,6 @@ __all__ = [
     "load_scenario",
 ]
 
-STRATEGIES: tuple[str, ...] = ("map", "load", "load_file")
 SOURCES: tuple[str, ...] = ("synthetic", "spec", "lerobot")
 MODEL_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 BACKENDS: tuple[str, ...] = ("copy", "tensorrt")
@@ -91,8 +98,8 @@ _MODEL_KEYS = {
 }
 
 
-class ScenarioError(ValueError):
-    """A scenario file is missing, is not TOML, or breaks the schema.
+class ScenarioError(HarnessError, ValueError):
+    """A scenario file is missing, is not UTF-8 TOML, or breaks the schema.
 
     The message starts with the file and, where there is one, the dotted key.
     """
@@ -122,6 +129,20 @@ class ModelConfig:
     fallback: str | None = None
     trim: tuple[str, ...] = ()
 
+    def to_json(self) -> dict[str, Any]:
+        """Every field, ``spec`` as an absolute path string (what a worker process rebuilds it from)."""
+        data = _fields(self)
+        data["spec"] = None if self.spec is None else str(self.spec)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ModelConfig:
+        """The inverse of :meth:`to_json`."""
+        values = dict(data)
+        values["spec"] = None if values.get("spec") is None else Path(values["spec"])
+        values["trim"] = tuple(values.get("trim") or ())
+        return cls(**values)
+
     @property
     def key(self) -> str:
         """A file-name-safe name that differs whenever the model's tensors differ.
@@ -144,10 +165,12 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    """Where the checkpoint lives (absolute after loading) and the seed of its values."""
+    """Where the checkpoint lives (absolute after loading), the seed of its values, and whether
+    the harness may write it (``generate``)."""
 
     path: Path
     seed: int = 0
+    generate: bool = False
 
 
 @dataclass(frozen=True)
@@ -185,17 +208,24 @@ class Reference:
 
 @dataclass(frozen=True, kw_only=True)
 class Scenario:
-    """A validated scenario; build one with :func:`load_scenario` (fields are keyword-only)."""
+    """A validated scenario: from :func:`load_scenario`, or built in code (fields are keyword-only).
+
+    ``path`` is the file it was read from, ``None`` for one built in code.
+    """
 
     name: str
     description: str = ""
-    path: Path
-    strategies: tuple[str, ...] = STRATEGIES
+    path: Path | None = None
+    strategies: tuple[str, ...] = tuple(STRATEGIES)
     model: ModelConfig
     checkpoint: CheckpointConfig
     build: BuildConfig
     run: RunConfig = field(default_factory=RunConfig)
     references: tuple[Reference, ...] = ()
+
+    def where(self, key: str) -> str:
+        """``<file>: <key>``, how an error about ``key`` of this scenario starts."""
+        return f"{_show_path(self.path) if self.path else f'scenario {self.name!r}'}: {key}"
 
     def to_dict(self) -> dict[str, Any]:
         """The scenario as JSON-able data, for the results.
@@ -206,7 +236,7 @@ class Scenario:
         return {
             "name": self.name,
             "description": self.description,
-            "path": _show_path(self.path),
+            "path": None if self.path is None else _show_path(self.path),
             "strategies": list(self.strategies),
             "model": {
                 **{k: v for k, v in _fields(self.model).items() if k in _MODEL_KEYS[self.model.source]},
@@ -358,13 +388,21 @@ def _resolve_spec(raw: str, scenario_dir: Path) -> Path | None:
 
 
 def _spec_tensor_names(path: Path, model: _Table) -> set[str]:
-    """Names of the tensors in a weight-spec JSON; raises naming ``model.spec`` when unreadable."""
+    """Names of the tensors in a weight-spec JSON; raises naming ``model.spec`` when it is not one."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        tensors = data["tensors"]
-        return {str(t["name"]) for t in tensors}
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise model.error("spec", f"{path} is not a readable weight spec ({exc!r})") from exc
+    except UnicodeDecodeError as exc:
+        raise model.error("spec", f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    except json.JSONDecodeError as exc:
+        raise model.error("spec", f"{path} is not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from exc
+    except OSError as exc:
+        raise model.error("spec", f"cannot read {path} ({exc.strerror or exc})") from exc
+    tensors = data.get("tensors") if isinstance(data, dict) else None
+    if not isinstance(tensors, list) or not all(isinstance(t, dict) and isinstance(t.get("name"), str)
+                                                for t in tensors):
+        raise model.error("spec", f"{path} is not a weight spec: expected an object whose \"tensors\" "
+                                  "is a list of objects with a \"name\"")
+    return {t["name"] for t in tensors}
 
 
 def _load_model(top: _Table, scenario_dir: Path) -> ModelConfig:
@@ -391,8 +429,8 @@ def _load_model(top: _Table, scenario_dir: Path) -> ModelConfig:
         raise model.error("spec", f"file {spec_raw!r} not found (looked in {scenario_dir} and {Path.cwd()})")
     trim = model.strings("trim", ())
     fallback = model.string("fallback", None, FALLBACKS) if source == "lerobot" else None
+    names = _spec_tensor_names(spec, model)
     if trim:
-        names = _spec_tensor_names(spec, model)
         for name in trim:
             if name not in names:
                 raise model.error("trim", f"{name!r} is not a tensor of {spec}")
@@ -405,9 +443,12 @@ def _load_build(top: _Table) -> BuildConfig:
     if build.has("engines") == build.has("engine_cap_mib"):
         which = "both are" if build.has("engines") else "neither is"
         raise build.error("engines", f"give exactly one of engines / engine_cap_mib ({which} given)")
+    cap = build.number("engine_cap_mib", None)
+    if cap is not None and int(cap * 2**20) < 1:
+        raise build.error("engine_cap_mib", f"{cap:g} MiB is less than one byte ({cap * 2**20:.3g} bytes)")
     return BuildConfig(
         engines=build.integer("engines", None),
-        engine_cap_mib=build.number("engine_cap_mib", None),
+        engine_cap_mib=cap,
         backend=build.string("backend", "copy", BACKENDS),
         device=build.string("device", "auto", DEVICES),
         release=build.boolean("release", True),
@@ -456,20 +497,21 @@ def _parse(data: Mapping[str, Any], path: Path, shown: Path) -> Scenario:
     if not _NAME.fullmatch(name):
         raise top.error("name", f"expected [a-z0-9_-]+, got {name!r}")
     description = top.string("description", "")
-    strategies = top.strings("strategies", STRATEGIES)
+    strategies = top.strings("strategies", tuple(STRATEGIES))
     if not strategies:
         raise top.error("strategies", "expected at least one strategy")
     for strategy in strategies:
         if strategy not in STRATEGIES:
             raise top.error("strategies", f"unknown strategy {strategy!r} (known: {', '.join(STRATEGIES)})")
     model = _load_model(top, path.parent)
-    ckpt = top.table("checkpoint", frozenset({"path", "seed"}))
+    ckpt = top.table("checkpoint", frozenset({"path", "seed", "generate"}))
     raw_path = ckpt.string("path", None)
     if raw_path is not None and not raw_path.strip():
         raise ckpt.error("path", "expected a file path, got an empty string")
     checkpoint = CheckpointConfig(
         path=(Path.cwd() / Path(raw_path).expanduser()) if raw_path else default_checkpoint_for(model),
         seed=ckpt.integer("seed", 0, minimum=0),
+        generate=ckpt.boolean("generate", raw_path is None),
     )
     return Scenario(
         name=name,
@@ -496,6 +538,9 @@ def load_scenario(path: str | Path) -> Scenario:
         raise ScenarioError(f"{shown}: scenario file not found") from exc
     except OSError as exc:
         raise ScenarioError(f"{shown}: cannot read scenario file: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(f"{shown}: not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                            "scenario files are UTF-8 TOML") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{shown}: not valid TOML: {exc}") from exc
     return _parse(data, file.resolve(), shown)

@@ -1,7 +1,12 @@
-"""The three ways of getting a checkpoint's weights into a model that the harness compares.
+"""The strategy registry: every way of getting a checkpoint's weights into a model that the harness compares.
 
-Each loader takes the model on the meta device and returns it with its
-weights in place:
+A :class:`Strategy` is everything the harness knows about one: its name (what a scenario
+lists), a label and a colour (what tables and figures show), its loader, how its weights
+are released after their last engine, and optional per-engine hooks. Scenario validation,
+the worker, the table and the figures all read :data:`STRATEGIES`; adding a strategy is
+adding an entry here.
+
+Each loader takes the model on the meta device and returns it with its weights in place:
 
 * ``map``: :func:`weightmap.map_weights`: views of the file, nothing read yet;
   released after each engine by dropping pages (``madvise``);
@@ -14,17 +19,18 @@ weights in place:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
-from weightmap import map_weights
+from weightmap import ReleasePlan, map_weights
 from weightmap.checkpoint import open_checkpoint
 from weightmap.targets import collect_targets
 
-STRATEGIES = ("map", "load", "load_file")
+__all__ = ["STRATEGIES", "EngineHooks", "Loaded", "Strategy", "strategy_colour", "strategy_label"]
 
 
 @dataclass(frozen=True)
@@ -109,8 +115,107 @@ def _retie(model: torch.nn.Module, groups: list[list[str]]) -> None:
             s[k] = loaded
 
 
-LOADERS: dict[str, Callable[[torch.nn.Module, Path], Loaded]] = {
-    "map": load_map,
-    "load": load_eager,
-    "load_file": load_with_safetensors,
+class EngineHooks(Protocol):
+    """Per-engine steps a strategy takes around each build, for loaders that work engine by engine.
+
+    The worker calls ``before(index, names)`` right before engine ``index`` is built (the
+    moment to bring in the weights ``names``) and ``after(index, names)`` right after it is
+    built and its weights released by the release plan. Both run inside the engine's
+    measured span, so what they cost shows in its high-water mark and its build time.
+    """
+
+    def before(self, index: int, names: Sequence[str]) -> None: ...
+
+    def after(self, index: int, names: Sequence[str]) -> None: ...
+
+
+Loader = Callable[[torch.nn.Module, Path], Loaded]
+ReleasePlanner = Callable[[torch.nn.Module, Sequence[Sequence[str]]], ReleasePlan]
+HooksFactory = Callable[[torch.nn.Module, Path], EngineHooks]
+
+
+def _release_after_last_reader(model: torch.nn.Module, partitions: Sequence[Sequence[str]]) -> ReleasePlan:
+    """weightmap's plan with its default release: mapped pages dropped, ordinary storages resized to 0."""
+    return ReleasePlan.from_names(model, partitions)
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One loading strategy: what a scenario names, how it loads and releases, how results show it.
+
+    ``release_plan(model, partitions)`` makes the plan that releases each weight after the
+    last engine that reads it (``partitions``: each engine's tensor names, in build order);
+    this is the one place that decides how a strategy's weights are released.
+    ``released_how`` and ``kept_why`` complete the sentence the results print about release.
+    ``hooks``, when set, makes the :class:`EngineHooks` the worker calls around each build.
+    """
+
+    name: str
+    label: str
+    colour: str
+    load: Loader
+    release_plan: ReleasePlanner
+    released_how: str
+    kept_why: str
+    hooks: HooksFactory | None = None
+
+    def release_note(self, release: bool, unreleased_bytes: int) -> str:
+        """The sentence the results print about what this strategy released."""
+        if not release:
+            return "release = false: every weight kept until the end"
+        if unreleased_bytes == 0:
+            return f"every weight released after its last engine ({self.released_how})"
+        return self.kept_why
+
+
+STRATEGIES: dict[str, Strategy] = {
+    s.name: s
+    for s in (
+        Strategy(
+            name="map",
+            label="map_weights, pages dropped after each engine",
+            colour="#0072B2",
+            load=load_map,
+            release_plan=_release_after_last_reader,
+            released_how="pages dropped with madvise(MADV_DONTNEED)",
+            kept_why="some mapped storages could not be released (madvise unavailable or refused)",
+        ),
+        Strategy(
+            name="load",
+            label="read into host memory + load_state_dict",
+            colour="#D55E00",
+            load=load_eager,
+            release_plan=_release_after_last_reader,
+            released_how="storages resized to 0",
+            kept_why="some storages could not be released (neither mapped by weightmap nor resizable)",
+        ),
+        Strategy(
+            name="load_file",
+            label="safetensors load_file + assign",
+            colour="#CC79A7",
+            load=load_with_safetensors,
+            release_plan=_release_after_last_reader,
+            released_how="released",
+            kept_why=("safetensors' load_file storages are file-backed and not resizable: resize_(0) fails, "
+                      "so nothing could be released"),
+        ),
+    )
 }
+"""Every strategy, in the order scenarios run them by default."""
+
+_EXTRA_COLOURS = ("#44AA99", "#882255", "#999933", "#332288", "#117733", "#AA4499")
+
+
+def strategy_colour(name: str, order: Sequence[str]) -> str:
+    """The colour of strategy ``name``; a name not in the registry (results of another version) takes
+    one by its position among such names in ``order``."""
+    if name in STRATEGIES:
+        return STRATEGIES[name].colour
+    others = [n for n in order if n not in STRATEGIES]
+    index = others.index(name) if name in others else len(others)
+    return _EXTRA_COLOURS[index % len(_EXTRA_COLOURS)]
+
+
+def strategy_label(name: str) -> str:
+    """The registry's label of ``name``; empty for a name it does not know."""
+    return STRATEGIES[name].label if name in STRATEGIES else ""

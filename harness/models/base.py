@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from harness.errors import HarnessError
+
 __all__ = [
     "LerobotUnavailableError",
     "ModelError",
@@ -28,7 +30,7 @@ __all__ = [
 ]
 
 
-class ModelError(RuntimeError):
+class ModelError(HarnessError, RuntimeError):
     """A model cannot be built as configured; the message says what and why."""
 
 

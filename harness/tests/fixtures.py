@@ -1,20 +1,38 @@
-"""Fabricate a small results directory for the reporting tests.
+"""Fabricate a small results directory for the reporting tests, through :mod:`harness.record`.
 
 Test data only: it is written under a test's temporary directory and never into ``results/``.
 The figures follow the shape real runs have (a mapped loader whose file-backed pages come and go
 per engine, an eager loader holding the model in anonymous memory, a failed strategy with partial
-samples) so that the figures and the report can be looked at as well as asserted on.
+samples) so that the figures and the report can be looked at as well as asserted on. The records
+are the real ones (:class:`~harness.record.RunRecord`, :class:`~harness.record.StrategyRecord`),
+and the peaks are derived by :func:`harness.metrics.sampled_peaks`, as a run derives them.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from harness.metrics import SampleColumns, StrategyMetrics, sampled_peaks
+from harness.record import (
+    EVENT_COLUMNS,
+    SAMPLE_COLUMNS,
+    CheckpointInfo,
+    EngineRecord,
+    MachineInfo,
+    ModelInfo,
+    Phases,
+    Reference,
+    RunRecord,
+    StrategyRecord,
+    events_file,
+    samples_file,
+    write_summary,
+)
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -40,7 +58,7 @@ def _ramp(x: float, start: float, end: float) -> float:
     return float(np.clip((x - start) / (end - start), 0.0, 1.0))
 
 
-def _simulate(strategy: str, cuda: bool, fail_at: int | None) -> tuple[_Trace, dict[str, Any]]:
+def _simulate(strategy: str, cuda: bool, fail_at: int | None) -> tuple[_Trace, StrategyRecord]:
     """Sample one strategy's memory over a fabricated run; return its trace and summary entry."""
     engines = [int(g * GIB) for g in ENGINE_GIB]
     model = sum(engines)
@@ -133,54 +151,53 @@ def _simulate(strategy: str, cuda: bool, fail_at: int | None) -> tuple[_Trace, d
         hwm = int(during["rss_bytes"].max()) + MIB
         released = 0 if strategy == "load_file" else size
         event(ends[k], "engine_end", engine=k, weight_bytes=size, host_hwm_bytes=hwm, released_bytes=released)
+        after = frame[frame["t_s"] >= ends[k]]
         engine_records.append(
-            {
-                "index": k,
-                "weight_bytes": size,
-                "start_s": starts[k],
-                "end_s": ends[k],
-                "host_hwm_bytes": hwm,
-                "released_bytes": released,
-            }
+            EngineRecord(
+                index=k,
+                weight_bytes=size,
+                start_s=starts[k],
+                end_s=ends[k],
+                host_hwm_bytes=hwm,
+                released_bytes=released,
+                rss_after_bytes=int(after["rss_bytes"].iloc[0]) if len(after) else None,
+                gpu_used_bytes=int(after["gpu_used_bytes"].iloc[0]) if cuda and len(after) else None,
+                tensors=10 + k,
+            )
         )
     if failed_at_s is None:
         event(build_end, "build_end")
 
     at_partition = frame.loc[frame["t_s"] <= partition, "rss_bytes"]
-    # as the runner writes it: RSS + GPU, which without a GPU is the host alone
-    host_gpu = frame["rss_bytes"] + frame["gpu_used_bytes"] if cuda else frame["rss_bytes"]
-    released_total = sum(e["released_bytes"] for e in engine_records)
+    released_total = sum(e.released_bytes or 0 for e in engine_records)
     failed = fail_at is not None
-    summary = {
-        "status": "failed" if failed else "ok",
-        "error": FAILED_REASON if failed else None,
-        "baseline_rss_bytes": BASE_ANON + BASE_FILE,
-        "host_at_partitioning_bytes": int(at_partition.iloc[-1]) if len(at_partition) else None,
-        "host_peak_bytes": int(frame["rss_bytes"].max()) + MIB,
-        "anon_peak_bytes": int(frame["anon_bytes"].max()),
-        "gpu_peak_bytes": None if not cuda or failed else int(frame["gpu_used_bytes"].max()),
-        "host_gpu_peak_bytes": None if failed else int(host_gpu.max()) + MIB,
-        "wall_s": None if failed else round(stop, 3),
-        "phases": {
-            "load_start_s": load_start,
-            "partition_s": partition,
-            "build_end_s": None if failed else build_end,
-        },
-        "samples": len(frame),
-        "mean_interval_ms": 10.2,
-        "max_gap_ms": 14.5,
-        "peak_source": "kernel high-water mark",
-        "released_bytes": None if failed else released_total,
-        "unreleased_bytes": None if failed else model - released_total,
-        "release_note": (
+    load_frame = frame[frame["t_s"] <= partition]
+    record = StrategyRecord(
+        status="failed" if failed else "ok",
+        error=FAILED_REASON if failed else None,
+        baseline_rss_bytes=BASE_ANON + BASE_FILE,
+        host_at_partitioning_bytes=int(at_partition.iloc[-1]) if len(at_partition) else None,
+        load_hwm_bytes=int(load_frame["rss_bytes"].max()) + MIB if len(load_frame) else None,
+        gpu_baseline_bytes=0 if cuda else None,
+        process_wall_s=round(stop, 3),
+        phases=Phases(load_start_s=load_start, load_end_s=load_end, partition_s=partition,
+                      build_end_s=None if failed else build_end),
+        samples=len(frame),
+        mean_interval_ms=10.2,
+        max_gap_ms=14.5,
+        peak_source="kernel high-water mark",
+        engine_cap_bytes=int(1.5 * GIB),
+        released_bytes=released_total,
+        unreleased_bytes=model - released_total,
+        release_note=(
             "resize_(0) fails on safetensors' mapped storages: nothing released"
             if strategy == "load_file"
             else "each weight released after the last engine that reads it"
         ),
-        "engines": engine_records,
-        "note": "",
-    }
-    return trace, summary
+        engines=tuple(engine_records),
+    )
+    record = record.replace(**sampled_peaks(record, SampleColumns.of(frame)))
+    return trace, record
 
 
 def make_results(
@@ -200,66 +217,48 @@ def make_results(
     cuda = device.startswith("cuda")
     directory = Path(root) / name
     directory.mkdir(parents=True, exist_ok=True)
-    summaries = {}
-    for strategy in strategies:
-        trace, summary = _simulate(strategy, cuda, 2 if strategy == failed else None)
-        pd.DataFrame(trace.rows).to_csv(directory / f"samples-{strategy}.csv", index=False)
-        events = pd.DataFrame(
-            trace.events,
-            columns=["t_s", "event", "engine", "weight_bytes", "host_hwm_bytes", "released_bytes"],
-        )
-        integers = {c: "Int64" for c in ("engine", "weight_bytes", "host_hwm_bytes", "released_bytes")}
-        events.astype(integers).to_csv(directory / f"events-{strategy}.csv", index=False)
-        summaries[strategy] = summary
     model = sum(int(g * GIB) for g in ENGINE_GIB)
-    summary_json = {
-        "scenario": name,
-        "name": name,
-        "description": "three loading strategies, engines built one by one",
-        "created": "2025-01-02T03:04:05+00:00",
-        "commit": "0123456789abcdef0123456789abcdef01234567",
-        "machine": {
-            "cpus": 16,
-            "mem_total_bytes": 128 * GIB,
-            "gpu": "NVIDIA H200" if cuda else None,
-            "kernel": "6.8.0",
-            "hostname": "bench-1",
-        },
-        "versions": {
-            "python": "3.11.7",
-            "torch": "2.13.0",
-            "safetensors": "0.8.0",
-            "torch_tensorrt": None,
-            "weightmap": "0.1.0",
-        },
-        "model": {
-            "name": "fixture-model",
-            "source": "spec:harness/specs/fixture.json",
-            "source_note": "random weights in the model's shapes",
-            "tensors": 812,
-            "bytes": model,
-        },
-        "backend": "copy",
-        "device": device,
-        "cache": "cold",
-        "engines": len(ENGINE_GIB),
-        "engine_cap_bytes": int(1.5 * GIB),
-        "release": True,
-        "sample_interval_ms": INTERVAL_S * 1000,
-        "references": (
-            [
-                {
-                    "label": "seed run",
-                    "host_at_partitioning_gib": 2.23,
-                    "host_gpu_peak_gib": 7.07,
-                    "host_peak_gib": None,
-                    "note": "TensorRT build of the full model, 16 engines, measured before this harness",
-                }
-            ]
-            if references
-            else []
+    run = RunRecord(
+        scenario=name,
+        name=name,
+        description="three loading strategies, engines built one by one",
+        created="2025-01-02T03:04:05+00:00",
+        commit="0123456789abcdef0123456789abcdef01234567",
+        machine=MachineInfo(cpus=16, mem_total_bytes=128 * GIB, gpu="NVIDIA H200" if cuda else None,
+                            kernel="6.8.0", hostname="bench-1", platform="Linux-6.8.0-x86_64"),
+        versions={"python": "3.11.7", "torch": "2.13.0", "safetensors": "0.8.0", "torch_tensorrt": None,
+                  "weightmap": "0.1.0"},
+        model=ModelInfo(name="fixture-model", source="spec:harness/specs/fixture.json",
+                        source_note="random weights in the model's shapes", tensors=812, bytes=model,
+                        bytes_with_non_persistent_buffers=model + 4096),
+        checkpoint=CheckpointInfo(path=str(Path(root) / "fixture.safetensors"), generated=False, seed=0,
+                                  bytes=model + 65536),
+        engines=len(ENGINE_GIB),
+        engine_cap_bytes=int(1.5 * GIB),
+        largest_engine_bytes=max(int(g * GIB) for g in ENGINE_GIB),
+        backend="copy",
+        device=device,
+        cache="cold",
+        release=True,
+        sample_interval_ms=INTERVAL_S * 1000,
+        memory_limit_bytes=None,
+        references=(
+            (Reference(label="seed run", host_at_partitioning_gib=2.23, host_gpu_peak_gib=7.07,
+                       note="TensorRT build of the full model, 16 engines, measured before this harness"),)
+            if references else ()
         ),
-        "strategies": summaries,
-    }
-    (directory / "summary.json").write_text(json.dumps(summary_json, indent=2), encoding="utf-8")
+        scenario_config={"name": name},
+        strategies={},
+    )
+    for strategy in strategies:
+        trace, record = _simulate(strategy, cuda, 2 if strategy == failed else None)
+        pd.DataFrame(trace.rows, columns=list(SAMPLE_COLUMNS)).to_csv(directory / samples_file(strategy),
+                                                                      index=False)
+        events = pd.DataFrame(trace.events, columns=list(EVENT_COLUMNS))
+        integers = {c: "Int64" for c in EVENT_COLUMNS if c not in ("t_s", "event")}
+        events.astype(integers).to_csv(directory / events_file(strategy), index=False)
+        metrics = StrategyMetrics.of(strategy, record, run)
+        record = record.replace(floor_bytes=metrics.floor_bytes, excess_over_floor=metrics.excess)
+        run = run.with_strategy(strategy, record)
+    write_summary(directory, run)
     return directory

@@ -223,3 +223,20 @@ def test_spec_model_checkpoint_skips_trimmed(tmp_path: Path) -> None:
         SpecModel(spec, trim=["a.weight"]), tmp_path / "t.safetensors", 0, progress=False
     )
     assert set(read_header(path).tensors) == {"b.weight", "b.steps"}
+
+
+def test_a_missing_file_is_generated_only_when_allowed(tmp_path: Path) -> None:
+    path = tmp_path / "typo.safetensors"
+    with pytest.raises(CheckpointError, match="typo.safetensors: no such file; check checkpoint.path"):
+        ensure_checkpoint(small_model(), path, 7, generate=False, progress=False)
+    assert not path.exists()
+    ensure_checkpoint(small_model(), path, 7, progress=False)
+    _, generated = ensure_checkpoint(small_model(), path, 7, generate=False, progress=False)
+    assert generated is False  # a matching file is used as it is
+    with pytest.raises(CheckpointError, match="generated for another model or seed"):
+        ensure_checkpoint(small_model(), path, 8, generate=False, progress=False)
+
+
+def test_a_directory_is_not_a_checkpoint(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="is a directory"):
+        ensure_checkpoint(small_model(), tmp_path, 7, progress=False)

@@ -4,24 +4,31 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
-import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 
-from harness.floor import (
-    build_host_peak_bytes,
-    compared_peak_bytes,
+from harness.cli import main
+from harness.errors import HarnessError
+from harness.metrics import (
+    SampleColumns,
     excess_fraction,
     floor_bytes,
     gpu_floor_bytes,
     host_floor_bytes,
+    sampled_peaks,
 )
-from harness.plots import engines_figure, main_plot, peaks_figure, render_all, timeline_figure
-from harness.report import NOTES_MARKER, TABLE_COLUMNS, render_report, short_commit, write_report
-from harness.results import GIB, EngineRecord, Phases, StrategyResult, load_results
-from harness.tests.fixtures import FAILED_REASON, make_results
+from harness.record import EngineRecord, Phases, RecordError, StrategyRecord
+from harness.report import FIGURES, render_all
+from harness.report.headline import headline_figure
+from harness.report.markdown import render_report
+from harness.report.peaks import peaks_figure
+from harness.report.text import GIB, short_commit
+from harness.report.timeline import label_rows, timeline_figure
+from harness.results import load_results
+from harness.tests.fixtures import ENGINE_GIB, FAILED_REASON, make_results
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -72,31 +79,11 @@ def cuda_dir(tmp_path: Path) -> Path:
     return make_results(tmp_path / "results", device="cuda")
 
 
-def _strategy(engines: list[int], baseline: int, samples: pd.DataFrame | None = None) -> StrategyResult:
-    """A bare finished strategy with the given engine sizes (build order = list order)."""
-    return StrategyResult(
-        name="map",
-        status="ok",
-        error=None,
-        baseline_rss_bytes=baseline,
-        host_at_partitioning_bytes=None,
-        host_peak_bytes=None,
-        anon_peak_bytes=None,
-        gpu_peak_bytes=None,
-        host_gpu_peak_bytes=None,
-        wall_s=None,
-        phases=Phases(None, None, None),
-        sample_count=None,
-        max_gap_ms=None,
-        peak_source=None,
-        released_bytes=None,
-        unreleased_bytes=None,
-        release_note=None,
-        engines=tuple(
-            EngineRecord(i, size, None, None, baseline + size, None) for i, size in enumerate(engines)
-        ),
-        samples=samples if samples is not None else pd.DataFrame({"t_s": [], "rss_bytes": [], "phase": []}),
-        events=pd.DataFrame(),
+def _engines(sizes: list[int], baseline: int) -> tuple[EngineRecord, ...]:
+    """Engines of the given sizes in build order, each peaking at baseline + its size."""
+    return tuple(
+        EngineRecord(i, size, float(i), float(i) + 0.5, baseline + size, None, None, None)
+        for i, size in enumerate(sizes)
     )
 
 
@@ -109,22 +96,16 @@ def test_floor_hand_computed_cpu_and_gpu() -> None:
     assert host_floor_bytes(base, engines) == base + 3 * GIB
     # max over k of (engines up to and including k + engine k) = max(3+3, 4+1, 6+2)
     assert gpu_floor_bytes(base, engines) == base + 8 * GIB
-    strategy = _strategy(engines, base)
-    assert floor_bytes(strategy, "cpu") == base + 3 * GIB
-    assert floor_bytes(strategy, "cuda") == base + 8 * GIB
+    records = _engines(engines, base)
+    assert floor_bytes(base, records, on_gpu=False) == base + 3 * GIB
+    assert floor_bytes(base, records, on_gpu=True) == base + 8 * GIB
 
 
-def test_floor_from_summary_mapping_sorts_engines_into_build_order() -> None:
-    summary = {
-        "baseline_rss_bytes": 100,
-        "engines": [
-            {"index": 2, "weight_bytes": 2},
-            {"index": 0, "weight_bytes": 3},
-            {"index": 1, "weight_bytes": 1},
-        ],
-    }
-    assert floor_bytes(summary, "cpu") == 103
-    assert floor_bytes(summary, "cuda") == 108
+def test_floor_takes_engines_in_build_order() -> None:
+    records = _engines([3, 1, 2], 100)
+    shuffled = (records[2], records[0], records[1])
+    assert floor_bytes(100, shuffled, on_gpu=False) == 103
+    assert floor_bytes(100, shuffled, on_gpu=True) == 108
 
 
 def test_gpu_floor_is_tight_form_of_simple_bound() -> None:
@@ -133,11 +114,11 @@ def test_gpu_floor_is_tight_form_of_simple_bound() -> None:
     assert gpu_floor_bytes(0, [3, 2, 1]) < 6 + 3
 
 
-def test_floor_needs_engines_and_baseline() -> None:
+def test_floor_needs_engines() -> None:
     with pytest.raises(ValueError):
         host_floor_bytes(0, [])
     with pytest.raises(ValueError):
-        floor_bytes({"baseline_rss_bytes": None, "engines": [{"index": 0, "weight_bytes": 1}]}, "cpu")
+        gpu_floor_bytes(0, [])
 
 
 def test_excess_fraction() -> None:
@@ -147,18 +128,22 @@ def test_excess_fraction() -> None:
         excess_fraction(1, 0, 0)
 
 
-def test_build_phase_peak_takes_engines_and_build_samples_only() -> None:
-    samples = pd.DataFrame(
-        {
-            "t_s": [0.0, 1.0, 2.0],
-            "rss_bytes": [100.0 * GIB, 7.0 * GIB, 1.0 * GIB],
-            "phase": pd.array(["load", "build", "done"], dtype="string"),
-        }
-    )
-    strategy = _strategy([3 * GIB], 2 * GIB, samples)
-    # engine high-water mark 5 GiB, build-phase sample 7 GiB; the load-phase 100 GiB is not the build
-    assert build_host_peak_bytes(strategy) == 7 * GIB
-    assert compared_peak_bytes(strategy, "cpu") == 7 * GIB
+def test_build_phase_peak_takes_engines_and_build_window_samples_only() -> None:
+    samples = SampleColumns.of({
+        "t_s": [0.0, 1.0, 2.0, 9.0],
+        "rss_bytes": [100.0 * GIB, 7.0 * GIB, 1.0 * GIB, 50.0 * GIB],
+        "anon_bytes": [1.0, 1.0, 1.0, 1.0],
+        "gpu_used_bytes": [float("nan")] * 4,
+    })
+    record = StrategyRecord(status="ok", load_hwm_bytes=101 * GIB, engines=_engines([3 * GIB], 2 * GIB),
+                            phases=Phases(load_start_s=0.0, load_end_s=0.5, partition_s=0.9, build_end_s=2.5))
+    peaks = sampled_peaks(record, samples)
+    # engine high-water mark 5 GiB, build-window sample 7 GiB; the 100 GiB load and the 50 GiB after are not
+    assert peaks["build_peak_bytes"] == 7 * GIB
+    assert peaks["host_gpu_peak_bytes"] == 7 * GIB  # no GPU: host alone
+    assert peaks["host_peak_bytes"] == 101 * GIB  # the whole run includes the load's high-water mark
+    assert peaks["gpu_peak_bytes"] is None
+    assert peaks["wall_s"] == 2.5
 
 
 # Reader
@@ -169,53 +154,67 @@ def test_reader_keeps_missing_values_missing(cpu_dir: Path) -> None:
     assert list(run.strategies) == ["map", "load", "load_file"]
     failed = run.strategies["load_file"]
     assert failed.status == "failed" and failed.error == FAILED_REASON
-    assert failed.wall_s is None and failed.released_bytes is None
-    assert run.strategies["map"].samples["gpu_used_bytes"].isna().all()
+    assert failed.wall_s is None and run.metrics["load_file"].floor_bytes is None
+    assert run.samples["map"]["gpu_used_bytes"].isna().all()
     assert not run.gpu_measured
-    assert len(failed.samples) < len(run.strategies["map"].samples)
+    assert len(run.samples["load_file"]) < len(run.samples["map"])
 
 
 def test_reader_rejects_a_directory_without_summary(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(RecordError, match="summary.json: not found"):
         load_results(tmp_path)
 
 
 # Rendering
 
 
-def test_render_all_writes_three_pngs_and_the_report(results_dir: Path) -> None:
-    written = render_all(results_dir)
+def test_render_all_writes_four_pngs_and_the_report(results_dir: Path) -> None:
+    written = render_all(results_dir).paths
     out = results_dir.parent
-    names = ["smoke-timeline.png", "smoke-peaks.png", "smoke-engines.png", "smoke.md"]
+    names = ["smoke-headline.png", "smoke-timeline.png", "smoke-engines.png", "smoke-peaks.png", "smoke.md"]
     assert [p.name for p in written] == names
     for path in written:
         assert path.parent == out and path.stat().st_size > 0
-    for path in written[:3]:
+    for path in written[:4]:
         assert path.read_bytes()[:8] == PNG_SIGNATURE
-    assert written[3].read_text(encoding="utf-8").startswith("# smoke")
+    report = written[4].read_text(encoding="utf-8")
+    assert report.startswith("# smoke")
+    assert all(f"![{p.stem}]({p.name})" in report for p in written[:4])
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
 
 
 def test_render_all_to_another_directory(cpu_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "elsewhere"
-    written = render_all(cpu_dir, out)
+    written = render_all(cpu_dir, out).paths
     assert all(p.parent == out for p in written)
     assert not (cpu_dir.parent / "smoke.md").exists()
 
 
+def test_table_columns_name_what_they_compare(tmp_path: Path) -> None:
+    cpu_dir, cuda_dir = make_results(tmp_path / "cpu"), make_results(tmp_path / "cuda", device="cuda")
+    cpu = list(next(iter(_table(_markdown(cpu_dir)).values())))
+    assert cpu[:5] == ["strategy", "host at partitioning", "build-phase host peak", "floor",
+                       "excess over floor (% of model)"]
+    assert "whole-run host peak" in cpu and not any("GPU" in c for c in cpu)
+    gpu = list(next(iter(_table(_markdown(cuda_dir)).values())))
+    assert gpu[2] == "build-phase host + GPU peak"
+    assert {"build-phase host peak", "whole-run host peak", "whole-run GPU peak"} <= set(gpu)
+
+
 def test_table_has_one_row_per_strategy_and_marked_references(results_dir: Path) -> None:
-    markdown = _markdown(results_dir)
-    rows = _table(markdown)
-    assert list(next(iter(rows.values()))) == list(TABLE_COLUMNS)
+    rows = _table(_markdown(results_dir))
     names = list(rows)
     assert names[:3] == ["map", "load", "load_file"]
     assert names[3:] == ["reference: seed run (reference, different setup)"]
-    assert rows[names[3]]["host at partitioning"] == "2.23 GiB"
-    assert rows[names[3]]["host peak"] == "—"
-    assert rows[names[3]]["host + GPU peak"] == "7.07 GiB"
+    reference = rows[names[3]]
+    assert reference["host at partitioning"] == "2.23 GiB"
+    assert reference["whole-run host peak"] == "—"
+    on_gpu = "build-phase host + GPU peak" in reference
+    compared = reference["build-phase host + GPU peak" if on_gpu else "build-phase host peak"]
+    assert compared == ("7.07 GiB" if on_gpu else "7.07 GiB (host + GPU)")
 
 
-def test_report_figures_equal_the_summary(results_dir: Path) -> None:
+def test_report_figures_equal_the_record(results_dir: Path) -> None:
     summary = json.loads((results_dir / "summary.json").read_text())
     markdown = _markdown(results_dir)
     assert "rounded to 2 decimals" in markdown
@@ -224,22 +223,104 @@ def test_report_figures_equal_the_summary(results_dir: Path) -> None:
         s = summary["strategies"][name]
         row = rows[name]
         assert row["host at partitioning"] == _gib(s["host_at_partitioning_bytes"])
-        assert row["host peak"] == _gib(s["host_peak_bytes"])
-        assert row["anonymous peak"] == _gib(s["anon_peak_bytes"])
+        assert row["whole-run host peak"] == _gib(s["host_peak_bytes"])
+        assert row["whole-run anonymous peak"] == _gib(s["anon_peak_bytes"])
         assert row["released"] == _gib(s["released_bytes"])
         assert row["wall time"] == f"{s['wall_s']:.1f} s"
+        phases = s["phases"]
+        assert row["load time"] == f"{phases['load_end_s'] - phases['load_start_s']:.1f} s"
         assert row["status"] == "ok"
         engines = [e["weight_bytes"] for e in sorted(s["engines"], key=lambda e: e["index"])]
         if summary["device"] == "cuda":
             floor = gpu_floor_bytes(s["baseline_rss_bytes"], engines)
-            assert row["host + GPU peak"] == _gib(s["host_gpu_peak_bytes"])
+            compared = row["build-phase host + GPU peak"]
+            assert compared == _gib(s["host_gpu_peak_bytes"])
+            assert row["build-phase host peak"] == _gib(s["build_peak_bytes"])
             excess = (s["host_gpu_peak_bytes"] - floor) / summary["model"]["bytes"]
         else:
             floor = host_floor_bytes(s["baseline_rss_bytes"], engines)
-            peak = max(e["host_hwm_bytes"] for e in s["engines"])
+            peak = max(e["host_hwm_bytes"] for e in s["engines"])  # the fixture's samples stay below the marks
+            assert row["build-phase host peak"] == _gib(peak)
             excess = (peak - floor) / summary["model"]["bytes"]
         assert row["floor"] == _gib(floor)
         assert row["excess over floor (% of model)"] == f"{excess * 100:+.1f}%".replace("-", "−")
+
+
+def _gid(fig: Figure, gid: str) -> list[Any]:
+    return [a for a in fig.findobj() if a.get_gid() == gid]
+
+
+def test_the_headline_figure_and_the_table_agree(results_dir: Path) -> None:
+    run = load_results(results_dir)
+    rows = _table(render_report(run))
+    compared = run.compared_label
+    fig = headline_figure(run)
+    for name in run.strategies:
+        row = rows[name]
+        (bar,) = _gid(fig, f"compared:{name}")
+        assert _gib(round((bar.get_x() + bar.get_width()) * GIB)) == row[compared]
+        (text,) = _gid(fig, f"excess:{name}")
+        assert text.get_text().startswith(row[compared])
+        if row["floor"] == "—":
+            assert not _gid(fig, f"floor:{name}")
+            continue
+        assert f"{row['excess over floor (% of model)']} of the model above the floor" in text.get_text()
+        (floor,) = _gid(fig, f"floor:{name}")
+        assert {_gib(round(x * GIB)) for x in floor.get_segments()[0][:, 0]} == {row["floor"]}
+
+
+def test_the_peaks_figure_draws_the_floor_on_the_compared_peak(results_dir: Path) -> None:
+    run = load_results(results_dir)
+    rows = _table(render_report(run))
+    fig = peaks_figure(run)
+    for name in run.strategies:
+        row = rows[name]
+        (bar,) = _gid(fig, f"peak:1:{name}")
+        assert _gib(round(bar.get_height() * GIB)) == row[run.compared_label]
+        (whole,) = _gid(fig, f"peak:2:{name}")
+        assert _gib(round(whole.get_height() * GIB)) == row["whole-run host peak"]
+        floors = _gid(fig, f"floor:{name}")
+        if row["floor"] == "—":
+            assert not floors
+        else:
+            segment = floors[0].get_segments()[0]
+            assert {_gib(round(y * GIB)) for y in segment[:, 1]} == {row["floor"]}
+            centre = segment[:, 0].mean()
+            assert bar.get_x() < centre < bar.get_x() + bar.get_width(), "the floor is drawn on the compared bar"
+
+
+def test_every_engine_is_labelled(cpu_dir: Path) -> None:
+    run = load_results(cpu_dir)
+    timeline = timeline_figure(run)
+    panels = timeline.axes[: len(run.strategies)]  # the right-hand residency axes come after the panels
+    for ax, (name, record) in zip(panels, run.strategies.items(), strict=True):
+        gids = [str(t.get_gid()) for t in ax.texts]
+        labels = sorted(int(gid.split(":")[1]) for gid in gids if gid.startswith("engine:"))
+        assert labels == [e.index for e in record.engines], name
+    headline = headline_figure(run)
+    ticks = [t.get_text() for t in headline.axes[1].get_xticklabels()]
+    assert ticks == ["load", *map(str, range(len(ENGINE_GIB)))]
+
+
+def test_narrow_engine_bands_move_their_number_down_a_row() -> None:
+    spans = [(0, 0.0, 10.0), (1, 10.0, 10.1), (2, 10.1, 10.2), (3, 10.2, 20.0)]
+    rows = label_rows(spans, seconds_per_inch=1.0)
+    assert rows[0] == 0 and rows[3] == 0
+    assert rows[1] != rows[2], "two numbers that would overlap are in different rows"
+
+
+PI05 = Path(__file__).resolve().parents[2] / "results" / "pi05"
+
+
+@pytest.mark.skipif(not (PI05 / "summary.json").is_file(), reason="no committed pi0.5 results")
+def test_timeline_panels_have_their_own_scale() -> None:
+    run = load_results(PI05)  # map stays near 1.2 GiB, load holds 17.7 GiB: one scale squeezed map flat
+    fig = timeline_figure(run)
+    axes = dict(zip(run.strategies, fig.axes[: len(run.strategies)], strict=True))
+    map_top, load_top = axes["map"].get_ylim()[1], axes["load"].get_ylim()[1]
+    floor = run.metrics["map"].floor_bytes
+    assert floor is not None and floor / GIB < map_top < 2 * floor / GIB
+    assert load_top > 17
 
 
 def test_failed_strategy_shows_status_and_reason(results_dir: Path) -> None:
@@ -253,21 +334,38 @@ def test_failed_strategy_shows_status_and_reason(results_dir: Path) -> None:
     assert "ran out of host memory" in texts
 
 
-def test_notes_after_marker_survive_rerendering(cpu_dir: Path) -> None:
-    report = write_report(load_results(cpu_dir), cpu_dir.parent / "smoke.md")
-    fresh = report.read_text(encoding="utf-8")
-    assert fresh.rstrip().endswith(NOTES_MARKER)
-    notes = "\nThe map strategy's peak comes from engine 0.\n\n| hand | table |\n"
-    report.write_text(fresh + notes, encoding="utf-8")
+def test_notes_live_apart_and_are_flagged_when_their_figures_change(cpu_dir: Path) -> None:
+    notes = cpu_dir.parent / "smoke.notes.md"
+    notes.write_text("The map strategy's peak comes from engine 0.\n\n| hand | table |\n", encoding="utf-8")
+    report = render_all(cpu_dir, notes_checked=True).paths[-1].read_text(encoding="utf-8")
+    assert report.endswith("The map strategy's peak comes from engine 0.\n\n| hand | table |\n")
+    assert "checked against the figures above" in report and "Check these notes" not in report
+    assert notes.read_text(encoding="utf-8").startswith("<!-- notes checked against:\n{\"map\": {")
     summary_path = cpu_dir / "summary.json"
     summary = json.loads(summary_path.read_text())
     summary["strategies"]["map"]["host_peak_bytes"] = 9 * GIB
     summary_path.write_text(json.dumps(summary))
-    again = render_all(cpu_dir)[-1].read_text(encoding="utf-8")
-    assert again.startswith("# smoke")
-    assert again.endswith(NOTES_MARKER + "\n" + notes)
-    assert again.count(NOTES_MARKER) == 1
-    assert _table(again)["map"]["host peak"] == "9.00 GiB"
+    rendered = render_all(cpu_dir)
+    again = rendered.paths[-1].read_text(encoding="utf-8")
+    assert _table(again)["map"]["whole-run host peak"] == "9.00 GiB"
+    (change,) = rendered.stale_notes
+    assert change.startswith("map whole-run host peak: ") and change.endswith(" → 9.00 GiB")
+    assert "**Check these notes**" in again and change in again
+    assert again.endswith("| hand | table |\n"), "the notes themselves are kept as written"
+
+
+def test_notes_at_the_end_of_an_old_report_move_to_their_own_file(cpu_dir: Path) -> None:
+    old = "# smoke\n\nold table\n\n<!-- notes: kept when this file is regenerated -->\n\n## Notes\n\nHand-written.\n"
+    (cpu_dir.parent / "smoke.md").write_text(old, encoding="utf-8")
+    rendered = render_all(cpu_dir)
+    assert (cpu_dir.parent / "smoke.notes.md").read_text(encoding="utf-8") == "Hand-written.\n"
+    assert rendered.stale_notes == ["never checked against any figures"]
+    assert "old table" not in rendered.paths[-1].read_text(encoding="utf-8")
+
+
+def test_marking_notes_checked_needs_notes(cpu_dir: Path) -> None:
+    with pytest.raises(HarnessError, match="smoke.notes.md: no notes to mark as checked"):
+        render_all(cpu_dir, notes_checked=True)
 
 
 def test_no_gpu_data_says_no_gpu_and_draws_no_gpu_bars(cpu_dir: Path) -> None:
@@ -280,14 +378,15 @@ def test_no_gpu_data_says_no_gpu_and_draws_no_gpu_bars(cpu_dir: Path) -> None:
     assert sum(t == "no GPU" for t in _texts(timeline)) == len(run.strategies)
     assert not any("GPU used" in t for t in _texts(timeline))
     markdown = _markdown(cpu_dir)
-    assert _table(markdown)["map"]["host + GPU peak"] == "— (no GPU)"
-    assert "no GPU" in markdown
+    assert not any("GPU" in c for c in _table(markdown)["map"])
+    assert "No GPU was measured" in markdown
 
 
 def test_gpu_data_draws_gpu_series(cuda_dir: Path) -> None:
     run = load_results(cuda_dir)
     ticks = [t.get_text() for ax in peaks_figure(run).axes for t in ax.get_xticklabels()]
-    assert "host + GPU peak" in ticks
+    assert "whole-run\nGPU peak" in ticks
+    assert any("host + GPU" in " ".join(t.split()) for t in ticks)
     texts = _texts(timeline_figure(run))
     assert "no GPU" not in texts
     assert "GPU used" in texts and "host + GPU" in texts
@@ -297,8 +396,8 @@ def test_timeline_panels_count_from_their_own_load_start(cpu_dir: Path) -> None:
     run = load_results(cpu_dir)
     ax = timeline_figure(run).axes[0]
     spans = [
-        float(s.samples["t_s"].max()) - s.phases.load_start_s
-        for s in run.strategies.values()
+        float(run.samples[name]["t_s"].max()) - s.phases.load_start_s
+        for name, s in run.strategies.items()
         if s.phases.load_start_s is not None
     ]
     low, high = ax.get_xlim()
@@ -308,7 +407,7 @@ def test_timeline_panels_count_from_their_own_load_start(cpu_dir: Path) -> None:
 
 def test_every_figure_carries_the_footer(cuda_dir: Path) -> None:
     run = load_results(cuda_dir)
-    for build in (timeline_figure, peaks_figure, engines_figure):
+    for build in FIGURES.values():
         footer = " ".join(_texts(build(run)))
         facts = ("16 CPUs", "128 GiB memory", "NVIDIA H200", "backend copy", "cache cold", "torch 2.13.0")
         for fact in facts:
@@ -316,9 +415,9 @@ def test_every_figure_carries_the_footer(cuda_dir: Path) -> None:
         assert "0123456789" in footer and "2025-01-02" in footer
 
 
-def test_small_text_is_at_least_9pt(cpu_dir: Path) -> None:
-    run = load_results(cpu_dir)
-    for build in (timeline_figure, peaks_figure, engines_figure):
+def test_small_text_is_at_least_9pt(results_dir: Path) -> None:
+    run = load_results(results_dir)
+    for build in FIGURES.values():
         fig = build(run)
         sizes = [float(t.get_fontsize()) for t in fig.findobj(Text) if t.get_text()]
         assert min(sizes) >= 9, build.__name__
@@ -330,8 +429,9 @@ def test_short_commit_keeps_dirty_marker() -> None:
     assert short_commit(None) == "not recorded"
 
 
-def test_main_plot(cpu_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main_plot([str(cpu_dir), "--out", str(tmp_path / "out")]) == 0
-    assert (tmp_path / "out" / "smoke-peaks.png").is_file()
+def test_plot_command(cpu_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plot", str(cpu_dir), "--out", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "smoke-headline.png").is_file()
     assert "smoke.md" in capsys.readouterr().out
-    assert main_plot([str(tmp_path / "missing")]) == 2
+    assert main(["plot", str(tmp_path / "missing")]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path / 'missing'}: not a results directory (no such directory)\n"

@@ -255,3 +255,35 @@ def test_to_dict_round_trips_through_json(tmp_path: Path) -> None:
             "note": "",
         }
     ]
+
+
+def test_generate_defaults_to_true_only_without_a_path(tmp_path: Path) -> None:
+    assert load_scenario(write(tmp_path, BASE)).checkpoint.generate is True
+    given = load_scenario(write(tmp_path, BASE + '[checkpoint]\npath = "c.safetensors"\n'))
+    assert given.checkpoint.generate is False
+    allowed = load_scenario(write(tmp_path, BASE + '[checkpoint]\npath = "c.safetensors"\ngenerate = true\n'))
+    assert allowed.checkpoint.generate is True
+    expect_error(write(tmp_path, BASE + "[checkpoint]\ngenerate = 1\n"), "checkpoint.generate", "true or false")
+
+
+def test_engine_cap_that_rounds_to_zero_bytes(tmp_path: Path) -> None:
+    tiny = BASE.replace("engines = 2", "engine_cap_mib = 1e-9")
+    expect_error(write(tmp_path, tiny), "build.engine_cap_mib", "less than one byte")
+    one_byte = load_scenario(write(tmp_path, BASE.replace("engines = 2", "engine_cap_mib = 0.000001")))
+    assert int(one_byte.build.engine_cap_mib * 2**20) == 1  # type: ignore[operator]
+
+
+def test_non_utf8_scenario(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(BASE.replace('name = "t"', 'name = "t"\ndescription = "caf\xe9"').encode("latin-1"))
+    with pytest.raises(ScenarioError, match=r"latin1.toml: not UTF-8 text \(invalid continuation byte at byte"):
+        load_scenario(path)
+
+
+def test_spec_that_is_not_json_or_not_a_spec(tmp_path: Path) -> None:
+    (tmp_path / "bad.json").write_text("{tensors: [}")
+    expect_error(write(tmp_path, spec_scenario("bad.json")), "model.spec", "is not JSON (line 1")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    expect_error(write(tmp_path, spec_scenario("list.json")), "model.spec", "is not a weight spec")
+    (tmp_path / "bytes.json").write_bytes(b"\xff\xfe{}")
+    expect_error(write(tmp_path, spec_scenario("bytes.json")), "model.spec", "is not UTF-8")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import io
 import textwrap
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -18,8 +18,24 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.layout_engine import ConstrainedLayoutEngine
 
-from harness.report import gib_decimals, machine_text, short_commit
-from harness.results import GIB, RunResults, write_atomic
+from harness.atomic import write_atomic
+from harness.report.text import GIB, footer_text, gib_decimals
+from harness.results import Results
+from harness.strategies import strategy_colour
+
+__all__ = [
+    "FLOOR_STYLE",
+    "MODEL_STYLE",
+    "SERIES_COLOURS",
+    "STYLE",
+    "figure_legend",
+    "gib",
+    "model_label",
+    "new_figure",
+    "save_figure",
+    "strategy_colour",
+    "styled",
+]
 
 STYLE: dict[str, Any] = {
     "font.size": 10,
@@ -46,51 +62,25 @@ SERIES_COLOURS = {
 }
 """One colour per memory series, the same in every figure."""
 
-STRATEGY_COLOURS = {"map": "#0072B2", "load": "#D55E00", "load_file": "#CC79A7"}
-"""One colour per strategy, the same in every figure."""
-
-_EXTRA_COLOURS = ("#44AA99", "#882255", "#999933", "#332288", "#117733", "#AA4499")
-_MODEL_STYLE: dict[str, Any] = {"color": SERIES_COLOURS["model"], "linestyle": "-", "linewidth": 1.3}
-_FLOOR_STYLE: dict[str, Any] = {"color": SERIES_COLOURS["floor"], "linestyle": "--", "linewidth": 1.4}
+MODEL_STYLE: dict[str, Any] = {"color": SERIES_COLOURS["model"], "linestyle": "-", "linewidth": 1.3}
+FLOOR_STYLE: dict[str, Any] = {"color": SERIES_COLOURS["floor"], "linestyle": "--", "linewidth": 1.4}
 _FOOTER_PT = 9
+_LEGEND_CHARS = 60
 _DPI = 120
 
 
-def strategy_colour(name: str, order: Sequence[str]) -> str:
-    """The colour of strategy ``name``; strategies without a fixed colour take one by position."""
-    if name in STRATEGY_COLOURS:
-        return STRATEGY_COLOURS[name]
-    others = [n for n in order if n not in STRATEGY_COLOURS]
-    index = others.index(name) if name in others else len(others)
-    return _EXTRA_COLOURS[index % len(_EXTRA_COLOURS)]
-
-
-def _styled(build: Callable[[RunResults], Figure]) -> Callable[[RunResults], Figure]:
+def styled(build: Callable[[Results], Figure]) -> Callable[[Results], Figure]:
     """Draw a figure under :data:`STYLE`, whoever calls the builder."""
 
     @functools.wraps(build)
-    def wrapper(run: RunResults) -> Figure:
+    def wrapper(run: Results) -> Figure:
         with mpl.rc_context(cast(Any, STYLE)):
             return build(run)
 
     return wrapper
 
 
-def footer_text(run: RunResults) -> str:
-    """Provenance: machine, backend, device, cache, versions, commit, date (wrapped when drawn)."""
-    versions = ", ".join(f"{k} {v}" for k, v in run.versions.items() if v)
-    commit = short_commit(run.commit, 10)
-    parts = [
-        f"machine: {machine_text(run)}",
-        f"backend {run.backend}, device {run.device}, cache {run.cache or 'unknown'}",
-        versions,
-        f"commit {commit}",
-        f"created {run.created or 'unknown'}",
-    ]
-    return "   |   ".join(p for p in parts if p)
-
-
-def _new_figure(width: float, height: float, run: RunResults) -> Figure:
+def new_figure(width: float, height: float, run: Results) -> Figure:
     """A constrained-layout figure with the provenance footer reserved at the bottom."""
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
@@ -125,13 +115,15 @@ def _legend_columns(widths: list[float], ncols: int) -> list[list[float]]:
     return columns
 
 
-def _legend(fig: Figure, handles: list[Any], title: str) -> None:
+def figure_legend(fig: Figure, handles: list[Any], title: str) -> None:
     """The figure's legend above the axes, titled with the figure's title.
 
     The title lives in the legend because constrained layout does not keep a suptitle clear of a
     legend placed outside the axes. Columns are as many as the figure's width holds.
     """
-    widths = [(len(h.get_label()) * 0.6 * 9 + 45) / 72 for h in handles]
+    for handle in handles:  # long labels wrap, so that entries can sit side by side
+        handle.set_label("\n".join(textwrap.wrap(handle.get_label(), _LEGEND_CHARS)))
+    widths = [(max(len(line) for line in h.get_label().splitlines()) * 0.6 * 9 + 45) / 72 for h in handles]
     ncols = 1
     for candidate in range(len(widths), 0, -1):
         if sum(max(column) for column in _legend_columns(widths, candidate)) <= fig.get_figwidth() * 0.95:
@@ -147,12 +139,13 @@ def _legend(fig: Figure, handles: list[Any], title: str) -> None:
     )
 
 
-def _model_label(run: RunResults) -> str:
+def model_label(run: Results) -> str:
     """The legend entry of the model-size line, in GiB."""
-    return f"model size ({run.model.bytes / GIB:.{gib_decimals(run.model.bytes)}f} GiB)"
+    model = run.record.model.bytes
+    return f"model size ({model / GIB:.{gib_decimals(model)}f} GiB)"
 
 
-def _gib(values: Any) -> Any:
+def gib(values: Any) -> Any:
     """``values`` (bytes) as a float array in GiB."""
     return np.asarray(values, dtype="float64") / GIB
 

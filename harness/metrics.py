@@ -1,0 +1,253 @@
+"""Every figure the harness derives, defined once.
+
+Two steps, like ``torch.utils.benchmark.Measurement`` deriving its statistics from the
+times it holds:
+
+* :func:`sampled_peaks`, run once when a strategy's record is made (in its own
+  process, from its samples and the kernel's marks), gives the peaks stored in
+  ``summary.json``:
+
+  - ``host_peak_bytes``: the whole run: samples of RSS, the high-water mark of the
+    load phase (read at partitioning) and each engine's high-water mark;
+  - ``build_peak_bytes``: the build phase, from partitioning to the end of the last
+    engine (to the last sample when a strategy failed): RSS samples in that window
+    and each engine's high-water mark;
+  - ``host_gpu_peak_bytes``: over the same window, samples of RSS + GPU and each
+    engine's high-water mark plus the GPU memory in use at its end (GPU use only
+    grows while an engine is built); without a GPU it equals ``build_peak_bytes``;
+  - ``anon_peak_bytes``, ``gpu_peak_bytes``: the samples' maxima over the whole run;
+  - ``wall_s``: from the load's start to the end of the last engine.
+
+* :class:`StrategyMetrics` (one per strategy, :func:`run_metrics` for a run) derives
+  from a record what the table, the figures and the summary all show: the floor, the
+  peak compared with it, the excess, phase and per-engine times.
+
+The **floor** is what no loader can go under while an engine's weights and its copy
+coexist. Engines written to files (no GPU) are held one at a time: the build-phase host
+peak is at least ``baseline + largest engine``. Engines built on a GPU accumulate: while
+engine ``k`` is built, engines ``0..k-1`` are in GPU memory, engine ``k``'s copy is being
+made and its weights are in host memory, so host + GPU is at least
+``baseline + (e_0 + ... + e_k) + e_k``; the floor is the largest of these over ``k``
+(never above ``baseline + model + largest engine``). The figure compared with the floor
+is the build-phase host peak without a GPU and the build-phase host + GPU peak with one;
+**excess** is ``(compared − floor) / model bytes``. A strategy that failed built part of
+the model only: it has no floor and no excess.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import Any
+
+import numpy as np
+
+from harness.record import EngineRecord, Phases, RunRecord, StrategyRecord
+
+__all__ = [
+    "SampleColumns",
+    "StrategyMetrics",
+    "compared_label",
+    "excess_fraction",
+    "floor_bytes",
+    "gpu_floor_bytes",
+    "host_floor_bytes",
+    "run_metrics",
+    "sampled_peaks",
+]
+
+
+@dataclass(frozen=True)
+class SampleColumns:
+    """The sample columns the peaks are taken from, as float64 arrays (NaN for an empty cell)."""
+
+    t_s: np.ndarray
+    rss_bytes: np.ndarray
+    anon_bytes: np.ndarray
+    gpu_used_bytes: np.ndarray
+
+    @classmethod
+    def of(cls, columns: Mapping[str, Any]) -> SampleColumns:
+        """From any mapping of column name to values: a ``pandas.DataFrame`` or a dict of arrays."""
+        return cls(*(np.asarray(columns[name], dtype="float64") for name in
+                     ("t_s", "rss_bytes", "anon_bytes", "gpu_used_bytes")))
+
+
+def _max(values: Iterable[Any]) -> int | None:
+    present = [float(v) for v in values if v is not None and not np.isnan(float(v))]
+    return int(max(present)) if present else None
+
+
+def _window(t_s: np.ndarray, phases: Phases) -> np.ndarray:
+    """The samples of the build phase: from partitioning to the end of the last engine."""
+    if phases.partition_s is None:
+        return np.zeros(t_s.shape, dtype=bool)
+    inside = t_s >= phases.partition_s
+    if phases.build_end_s is not None:
+        inside &= t_s <= phases.build_end_s
+    return inside
+
+
+def _column_max(values: np.ndarray) -> float | None:
+    finite = values[np.isfinite(values)]
+    return float(finite.max()) if finite.size else None
+
+
+def sampled_peaks(record: StrategyRecord, samples: SampleColumns) -> dict[str, Any]:
+    """The peaks and wall time of a strategy, from its samples and its kernel marks (see the module doc).
+
+    Returns the :class:`~harness.record.StrategyRecord` fields ``host_peak_bytes``,
+    ``build_peak_bytes``, ``host_gpu_peak_bytes``, ``anon_peak_bytes``, ``gpu_peak_bytes``
+    and ``wall_s``, to be set on the record with ``record.replace(**peaks)``.
+    """
+    hwms = [e.host_hwm_bytes for e in record.engines]
+    has_gpu = bool(np.isfinite(samples.gpu_used_bytes).any())
+    window = _window(samples.t_s, record.phases)
+    build_rss = samples.rss_bytes[window]
+    gpu = np.nan_to_num(samples.gpu_used_bytes[window], nan=0.0) if has_gpu else 0.0
+    at_end = [
+        e.host_hwm_bytes + (e.gpu_used_bytes or 0) for e in record.engines if e.host_hwm_bytes is not None
+    ]
+    phases = record.phases
+    wall = None
+    if phases.load_start_s is not None and phases.build_end_s is not None:
+        wall = round(phases.build_end_s - phases.load_start_s, 3)
+    return {
+        "host_peak_bytes": _max([record.load_hwm_bytes, *hwms, _column_max(samples.rss_bytes)]),
+        "build_peak_bytes": _max([*hwms, _column_max(build_rss)]),
+        "host_gpu_peak_bytes": _max([_column_max(build_rss + gpu), *at_end]),
+        "anon_peak_bytes": _max([_column_max(samples.anon_bytes)]),
+        "gpu_peak_bytes": _max([_column_max(samples.gpu_used_bytes)]) if has_gpu else None,
+        "wall_s": wall,
+    }
+
+
+def host_floor_bytes(baseline_bytes: int, engine_bytes: Sequence[int]) -> int:
+    """Lowest possible build-phase host peak when engines leave the process: baseline + largest engine."""
+    if not engine_bytes:
+        raise ValueError("no engines: the floor is undefined")
+    return int(baseline_bytes) + max(int(e) for e in engine_bytes)
+
+
+def gpu_floor_bytes(baseline_bytes: int, engine_bytes: Sequence[int]) -> int:
+    """Lowest possible build-phase host + GPU peak when engines accumulate in GPU memory.
+
+    ``baseline + max over k of (e_0 + ... + e_k + e_k)``, engines in build order.
+    """
+    if not engine_bytes:
+        raise ValueError("no engines: the floor is undefined")
+    sizes = [int(e) for e in engine_bytes]
+    return int(baseline_bytes) + max(total + size for total, size in zip(accumulate(sizes), sizes, strict=True))
+
+
+def floor_bytes(baseline_bytes: int, engines: Sequence[EngineRecord], on_gpu: bool) -> int:
+    """The floor for engines built in index order: :func:`gpu_floor_bytes` on a GPU, else :func:`host_floor_bytes`."""
+    sizes = [e.weight_bytes for e in sorted(engines, key=lambda e: e.index)]
+    return gpu_floor_bytes(baseline_bytes, sizes) if on_gpu else host_floor_bytes(baseline_bytes, sizes)
+
+
+def excess_fraction(value: float, floor: float, model_bytes: float) -> float:
+    """``(value − floor) / model_bytes``; negative when a measurement missed memory that was there."""
+    if model_bytes <= 0:
+        raise ValueError(f"model size must be positive, got {model_bytes}")
+    return (float(value) - float(floor)) / float(model_bytes)
+
+
+def compared_label(on_gpu: bool) -> str:
+    """What is compared with the floor, as tables and figures name it."""
+    return "build-phase host + GPU peak" if on_gpu else "build-phase host peak"
+
+
+def _span(start: float | None, end: float | None) -> float | None:
+    return None if start is None or end is None else end - start
+
+
+@dataclass(frozen=True)
+class StrategyMetrics:
+    """What every reader shows of one strategy, derived once from its record.
+
+    Bytes are ``None`` where nothing was measured (a failed strategy's floor, the GPU
+    figures of a run without one); seconds are ``None`` for a phase not reached.
+    ``engine_s`` holds ``(index, seconds)`` per engine built, in build order.
+    """
+
+    name: str
+    ok: bool
+    status: str
+    error: str | None
+    on_gpu: bool
+    model_bytes: int
+    baseline_bytes: int | None
+    host_at_partitioning_bytes: int | None
+    build_host_peak_bytes: int | None
+    build_host_gpu_peak_bytes: int | None
+    run_host_peak_bytes: int | None
+    run_anon_peak_bytes: int | None
+    run_gpu_peak_bytes: int | None
+    compared_label: str
+    compared_peak_bytes: int | None
+    floor_bytes: int | None
+    excess: float | None
+    released_bytes: int | None
+    unreleased_bytes: int | None
+    wall_s: float | None
+    load_s: float | None
+    build_s: float | None
+    engine_s: tuple[tuple[int, float], ...]
+    engines_built: int
+
+    @property
+    def gpu_measured(self) -> bool:
+        """Whether this strategy has GPU figures."""
+        return self.run_gpu_peak_bytes is not None
+
+    @classmethod
+    def of(cls, name: str, record: StrategyRecord, run: RunRecord) -> StrategyMetrics:
+        """The metrics of strategy ``name`` of ``run``."""
+        on_gpu = run.on_gpu
+        gpu_measured = record.gpu_peak_bytes is not None
+        compared = record.host_gpu_peak_bytes if on_gpu else record.build_peak_bytes
+        floor = None
+        if record.ok and record.engines and record.baseline_rss_bytes is not None:
+            floor = floor_bytes(record.baseline_rss_bytes, record.engines, on_gpu)
+        excess = None
+        if floor is not None and compared is not None and run.model.bytes > 0:
+            excess = excess_fraction(compared, floor, run.model.bytes)
+        phases = record.phases
+        engine_s = tuple(
+            (e.index, e.end_s - e.start_s)
+            for e in sorted(record.engines, key=lambda e: e.index)
+            if e.start_s is not None and e.end_s is not None
+        )
+        return cls(
+            name=name,
+            ok=record.ok,
+            status=record.status,
+            error=record.error,
+            on_gpu=on_gpu,
+            model_bytes=run.model.bytes,
+            baseline_bytes=record.baseline_rss_bytes,
+            host_at_partitioning_bytes=record.host_at_partitioning_bytes,
+            build_host_peak_bytes=record.build_peak_bytes,
+            build_host_gpu_peak_bytes=record.host_gpu_peak_bytes if gpu_measured else None,
+            run_host_peak_bytes=record.host_peak_bytes,
+            run_anon_peak_bytes=record.anon_peak_bytes,
+            run_gpu_peak_bytes=record.gpu_peak_bytes,
+            compared_label=compared_label(on_gpu),
+            compared_peak_bytes=compared,
+            floor_bytes=floor,
+            excess=excess,
+            released_bytes=record.released_bytes,
+            unreleased_bytes=record.unreleased_bytes,
+            wall_s=record.wall_s,
+            load_s=_span(phases.load_start_s, phases.load_end_s),
+            build_s=_span(phases.partition_s, phases.build_end_s),
+            engine_s=engine_s,
+            engines_built=len(engine_s),
+        )
+
+
+def run_metrics(run: RunRecord) -> dict[str, StrategyMetrics]:
+    """:class:`StrategyMetrics` of every strategy of ``run``, in the order they ran."""
+    return {name: StrategyMetrics.of(name, record, run) for name, record in run.strategies.items()}

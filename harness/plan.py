@@ -1,0 +1,232 @@
+"""A scenario resolved once, in the parent, into what every strategy's process runs.
+
+:func:`make_plan` checks the backend, resolves the device (``auto`` to ``cuda`` or
+``cpu``; ``cuda`` without one is an error before anything is written), builds the model
+on the meta device, splits it into engines (each engine a list of tensor names, in
+build order), and makes sure the checkpoint exists (generating it only where the
+scenario allows). The :class:`Plan` it returns is written to ``plan.json`` and handed to
+each worker (:mod:`harness.worker`), which rebuilds the model on meta from the plan's
+model configuration, checks it against the plan, and measures; it never reads the
+scenario file, so a :class:`~harness.scenario.Scenario` built in code runs as well as
+one read from TOML.
+
+Errors a user can cause are :class:`~harness.errors.HarnessError`\\ s that start with
+the scenario file and key: ``scenarios/x.toml: build.engines: 12 engines asked for, ...``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.atomic import write_json
+from harness.backends import BackendUnavailable, check_backend, resolve_device
+from harness.checkpoints import CheckpointError, checkpoint_specs, describe_specs, ensure_checkpoint
+from harness.errors import PlanError
+from harness.models import build_model
+from harness.partition import Engine, model_bytes, partition, split_into
+from harness.record import CheckpointInfo, ModelInfo, RecordError, Reference, read_json_file
+from harness.scenario import ModelConfig, Scenario
+from weightmap.checkpoint import open_checkpoint
+
+__all__ = ["PLAN_VERSION", "EnginePlan", "Plan", "make_plan", "read_plan", "write_plan"]
+
+PLAN_VERSION = 1
+"""The layout of ``plan.json``; a worker refuses a plan of another version."""
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """One engine to build: the modules it covers and the tensor names it reads, in build order."""
+
+    index: int
+    modules: tuple[str, ...]
+    names: tuple[str, ...]
+    weight_bytes: int
+
+    @classmethod
+    def of(cls, engine: Engine) -> EnginePlan:
+        return cls(engine.index, engine.modules, engine.names, engine.nbytes)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a strategy's process needs, resolved once; see the module docstring."""
+
+    scenario: str
+    name: str
+    description: str
+    scenario_config: dict[str, Any]
+    strategies: tuple[str, ...]
+    model_config: ModelConfig
+    model: ModelInfo
+    checkpoint: CheckpointInfo
+    checkpoint_files: tuple[str, ...]
+    backend: str
+    device: str
+    cache: str
+    release: bool
+    sample_interval_ms: float
+    residency_every: int
+    memory_limit_bytes: int | None
+    timeout_s: float
+    engine_cap_bytes: int
+    engines: tuple[EnginePlan, ...]
+    references: tuple[Reference, ...]
+    workdir: str
+
+    @property
+    def largest_engine_bytes(self) -> int:
+        return max(e.weight_bytes for e in self.engines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "plan": PLAN_VERSION,
+            "scenario": self.scenario,
+            "name": self.name,
+            "description": self.description,
+            "scenario_config": self.scenario_config,
+            "strategies": list(self.strategies),
+            "model_config": self.model_config.to_json(),
+            "model": self.model.to_json(),
+            "checkpoint": self.checkpoint.to_json(),
+            "checkpoint_files": list(self.checkpoint_files),
+            "backend": self.backend,
+            "device": self.device,
+            "cache": self.cache,
+            "release": self.release,
+            "sample_interval_ms": self.sample_interval_ms,
+            "residency_every": self.residency_every,
+            "memory_limit_bytes": self.memory_limit_bytes,
+            "timeout_s": self.timeout_s,
+            "engine_cap_bytes": self.engine_cap_bytes,
+            "engines": [
+                {"index": e.index, "modules": list(e.modules), "names": list(e.names), "weight_bytes": e.weight_bytes}
+                for e in self.engines
+            ],
+            "references": [r.to_json() for r in self.references],
+            "workdir": self.workdir,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], source: str) -> Plan:
+        if not isinstance(data, dict) or data.get("plan") != PLAN_VERSION:
+            raise RecordError(f"{source}: not a plan of version {PLAN_VERSION}")
+        try:
+            return cls(
+                scenario=data["scenario"],
+                name=data["name"],
+                description=data["description"],
+                scenario_config=data["scenario_config"],
+                strategies=tuple(data["strategies"]),
+                model_config=ModelConfig.from_json(data["model_config"]),
+                model=ModelInfo.from_json(data["model"], source, "model", 2),
+                checkpoint=CheckpointInfo.from_json(data["checkpoint"], source, "checkpoint", 2),
+                checkpoint_files=tuple(data["checkpoint_files"]),
+                backend=data["backend"],
+                device=data["device"],
+                cache=data["cache"],
+                release=data["release"],
+                sample_interval_ms=data["sample_interval_ms"],
+                residency_every=data["residency_every"],
+                memory_limit_bytes=data["memory_limit_bytes"],
+                timeout_s=data["timeout_s"],
+                engine_cap_bytes=data["engine_cap_bytes"],
+                engines=tuple(
+                    EnginePlan(e["index"], tuple(e["modules"]), tuple(e["names"]), e["weight_bytes"])
+                    for e in data["engines"]
+                ),
+                references=tuple(
+                    Reference.from_json(r, source, f"references[{i}]", 2) for i, r in enumerate(data["references"])
+                ),
+                workdir=data["workdir"],
+            )
+        except (KeyError, TypeError) as exc:
+            raise RecordError(f"{source}: not a complete plan ({type(exc).__name__}: {exc})") from exc
+
+
+def write_plan(path: Path, plan: Plan) -> Path:
+    """Write ``plan`` as JSON (atomically)."""
+    return write_json(path, plan.to_json())
+
+
+def read_plan(path: Path) -> Plan:
+    """The plan at ``path``; :class:`~harness.record.RecordError` when it is not one."""
+    return Plan.from_json(read_json_file(Path(path)), str(path))
+
+
+def _engines(scenario: Scenario, module: Any) -> tuple[list[Engine], int]:
+    build = scenario.build
+    if build.engine_cap_mib is not None:
+        cap = int(build.engine_cap_mib * 2**20)
+        return partition(module, cap), cap
+    assert build.engines is not None
+    try:
+        return split_into(module, build.engines)
+    except ValueError as exc:
+        raise PlanError(f"{scenario.where('build.engines')}: {exc}; ask for fewer engines") from exc
+
+
+def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = None) -> Plan:
+    """Resolve ``scenario`` into a :class:`Plan` (see the module docstring); ``progress`` gets one line per step.
+
+    Raises a :class:`~harness.errors.HarnessError` naming the scenario file and key for
+    a backend or device this machine lacks, a model with no weight bytes, more engines
+    than the model has units, and a checkpoint path that is a directory, missing (without
+    ``checkpoint.generate``) or someone else's file; nothing is written before these checks
+    except the checkpoint itself.
+    """
+    say = progress or (lambda message: None)
+    try:
+        check_backend(scenario.build.backend)
+    except BackendUnavailable as exc:
+        raise BackendUnavailable(f"{scenario.where('build.backend')}: {exc}") from exc
+    try:
+        device = resolve_device(scenario.build.device)
+    except BackendUnavailable as exc:
+        raise BackendUnavailable(f"{scenario.where('build.device')}: {exc}") from exc
+    info = build_model(scenario.model)
+    say(f"model {info.name} ({info.source}); {info.source_note}".rstrip("; "))
+    specs = checkpoint_specs(info.module)  # persistent tensors, a tied one once
+    sizes = describe_specs(specs)
+    if sizes["nbytes"] == 0:
+        raise PlanError(f"{scenario.where('model')}: {info.name} has no weight bytes "
+                        f"({sizes['tensors']} tensors, all empty): there is nothing to measure")
+    engines, cap = _engines(scenario, info.module)
+    try:
+        path, generated = ensure_checkpoint(info.module, scenario.checkpoint.path, scenario.checkpoint.seed,
+                                            generate=scenario.checkpoint.generate)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{scenario.where('checkpoint.path')}: {exc}") from exc
+    say(("generated " if generated else "reusing ") + str(path))
+    files = tuple(str(f) for f in open_checkpoint(path).files)
+    limit = scenario.run.memory_limit_gib
+    return Plan(
+        scenario=scenario.name,
+        name=name,
+        description=scenario.description,
+        scenario_config=json.loads(json.dumps(scenario.to_dict())),
+        strategies=scenario.strategies,
+        model_config=scenario.model,
+        model=ModelInfo(name=info.name, source=info.source, source_note=info.source_note,
+                        tensors=sizes["tensors"], bytes=sizes["nbytes"],
+                        bytes_with_non_persistent_buffers=model_bytes(info.module)),
+        checkpoint=CheckpointInfo(path=str(path), generated=generated, seed=scenario.checkpoint.seed,
+                                  bytes=path.stat().st_size),
+        checkpoint_files=files,
+        backend=scenario.build.backend,
+        device=device,
+        cache=scenario.run.cache,
+        release=scenario.build.release,
+        sample_interval_ms=scenario.run.sample_interval_ms,
+        residency_every=scenario.run.residency_every,
+        memory_limit_bytes=int(limit * 2**30) if limit else None,
+        timeout_s=scenario.run.timeout_s,
+        engine_cap_bytes=cap,
+        engines=tuple(EnginePlan.of(e) for e in engines),
+        references=tuple(Reference(**r.__dict__) for r in scenario.references),
+        workdir=str(workdir),
+    )

@@ -1,0 +1,79 @@
+"""What a results directory shows reviewers: a markdown report and figures, derived from its record.
+
+:func:`render_all` reads a results directory once (:func:`harness.results.load_results`:
+the record, the samples and :mod:`harness.metrics`' figures) and writes, beside it:
+
+* ``<name>.md`` (:mod:`harness.report.markdown`): context, the table, observations, and
+  the hand-written notes kept in ``<name>.notes.md`` (flagged when the figures they were
+  checked against have changed);
+* ``<name>-timeline.png`` (:mod:`harness.report.timeline`): memory over time, one panel
+  per strategy;
+* ``<name>-peaks.png`` (:mod:`harness.report.peaks`): the strategies' peaks side by side;
+* ``<name>-engines.png`` (:mod:`harness.report.engines`): engine by engine.
+
+Every module formats numbers through :mod:`harness.report.text` and draws through
+:mod:`harness.report.style`, and none of them opens a results file itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from harness.errors import HarnessError
+from harness.report.engines import engines_figure
+from harness.report.headline import headline_figure
+from harness.report.markdown import write_report
+from harness.report.notes import notes_path, read_notes, stamp_notes
+from harness.report.peaks import peaks_figure
+from harness.report.style import save_figure
+from harness.report.timeline import timeline_figure
+from harness.results import Results, load_results
+
+__all__ = ["FIGURES", "Rendered", "figure_paths", "render_all"]
+
+FIGURES: dict[str, Callable[[Results], Figure]] = {
+    "headline": headline_figure,
+    "timeline": timeline_figure,
+    "engines": engines_figure,
+    "peaks": peaks_figure,
+}
+"""Every figure of a run, by the suffix of its file name, in the order the report shows them."""
+
+
+def figure_paths(name: str, out_dir: Path) -> dict[str, Path]:
+    """Where each figure of run ``name`` goes."""
+    return {kind: Path(out_dir) / f"{name}-{kind}.png" for kind in FIGURES}
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """What :func:`render_all` wrote, and what changed since the run's notes were last checked."""
+
+    paths: list[Path]
+    stale_notes: list[str]
+
+
+def render_all(results_dir: Path, out_dir: Path | None = None, *, notes_checked: bool = False) -> Rendered:
+    """Render every figure and the markdown report of ``results_dir``.
+
+    ``out_dir`` defaults to the results directory's parent (``results/``), where the notes
+    file ``<name>.notes.md`` is looked for too. ``notes_checked`` stamps the notes with the
+    current figures first (they were re-read). Raises :class:`~harness.record.RecordError`
+    for a results directory this harness cannot read.
+    """
+    results_dir = Path(results_dir)
+    out = Path(out_dir) if out_dir is not None else results_dir.parent
+    run = load_results(results_dir)
+    report = out / f"{run.name}.md"
+    if notes_checked:
+        notes = read_notes(notes_path(report))
+        if notes is None:
+            raise HarnessError(f"{notes_path(report)}: no notes to mark as checked")
+        stamp_notes(notes, run)
+    written = [save_figure(FIGURES[kind](run), path) for kind, path in figure_paths(run.name, out).items()]
+    path, stale = write_report(run, report, [p.name for p in written])
+    return Rendered([*written, path], stale)

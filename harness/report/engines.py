@@ -1,0 +1,72 @@
+"""``<name>-engines.png``: engine by engine, each strategy's host high-water mark, what it released, its build time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from harness.report.style import SERIES_COLOURS, figure_legend, gib, new_figure, strategy_colour, styled
+from harness.results import Results
+
+__all__ = ["engines_figure"]
+
+
+@styled
+def engines_figure(run: Results) -> Figure:
+    """Per engine: weights (bars) and each strategy's host high-water mark; what each released; build seconds."""
+    names = list(run.strategies)
+    fig = new_figure(12.0, 9.6, run)
+    top, middle, bottom = fig.subplots(3, 1, sharex=True, height_ratios=(3, 2, 2))
+    weights: dict[int, int] = {}
+    for record in run.strategies.values():
+        for e in record.engines:
+            weights.setdefault(e.index, e.weight_bytes)
+    indices = sorted(weights)
+    handles: list[Any] = []
+    if indices:
+        top.bar(indices, gib([weights[i] for i in indices]), 0.6, color=SERIES_COLOURS["weights"], zorder=1)
+        handles.append(Patch(color=SERIES_COLOURS["weights"], label="engine weights"))
+    width = 0.8 / max(1, len(names))
+    model = run.record.model.bytes
+    for i, name in enumerate(names):
+        record, metrics = run.strategies[name], run.metrics[name]
+        colour = strategy_colour(name, names)
+        offsets = -0.4 + width * (i + 0.5)
+        label = name if record.ok else f"{name} (FAILED, partial)"
+        hwm = [(e.index, e.host_hwm_bytes) for e in record.engines if e.host_hwm_bytes is not None]
+        if hwm:
+            xs, ys = zip(*hwm, strict=True)
+            top.plot(xs, gib(ys), marker="o", markersize=5, linewidth=1.6, color=colour, zorder=3)
+        released = [(e.index, e.released_bytes) for e in record.engines if e.released_bytes is not None]
+        if released:
+            xs, ys = zip(*released, strict=True)
+            middle.bar(np.asarray(xs) + offsets, gib(ys), width, color=colour, zorder=2)
+            if model > 0:
+                label += f", released {sum(ys) / model * 100:.0f}% of the model"
+        if metrics.engine_s:
+            xs, seconds = zip(*metrics.engine_s, strict=True)
+            bottom.bar(np.asarray(xs) + offsets, seconds, width, color=colour, zorder=2, gid=f"build-s:{name}")
+            label += f", engines built in {sum(seconds):.1f} s"
+        handles.append(Line2D([], [], color=colour, marker="o", linewidth=1.6, label=label))
+    top.set_ylabel("host high-water\nmark (GiB)")
+    top.set_ylim(bottom=0)
+    top.set_title("host high-water mark while each engine is built (lines), its weights (bars)", loc="left")
+    middle.set_ylabel("released (GiB)")
+    middle.set_ylim(bottom=0)
+    middle.set_title("released after each engine's build", loc="left")
+    bottom.set_ylabel("build time (s)")
+    bottom.set_ylim(bottom=0)
+    bottom.set_title("time to build each engine (its weights read, copied and released)", loc="left")
+    bottom.set_xlabel("engine (build order)")
+    for ax in (top, middle, bottom):
+        ax.grid(axis="y", color="#E5E5E5", zorder=0)
+    if indices:
+        bottom.set_xticks(indices, [str(i) for i in indices], rotation=90 if len(indices) > 40 else 0)
+    else:
+        top.text(0.5, 0.5, "no engines recorded", transform=top.transAxes, ha="center", color="#777777")
+    figure_legend(fig, handles, f"{run.name}: memory and time engine by engine ({run.record.model.name})")
+    return fig

@@ -1,0 +1,253 @@
+"""Markdown report of a results directory: context, the table, generated observations, and the notes.
+
+Everything above the notes is generated from the record and :mod:`harness.metrics` on
+every render, so it cannot go stale. Hand-written notes are kept in their own file,
+``<name>.notes.md`` (:mod:`harness.report.notes`), and included under "Notes", with a
+warning above them that lists the figures that changed since they were last checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from harness.atomic import write_atomic
+from harness.metrics import StrategyMetrics
+from harness.report.notes import NEVER_CHECKED, Notes, check_notes, migrate_notes
+from harness.report.table import columns, reference_cells, strategy_cells
+from harness.report.text import (
+    cell,
+    format_gib,
+    format_seconds,
+    gib_decimals,
+    machine_text,
+    short_commit,
+    status_text,
+    versions_text,
+)
+from harness.results import Results
+
+__all__ = ["render_report", "table_lines", "write_report"]
+
+
+def table_lines(run: Results) -> list[str]:
+    """The table as markdown lines: a row per strategy, then a row per reference."""
+    headers = [c.header for c in columns(run)]
+    rows = [[cells[h] for h in headers] for cells in strategy_cells(run).values()]
+    rows += [[cells[h] for h in headers] for cells in reference_cells(run)]
+    align = ["---"] + ["---:"] * (len(headers) - 2) + ["---"]
+    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(align) + " |"]
+    return lines + ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
+
+
+def context_paragraph(results: Results) -> str:
+    """One paragraph on what was measured, where, and with what."""
+    run = results.record
+    model = run.model
+    decimals = gib_decimals(model.bytes)
+    about = [
+        f"`{model.source}`" if model.source else None,
+        f"{model.tensors} tensors" if model.tensors is not None else None,
+        format_gib(model.bytes, decimals),
+    ]
+    text = f"Model **{model.name}** ({', '.join(a for a in about if a)})"
+    if model.source_note:
+        text += f", {model.source_note.rstrip('.')}"
+    machine = f"; machine: {machine_text(results)}"
+    if run.machine.kernel:
+        machine += f", kernel {run.machine.kernel}"
+    engines = f"{run.engines} engines"
+    if run.engine_cap_bytes:
+        engines += f" (cap {format_gib(run.engine_cap_bytes, decimals)} each)"
+    setup = [
+        f"backend `{run.backend}`",
+        f"device `{run.device}`",
+        f"{run.cache} cache" if run.cache else None,
+        engines,
+        None if run.release is None else ("release on" if run.release else "release off"),
+        f"sampled every {run.sample_interval_ms:g} ms" if run.sample_interval_ms else None,
+    ]
+    text += machine + "; " + ", ".join(s for s in setup if s) + "."
+    created = run.created or "at an unrecorded time"
+    text += f" Commit {short_commit(run.commit)}, created {created}; {versions_text(results)}."
+    return text
+
+
+def _floor_note(run: Results, decimals: int) -> str:
+    if run.on_gpu:
+        floor = (
+            "on the GPU engines accumulate, so the floor is baseline + max over k of "
+            "(engines 0..k + engine k), compared with the build-phase host + GPU peak"
+        )
+    else:
+        floor = "engines leave the process, so the floor is baseline + largest engine"
+    gpu = "" if run.gpu_measured else " No GPU was measured."
+    return (
+        f"GiB = 2^30 bytes, rounded to {decimals} decimals; references are shown as published. "
+        f"Floor: the lowest peak any loader can reach while an engine's weights and its copy coexist; "
+        f"{floor}. The {run.compared_label} covers partitioning to the end of the last engine (the larger of "
+        f"the engines' kernel high-water marks and the samples); excess = ({run.compared_label} − floor) / "
+        f"model size. Whole-run peaks include the load. Failed strategies have no floor: they built only "
+        f"part of the model.{gpu}"
+    )
+
+
+def _above_floor(s: StrategyMetrics, decimals: int) -> str | None:
+    floor, peak, fraction = s.floor_bytes, s.compared_peak_bytes, s.excess
+    if floor is None or peak is None or fraction is None:
+        return None
+    label = s.compared_label
+    if fraction < 0:
+        return (
+            f"{label} {format_gib(peak, decimals)} is {format_gib(floor - peak, decimals)} below the floor "
+            f"of {format_gib(floor, decimals)}: the measurement missed memory that must have been there"
+        )
+    return (
+        f"{label} {format_gib(peak, decimals)}: {format_gib(peak - floor, decimals)} "
+        f"({fraction * 100:.1f}% of the model) above the floor of {format_gib(floor, decimals)}"
+    )
+
+
+def strategy_observations(run: Results, s: StrategyMetrics) -> list[str]:
+    """Facts about one strategy, computed from its figures only: a headline and indented details."""
+    decimals = gib_decimals(s.model_bytes)
+    model = s.model_bytes
+    r = run.record.strategies[s.name]
+    headline: list[str] = []
+    if not s.ok:
+        headline.append(status_text(s))
+    if s.host_at_partitioning_bytes is not None and s.baseline_bytes is not None:
+        above = s.host_at_partitioning_bytes - s.baseline_bytes
+        headline.append(
+            f"host at partitioning {format_gib(above, decimals)} above the baseline of "
+            f"{format_gib(s.baseline_bytes, decimals)}"
+        )
+    floor_fact = _above_floor(s, decimals)
+    if floor_fact:
+        headline.append(floor_fact)
+    details: list[str] = []
+    memory = []
+    compared = s.compared_peak_bytes
+    if s.run_host_peak_bytes is not None and compared is not None and s.run_host_peak_bytes > compared:
+        memory.append(f"whole-run host peak {format_gib(s.run_host_peak_bytes, decimals)}, reached outside the "
+                      "build phase (during the load)")
+    if s.run_anon_peak_bytes is not None and model > 0:
+        share = s.run_anon_peak_bytes / model * 100
+        memory.append(f"anonymous peak {format_gib(s.run_anon_peak_bytes, decimals)} ({share:.0f}% of the model)")
+    if s.run_gpu_peak_bytes is not None:
+        memory.append(f"GPU peak {format_gib(s.run_gpu_peak_bytes, decimals)}")
+    if memory:
+        details.append("; ".join(memory))
+    release = []
+    if s.released_bytes is not None and model > 0:
+        share = s.released_bytes / model * 100
+        release.append(f"released {format_gib(s.released_bytes, decimals)} ({share:.0f}% of the model)")
+    if s.unreleased_bytes is not None:
+        release.append(f"{format_gib(s.unreleased_bytes, decimals)} never released")
+    if r.release_note:
+        release.append(r.release_note.rstrip("."))
+    if release:
+        details.append("; ".join(release))
+    if s.wall_s is not None:
+        timing = f"wall {format_seconds(s.wall_s)}: load {format_seconds(s.load_s)}, build {format_seconds(s.build_s)}"
+        if s.engine_s:
+            index, seconds = max(s.engine_s, key=lambda item: item[1])
+            timing += f"; slowest engine {index} ({format_seconds(seconds)})"
+        details.append(timing)
+    sampling = []
+    if r.peak_source:
+        sampling.append(f"peaks from the {r.peak_source}")
+    sampling.append(f"{r.samples} samples")
+    if r.max_gap_ms is not None:
+        sampling.append(f"longest gap between samples {r.max_gap_ms:.1f} ms")
+    if r.mean_interval_ms is not None:
+        sampling.append(f"mean interval {r.mean_interval_ms:.1f} ms")
+    details.append(", ".join(sampling))
+    if r.note:
+        details.append(r.note.rstrip("."))
+    if not s.ok:
+        samples = run.samples[s.name]
+        last = f" up to {samples['t_s'].max():.1f} s" if len(samples) else ""
+        details.append(f"partial data: {len(samples)} samples{last}; {s.engines_built} of {run.record.engines} "
+                       "engines built")
+    lines = [f"- **{s.name}**: " + ("; ".join(headline) or "no figures recorded") + "."]
+    return lines + [f"  - {d}." for d in details]
+
+
+def comparison_observations(run: Results) -> list[str]:
+    """Which finished strategy is lowest on host at partitioning and on the compared peak."""
+    finished = [s for s in run.metrics.values() if s.ok]
+    if len(finished) < 2:
+        return []
+    decimals = gib_decimals(run.record.model.bytes)
+    lines = []
+    figures = {
+        "host at partitioning": {s.name: s.host_at_partitioning_bytes for s in finished},
+        finished[0].compared_label: {s.name: s.compared_peak_bytes for s in finished},
+    }
+    for title, by_name in figures.items():
+        known = [(v, name) for name, v in by_name.items() if v is not None]
+        if len(known) < 2:
+            continue
+        known.sort()
+        (low, low_name), (high, high_name) = known[0], known[-1]
+        lines.append(
+            f"- Lowest {title}: **{low_name}** ({format_gib(low, decimals)}), "
+            f"{format_gib(high - low, decimals)} below the highest ({high_name})."
+        )
+    return lines
+
+
+def _notes_section(run: Results, notes: Notes) -> list[str]:
+    changes = check_notes(notes, run)
+    lines = ["## Notes", ""]
+    command = f"python -m harness plot {run.directory} --notes-checked"
+    if changes == [NEVER_CHECKED]:
+        lines += [f"> **Check these notes**: they are kept in `{notes.path.name}` and have not been checked "
+                  f"against these figures. Re-read them against the table, then run `{command}`.", ""]
+    elif changes:
+        lines += [f"> **Check these notes**: they are kept in `{notes.path.name}` and were written for other "
+                  "figures. Changed since they were last checked: " + "; ".join(changes) + ". Re-read them "
+                  f"against the table, then run `{command}`.", ""]
+    else:
+        lines += [f"*Hand-written, kept in `{notes.path.name}`; checked against the figures above.*", ""]
+    return lines + [notes.text.strip("\n"), ""]
+
+
+def render_report(run: Results, figures: Sequence[str] = (), notes: Notes | None = None) -> str:
+    """The whole markdown text. ``figures`` are image paths relative to the report; ``notes`` the run's notes."""
+    record = run.record
+    decimals = gib_decimals(record.model.bytes)
+    lines = [f"# {run.name}: memory by loading strategy", ""]
+    if record.description:
+        lines += [f"*{' '.join(record.description.split())}*", ""]
+    lines += [context_paragraph(run), ""]
+    lines += table_lines(run)
+    lines += ["", _floor_note(run, decimals), ""]
+    notes_on_refs = [f"- reference **{r.label}**: {r.note.rstrip('.')}." for r in record.references if r.note]
+    lines += ["## Observations", ""]
+    for strategy in run.metrics.values():
+        lines += strategy_observations(run, strategy)
+    lines += comparison_observations(run)
+    lines += notes_on_refs
+    if figures:
+        lines += ["", "## Figures", ""]
+        for figure in figures:
+            lines += [f"![{Path(figure).stem}]({figure})", ""]
+        lines.pop()
+    lines.append("")
+    if notes is not None:
+        lines += _notes_section(run, notes)
+    return "\n".join(lines)
+
+
+def write_report(run: Results, path: Path, figures: Sequence[str] = ()) -> tuple[Path, list[str]]:
+    """Render the report to ``path`` atomically; returns it and what changed since its notes were checked.
+
+    The notes come from ``<name>.notes.md`` beside ``path``; notes still kept at the end of
+    an earlier report are first moved into that file.
+    """
+    path = Path(path)
+    notes = migrate_notes(path)
+    write_atomic(path, render_report(run, figures, notes))
+    return path, (check_notes(notes, run) if notes is not None else [])

@@ -1,0 +1,118 @@
+"""``<name>-peaks.png``: the strategies' peaks side by side, references hatched.
+
+Groups, left to right: host at partitioning; the peak compared with the floor (the
+build-phase host peak, or host + GPU on a GPU), with each strategy's floor drawn over
+its bar; then the whole-run peaks, which include the load. The values are
+:mod:`harness.metrics`' and are written on the bars as the table prints them.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from harness.metrics import StrategyMetrics
+from harness.record import Reference
+from harness.report.style import FLOOR_STYLE, MODEL_STYLE, model_label, new_figure, strategy_colour, styled
+from harness.report.text import GIB, gib_decimals
+from harness.results import Results
+
+__all__ = ["peak_groups", "peaks_figure"]
+
+_REFERENCE_HATCHES = ("//", "\\\\", "xx", "..")
+
+Group = tuple[str, Callable[[StrategyMetrics], int | None], Callable[[Reference], float | None]]
+
+
+def peak_groups(run: Results) -> list[Group]:
+    """(label, strategy value in bytes, reference value in GiB) of each bar group."""
+    groups: list[Group] = [
+        ("host at\npartitioning", lambda m: m.host_at_partitioning_bytes, lambda r: r.host_at_partitioning_gib),
+        ("\n".join(textwrap.wrap(run.compared_label, 16)) + "\n(floor drawn)", lambda m: m.compared_peak_bytes,
+         lambda r: r.host_gpu_peak_gib if run.on_gpu else None),
+        ("whole-run\nhost peak", lambda m: m.run_host_peak_bytes, lambda r: r.host_peak_gib),
+        ("whole-run\nanonymous peak", lambda m: m.run_anon_peak_bytes, lambda r: None),
+    ]
+    if run.gpu_measured:
+        groups.append(("whole-run\nGPU peak", lambda m: m.run_gpu_peak_bytes, lambda r: None))
+    return groups
+
+
+def _bar_label(ax: Axes, x: float, value: float | None, text: str, top: float) -> None:
+    """Write ``text`` upright above a bar (or ``n/a`` at the axis where there is no value)."""
+    ax.text(x, (0.0 if value is None else value) + top * 0.012, "n/a" if value is None else text, rotation=90,
+            ha="center", va="bottom", fontsize=9, zorder=6,
+            bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.8})
+
+
+@styled
+def peaks_figure(run: Results) -> Figure:
+    """Grouped bars: each figure per strategy, references hatched, the model size, and the floor."""
+    record = run.record
+    decimals = gib_decimals(record.model.bytes)
+    groups = peak_groups(run)
+    strategies = list(run.metrics.values())
+    order = [s.name for s in strategies]
+    series = len(strategies) + len(record.references)
+    fig = new_figure(12.0, 6.4, run)
+    ax = fig.subplots()
+    width = 0.8 / max(1, series)
+    x = np.arange(len(groups), dtype="float64")
+    values: list[float] = [record.model.bytes / GIB]
+    bars: list[tuple[float, float | None, str]] = []
+    handles: list[Any] = []
+    floor_drawn = False
+    for i, s in enumerate(strategies):
+        colour = strategy_colour(s.name, order)
+        for g, (offset, (_, value_of, _)) in enumerate(zip(x - 0.4 + width * (i + 0.5), groups, strict=True)):
+            raw = value_of(s)
+            value = None if raw is None else raw / GIB
+            if value is not None:
+                ax.bar(offset, value, width, color=colour, alpha=1.0 if s.ok else 0.45, edgecolor="white",
+                       gid=f"peak:{g}:{s.name}")
+                values.append(value)
+            bars.append((offset, value, "" if value is None else f"{value:.{decimals}f}"))
+            if g == 1 and s.floor_bytes is not None:
+                ax.hlines(s.floor_bytes / GIB, offset - width * 0.6, offset + width * 0.6, zorder=5,
+                          gid=f"floor:{s.name}", **FLOOR_STYLE)
+                values.append(s.floor_bytes / GIB)
+                floor_drawn = True
+        handles.append(Patch(color=colour, alpha=1.0 if s.ok else 0.45,
+                             label=s.name if s.ok else f"{s.name} (FAILED, partial)"))
+    for j, ref in enumerate(record.references):
+        hatch = _REFERENCE_HATCHES[j % len(_REFERENCE_HATCHES)]
+        offsets = x - 0.4 + width * (len(strategies) + j + 0.5)
+        for offset, (_, _, reference_value) in zip(offsets, groups, strict=True):
+            value = reference_value(ref)
+            if value is not None:
+                ax.bar(offset, value, width, facecolor="white", edgecolor="#666666", hatch=hatch, linewidth=1)
+                values.append(value)
+            bars.append((offset, value, "" if value is None else f"{value:g}"))
+        handles.append(Patch(facecolor="white", edgecolor="#666666", hatch=hatch,
+                             label=f"reference: {ref.label} (different setup)"))
+    top = (max(values) or 1.0) * 1.22
+    for offset, value, text in bars:
+        _bar_label(ax, offset, value, text, top)
+    ax.axhline(record.model.bytes / GIB, zorder=4, **MODEL_STYLE)
+    handles.append(Line2D([], [], label=model_label(run), **MODEL_STYLE))
+    if floor_drawn:
+        handles.append(Line2D([], [], label=f"floor of the {run.compared_label}", **FLOOR_STYLE))
+    ax.set_xticks(x, [label for label, _, _ in groups])
+    ax.set_xlim(-0.5, len(groups) - 0.5)
+    ax.set_ylim(0, top)
+    ax.set_ylabel("GiB")
+    ax.set_title(f"values in GiB, {decimals} decimals" + ("" if run.gpu_measured else "; no GPU"),
+                 loc="left", color="#555555")
+    for handle in handles:
+        handle.set_label("\n".join(textwrap.wrap(handle.get_label(), 36)))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, borderaxespad=0)
+    fig.suptitle(f"{run.name}: memory peaks by loading strategy ({record.model.name})", fontsize=12,
+                 fontweight="bold")
+    return fig

@@ -1,0 +1,94 @@
+"""The results table: its columns and the text of each cell, from :mod:`harness.metrics` only.
+
+One row per strategy, then one per reference figure measured elsewhere. The peak the
+floor is compared with comes right before the floor and the excess, named for what it
+is (``build-phase host peak``, or ``build-phase host + GPU peak`` on a GPU); whole-run
+peaks, which include the load, follow in columns of their own. The markdown report
+prints these rows, the notes check stamps them, and the figures are tested against them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from harness.metrics import StrategyMetrics
+from harness.record import Reference
+from harness.report.text import DASH, format_gib, format_percent, format_seconds, gib_decimals, status_text
+from harness.results import Results
+
+__all__ = ["COMPARED", "EXCESS", "FLOOR", "Column", "columns", "reference_cells", "strategy_cells"]
+
+FLOOR = "floor"
+EXCESS = "excess over floor (% of model)"
+COMPARED = "build-phase peak"
+"""Stands for the compared column, whose header is :func:`harness.metrics.compared_label`."""
+
+_STATUS_CHARS = 160
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column: its header, the cell of a strategy, and the cell of a reference (a dash if it has none)."""
+
+    header: str
+    strategy: Callable[[StrategyMetrics, int], str]
+    reference: Callable[[Reference, bool], str] = lambda reference, on_gpu: DASH
+
+
+def _gib(value: float | None) -> str:
+    return DASH if value is None else f"{value:g} GiB"
+
+
+def _reference_compared(reference: Reference, on_gpu: bool) -> str:
+    if reference.host_gpu_peak_gib is None:
+        return DASH
+    return _gib(reference.host_gpu_peak_gib) + ("" if on_gpu else " (host + GPU)")
+
+
+def _status(m: StrategyMetrics, decimals: int) -> str:
+    text = status_text(m, _STATUS_CHARS)
+    return text if m.ok else f"**{text}**"
+
+
+def columns(run: Results) -> list[Column]:
+    """The table's columns for ``run``: GPU columns only where engines were built on a GPU."""
+    on_gpu = run.on_gpu
+    cols = [
+        Column("strategy", lambda m, d: m.name, lambda r, g: f"reference: {r.label} (reference, different setup)"),
+        Column("host at partitioning", lambda m, d: format_gib(m.host_at_partitioning_bytes, d),
+               lambda r, g: _gib(r.host_at_partitioning_gib)),
+        Column(run.compared_label, lambda m, d: format_gib(m.compared_peak_bytes, d), _reference_compared),
+        Column(FLOOR, lambda m, d: format_gib(m.floor_bytes, d)),
+        Column(EXCESS, lambda m, d: format_percent(m.excess)),
+    ]
+    if on_gpu:
+        cols.append(Column("build-phase host peak", lambda m, d: format_gib(m.build_host_peak_bytes, d)))
+    cols += [
+        Column("whole-run host peak", lambda m, d: format_gib(m.run_host_peak_bytes, d),
+               lambda r, g: _gib(r.host_peak_gib)),
+        Column("whole-run anonymous peak", lambda m, d: format_gib(m.run_anon_peak_bytes, d)),
+    ]
+    if on_gpu:
+        cols.append(Column("whole-run GPU peak", lambda m, d: format_gib(m.run_gpu_peak_bytes, d)))
+    cols += [
+        Column("released", lambda m, d: format_gib(m.released_bytes, d)),
+        Column("load time", lambda m, d: format_seconds(m.load_s)),
+        Column("build time", lambda m, d: format_seconds(m.build_s)),
+        Column("wall time", lambda m, d: format_seconds(m.wall_s)),
+        Column("status", _status, lambda r, g: "reference"),
+    ]
+    return cols
+
+
+def strategy_cells(run: Results) -> dict[str, dict[str, str]]:
+    """``{strategy: {header: cell}}`` for every strategy, in the order they ran."""
+    decimals = gib_decimals(run.record.model.bytes)
+    cols = columns(run)
+    return {name: {c.header: c.strategy(m, decimals) for c in cols} for name, m in run.metrics.items()}
+
+
+def reference_cells(run: Results) -> list[dict[str, str]]:
+    """``{header: cell}`` for every reference of the run."""
+    cols = columns(run)
+    return [{c.header: c.reference(r, run.on_gpu) for c in cols} for r in run.record.references]

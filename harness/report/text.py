@@ -1,0 +1,117 @@
+"""How every report writes its numbers and its context, shared by the table and the figures.
+
+Bytes are shown in GiB (2^30 bytes) with :func:`gib_decimals` decimals, fractions of the
+model as signed percentages, missing values as a dash; the provenance line every figure
+carries and the machine description come from here too, so the table and the figures
+always print a figure the same way.
+"""
+
+from __future__ import annotations
+
+from harness.metrics import StrategyMetrics
+from harness.results import Results
+
+__all__ = [
+    "DASH",
+    "GIB",
+    "cell",
+    "footer_text",
+    "format_gib",
+    "format_percent",
+    "format_seconds",
+    "gib_decimals",
+    "machine_text",
+    "short_commit",
+    "shorten",
+    "status_text",
+    "versions_text",
+]
+
+GIB = 1 << 30
+"""Bytes in a GiB; every figure and table reports GiB."""
+
+DASH = "—"
+"""What a missing value shows as."""
+
+
+def gib_decimals(model_bytes: int) -> int:
+    """Decimals for GiB figures: 2 for models of 1 GiB or more, 3 below (so small runs stay readable)."""
+    return 2 if model_bytes >= GIB else 3
+
+
+def format_gib(value: int | float | None, decimals: int = 2) -> str:
+    """``value`` bytes as ``"1.23 GiB"``; ``None`` as a dash."""
+    if value is None:
+        return DASH
+    return f"{value / GIB:.{decimals}f} GiB"
+
+
+def format_percent(fraction: float | None) -> str:
+    """A signed percentage (``+1.2%``, ``−0.4%``); ``None`` as a dash."""
+    if fraction is None:
+        return DASH
+    return f"{fraction * 100:+.1f}%".replace("-", "−")
+
+
+def format_seconds(value: float | None) -> str:
+    """``12.3 s``; ``None`` as a dash."""
+    return DASH if value is None else f"{value:.1f} s"
+
+
+def cell(text: str) -> str:
+    """``text`` made safe inside a markdown table cell (one line, pipes escaped)."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def shorten(text: str, limit: int) -> str:
+    """``text`` on one line, cut to ``limit`` characters with an ellipsis."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def status_text(strategy: StrategyMetrics, limit: int | None = None) -> str:
+    """``ok``, or ``FAILED: <reason>`` (shortened to ``limit`` characters when given)."""
+    if strategy.ok:
+        return strategy.status
+    reason = strategy.error or "no reason recorded"
+    if limit is not None:
+        reason = shorten(reason, limit)
+    return f"FAILED: {reason}" if strategy.status == "failed" else f"{strategy.status}: {reason}"
+
+
+def short_commit(commit: str | None, length: int = 12) -> str:
+    """``commit`` cut to ``length`` hex digits, keeping a ``-dirty`` suffix; "not recorded" when None."""
+    if not commit:
+        return "not recorded"
+    sha, dirty, _ = commit.partition("-dirty")
+    return sha[:length] + ("-dirty" if dirty else "")
+
+
+def versions_text(run: Results) -> str:
+    """``python 3.11.7, torch 2.13.0, ...``: the versions that were installed."""
+    return ", ".join(f"{k} {v}" for k, v in run.record.versions.items() if v)
+
+
+def machine_text(run: Results) -> str:
+    """``16 CPUs, 128 GiB memory, NVIDIA H200`` (or ``no GPU``)."""
+    m = run.record.machine
+    parts = []
+    if m.cpus is not None:
+        parts.append(f"{m.cpus} CPUs")
+    if m.mem_total_bytes:
+        parts.append(f"{m.mem_total_bytes / GIB:.0f} GiB memory")
+    parts.append(m.gpu or "no GPU")
+    return ", ".join(parts)
+
+
+def footer_text(run: Results) -> str:
+    """Provenance: machine, backend, device, cache, versions, commit, date (wrapped when drawn)."""
+    record = run.record
+    parts = [
+        f"machine: {machine_text(run)}",
+        f"backend {record.backend}, device {record.device}, cache {record.cache or 'unknown'}",
+        versions_text(run),
+        f"commit {short_commit(record.commit, 10)}",
+        f"created {record.created or 'unknown'}",
+    ]
+    return "   |   ".join(p for p in parts if p)

@@ -1,0 +1,260 @@
+"""The command line: every input a user can get wrong is one line ``error: ...`` and exit status 2.
+
+Each case runs ``harness.cli.main`` in this process and checks the whole of stderr: one
+line, naming the file and the key or path that is wrong. None of them runs a strategy.
+The signal tests start a real parent process whose workers are stand-ins.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from harness.cli import main
+from harness.tests.fixtures import make_results
+
+SCENARIO = """
+name = "tiny"
+strategies = ["map"]
+[model]
+source = "synthetic"
+layers = 1
+width = 64
+heads = 4
+vocab = 64
+[checkpoint]
+path = "{checkpoint}"
+generate = true
+[build]
+engines = 2
+device = "cpu"
+"""
+
+
+def scenario(tmp_path: Path, text: str | None = None, replace: dict[str, str] | None = None) -> Path:
+    """Write the scenario (default: :data:`SCENARIO`) with each ``replace`` key replaced by its value."""
+    text = text if text is not None else SCENARIO.format(checkpoint=tmp_path / "c.safetensors")
+    for old, new in (replace or {}).items():
+        assert old in text, old
+        text = text.replace(old, new)
+    path = tmp_path / "s.toml"
+    path.write_text(text)
+    return path
+
+
+def error_of(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """Run the command line; it must exit 2 and end with one line ``error: ...``; returns the message.
+
+    Progress lines may come first (``[harness] ...``); the error is the last line and the only one.
+    """
+    assert main(list(argv)) == 2
+    err = capsys.readouterr().err
+    assert err.endswith("\n"), err
+    lines = err.splitlines()
+    assert lines[-1].startswith("error: ") and sum(line.startswith("error:") for line in lines) == 1, err
+    assert all(not line.strip() or line.startswith(("[harness] ", "generating ")) for line in lines[:-1]), err
+    return lines[-1][len("error: "):]
+
+
+def run_error(capsys: pytest.CaptureFixture[str], path: Path, *extra: str) -> str:
+    return error_of(capsys, "run", str(path), "--results", str(path.parent / "results"), *extra)
+
+
+def test_engine_cap_that_rounds_to_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = scenario(tmp_path, replace={"engines = 2": "engine_cap_mib = 1e-9"})
+    message = run_error(capsys, path)
+    assert message.startswith(f"{path}: build.engine_cap_mib: 1e-09 MiB is less than one byte")
+
+
+def test_more_engines_than_weight_units(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = scenario(tmp_path, replace={"engines = 2": "engines = 500"})
+    message = run_error(capsys, path)
+    assert message.startswith(f"{path}: build.engines: 500 engines asked for, but the model has only")
+    assert not (tmp_path / "c.safetensors").exists(), "nothing is generated before the plan is known to work"
+
+
+def test_zero_byte_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "empty.json"
+    spec.write_text(json.dumps({"tensors": [{"name": "a.weight", "shape": [0], "dtype": "float32", "kind": "param"}]}))
+    text = f'name = "z"\n[model]\nsource = "spec"\nspec = "{spec}"\n[build]\nengines = 1\ndevice = "cpu"\n'
+    message = run_error(capsys, scenario(tmp_path, text))
+    assert message.endswith("model: empty has no weight bytes (1 tensors, all empty): there is nothing to measure")
+
+
+def test_non_utf8_scenario(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "s.toml"
+    path.write_bytes(b'name = "caf\xe9"\n')
+    assert run_error(capsys, path).startswith(f"{path}: not UTF-8 text")
+
+
+def test_spec_that_is_not_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "spec.json"
+    spec.write_text("tensors = []")
+    text = f'name = "z"\n[model]\nsource = "spec"\nspec = "{spec}"\n[build]\nengines = 1\n'
+    message = run_error(capsys, scenario(tmp_path, text))
+    assert message == f"{tmp_path / 's.toml'}: model.spec: {spec} is not JSON (line 1, column 1: Expecting value)"
+
+
+def test_checkpoint_that_is_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "ckpt").mkdir()
+    path = scenario(tmp_path, SCENARIO.format(checkpoint=tmp_path / "ckpt"))
+    message = run_error(capsys, path)
+    assert message == (f"{path}: checkpoint.path: {tmp_path / 'ckpt'}: is a directory; "
+                       "the harness reads and writes one .safetensors file")
+
+
+def test_checkpoint_not_written_by_the_harness(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from safetensors.torch import save_file
+
+    foreign = tmp_path / "real.safetensors"
+    save_file({"w": torch.zeros(2)}, str(foreign))
+    path = scenario(tmp_path, SCENARIO.format(checkpoint=foreign))
+    message = run_error(capsys, path)
+    assert message.startswith(f"{path}: checkpoint.path: {foreign}: exists and was not written by the harness")
+    assert foreign.stat().st_size < 1000, "someone else's file is never replaced"
+
+
+def test_checkpoint_that_does_not_exist(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = scenario(tmp_path, replace={"generate = true": ""})
+    message = run_error(capsys, path)
+    assert message.startswith(f"{path}: checkpoint.path: {tmp_path / 'c.safetensors'}: no such file")
+    assert not (tmp_path / "c.safetensors").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_cuda_without_one_fails_before_the_checkpoint_is_generated(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = scenario(tmp_path, replace={'device = "cpu"': 'device = "cuda"'})
+    message = run_error(capsys, path)
+    assert message == f'{path}: build.device: device = "cuda" was asked for, but torch sees no CUDA device here'
+    assert not (tmp_path / "c.safetensors").exists()
+
+
+def test_tensorrt_backend_fails_before_anything_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = scenario(tmp_path, replace={"engines = 2": 'engines = 2\nbackend = "tensorrt"'})
+    message = run_error(capsys, path)
+    assert message.startswith(f"{path}: build.backend: backend 'tensorrt'") and "torch_tensorrt" in message
+    assert not (tmp_path / "c.safetensors").exists(), "nothing may run before the backend is checked"
+
+
+def test_results_root_that_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "results").write_text("")
+    message = run_error(capsys, scenario(tmp_path))
+    assert message == f"{tmp_path / 'results'}: the results root is a file, not a directory; pass --results DIR"
+    assert not (tmp_path / "c.safetensors").exists()
+
+
+def test_results_root_that_cannot_be_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    if os.geteuid() == 0:  # root writes through permission bits; sysfs refuses a new directory to anyone
+        root = Path("/sys/harness-results")
+    else:
+        root = tmp_path / "read-only"
+        root.mkdir(mode=0o555)
+    path = scenario(tmp_path)
+    message = error_of(capsys, "run", str(path), "--results", str(root))
+    assert message.startswith(f"{root}: cannot write results there (")
+    assert not (tmp_path / "c.safetensors").exists()
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", "Upper", ""])
+def test_name_with_a_path_separator_or_other_characters(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    message = run_error(capsys, scenario(tmp_path), "--name", name)
+    assert message.startswith(f"--name {name!r}: expected letters a-z, digits, '_' or '-' only")
+    assert not (tmp_path / "x").exists() and not (tmp_path / "results").exists()
+
+
+def test_plot_of_a_corrupt_results_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    directory = make_results(tmp_path / "results")
+    summary = directory / "summary.json"
+    data = json.loads(summary.read_text())
+    del data["strategies"]["map"]["wall_s"]
+    summary.write_text(json.dumps(data))
+    assert error_of(capsys, "plot", str(directory)) == f"{summary}: strategies.map: missing key 'wall_s'"
+    summary.write_text("{")
+    assert error_of(capsys, "plot", str(directory)).startswith(f"{summary}: not valid JSON (line 1")
+
+
+def test_a_full_disk_is_an_error_and_earlier_results_stay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    earlier = make_results(tmp_path / "results", name="tiny")
+    before = {p.name: p.read_bytes() for p in earlier.iterdir()}
+    real = tempfile.mkstemp
+
+    def no_space(*args: object, **kwargs: object) -> tuple[int, str]:
+        if str(kwargs.get("prefix", "")).startswith(".summary.json"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(*args, **kwargs)  # type: ignore[call-overload, no-any-return]
+
+    monkeypatch.setattr("harness.atomic.tempfile.mkstemp", no_space)
+    monkeypatch.setattr("harness.run.worker_command", lambda *a: [sys.executable, "-c", "pass"])
+    message = run_error(capsys, scenario(tmp_path))
+    staged = tmp_path / "results" / ".tiny.partial" / "summary.json"
+    assert message == f"{staged}: cannot write (No space left on device); any earlier file there is unchanged"
+    assert {p.name: p.read_bytes() for p in earlier.iterdir()} == before
+
+
+PARENT = """
+import sys, pathlib
+import harness.run
+from harness.cli import main
+tmp = pathlib.Path(sys.argv[1])
+def worker(plan, strategy, out):
+    code = "import os, time, pathlib; pathlib.Path(%r).write_text(str(os.getpid())); time.sleep(120)"
+    return [sys.executable, "-c", code % str(tmp / "worker.pid")]
+harness.run.worker_command = worker
+sys.exit(main(["run", str(tmp / "s.toml"), "--results", str(tmp / "results")]))
+"""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _start_parent(tmp_path: Path) -> tuple[subprocess.Popen[str], int]:
+    scenario(tmp_path)
+    parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(PARENT), str(tmp_path)],
+                              stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "worker.pid").exists() or not (tmp_path / "worker.pid").read_text():
+        assert parent.poll() is None, parent.communicate()[1]
+        assert time.monotonic() < deadline, "the worker never started"
+        time.sleep(0.1)
+    return parent, int((tmp_path / "worker.pid").read_text())
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_stopping_the_parent_ends_its_worker(tmp_path: Path, signum: int) -> None:
+    earlier = make_results(tmp_path / "results", name="tiny")
+    before = (earlier / "summary.json").read_bytes()
+    parent, worker = _start_parent(tmp_path)
+    parent.send_signal(signum)
+    _, err = parent.communicate(timeout=60)
+    if signum == signal.SIGTERM:
+        assert parent.returncode == 128 + signal.SIGTERM, err
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("error: interrupted by SIGTERM; the running strategy's process was stopped (map); ")
+        assert "results/tiny is unchanged" in last
+    deadline = time.monotonic() + 10
+    while _pid_alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _pid_alive(worker), "the worker outlived its parent"
+    assert (earlier / "summary.json").read_bytes() == before

@@ -1,0 +1,134 @@
+"""The results layout: strict reading, versions, and the committed results as version 1."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.metrics import SampleColumns, StrategyMetrics, sampled_peaks
+from harness.record import (
+    LAYOUT_VERSION,
+    SUMMARY,
+    RecordError,
+    RunRecord,
+    read_samples,
+    samples_file,
+)
+from harness.results import load_results
+from harness.tests.fixtures import make_results
+
+ROOT = Path(__file__).resolve().parents[2]
+COMMITTED = sorted(p.parent for p in (ROOT / "results").glob("*/summary.json"))
+
+
+def _summary(directory: Path) -> dict[str, Any]:
+    return json.loads((directory / SUMMARY).read_text())  # type: ignore[no-any-return]
+
+
+def _rewrite(directory: Path, data: dict[str, Any]) -> None:
+    (directory / SUMMARY).write_text(json.dumps(data))
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    return make_results(tmp_path / "results", device="cpu")
+
+
+def test_committed_results_exist() -> None:
+    assert {p.name for p in COMMITTED} >= {"smoke", "pi05", "pi05-h200"}
+
+
+@pytest.mark.parametrize("directory", COMMITTED, ids=lambda p: p.name)
+def test_committed_results_read_with_their_version(directory: Path) -> None:
+    data = _summary(directory)
+    results = load_results(directory)
+    version = data.get("layout", 1)
+    assert results.record.layout == version
+    for name, strategy in results.record.strategies.items():
+        raw = data["strategies"][name]
+        assert strategy.host_peak_bytes == raw["host_peak_bytes"]
+        assert strategy.host_gpu_peak_bytes == raw["host_gpu_peak_bytes"]
+        if version == 1 and results.record.on_gpu:
+            assert strategy.build_peak_bytes == max(e["host_hwm_bytes"] for e in raw["engines"])
+        elif version == 1:
+            assert strategy.build_peak_bytes == raw["host_gpu_peak_bytes"]
+        # the derived copies in the file agree with the one derivation
+        metrics = results.metrics[name]
+        assert metrics.floor_bytes == raw["floor_bytes"]
+
+
+def test_writes_the_current_version_and_reads_it_back(run_dir: Path) -> None:
+    data = _summary(run_dir)
+    assert data["layout"] == LAYOUT_VERSION
+    record = RunRecord.from_json(data, "summary.json")
+    assert record.to_json() == data
+
+
+def test_unknown_key_is_an_error_naming_its_path(run_dir: Path) -> None:
+    data = _summary(run_dir)
+    data["strategies"]["map"]["host_peek_bytes"] = 1
+    _rewrite(run_dir, data)
+    with pytest.raises(RecordError, match=r"summary.json: strategies.map: unknown key 'host_peek_bytes'"):
+        load_results(run_dir)
+
+
+def test_missing_key_is_an_error_naming_its_path(run_dir: Path) -> None:
+    data = _summary(run_dir)
+    del data["strategies"]["load"]["engines"][1]["end_s"]
+    _rewrite(run_dir, data)
+    with pytest.raises(RecordError, match=r"strategies.load.engines\[1\]: missing key 'end_s'"):
+        load_results(run_dir)
+
+
+def test_wrong_type_is_an_error(run_dir: Path) -> None:
+    data = _summary(run_dir)
+    data["strategies"]["map"]["samples"] = "120"
+    _rewrite(run_dir, data)
+    with pytest.raises(RecordError, match=r"strategies.map.samples: expected an integer, got \"120\""):
+        load_results(run_dir)
+
+
+def test_a_version_1_file_may_not_hold_later_keys(run_dir: Path) -> None:
+    data = _summary(run_dir)
+    del data["layout"]
+    _rewrite(run_dir, data)
+    with pytest.raises(RecordError, match="unknown key"):
+        load_results(run_dir)
+
+
+def test_a_newer_version_is_refused(run_dir: Path) -> None:
+    data = _summary(run_dir)
+    data["layout"] = LAYOUT_VERSION + 1
+    _rewrite(run_dir, data)
+    with pytest.raises(RecordError, match=f"reads layout versions 1 to {LAYOUT_VERSION}"):
+        load_results(run_dir)
+
+
+def test_corrupt_json_and_csv_are_errors_naming_the_file(run_dir: Path) -> None:
+    samples = run_dir / samples_file("map")
+    samples.write_text("t_s,rss\n0,1\n")
+    with pytest.raises(RecordError, match="samples-map.csv: expected the columns"):
+        read_samples(samples)
+    (run_dir / SUMMARY).write_text('{"scenario": ')
+    with pytest.raises(RecordError, match=r"summary.json: not valid JSON \(line 1"):
+        load_results(run_dir)
+
+
+def test_a_finished_strategy_needs_its_samples(run_dir: Path) -> None:
+    (run_dir / samples_file("map")).unlink()
+    with pytest.raises(RecordError, match="samples-map.csv: missing, but strategy 'map' finished"):
+        load_results(run_dir)
+    (run_dir / samples_file("load_file")).unlink()  # failed: it may have written none
+
+
+def test_stored_peaks_are_the_derivation_of_the_samples(run_dir: Path) -> None:
+    results = load_results(run_dir)
+    for name, record in results.strategies.items():
+        peaks = sampled_peaks(record, SampleColumns.of(results.samples[name]))
+        assert {k: getattr(record, k) for k in peaks} == peaks, name
+        metrics = StrategyMetrics.of(name, record, results.record)
+        assert metrics.floor_bytes == record.floor_bytes
+        assert metrics.compared_peak_bytes == record.build_peak_bytes  # no GPU: the build-phase host peak

@@ -1,0 +1,96 @@
+"""The strategy registry: one entry per strategy, read by scenario validation, the worker and the figures."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.plan import make_plan
+from harness.scenario import ScenarioError, load_scenario
+from harness.strategies import STRATEGIES, strategy_colour
+from harness.worker import measure
+
+SCENARIO = """
+name = "t"
+strategies = [{names}]
+[model]
+source = "synthetic"
+layers = 1
+width = 64
+heads = 4
+vocab = 64
+[build]
+engines = 1
+"""
+
+
+def write(tmp_path: Path, *names: str) -> Path:
+    path = tmp_path / "s.toml"
+    path.write_text(SCENARIO.format(names=", ".join(f'"{n}"' for n in names)))
+    return path
+
+
+def test_scenarios_accept_exactly_the_registered_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ScenarioError, match="unknown strategy 'stream' .known: map, load, load_file"):
+        load_scenario(write(tmp_path, "map", "stream"))
+    monkeypatch.setitem(STRATEGIES, "stream", dataclasses.replace(STRATEGIES["map"], name="stream"))
+    assert load_scenario(write(tmp_path, "map", "stream")).strategies == ("map", "stream")
+
+
+def test_every_strategy_has_its_own_colour_and_label() -> None:
+    colours = [s.colour for s in STRATEGIES.values()]
+    assert len(set(colours)) == len(colours)
+    assert all(s.label and s.name == name for name, s in STRATEGIES.items())
+    assert strategy_colour("map", ["map"]) == STRATEGIES["map"].colour
+    # names the registry does not know (results of another version) still get distinct colours
+    order = ["map", "old_a", "old_b"]
+    assert len({strategy_colour(n, order) for n in order}) == 3
+
+
+def test_release_note_says_what_happened() -> None:
+    assert "madvise" in STRATEGIES["map"].release_note(True, 0)
+    assert "resized to 0" in STRATEGIES["load"].release_note(True, 0)
+    assert "not resizable" in STRATEGIES["load_file"].release_note(True, 1)
+    assert STRATEGIES["map"].release_note(False, 10).startswith("release = false")
+
+
+class _Recorder:
+    """Hooks that note each call and check the engine's tensors are in the model when it is built."""
+
+    def __init__(self, model: torch.nn.Module, path: Path) -> None:
+        self.model, self.path = model, path
+        self.calls: list[tuple[str, int, int]] = []
+        CALLS.append(self)
+
+    def before(self, index: int, names: Sequence[str]) -> None:
+        named = dict(self.model.named_parameters(remove_duplicate=False))
+        assert all(not named[n].is_meta for n in names if n in named)
+        self.calls.append(("before", index, len(names)))
+
+    def after(self, index: int, names: Sequence[str]) -> None:
+        self.calls.append(("after", index, len(names)))
+
+
+CALLS: list[_Recorder] = []
+
+
+def test_the_worker_calls_a_strategys_hooks_around_each_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hooked = dataclasses.replace(STRATEGIES["map"], name="hooked", hooks=_Recorder)
+    monkeypatch.setitem(STRATEGIES, "hooked", hooked)
+    path = write(tmp_path, "hooked")
+    path.write_text(path.read_text().replace("engines = 1", "engines = 3"))
+    scenario = load_scenario(path)
+    scenario = dataclasses.replace(scenario, checkpoint=dataclasses.replace(
+        scenario.checkpoint, path=tmp_path / "c.safetensors", generate=True))
+    plan = make_plan(scenario, name="t", workdir=tmp_path / "engines")
+    record = measure(plan, "hooked", tmp_path / "out")
+    assert record.ok, record.error
+    (recorder,) = CALLS
+    sizes = [len(e.names) for e in plan.engines]
+    assert recorder.calls == [(step, i, sizes[i]) for i in range(3) for step in ("before", "after")]
