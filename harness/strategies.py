@@ -135,8 +135,13 @@ HooksFactory = Callable[[torch.nn.Module, Path], EngineHooks]
 
 
 def _release_after_last_reader(model: torch.nn.Module, partitions: Sequence[Sequence[str]]) -> ReleasePlan:
-    """weightmap's plan with its default release: mapped pages dropped, ordinary storages resized to 0."""
+    """weightmap's default plan: mapped pages dropped after every engine that reads them; nothing resized."""
     return ReleasePlan.from_names(model, partitions)
+
+
+def _resize_after_last_reader(model: torch.nn.Module, partitions: Sequence[Sequence[str]]) -> ReleasePlan:
+    """Ordinary storages resized to 0 after their last engine (the built model is not run afterwards)."""
+    return ReleasePlan.from_names(model, partitions, resize=True)
 
 
 @dataclass(frozen=True)
@@ -185,7 +190,7 @@ STRATEGIES: dict[str, Strategy] = {
             label="read into host memory + load_state_dict",
             colour="#D55E00",
             load=load_eager,
-            release_plan=_release_after_last_reader,
+            release_plan=_resize_after_last_reader,
             released_how="storages resized to 0",
             kept_why="some storages could not be released (neither mapped by weightmap nor resizable)",
         ),

@@ -177,8 +177,8 @@ def build_engines(
     ``checkpoint`` names the mapped files whose pages each build reads (``pages_read_bytes``).
 
     With ``weights="mapped"`` the engines keep running on the program's tensors: release
-    them with ``ReleasePlan(..., release=weightmap.release_mapped_storage)``, which only drops
-    mapped pages; the default ``release_storage`` resizes other tensors (non-persistent
+    them with weightmap's default ``ReleasePlan``, which only drops mapped pages; a plan made
+    with ``resize=True`` resizes other tensors (non-persistent
     buffers, loaded weights) to 0 and the inductor loader then refuses them. A failed build
     raises the compiler's error (AOTInductor's is an ``EngineBuildError`` naming
     ``engine-NNN.pt2``); engines built before it stay on disk.

@@ -33,7 +33,7 @@ from harness.compile.inductor import WEIGHTS, InductorCompiler
 from harness.compile.pipeline import EngineRecord, build_engines, compare_with_eager
 from harness.models import SyntheticTransformer, fill_non_persistent
 from harness.procfs import read_status
-from weightmap import ReleasePlan, ReleaseStep, map_weights, release_mapped_storage, release_storage
+from weightmap import ReleasePlan, ReleaseStep, map_weights
 
 MIB = 2**20
 
@@ -94,8 +94,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     exported = export_mapped(model, (tokens,), checkpoint=[checkpoint])
     program = exported.program
     parts = partition_program(program, count=args.parts)
-    release = release_mapped_storage if args.weights == "mapped" else release_storage
-    plan = ReleasePlan.from_names(program, [p.weights for p in parts], release=release)
+    plan = ReleasePlan.from_names(program, [p.weights for p in parts])  # mapped pages dropped, nothing resized
     steps: list[ReleaseStep] = []
 
     def built_one(i: int, record: EngineRecord) -> None:

@@ -30,7 +30,7 @@ from harness.compile.inductor import (
 )
 from harness.compile.pipeline import BuiltEngines, EngineRecord, build_engines, compare_with_eager
 from harness.models import SyntheticTransformer, fill_non_persistent
-from weightmap import ReleasePlan, ReleaseStep, map_weights, release_mapped_storage, release_storage
+from weightmap import ReleasePlan, ReleaseStep, map_weights
 
 # 3.5 MiB of bfloat16 weights: the tied embedding (2 MiB) and one layer (1.5 MiB).
 SHAPE: dict[str, Any] = {"layers": 1, "width": 256, "heads": 4, "vocab": 4096, "dtype": torch.bfloat16}
@@ -67,11 +67,11 @@ class Build:
     env_during: list[str | None] = field(default_factory=list)
 
 
-def _build(path: Path, work: Path, cache: Path, compiler: InductorCompiler, plan_release: Any, **cut: int) -> Build:
+def _build(path: Path, work: Path, cache: Path, compiler: InductorCompiler, resize: bool, **cut: int) -> Build:
     model = _mapped(path)
     program = export_mapped(model, (TOKENS,), checkpoint=[path]).program
     parts = partition_program(program, **cut)
-    plan = ReleasePlan.from_names(program, [p.weights for p in parts], release=plan_release)
+    plan = ReleasePlan.from_names(program, [p.weights for p in parts], resize=resize)
     build = Build(model, parts, None)  # type: ignore[arg-type]
 
     def started(i: int, part: GraphPartition) -> None:
@@ -92,7 +92,7 @@ def mapped(checkpoint: Path, cache: Path, tmp_path_factory: pytest.TempPathFacto
     # The cap puts the embedding and the layer up to its up_proj in the first engine, down_proj, the
     # norm and the tied head in the second.
     yield _build(checkpoint, tmp_path_factory.mktemp("mapped"), cache, InductorCompiler(weights="mapped"),
-                 release_mapped_storage, cap_bytes=int(3.25 * MIB))
+                 False, cap_bytes=int(3.25 * MIB))
 
 
 def test_mapped_engines_build_in_order_releasing_after_each(mapped: Build) -> None:
@@ -149,7 +149,7 @@ def test_a_mapped_engine_is_never_run_without_its_weights(mapped: Build) -> None
 
 
 def test_packaged_engine_holds_its_weights(checkpoint: Path, cache: Path, tmp_path: Path) -> None:
-    build = _build(checkpoint, tmp_path, cache, InductorCompiler(weights="packaged"), release_storage, count=1)
+    build = _build(checkpoint, tmp_path, cache, InductorCompiler(weights="packaged"), True, count=1)
     (record,) = build.built.records
     assert record.weights == "packaged"
     assert record.artifact_bytes > record.weight_bytes  # the weights are in the artifact
