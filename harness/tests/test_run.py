@@ -133,7 +133,8 @@ def test_map_releases_each_engine_and_stays_near_the_floor(tiny_run: tuple[RunRe
         during = base + (held_after(engines, sizes, i - 1) if i else 0) + engine.weight_bytes + SLACK
         assert engine.host_hwm_bytes <= during, f"engine {i}: peak {engine.host_hwm_bytes} > {during}"
     assert entry.released_bytes is not None and entry.released_bytes >= 0.99 * model_bytes
-    assert entry.unreleased_bytes == 0
+    # Only the non-persistent buffers (rotary frequencies: ordinary memory the model still reads) are kept.
+    assert entry.unreleased_bytes == record.model.bytes_with_non_persistent_buffers - model_bytes
 
 
 def test_load_holds_everything_and_load_file_never_releases(tiny_run: tuple[RunRecord, Path, Path]) -> None:
