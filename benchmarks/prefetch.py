@@ -13,8 +13,9 @@ partition by partition in a fresh process per run, cold cache each time:
   one of :data:`weightmap.PREFETCH_METHODS` (``ReleasePlan(prefetch=METHOD,
   prefetch_ahead=AHEAD)``): ``AHEAD=1`` warms the partition after the one
   being built (double buffering), ``AHEAD=0`` only the one being built;
-* an ``evict`` variant also drops each released partition's range from the
-  page cache (``POSIX_FADV_DONTNEED``).
+* an ``evict`` variant (``METHOD:AHEAD:evict``, or ``none:evict``) makes the
+  plan drop each released weight from the page cache too
+  (``ReleasePlan(drop_cache=True)``).
 
 Cold means: the file is fsynced (dirty pages are never dropped) and its pages
 evicted with ``POSIX_FADV_DONTNEED``; the residency at the start of each run is
@@ -57,7 +58,7 @@ import torch  # noqa: E402
 
 from weightmap import PREFETCH_METHODS, ReleasePlan, map_weights  # noqa: E402
 from weightmap.format import TensorSpec, read_header, write_checkpoint  # noqa: E402
-from weightmap.prefetch import PrefetchMethod, evict_ranges, file_ranges  # noqa: E402
+from weightmap.prefetch import PrefetchMethod  # noqa: E402
 
 TENSOR_BYTES = 64 * 2**20
 PAGE = mmap.PAGESIZE
@@ -187,7 +188,8 @@ def run_once(path: Path, count: int, partitions: int, variant: Variant, cpu_ms: 
     parts = [all_names[i : i + per] for i in range(0, count, per)]
     tensors = [[getattr(model, n) for n in part] for part in parts]
     method = None if variant.method == "none" else cast(PrefetchMethod, variant.method)
-    plan = ReleasePlan.from_names(model, parts, prefetch=method, prefetch_ahead=variant.ahead)
+    plan = ReleasePlan.from_names(model, parts, prefetch=method, prefetch_ahead=variant.ahead,
+                                  drop_cache=variant.evict)
     buffer = torch.empty(TENSOR_BYTES, dtype=torch.uint8)
     buffer.fill_(0)  # its pages are ours before the peak is reset
     work = torch.randn(256, 256)
@@ -206,8 +208,6 @@ def run_once(path: Path, count: int, partitions: int, variant: Variant, cpu_ms: 
         st = status()
         rss_file, rss_anon = max(rss_file, st["RssFile"]), max(rss_anon, st["RssAnon"])
         plan.built(i)
-        if variant.evict:
-            evict_ranges(file_ranges(part))
         times.append(time.perf_counter() - t0)
         copies.append(t1 - t0)
     total = time.perf_counter() - start
@@ -282,8 +282,9 @@ def table(results: list[dict[str, Any]], size: int, partitions: int) -> str:
                             "cached_at_end_bytes")}
         lines.append(
             f"| {label} | {len(runs)} | {med:.2f} ({min(totals):.2f}-{max(totals):.2f}), {med / base:.2f}x | "
-            f"{per:.3f} | {copy:.2f} | {mib(med_of['hwm_bytes'])} | {mib(med_of['max_rss_file_bytes'])} | "
-            f"{mib(med_of['max_rss_anon_bytes'])} | {mib(med_of['cached_at_start_bytes'])} | "
+            f"{per:.3f} | {copy:.2f} | {mib(med_of['hwm_bytes'])} | "
+            f"{mib(med_of['max_rss_file_bytes'])} | {mib(med_of['max_rss_anon_bytes'])} | "
+            f"{mib(med_of['cached_at_start_bytes'])} | "
             f"{mib(med_of['cached_at_end_bytes'])} |"
         )
     lines.append(f"\n{partitions} partitions; ratios against the first variant.")
@@ -298,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--cpu-ms", type=float, default=250.0, help="CPU work per partition (default 250)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--variants", default="none,fadvise:0,fadvise:1,madvise:1,read:1,fadvise:1:evict",
+    parser.add_argument("--variants", default="none,none:evict,fadvise:0,fadvise:1,madvise:1,madvise:1:evict,read:1",
                         help="comma-separated METHOD[:AHEAD[:evict]], METHOD none or one of "
                              + ", ".join(PREFETCH_METHODS))
     parser.add_argument("--keep", action="store_true", help="keep the checkpoint afterwards")

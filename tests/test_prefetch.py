@@ -235,3 +235,35 @@ def test_the_prefetch_thread_stops_after_the_last_partition_or_with_the_plan(col
     del plan
     gc.collect()
     assert wait_until(lambda: prefetch_threads() == before), "the thread outlived its plan"
+
+
+def inner_cached(path: Path, tensor: torch.Tensor) -> int:
+    """Page-cache pages of the whole pages inside a mapped tensor's file range."""
+    (r,) = file_ranges([tensor])
+    start = -(-r.offset // PAGE) * PAGE
+    end = (r.offset + r.length) // PAGE * PAGE
+    return cached_pages(path, start, end - start)
+
+
+@pytest.mark.parametrize("prefetch", [None, "madvise"])
+def test_drop_cache_evicts_what_no_partition_reads_again(tmp_path: Path, prefetch: str | None) -> None:
+    nbytes = 256 * PAGE
+    path = tmp_path / "four.safetensors"
+    write_four(path, nbytes)
+    drop_cache(path)  # written back: the kernel never evicts dirty pages
+    model = mapped_four(path, nbytes)
+    whole = nbytes // PAGE - 1  # whole pages inside each tensor (offsets are not page-aligned)
+    parts = [["w0", "w1"], ["w2"], ["w3", "w1"]]
+    with ReleasePlan.from_names(model, parts, drop_cache=True, prefetch=prefetch) as plan:  # type: ignore[arg-type]
+        for name in ("w0", "w1"):
+            getattr(model, name).sum()
+        assert inner_cached(path, model.w0) >= whole
+        plan.built(0)
+        assert plan.wait_for_prefetch(60)
+        assert inner_cached(path, model.w0) == 0, "a weight no partition reads again stayed in the page cache"
+        assert inner_cached(path, model.w1) >= whole, "a weight partition 2 reads again was evicted"
+        assert float(model.w0[PAGE]) == 1.0  # still readable, from the disk
+    plain = mapped_four(path, nbytes)
+    plain.w2.sum()
+    ReleasePlan.from_names(plain, [["w2"]]).built(0)
+    assert inner_cached(path, plain.w2) >= whole, "the default must leave the page cache alone"

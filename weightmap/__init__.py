@@ -20,7 +20,13 @@ Public API:
 * :class:`ReleasePlan` releases weights as partitions are built: a mapped
   weight's pages after every partition that reads it (``reread=False``: after
   the last one only), an ordinary weight after its last reader when the plan
-  was made with ``resize=True``.
+  was made with ``resize=True``. Made with ``prefetch=`` (one of
+  :data:`PREFETCH_METHODS`), it also warms the page cache for the partition
+  after the one being built, on a background thread, so the disk reads it
+  while this one builds; the process's RSS does not rise.
+* :class:`Prefetcher` and :func:`file_ranges` do the same warming for a builder
+  without a plan; :class:`FileRange` and :class:`PrefetchStats` are what they
+  take and report.
 * :func:`save_weights_for_mapping` writes a checkpoint that maps without copies.
 * Errors are :class:`MappingError` (a ``ValueError``); header problems are
   :class:`HeaderError`.
@@ -34,16 +40,17 @@ Example::
         model = MyModel()
     with map_weights(model, "model.safetensors", strict=True) as mapped:
         print(f"{mapped.nbytes / 2**30:.2f} GiB mapped, nothing read yet")
-    plan = ReleasePlan.from_names(model, [names_of(p) for p in partitions])
-    for i, part in enumerate(partitions):
-        build_engine(part)
-        plan.built(i)
+    with ReleasePlan.from_names(model, [names_of(p) for p in partitions], prefetch="madvise") as plan:
+        plan.prefetch(0)              # partitions 0 and 1 start coming in from the disk
+        for i, part in enumerate(partitions):
+            build_engine(part)        # meanwhile partition i + 1 is read into the page cache
+            plan.built(i)             # drops what partition i read; warms partition i + 2
 """
 
 from weightmap.errors import HeaderError, MappingError
 from weightmap.mapping import MappedWeights, map_weights
 from weightmap.plan import ReleasePlan, ReleaseStep
-from weightmap.prefetch import PREFETCH_METHODS
+from weightmap.prefetch import PREFETCH_METHODS, FileRange, Prefetcher, PrefetchStats, file_ranges
 from weightmap.release import release_mapped_storage, release_storage
 from weightmap.writer import save_weights_for_mapping
 
@@ -51,11 +58,15 @@ __version__ = "0.1.0"
 
 __all__ = [
     "PREFETCH_METHODS",
+    "FileRange",
     "HeaderError",
     "MappedWeights",
     "MappingError",
+    "PrefetchStats",
+    "Prefetcher",
     "ReleasePlan",
     "ReleaseStep",
+    "file_ranges",
     "map_weights",
     "release_mapped_storage",
     "release_storage",

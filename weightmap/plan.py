@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from weightmap.prefetch import FileRange, Prefetcher, PrefetchMethod, PrefetchStats, file_ranges
+from weightmap.prefetch import FileRange, Prefetcher, PrefetchMethod, PrefetchStats, evict_ranges, file_ranges
 from weightmap.release import is_mapped, release_mapped_storage, release_storage
 from weightmap.targets import collect_targets
 
@@ -131,16 +131,26 @@ class ReleasePlan:
       partition being built, from its start: measured here, that overlaps
       nothing and gains nothing. Each partition ahead costs page cache (the
       machine's memory, reclaimable), never the process's RSS.
+    * ``drop_cache`` (default False): after a mapped storage's last reader,
+      also drop its pages from the page cache (``POSIX_FADV_DONTNEED`` on the
+      pages entirely inside it), so the run's page cache stays near one
+      partition instead of growing to the whole checkpoint. It evicts for
+      every process: another process reading the same checkpoint reads those
+      pages from the disk again (pages it has mapped are kept). With
+      ``prefetch=`` it runs on the prefetch thread, since the kernel can make
+      the call wait while reads are in flight.
     """
 
     def __init__(self, partitions: Sequence[Iterable[torch.Tensor]], *, resize: bool = False,
-                 reread: bool = True, prefetch: PrefetchMethod | None = None, prefetch_ahead: int = 1) -> None:
+                 reread: bool = True, prefetch: PrefetchMethod | None = None, prefetch_ahead: int = 1,
+                 drop_cache: bool = False) -> None:
         if prefetch_ahead < 0:
             raise ValueError(f"prefetch_ahead={prefetch_ahead}: must be 0 or more")
         self.partitions = len(partitions)
         self.resize = resize
         self.reread = reread
         self.prefetch_ahead = prefetch_ahead
+        self.drop_cache = drop_cache
         self._prefetcher = Prefetcher(prefetch) if prefetch is not None else None
         if self._prefetcher is not None:  # a plan dropped without close() stops its thread too
             weakref.finalize(self, self._prefetcher.shutdown)
@@ -169,7 +179,7 @@ class ReleasePlan:
     @classmethod
     def from_tensors(cls, partitions: Sequence[Iterable[torch.Tensor]], *, resize: bool = False,
                      reread: bool = True, prefetch: PrefetchMethod | None = None,
-                     prefetch_ahead: int = 1) -> ReleasePlan:
+                     prefetch_ahead: int = 1, drop_cache: bool = False) -> ReleasePlan:
         """A plan from the tensors each partition reads, partitions in build order.
 
         Meta tensors and empty ones are ignored (nothing to release).
@@ -178,12 +188,13 @@ class ReleasePlan:
 
             plan = ReleasePlan.from_tensors([[model.embed.weight], [model.head.weight]])
         """
-        return cls(partitions, resize=resize, reread=reread, prefetch=prefetch, prefetch_ahead=prefetch_ahead)
+        return cls(partitions, resize=resize, reread=reread, prefetch=prefetch, prefetch_ahead=prefetch_ahead,
+                   drop_cache=drop_cache)
 
     @classmethod
     def from_names(cls, model: torch.nn.Module | Any, partitions: Sequence[Iterable[str]], *,
                    resize: bool = False, reread: bool = True, prefetch: PrefetchMethod | None = None,
-                   prefetch_ahead: int = 1) -> ReleasePlan:
+                   prefetch_ahead: int = 1, drop_cache: bool = False) -> ReleasePlan:
         """A plan from the names (state_dict or buffer names) each partition reads.
 
         ``model`` is a module or an ExportedProgram. An unknown name is a
@@ -202,14 +213,15 @@ class ReleasePlan:
                     raise KeyError(f"partition {index} reads {name!r}, which the model does not have")
                 tensors.append(by_name[name])
             resolved.append(tensors)
-        return cls(resolved, resize=resize, reread=reread, prefetch=prefetch, prefetch_ahead=prefetch_ahead)
+        return cls(resolved, resize=resize, reread=reread, prefetch=prefetch, prefetch_ahead=prefetch_ahead,
+                   drop_cache=drop_cache)
 
     def __repr__(self) -> str:
         method = self._prefetcher.method if self._prefetcher is not None else None
         return (
             f"ReleasePlan(partitions={self.partitions}, next={self._next}, storages={len(self._weights)}, "
             f"pending_bytes={self.pending_bytes}, resize={self.resize}, reread={self.reread}, "
-            f"prefetch={method!r})"
+            f"prefetch={method!r}, drop_cache={self.drop_cache})"
         )
 
     def prefetch(self, index: int) -> int:
@@ -290,6 +302,7 @@ class ReleasePlan:
             raise ValueError(f"partition {index} reported built, but the plan has {self.partitions}")
         self._next += 1
         released = released_bytes = kept = kept_bytes = dropped = dropped_bytes = 0
+        gone: list[torch.UntypedStorage] = []  # mapped storages no partition reads again
         for weight in self._by_partition[index]:
             storage = weight.storage
             assert storage is not None, "a weight was let go before its last reader"
@@ -297,13 +310,22 @@ class ReleasePlan:
                 weight.storage = None
                 if release_storage(storage, resize=self.resize):
                     released, released_bytes = released + 1, released_bytes + weight.nbytes
+                    if weight.mapped:
+                        gone.append(storage)
                 else:
                     kept, kept_bytes = kept + 1, kept_bytes + weight.nbytes
             elif self.reread and weight.mapped and release_mapped_storage(storage):
                 dropped, dropped_bytes = dropped + 1, dropped_bytes + weight.nbytes
+        last = index + 1 == self.partitions
+        if self.drop_cache and gone:
+            ranges = file_ranges(gone, merge_gap=0)  # never a gap: it may hold a weight still to be read
+            if self._prefetcher is not None and not last:
+                self._prefetcher.evict(ranges)
+            else:
+                evict_ranges(ranges)
         if self._prefetcher is not None:
             self._prefetcher.cancel_through(index)
-            if index + 1 < self.partitions:
+            if not last:
                 self.prefetch(index + 1)
             else:
                 self._prefetcher.shutdown()  # nothing is left to warm

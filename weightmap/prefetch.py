@@ -49,6 +49,7 @@ log = logging.getLogger("weightmap")
 
 PrefetchMethod = Literal["fadvise", "madvise", "read"]
 PREFETCH_METHODS: tuple[PrefetchMethod, ...] = ("fadvise", "madvise", "read")
+"""The ways a :class:`Prefetcher` can warm the page cache (see the module's docstring)."""
 
 CHUNK_BYTES = 2 * 2**20  # one readahead request; below every kernel's read_ahead_kb cap that matters
 MERGE_GAP_BYTES = 2**20  # ranges this close in one file are asked for as one
@@ -64,12 +65,18 @@ class FileRange:
     address: int
 
 
-def file_ranges(storages: Iterable[torch.UntypedStorage | torch.Tensor]) -> list[FileRange]:
+def file_ranges(storages: Iterable[torch.UntypedStorage | torch.Tensor], *,
+                merge_gap: int = MERGE_GAP_BYTES) -> list[FileRange]:
     """The file ranges behind the mapped storages among ``storages``, merged and in file order.
 
     Storages that :func:`weightmap.map_weights` did not map are skipped, so
-    are empty ones. Ranges of one mapping closer than ``MERGE_GAP_BYTES`` are
-    merged into one (the gap is read too).
+    are empty ones. Ranges of one mapping at most ``merge_gap`` bytes apart are
+    merged into one, the gap included (``merge_gap=0``: only ranges that touch).
+
+    Example::
+
+        ranges = file_ranges([model.layers[3].weight, model.layers[3].bias])
+        sum(r.length for r in ranges)     # bytes a prefetch of them reads
     """
     by_region: dict[int, tuple[registry.Region, list[tuple[int, int]]]] = {}
     for item in storages:
@@ -87,7 +94,7 @@ def file_ranges(storages: Iterable[torch.UntypedStorage | torch.Tensor]) -> list
         spans.sort()
         start, end = spans[0][0], spans[0][0] + spans[0][1]
         for offset, length in spans[1:]:
-            if offset <= end + MERGE_GAP_BYTES:
+            if offset <= end + merge_gap:
                 end = max(end, offset + length)
                 continue
             ranges.append(FileRange(region.path, start, end - start, region.base + start))
@@ -135,17 +142,25 @@ def evict_ranges(ranges: Iterable[FileRange]) -> None:
 class _Job:
     tag: int
     ranges: Sequence[FileRange]
+    evict: bool = False  # drop the ranges from the page cache instead of warming them
 
 
 @dataclass
 class PrefetchStats:
-    """What a :class:`Prefetcher` did: bytes asked for, warmed and dropped (cancelled), errors, busy seconds."""
+    """What a :class:`Prefetcher` did.
+
+    Bytes asked for, warmed, and dropped from requests cancelled; seconds the
+    thread spent warming; bytes evicted from the page cache and the seconds
+    that took; errors (logged, never raised).
+    """
 
     requested_bytes: int = 0
     warmed_bytes: int = 0
     cancelled_bytes: int = 0
     errors: int = 0
     busy_s: float = 0.0
+    evicted_bytes: int = 0
+    evict_s: float = 0.0
 
 
 @dataclass
@@ -193,10 +208,29 @@ class Prefetcher:
                 raise RuntimeError("this Prefetcher is closed")
             self._jobs.append(_Job(tag, list(ranges)))
             self.stats.requested_bytes += sum(r.length for r in ranges)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="weightmap-prefetch", daemon=True)
-                self._thread.start()
+            self._start()
             self._cond.notify_all()
+
+    def evict(self, ranges: Sequence[FileRange]) -> None:
+        """Queue dropping ``ranges`` from the page cache (as :func:`evict_ranges`); returns at once.
+
+        Runs in order with the warming requests and is never cancelled: an
+        eviction is the release of pages nobody will read, done off the
+        caller's thread because the kernel can make it wait.
+        """
+        if not ranges:
+            return
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("this Prefetcher is closed")
+            self._jobs.append(_Job(-1, list(ranges), evict=True))
+            self._start()
+            self._cond.notify_all()
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="weightmap-prefetch", daemon=True)
+            self._thread.start()
 
     def cancel_through(self, tag: int) -> None:
         """Drop what is still to do for requests tagged ``tag`` or lower (they are no longer ahead)."""
@@ -246,6 +280,9 @@ class Prefetcher:
                         return
                     job = self._jobs.popleft()
                     self._busy = True
+                if job.evict:
+                    self._evict(job.ranges)
+                    continue
                 for r in job.ranges:
                     if not self._warm(job.tag, r, buffer):
                         break
@@ -256,6 +293,17 @@ class Prefetcher:
             with self._cond:
                 self._busy = False
                 self._cond.notify_all()
+
+    def _evict(self, ranges: Sequence[FileRange]) -> None:
+        started = time.perf_counter()
+        try:
+            evict_ranges(ranges)
+            self.stats.evicted_bytes += sum(r.length for r in ranges)
+        except OSError as exc:
+            self.stats.errors += 1
+            log.debug("dropping %d ranges from the page cache stopped: %s", len(ranges), exc)
+        finally:
+            self.stats.evict_s += time.perf_counter() - started
 
     def _live(self, tag: int) -> bool:
         return not self._closed and tag > self._cancelled
