@@ -120,13 +120,15 @@ class EngineHooks(Protocol):
 
     The worker calls ``before(index, names)`` right before engine ``index`` is built (the
     moment to bring in the weights ``names``) and ``after(index, names)`` right after it is
-    built and its weights released by the release plan. Both run inside the engine's
-    measured span, so what they cost shows in its high-water mark and its build time.
+    built and its weights released by the release plan; ``after`` returns the bytes it
+    released itself (0 when it released nothing), counted in the engine's
+    ``released_bytes``. Both run inside the engine's measured span, so what they cost
+    shows in its high-water mark and its build time.
     """
 
     def before(self, index: int, names: Sequence[str]) -> None: ...
 
-    def after(self, index: int, names: Sequence[str]) -> None: ...
+    def after(self, index: int, names: Sequence[str]) -> int: ...
 
 
 Loader = Callable[[torch.nn.Module, Path], Loaded]

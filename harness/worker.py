@@ -237,13 +237,15 @@ class Measurement:
                     named = _named_tensors(model)  # the hook may have put new tensors in place
                 self.backend.build_engine(engine.index, {n: named[n] for n in engine.names})
                 step = plan_release.built(engine.index) if plan_release else None
-                if hooks is not None:
-                    hooks.after(engine.index, engine.names)
+                by_hooks = hooks.after(engine.index, engine.names) if hooks is not None else 0
                 hwm = self.peak.end()
                 self.sampler.mark(engine=None)
-                released = step.released_bytes if step else 0
+                released = (step.released_bytes if step else 0) + by_hooks
                 self.record.released_bytes += released
-                self.record.unreleased_bytes += step.kept_bytes if step else engine.weight_bytes
+                if step is not None:
+                    self.record.unreleased_bytes += step.kept_bytes
+                elif not by_hooks:
+                    self.record.unreleased_bytes += engine.weight_bytes
                 rss, gpu = read_status().rss_bytes, self._gpu_used()
                 end = self.events.add("engine_end", engine=engine.index, weight_bytes=engine.weight_bytes,
                                       host_hwm_bytes=hwm, released_bytes=released, rss_bytes=rss,

@@ -71,8 +71,9 @@ class _Recorder:
         assert all(not named[n].is_meta for n in names if n in named)
         self.calls.append(("before", index, len(names)))
 
-    def after(self, index: int, names: Sequence[str]) -> None:
+    def after(self, index: int, names: Sequence[str]) -> int:
         self.calls.append(("after", index, len(names)))
+        return 1000 + index  # what a loader that drops its own copies would report
 
 
 CALLS: list[_Recorder] = []
@@ -94,3 +95,7 @@ def test_the_worker_calls_a_strategys_hooks_around_each_engine(
     (recorder,) = CALLS
     sizes = [len(e.names) for e in plan.engines]
     assert recorder.calls == [(step, i, sizes[i]) for i in range(3) for step in ("before", "after")]
+    mapped = measure(plan, "map", tmp_path / "plain")
+    assert [e.released_bytes for e in record.engines] == [
+        (e.released_bytes or 0) + 1000 + e.index for e in mapped.engines
+    ], "what the hooks released counts with the release plan's"
