@@ -120,7 +120,7 @@ class InductorCompiler:
 
 
 def check_device(device: str) -> torch.device:
-    """The device engines are built for; ``EngineBuildError`` where this machine has none."""
+    """The device engines are built for, with its index; ``EngineBuildError`` where this machine has none."""
     dev = torch.device(device)
     if dev.type == "cpu":
         return dev
@@ -129,7 +129,9 @@ def check_device(device: str) -> torch.device:
             build = torch.version.cuda
             why = "this torch has no CUDA support" if build is None else "no CUDA device is visible"
             raise EngineBuildError(f"engines for {device} need a GPU: {why}")
-        return dev
+        # Tensors live on an indexed device (cuda:0); export's device assertions compare the
+        # names literally, so a bare "cuda" would fail them once the program is moved.
+        return dev if dev.index is not None else torch.device("cuda", torch.cuda.current_device())
     raise EngineBuildError(f"engines can be built for cpu or cuda, not {device}")
 
 
