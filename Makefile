@@ -33,6 +33,7 @@ test: lint typecheck pytest
 bench-map: $(STAMP)
 	$(PY) -m harness.bench_map $(BENCH_MAP_ARGS)
 
+# The bench targets rewrite the committed results/<name>/ and its figures (review the diff).
 bench-smoke: $(STAMP)
 	$(PY) -m harness run scenarios/smoke.toml
 
@@ -41,6 +42,10 @@ bench-pi05: $(STAMP)
 
 bench-pi05-trim: $(STAMP)
 	$(PY) -m harness run scenarios/pi05-trim.toml
+
+# Re-render every results directory's figures and report from its record (runs nothing).
+plot: $(STAMP)
+	for d in results/*/; do $(PY) -m harness plot "$$d" || exit 1; done
 
 clean-data:
 	rm -rf data
