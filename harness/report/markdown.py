@@ -108,6 +108,18 @@ def _above_floor(s: StrategyMetrics, decimals: int) -> str | None:
     )
 
 
+def _when_whole_run_peak(run: Results, name: str, whole: int) -> str:
+    """When the whole-run host peak was reached: by the kernel's mark at partitioning, else by the samples."""
+    record, samples = run.record.strategies[name], run.samples[name]
+    if record.load_hwm_bytes is not None:
+        return "during the load" if record.load_hwm_bytes >= whole else "after the build phase"
+    partition = record.phases.partition_s
+    if partition is None or not len(samples) or samples["rss_bytes"].isna().all():
+        return "outside it"
+    at = float(samples.loc[samples["rss_bytes"].idxmax(), "t_s"])
+    return "during the load, by the samples" if at < partition else "after the build phase, by the samples"
+
+
 def strategy_observations(run: Results, s: StrategyMetrics) -> list[str]:
     """Facts about one strategy, computed from its figures only: a headline and indented details."""
     decimals = gib_decimals(s.model_bytes)
@@ -127,10 +139,10 @@ def strategy_observations(run: Results, s: StrategyMetrics) -> list[str]:
         headline.append(floor_fact)
     details: list[str] = []
     memory = []
-    compared = s.compared_peak_bytes
-    if s.run_host_peak_bytes is not None and compared is not None and s.run_host_peak_bytes > compared:
-        memory.append(f"whole-run host peak {format_gib(s.run_host_peak_bytes, decimals)}, reached outside the "
-                      "build phase (during the load)")
+    whole, build = s.run_host_peak_bytes, s.build_host_peak_bytes
+    if whole is not None and build is not None and format_gib(whole, decimals) != format_gib(build, decimals):
+        memory.append(f"whole-run host peak {format_gib(whole, decimals)}, above the build phase's, reached "
+                      f"{_when_whole_run_peak(run, s.name, whole)}")
     if s.run_anon_peak_bytes is not None and model > 0:
         share = s.run_anon_peak_bytes / model * 100
         memory.append(f"anonymous peak {format_gib(s.run_anon_peak_bytes, decimals)} ({share:.0f}% of the model)")

@@ -435,3 +435,14 @@ def test_plot_command(cpu_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "smoke.md" in capsys.readouterr().out
     assert main(["plot", str(tmp_path / "missing")]) == 2
     assert capsys.readouterr().err == f"error: {tmp_path / 'missing'}: not a results directory (no such directory)\n"
+
+
+@pytest.mark.skipif(not (PI05 / "summary.json").is_file(), reason="no committed pi0.5 results")
+def test_observations_say_when_the_whole_run_went_higher() -> None:
+    markdown = render_report(load_results(PI05))
+    lines = {line.split("**")[1]: line for line in markdown.splitlines() if line.startswith("- **")}
+    details = markdown.split("- **load**")[1].split("- **load_file**")[0]
+    assert "whole-run host peak 17.68 GiB, above the build phase's, reached during the load" in details
+    after = markdown.split("- **load_file**")[1].split("- Lowest")[0]
+    assert "whole-run host peak" not in after, "load_file's whole run went no higher than its build phase"
+    assert set(lines) >= {"map", "load", "load_file"}
