@@ -185,7 +185,9 @@ STRATEGIES: dict[str, Strategy] = {
             load=load_map,
             release_plan=_release_after_last_reader,
             released_how="pages dropped with madvise(MADV_DONTNEED)",
-            kept_why="some mapped storages could not be released (madvise unavailable or refused)",
+            kept_why=("mapped weights released; what was kept is ordinary memory the model still reads "
+                      "(non-persistent buffers such as rotary frequencies: the plan resizes nothing unless asked), "
+                      "or mapped storages that madvise refused"),
         ),
         Strategy(
             name="load",
