@@ -143,7 +143,7 @@ class ReleasePlan:
       (cold 2 GiB, 8 partitions): without prefetch it cut the build to 0.59 to
       0.91 of the time, for reasons not pinned down on this virtual machine
       (the page cache reusing the pages just freed instead of growing); with
-      prefetch it added little (0.99 to 0.98 of prefetch alone).
+      prefetch it changed little (0.98 to 1.01 of prefetch alone).
     """
 
     def __init__(self, partitions: Sequence[Iterable[torch.Tensor]], *, resize: bool = False,
