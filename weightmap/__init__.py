@@ -26,7 +26,7 @@ Public API:
   while this one builds; the process's RSS does not rise.
 * :class:`Prefetcher` and :func:`file_ranges` do the same warming for a builder
   without a plan; :class:`FileRange` and :class:`PrefetchStats` are what they
-  take and report.
+  take and report, ``PrefetchMethod`` the type of a method's name.
 * :func:`save_weights_for_mapping` writes a checkpoint that maps without copies.
 * Errors are :class:`MappingError` (a ``ValueError``); header problems are
   :class:`HeaderError`.
@@ -50,7 +50,7 @@ Example::
 from weightmap.errors import HeaderError, MappingError
 from weightmap.mapping import MappedWeights, map_weights
 from weightmap.plan import ReleasePlan, ReleaseStep
-from weightmap.prefetch import PREFETCH_METHODS, FileRange, Prefetcher, PrefetchStats, file_ranges
+from weightmap.prefetch import PREFETCH_METHODS, FileRange, Prefetcher, PrefetchMethod, PrefetchStats, file_ranges
 from weightmap.release import release_mapped_storage, release_storage
 from weightmap.writer import save_weights_for_mapping
 
@@ -62,6 +62,7 @@ __all__ = [
     "HeaderError",
     "MappedWeights",
     "MappingError",
+    "PrefetchMethod",
     "PrefetchStats",
     "Prefetcher",
     "ReleasePlan",
