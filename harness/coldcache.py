@@ -39,21 +39,17 @@ for the results.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
-import functools
 import mmap
 import os
-import platform
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.residency import FileResidency
+from harness.residency import FileResidency, PageCounts, file_page_counts
 
 __all__ = [
     "CacheReport",
@@ -77,67 +73,6 @@ COLD_TOLERANCE_BYTES = 1 << 20
 that read the file's header, say) cannot be dropped and need not spoil a cold start."""
 _READ_CHUNK = 32 << 20
 _POLL_S = 0.05
-
-# cachestat(2) has the same number in the generic syscall table that x86-64 and arm64 use.
-_CACHESTAT_NR = {"x86_64": 451, "amd64": 451, "aarch64": 451, "arm64": 451}
-
-
-class _Range(ctypes.Structure):
-    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
-
-
-class _Cachestat(ctypes.Structure):
-    _fields_ = [
-        ("nr_cache", ctypes.c_uint64),
-        ("nr_dirty", ctypes.c_uint64),
-        ("nr_writeback", ctypes.c_uint64),
-        ("nr_evicted", ctypes.c_uint64),
-        ("nr_recently_evicted", ctypes.c_uint64),
-    ]
-
-
-@dataclass(frozen=True)
-class PageCounts:
-    """One file's pages in the page cache, in bytes (pages times the page size)."""
-
-    cached: int
-    dirty: int
-    writeback: int
-
-
-@functools.cache
-def _syscall() -> Callable[..., int] | None:
-    if not sys.platform.startswith("linux") or ctypes.sizeof(ctypes.c_void_p) != 8:
-        return None
-    if platform.machine().lower() not in _CACHESTAT_NR:
-        return None
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).syscall
-    except (OSError, AttributeError):
-        return None
-    fn.restype = ctypes.c_long
-    return fn  # type: ignore[no-any-return]
-
-
-def file_page_counts(fd: int) -> PageCounts | None:
-    """Cached, dirty and under-writeback bytes of the open file ``fd``, from ``cachestat(2)``.
-
-    None where the kernel cannot tell this caller: no ``cachestat`` (Linux before 6.5, other
-    platforms), a sandbox that filters it, or a file the caller neither owns nor may write
-    (``EPERM``).
-    """
-    fn = _syscall()
-    if fn is None:
-        return None
-    rng = _Range(0, 0)  # length 0: to the end of the file
-    out = _Cachestat()
-    nr = _CACHESTAT_NR[platform.machine().lower()]
-    rc = fn(ctypes.c_long(nr), ctypes.c_long(fd), ctypes.byref(rng), ctypes.byref(out), ctypes.c_long(0))
-    if rc != 0:
-        return None
-    page = mmap.PAGESIZE
-    return PageCounts(out.nr_cache * page, out.nr_dirty * page, out.nr_writeback * page)
-
 
 def system_dirty_bytes() -> int | None:
     """The machine's ``Dirty`` + ``Writeback`` from ``/proc/meminfo``, in bytes; None where unreadable."""

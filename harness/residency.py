@@ -56,6 +56,7 @@ import platform
 import sys
 import warnings
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Literal
@@ -118,6 +119,37 @@ def _cachestat_nr() -> int | None:
     if not sys.platform.startswith("linux") or ctypes.sizeof(ctypes.c_void_p) != 8:
         return None
     return _CACHESTAT_NR.get(platform.machine().lower())
+
+
+@dataclass(frozen=True)
+class PageCounts:
+    """One file's pages in the page cache, in bytes (pages times the page size)."""
+
+    cached: int
+    dirty: int
+    writeback: int
+
+
+def file_page_counts(fd: int) -> PageCounts | None:
+    """Cached, dirty and under-writeback bytes of the open file ``fd``, from ``cachestat(2)``.
+
+    None where the kernel cannot tell this caller: no ``cachestat`` (Linux before 6.5, other
+    platforms), a sandbox that filters it, or a file the caller neither owns nor may write
+    (``EPERM``).
+    """
+    nr = _cachestat_nr()
+    if nr is None:
+        return None
+    try:
+        fn = _syscall_releasing_gil()
+    except (OSError, AttributeError):
+        return None
+    out = _Cachestat()
+    rng = _CachestatRange(0, 0)  # length 0: to the end of the file
+    if fn(ctypes.c_long(nr), ctypes.c_long(fd), ctypes.byref(rng), ctypes.byref(out), ctypes.c_long(0)) != 0:
+        return None
+    page = mmap.PAGESIZE
+    return PageCounts(out.nr_cache * page, out.nr_dirty * page, out.nr_writeback * page)
 
 
 def _owner_or_writer(path: Path, st: os.stat_result) -> bool:
