@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import os
 import sys
 import time
 import traceback
@@ -35,6 +34,7 @@ import torch
 from harness.atomic import write_atomic
 from harness.backends import Backend, make_backend
 from harness.checkpoints import checkpoint_specs, describe_specs
+from harness.coldcache import prepare_cold
 from harness.gpu import GpuMonitor
 from harness.metrics import SampleColumns, sampled_peaks
 from harness.models import build_model, fill_non_persistent
@@ -128,16 +128,6 @@ def process_start_monotonic() -> float:
     return time.monotonic() - max(0.0, age)
 
 
-def drop_page_cache(files: list[Path]) -> None:
-    """Cold cache: drop the checkpoint's pages from the page cache (no root needed)."""
-    for path in files:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 def _named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     named: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
     named.update(model.named_buffers(remove_duplicate=False))
@@ -168,7 +158,7 @@ class Measurement:
                                f"is not the planned one ({plan.model.tensors} tensors, {plan.model.bytes} bytes)")
         files = [Path(f) for f in plan.checkpoint_files]
         if plan.cache == "cold":
-            drop_page_cache(files)
+            prepare_cold(files, settle=False)  # flushed, then dropped: the parent settled the machine
         if plan.device == "cuda":
             torch.empty(1, device="cuda")  # the CUDA context exists before the baseline
             self.gpu = GpuMonitor.open(torch.cuda.current_device())

@@ -6,8 +6,8 @@
   :class:`MemoryGroup` is the group itself, removed whatever happens.
 * :mod:`harness.budget.sweep`: :func:`smallest_limit` bisects for the smallest
   limit at which a run completes, keeping every attempt for a wall-time curve.
-* :mod:`harness.budget.cache`: :func:`drop_page_cache`, so that each attempt
-  starts cold and its group is charged for what it reads.
+* each attempt starts cold (:func:`harness.coldcache.prepare_cold`), so its
+  group is charged for what it reads.
 
 Each attempt is a fresh process on a cold cache in a group of its own::
 
@@ -18,7 +18,6 @@ Each attempt is a fresh process on a cold cache in a group of its own::
                            precision_bytes=default_precision(model_bytes))
 """
 
-from harness.budget.cache import drop_page_cache
 from harness.budget.cgroup import (
     DEFAULT_PREFIX,
     Attempt,
@@ -43,7 +42,6 @@ __all__ = [
     "SweepError",
     "SweepPoint",
     "default_precision",
-    "drop_page_cache",
     "find_controller",
     "remove_stale_groups",
     "run_in_group",

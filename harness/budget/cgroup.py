@@ -82,7 +82,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from harness.budget.cache import drop_page_cache
+from harness.coldcache import prepare_cold
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -618,7 +618,7 @@ def run_in_group(command: Sequence[str], limit_bytes: int, timeout_s: float, *,
     """Run ``command`` once in a fresh memory group limited to ``limit_bytes``; never leaves the group behind.
 
     ``cold_files`` are dropped from the page cache just before the start (see
-    :func:`~harness.budget.cache.drop_page_cache`), so that the group is charged for
+    :func:`harness.coldcache.prepare_cold`), so that the group is charged for
     reading them. The command's stderr is passed through (``echo_stderr``) and its last
     lines kept for the reason of a failure. ``wall_s`` runs from the command's release
     into its group to its exit. Raises :class:`CgroupUnavailable` when no group can be
@@ -626,7 +626,9 @@ def run_in_group(command: Sequence[str], limit_bytes: int, timeout_s: float, *,
     """
     tail: collections.deque[str] = collections.deque(maxlen=20)
     with MemoryGroup.create(limit_bytes, name_prefix, controller) as group:
-        drop_page_cache(cold_files)
+        cold = list(cold_files)
+        if cold:
+            prepare_cold(cold, settle=False)
         process = group.popen(list(command), env=None if env is None else dict(env), cwd=cwd, stdout=stdout,
                               stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1)
         started = time.monotonic()

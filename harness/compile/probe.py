@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from harness.checkpoints import ensure_checkpoint
+from harness.coldcache import prepare_cold
 from harness.compile.export import export_mapped
 from harness.compile.graph_partition import partition_program, program_weight_bytes
 from harness.compile.inductor import WEIGHTS, InductorCompiler
@@ -44,15 +45,6 @@ def layers_for(mib: float, *, width: int, vocab: int, ffn_mult: int, dtype: torc
     per_layer = SyntheticTransformer.expected_numel(layers=1, width=width, vocab=0, ffn_mult=ffn_mult) - width
     rest = SyntheticTransformer.expected_numel(layers=0, width=width, vocab=vocab, ffn_mult=ffn_mult)
     return max(1, round((mib * MIB / item - rest) / per_layer))
-
-
-def _drop_page_cache(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def _mib(value: int | None) -> str:
@@ -84,7 +76,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     name = f"synthetic-l{layers}-w{args.width}-v{args.vocab}-f{args.ffn_mult}-{args.dtype}.safetensors"
     checkpoint, _ = ensure_checkpoint(SyntheticTransformer(**shape), work / name, seed=args.seed, progress=False)
     if args.cold:
-        _drop_page_cache(checkpoint)
+        prepare_cold([checkpoint])
     tokens = torch.randint(0, args.vocab, (1, args.tokens), generator=torch.Generator().manual_seed(args.seed))
 
     baseline = read_status().rss_bytes
