@@ -13,6 +13,10 @@ The built model is a module that runs the original model's forward with
 every tensor taken from the engines, so its output can be checked against the
 eager model.
 
+``inductor`` is a real compiler (:mod:`harness.compile`): the worker exports the loaded
+model, cuts its graph into partitions and builds each with AOTInductor
+(:class:`harness.compile.backend.CompilerBackend`), made by :func:`make_compiler_backend`.
+
 ``tensorrt`` is only available where ``torch_tensorrt`` imports; asking for it
 elsewhere fails fast, before anything runs.
 """
@@ -23,12 +27,15 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from harness.errors import HarnessError
 from weightmap.format import TensorSpec, write_checkpoint
+
+if TYPE_CHECKING:
+    from harness.compile.backend import CompilerBackend
 
 
 class BackendUnavailable(HarnessError, RuntimeError):
@@ -187,9 +194,26 @@ def tensorrt_available() -> tuple[bool, str]:
     return True, ""
 
 
+def inductor_available() -> tuple[bool, str]:
+    """Whether AOTInductor can build here: ``torch._inductor`` imports and a C++ compiler is on the PATH."""
+    try:
+        import torch._inductor  # noqa: F401
+    except Exception as exc:
+        return False, f"torch._inductor is not importable ({type(exc).__name__}: {exc})"
+    compilers = ("g++", "c++", "clang++")
+    if not any(shutil.which(c) for c in compilers) and not os.environ.get("CXX"):
+        return False, f"no C++ compiler found ({', '.join(compilers)} or $CXX)"
+    return True, ""
+
+
 def check_backend(name: str) -> None:
     """Fail fast, before any strategy runs, when the backend cannot run here."""
     if name == "copy":
+        return
+    if name == "inductor":
+        ok, why = inductor_available()
+        if not ok:
+            raise BackendUnavailable(f"backend 'inductor' needs AOTInductor: {why}")
         return
     if name == "tensorrt":
         ok, why = tensorrt_available()
@@ -202,7 +226,7 @@ def check_backend(name: str) -> None:
             "backend 'tensorrt': torch_tensorrt imports here, but building engines with it is not "
             "implemented in this version of the harness; use backend = \"copy\"."
         )
-    raise BackendUnavailable(f"unknown backend {name!r}: expected 'copy' or 'tensorrt'")
+    raise BackendUnavailable(f"unknown backend {name!r}: expected 'copy', 'inductor' or 'tensorrt'")
 
 
 def resolve_device(device: str) -> str:
@@ -215,8 +239,33 @@ def resolve_device(device: str) -> str:
 
 
 def make_backend(name: str, device: str, workdir: Path) -> Backend:
-    """The engine builder for a scenario's backend and (resolved) device."""
+    """The engine builder of the ``copy`` backend for a (resolved) device.
+
+    Compiler backends (``inductor``) are made by :func:`make_compiler_backend`.
+    """
     check_backend(name)
+    if name != "copy":
+        raise BackendUnavailable(f"backend {name!r} is a compiler backend: use make_compiler_backend")
     if device == "cuda":
         return CopyToDevice()
     return CopyToFiles(workdir)
+
+
+def make_compiler_backend(name: str, device: str, workdir: Path, *, weights: str, count: int | None = None,
+                          cap_bytes: int | None = None) -> CompilerBackend:
+    """The compiler backend ``name`` on ``device``: engines with ``weights`` ("mapped" or "packaged"),
+    partitions by ``count`` or ``cap_bytes``.
+
+    A TensorRT builder would be a second :class:`~harness.compile.pipeline.EngineCompiler`
+    made here; today ``tensorrt`` fails in :func:`check_backend`.
+    """
+    from harness.compile.backend import CompilerBackend, PartitionRule
+    from harness.compile.inductor import InductorCompiler
+
+    check_backend(name)
+    if name != "inductor":
+        raise BackendUnavailable(f"backend {name!r} builds no compiled engines here")
+    if weights not in ("mapped", "packaged"):
+        raise BackendUnavailable(f"backend 'inductor': weights must be 'mapped' or 'packaged', not {weights!r}")
+    compiler = InductorCompiler(weights=weights, device=device)  # type: ignore[arg-type]
+    return CompilerBackend(compiler, workdir, PartitionRule(count=count, cap_bytes=cap_bytes))

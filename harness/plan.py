@@ -3,12 +3,14 @@
 :func:`make_plan` checks the backend, resolves the device (``auto`` to ``cuda`` or
 ``cpu``; ``cuda`` without one is an error before anything is written), builds the model
 on the meta device, splits it into engines (each engine a list of tensor names, in
-build order), and makes sure the checkpoint exists (generating it only where the
-scenario allows). The :class:`Plan` it returns is written to ``plan.json`` and handed to
-each worker (:mod:`harness.worker`), which rebuilds the model on meta from the plan's
-model configuration, checks it against the plan, and measures; it never reads the
-scenario file, so a :class:`~harness.scenario.Scenario` built in code runs as well as
-one read from TOML.
+build order: module order for the ``copy`` backend, the exported program's graph
+partitions for a compiler backend, :mod:`harness.compile.planning`), and makes sure
+the checkpoint exists (generating it only where the scenario allows). The
+:class:`Plan` it returns is written to ``plan.json`` and handed to each worker
+(:mod:`harness.worker`), which rebuilds the model on meta from the plan's model
+configuration, checks it against the plan, and measures; it never reads the scenario
+file, so a :class:`~harness.scenario.Scenario` built in code runs as well as one read
+from TOML.
 
 Errors a user can cause are :class:`~harness.errors.HarnessError`\\ s that start with
 the scenario file and key: ``scenarios/x.toml: build.engines: 12 engines asked for, ...``.
@@ -40,7 +42,11 @@ PLAN_VERSION = 1
 
 @dataclass(frozen=True)
 class EnginePlan:
-    """One engine to build: the modules it covers and the tensor names it reads, in build order."""
+    """One engine to build: the modules it covers and the tensor names it reads, in build order.
+
+    For a graph partition (compiler backends) ``modules`` holds the partition's first and
+    last graph node instead.
+    """
 
     index: int
     modules: tuple[str, ...]
@@ -77,6 +83,15 @@ class Plan:
     engines: tuple[EnginePlan, ...]
     references: tuple[Reference, ...]
     workdir: str
+    partitioner: str = "modules"
+    weights: str | None = None
+    tokens: int | None = None
+    engine_count: int | None = None
+
+    @property
+    def compiler(self) -> bool:
+        """Whether the backend exports the model and builds from its graph partitions."""
+        return self.partitioner == "graph"
 
     @property
     def largest_engine_bytes(self) -> int:
@@ -109,6 +124,10 @@ class Plan:
             ],
             "references": [r.to_json() for r in self.references],
             "workdir": self.workdir,
+            "partitioner": self.partitioner,
+            "weights": self.weights,
+            "tokens": self.tokens,
+            "engine_count": self.engine_count,
         }
 
     @classmethod
@@ -143,6 +162,10 @@ class Plan:
                     Reference.from_json(r, source, f"references[{i}]", 2) for i, r in enumerate(data["references"])
                 ),
                 workdir=data["workdir"],
+                partitioner=data.get("partitioner", "modules"),
+                weights=data.get("weights"),
+                tokens=data.get("tokens"),
+                engine_count=data.get("engine_count"),
             )
         except (KeyError, TypeError) as exc:
             raise RecordError(f"{source}: not a complete plan ({type(exc).__name__}: {exc})") from exc
@@ -170,6 +193,20 @@ def _engines(scenario: Scenario, module: Any) -> tuple[list[Engine], int]:
         raise PlanError(f"{scenario.where('build.engines')}: {exc}; ask for fewer engines") from exc
 
 
+def _graph_engines(scenario: Scenario, checkpoint: Path) -> tuple[list[EnginePlan], int]:
+    from harness.compile.entry import EntryError
+    from harness.compile.graph_partition import PartitionError
+    from harness.compile.planning import plan_graph_engines
+
+    try:
+        planned, cap = plan_graph_engines(scenario, checkpoint)
+    except EntryError as exc:
+        raise PlanError(f"{scenario.where('model')}: {exc}") from exc
+    except PartitionError as exc:
+        raise PlanError(f"{scenario.where('build')}: the exported graph cannot be partitioned: {exc}") from exc
+    return [EnginePlan(e.index, e.nodes, e.names, e.weight_bytes) for e in planned], cap
+
+
 def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = None) -> Plan:
     """Resolve ``scenario`` into a :class:`Plan` (see the module docstring); ``progress`` gets one line per step.
 
@@ -195,13 +232,20 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
     if sizes["nbytes"] == 0:
         raise PlanError(f"{scenario.where('model')}: {info.name} has no weight bytes "
                         f"({sizes['tensors']} tensors, all empty): there is nothing to measure")
-    engines, cap = _engines(scenario, info.module)
+    compiler = scenario.build.compiler
+    if not compiler:
+        engines, cap = _engines(scenario, info.module)
     try:
         path, generated = ensure_checkpoint(info.module, scenario.checkpoint.path, scenario.checkpoint.seed,
                                             generate=scenario.checkpoint.generate)
     except CheckpointError as exc:
         raise CheckpointError(f"{scenario.where('checkpoint.path')}: {exc}") from exc
     say(("generated " if generated else "reusing ") + str(path))
+    if compiler:
+        engine_plans, cap = _graph_engines(scenario, path)
+        say(f"exported the model and cut its graph into {len(engine_plans)} partitions")
+    else:
+        engine_plans = [EnginePlan.of(e) for e in engines]
     files = tuple(str(f) for f in open_checkpoint(path).files)
     limit = scenario.run.memory_limit_gib
     return Plan(
@@ -226,7 +270,11 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
         memory_limit_bytes=int(limit * 2**30) if limit else None,
         timeout_s=scenario.run.timeout_s,
         engine_cap_bytes=cap,
-        engines=tuple(EnginePlan.of(e) for e in engines),
+        engines=tuple(engine_plans),
         references=tuple(Reference(**r.__dict__) for r in scenario.references),
         workdir=str(workdir),
+        partitioner="graph" if compiler else "modules",
+        weights=scenario.build.weights if compiler else None,
+        tokens=scenario.build.tokens if compiler else None,
+        engine_count=scenario.build.engines if compiler else None,
     )

@@ -29,6 +29,14 @@ it is in ``layout``):
    device that is ``host_gpu_peak_bytes`` (no GPU memory adds to it), on a GPU the
    largest engine high-water mark.
 
+3. Adds, for compiler backends (``inductor``): per engine ``compile_s``, ``artifact_bytes``,
+   ``rss_before_bytes`` (RSS when its build began), ``children_peak_bytes`` (the compiler's
+   subprocesses, sampled) and ``cache_bytes`` (growth of the compiler's cache); per strategy
+   ``compiler`` and ``compiler_weights`` (the backend's weight setting), ``export`` (an
+   :class:`ExportRecord`: the export phase), ``max_abs_diff`` and ``check`` (the built model
+   against eager); ``phases`` gains ``export_start_s`` and ``export_end_s``. All ``None`` for
+   the ``copy`` backend and when reading version 1 or 2.
+
 A later version adds keys (each field records the version that added it in
 :data:`_SINCE`) and bumps :data:`LAYOUT_VERSION`; records of earlier versions read with
 those fields ``None``.
@@ -63,6 +71,7 @@ __all__ = [
     "SUMMARY",
     "CheckpointInfo",
     "EngineRecord",
+    "ExportRecord",
     "MachineInfo",
     "ModelInfo",
     "Phases",
@@ -83,7 +92,7 @@ __all__ = [
     "write_summary",
 ]
 
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 """The layout this code writes; it reads every version from 1 to this one."""
 
 SUMMARY = "summary.json"
@@ -242,6 +251,21 @@ class EngineRecord:
     rss_after_bytes: int | None
     gpu_used_bytes: int | None
     tensors: int | None = None
+    compile_s: float | None = None
+    artifact_bytes: int | None = None
+    rss_before_bytes: int | None = None
+    children_peak_bytes: int | None = None
+    cache_bytes: int | None = None
+
+    @property
+    def compiler_over_floor_bytes(self) -> int | None:
+        """What a compiler added on top of this engine's copy floor: high-water mark - (RSS at its start + its weights).
+
+        ``None`` for engines not built by a compiler (or without a high-water mark).
+        """
+        if self.compile_s is None or self.host_hwm_bytes is None or self.rss_before_bytes is None:
+            return None
+        return self.host_hwm_bytes - (self.rss_before_bytes + self.weight_bytes)
 
     def to_json(self) -> dict[str, Any]:
         return _to_json(self)
@@ -259,10 +283,62 @@ class EngineRecord:
             rss_after_bytes=o.integer("rss_after_bytes"),
             gpu_used_bytes=o.integer("gpu_used_bytes"),
             tensors=o.integer("tensors"),
+            compile_s=o.number("compile_s"),
+            artifact_bytes=o.integer("artifact_bytes"),
+            rss_before_bytes=o.integer("rss_before_bytes"),
+            children_peak_bytes=o.integer("children_peak_bytes"),
+            cache_bytes=o.integer("cache_bytes"),
         )
 
 
-_SINCE["EngineRecord"] = {"tensors": 2}
+_SINCE["EngineRecord"] = {"tensors": 2, "compile_s": 3, "artifact_bytes": 3, "rss_before_bytes": 3,
+                          "children_peak_bytes": 3, "cache_bytes": 3}
+
+
+@dataclass(frozen=True)
+class ExportRecord:
+    """The export phase of a compiler backend (``torch.export.export`` of the loaded model), version 3.
+
+    ``pages_read_bytes``: growth of this process's resident pages of the checkpoint files
+    over the phase (what export read through mapped views); ``residency_read_bytes``: growth
+    of the files' page-cache residency (anyone's reads). ``rss_before_bytes`` and
+    ``hwm_bytes``: RSS at the start and the kernel's high-water mark over the phase;
+    ``anon_delta_bytes``: growth of anonymous memory. ``not_shared``: program tensors whose
+    memory is not the model's (copies, or constants export made).
+    """
+
+    seconds: float
+    nodes: int
+    pages_read_bytes: int | None
+    residency_read_bytes: int | None
+    rss_before_bytes: int
+    rss_after_bytes: int
+    hwm_bytes: int | None
+    anon_delta_bytes: int
+    not_shared: int
+
+    @property
+    def host_cost_bytes(self) -> int | None:
+        """How far host memory rose above its value at the start of export, at its highest."""
+        return None if self.hwm_bytes is None else self.hwm_bytes - self.rss_before_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        return _to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, source: str, where: str, version: int) -> ExportRecord:
+        o = _Obj(data, source, where, _keys(cls, version))
+        return cls(
+            seconds=o.number("seconds", null=False),
+            nodes=o.integer("nodes", null=False),
+            pages_read_bytes=o.integer("pages_read_bytes"),
+            residency_read_bytes=o.integer("residency_read_bytes"),
+            rss_before_bytes=o.integer("rss_before_bytes", null=False),
+            rss_after_bytes=o.integer("rss_after_bytes", null=False),
+            hwm_bytes=o.integer("hwm_bytes"),
+            anon_delta_bytes=o.integer("anon_delta_bytes", null=False),
+            not_shared=o.integer("not_shared", null=False),
+        )
 
 
 @dataclass(frozen=True)
@@ -273,6 +349,8 @@ class Phases:
     load_end_s: float | None = None
     partition_s: float | None = None
     build_end_s: float | None = None
+    export_start_s: float | None = None
+    export_end_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return _to_json(self)
@@ -283,6 +361,9 @@ class Phases:
         # version 1 wrote only the phases a strategy reached
         o = _Obj(data, source, where, set() if version == 1 else keys, keys)
         return cls(**{k: o.number(k) for k in keys})
+
+
+_SINCE["Phases"] = {"export_start_s": 3, "export_end_s": 3}
 
 
 @dataclass(frozen=True)
@@ -326,6 +407,11 @@ class StrategyRecord:
     floor_bytes: int | None = None
     excess_over_floor: float | None = None
     watched_peak_rss_bytes: int | None = None
+    compiler: str | None = None
+    compiler_weights: str | None = None
+    export: ExportRecord | None = None
+    max_abs_diff: float | None = None
+    check: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -376,10 +462,17 @@ class StrategyRecord:
             floor_bytes=o.integer("floor_bytes"),
             excess_over_floor=o.number("excess_over_floor"),
             watched_peak_rss_bytes=o.integer("watched_peak_rss_bytes"),
+            compiler=o.text("compiler"),
+            compiler_weights=o.text("compiler_weights"),
+            export=None if o.raw("export") is None else ExportRecord.from_json(
+                o.raw("export"), source, o.path("export"), version),
+            max_abs_diff=o.number("max_abs_diff"),
+            check=o.text("check"),
         )
 
 
-_SINCE["StrategyRecord"] = {"load_hwm_bytes": 2, "gpu_baseline_bytes": 2, "build_peak_bytes": 2}
+_SINCE["StrategyRecord"] = {"load_hwm_bytes": 2, "gpu_baseline_bytes": 2, "build_peak_bytes": 2,
+                            "compiler": 3, "compiler_weights": 3, "export": 3, "max_abs_diff": 3, "check": 3}
 
 
 def _upgrade_v1_strategy(record: StrategyRecord, device: str) -> StrategyRecord:

@@ -36,7 +36,11 @@ Schema (defaults in brackets; see ``scenarios/*.toml`` for examples)::
     [build]       exactly one of engines: int > 0 (exactly that many engines; the model
                   needs at least as many weight units) / engine_cap_mib: number > 0
                   (at least one byte);
-                  backend: "copy" | "tensorrt" ["copy"];
+                  backend: "copy" | "inductor" | "tensorrt" ["copy"];
+                  weights: "mapped" | "packaged", compiler backends only ["mapped"]:
+                  whether each engine runs on the model's own (mapped) tensors or holds a
+                  copy of its weights; tokens: int > 0, compiler backends only [16]: the
+                  length of the example input the model is exported and checked with;
                   device: "auto" | "cpu" | "cuda" ["auto"]; release: bool [true]
     [run]         cache: "cold" | "warm" ["cold"]; sample_interval_ms: number > 0 [10.0];
                   residency_every: int > 0 [1]; memory_limit_gib: number > 0 or absent
@@ -64,6 +68,8 @@ from harness.strategies import STRATEGIES
 __all__ = [
     "BACKENDS",
     "CACHES",
+    "COMPILER_BACKENDS",
+    "ENGINE_WEIGHTS",
     "DEVICES",
     "MODEL_DTYPES",
     "SOURCES",
@@ -80,7 +86,10 @@ __all__ = [
 
 SOURCES: tuple[str, ...] = ("synthetic", "spec", "lerobot")
 MODEL_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
-BACKENDS: tuple[str, ...] = ("copy", "tensorrt")
+BACKENDS: tuple[str, ...] = ("copy", "inductor", "tensorrt")
+COMPILER_BACKENDS: tuple[str, ...] = ("inductor", "tensorrt")
+"""Backends that export the model and build engines from graph partitions (they need a model with a forward)."""
+ENGINE_WEIGHTS: tuple[str, ...] = ("mapped", "packaged")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 CACHES: tuple[str, ...] = ("cold", "warm")
 FALLBACKS: tuple[str, ...] = ("spec",)
@@ -175,13 +184,23 @@ class CheckpointConfig:
 
 @dataclass(frozen=True)
 class BuildConfig:
-    """How the model is partitioned and built: exactly one of ``engines`` / ``engine_cap_mib``."""
+    """How the model is partitioned and built: exactly one of ``engines`` / ``engine_cap_mib``.
+
+    ``weights`` and ``tokens`` apply to compiler backends (:data:`COMPILER_BACKENDS`) only.
+    """
 
     engines: int | None = None
     engine_cap_mib: float | None = None
     backend: str = "copy"
     device: str = "auto"
     release: bool = True
+    weights: str = "mapped"
+    tokens: int = 16
+
+    @property
+    def compiler(self) -> bool:
+        """Whether the backend exports the model and partitions its graph."""
+        return self.backend in COMPILER_BACKENDS
 
 
 @dataclass(frozen=True)
@@ -438,7 +457,7 @@ def _load_model(top: _Table, scenario_dir: Path) -> ModelConfig:
 
 
 def _load_build(top: _Table) -> BuildConfig:
-    keys = frozenset({"engines", "engine_cap_mib", "backend", "device", "release"})
+    keys = frozenset({"engines", "engine_cap_mib", "backend", "device", "release", "weights", "tokens"})
     build = top.table("build", keys)
     if build.has("engines") == build.has("engine_cap_mib"):
         which = "both are" if build.has("engines") else "neither is"
@@ -446,12 +465,20 @@ def _load_build(top: _Table) -> BuildConfig:
     cap = build.number("engine_cap_mib", None)
     if cap is not None and int(cap * 2**20) < 1:
         raise build.error("engine_cap_mib", f"{cap:g} MiB is less than one byte ({cap * 2**20:.3g} bytes)")
+    backend = build.string("backend", "copy", BACKENDS)
+    if backend not in COMPILER_BACKENDS:
+        for key in ("weights", "tokens"):
+            if build.has(key):
+                raise build.error(key, f"applies to compiler backends only ({', '.join(COMPILER_BACKENDS)}), "
+                                       f"not backend {backend!r}")
     return BuildConfig(
         engines=build.integer("engines", None),
         engine_cap_mib=cap,
-        backend=build.string("backend", "copy", BACKENDS),
+        backend=backend,
         device=build.string("device", "auto", DEVICES),
         release=build.boolean("release", True),
+        weights=build.string("weights", "mapped", ENGINE_WEIGHTS),
+        tokens=build.integer("tokens", 16),
     )
 
 
@@ -513,12 +540,19 @@ def _parse(data: Mapping[str, Any], path: Path, shown: Path) -> Scenario:
         seed=ckpt.integer("seed", 0, minimum=0),
         generate=ckpt.boolean("generate", raw_path is None),
     )
+    build = _load_build(top)
+    if build.compiler and model.source == "spec":
+        raise top.error("build.backend", f"backend {build.backend!r} exports the model, and a spec model has "
+                                         "no forward: use model.source = \"synthetic\" or \"lerobot\"")
+    if build.compiler and model.fallback is not None:
+        raise top.error("model.fallback", f"backend {build.backend!r} exports the model, and the spec model "
+                                          "it would fall back to has no forward: remove the fallback")
     return Scenario(
         name=name,
         path=path,
         model=model,
         checkpoint=checkpoint,
-        build=_load_build(top),
+        build=build,
         description=description,
         strategies=strategies,
         run=_load_run(top),

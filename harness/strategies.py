@@ -30,7 +30,8 @@ from weightmap import ReleasePlan, map_weights
 from weightmap.checkpoint import open_checkpoint
 from weightmap.targets import collect_targets
 
-__all__ = ["STRATEGIES", "EngineHooks", "Loaded", "Strategy", "strategy_colour", "strategy_label"]
+__all__ = ["STRATEGIES", "EngineHooks", "Loaded", "Strategy", "release_without_resizing", "strategy_colour",
+           "strategy_label"]
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,12 @@ def _release_after_last_reader(model: torch.nn.Module, partitions: Sequence[Sequ
 def _resize_after_last_reader(model: torch.nn.Module, partitions: Sequence[Sequence[str]]) -> ReleasePlan:
     """Ordinary storages resized to 0 after their last engine (the built model is not run afterwards)."""
     return ReleasePlan.from_names(model, partitions, resize=True)
+
+
+def release_without_resizing(model: torch.nn.Module, partitions: Sequence[Sequence[str]]) -> ReleasePlan:
+    """The plan for engines that run on the model's own tensors: mapped pages dropped after their last
+    engine, no storage resized (whatever the strategy), so that the engines can still run on them."""
+    return _release_after_last_reader(model, partitions)
 
 
 @dataclass(frozen=True)

@@ -20,19 +20,20 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import io
 import sys
 import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import torch
 
 from harness.atomic import write_atomic
-from harness.backends import Backend, make_backend
+from harness.backends import Backend, make_backend, make_compiler_backend
 from harness.checkpoints import checkpoint_specs, describe_specs
 from harness.coldcache import prepare_cold
 from harness.gpu import GpuMonitor
@@ -44,6 +45,7 @@ from harness.progress import engine_bar, phase_ticker
 from harness.record import (
     EVENT_COLUMNS,
     EngineRecord,
+    ExportRecord,
     Phases,
     StrategyRecord,
     events_file,
@@ -51,7 +53,11 @@ from harness.record import (
     write_strategy_file,
 )
 from harness.sampler import Sampler
-from harness.strategies import STRATEGIES, Strategy
+from harness.strategies import STRATEGIES, Strategy, release_without_resizing
+
+if TYPE_CHECKING:
+    from harness.compile.backend import CompilerBackend
+    from harness.compile.entry import Entry
 
 __all__ = ["FAILURE_PREFIX", "measure", "worker_command"]
 
@@ -106,6 +112,11 @@ class _Measured:
     mean_interval_ms: float | None = None
     max_gap_ms: float | None = None
     process_wall_s: float | None = None
+    compiler: str | None = None
+    compiler_weights: str | None = None
+    export: ExportRecord | None = None
+    max_abs_diff: float | None = None
+    check: str | None = None
 
     def record(self) -> StrategyRecord:
         phases = {k: round(v, 6) for k, v in self.phases.items()}
@@ -119,6 +130,8 @@ class _Measured:
             max_gap_ms=self.max_gap_ms, peak_source=self.peak_source, engine_cap_bytes=self.engine_cap_bytes,
             released_bytes=self.released_bytes, unreleased_bytes=self.unreleased_bytes,
             release_note=self.release_note, engines=tuple(self.engines),
+            compiler=self.compiler, compiler_weights=self.compiler_weights, export=self.export,
+            max_abs_diff=self.max_abs_diff, check=self.check,
         )
 
 
@@ -147,6 +160,8 @@ class Measurement:
         self.gpu: GpuMonitor | None = None
         self.sampler: Sampler | None = None
         self.backend: Backend | None = None
+        self.compiled: CompilerBackend | None = None
+        self.entry: Entry | None = None
 
     def prepare(self) -> torch.nn.Module:
         """Rebuild the planned model on meta, start CUDA and the sampler; take the baseline."""
@@ -159,6 +174,13 @@ class Measurement:
         files = [Path(f) for f in plan.checkpoint_files]
         if plan.cache == "cold":
             prepare_cold(files, settle=False)  # flushed, then dropped: the parent settled the machine
+        if plan.compiler:
+            # The compiler's modules are loaded before the baseline, as torch itself is.
+            import torch._inductor.codecache  # noqa: F401
+            import torch._inductor.compile_fx  # noqa: F401
+            import torch._inductor.graph  # noqa: F401
+            import torch._inductor.lowering  # noqa: F401
+            import torch.export  # noqa: F401
         if plan.device == "cuda":
             torch.empty(1, device="cuda")  # the CUDA context exists before the baseline
             self.gpu = GpuMonitor.open(torch.cuda.current_device())
@@ -192,17 +214,59 @@ class Measurement:
         self.record.phases["load_end_s"] = self.events.add("load_end")
         return loaded.model
 
+    def export(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Compiler backends: export the loaded model (its entry) as a phase of its own; returns the entry."""
+        from harness.compile.entry import export_entry
+
+        assert self.sampler is not None
+        plan = self.plan
+        self.record.load_hwm_bytes = read_peak()  # export resets the high-water mark: read the load's first
+        self.compiled = make_compiler_backend(
+            plan.backend, plan.device, self.workdir, weights=plan.weights or "mapped",
+            count=plan.engine_count, cap_bytes=None if plan.engine_count is not None else plan.engine_cap_bytes,
+        )
+        self.record.compiler, self.record.compiler_weights = self.compiled.name, self.compiled.weights
+        self.entry = export_entry(plan.model_config, model, tokens=plan.tokens or 16, seed=plan.checkpoint.seed)
+        self.sampler.mark(phase="export")
+        self.record.phases["export_start_s"] = self.events.add("export_start")
+        with phase_ticker(self.strategy, "exporting"):
+            result = self.compiled.export(self.entry.module, self.entry.args, self.entry.kwargs,
+                                          [Path(f) for f in plan.checkpoint_files])
+        self.record.phases["export_end_s"] = self.events.add("export_end", rss_bytes=result.rss_after_bytes)
+        before, after = result.residency_before_bytes, result.residency_after_bytes
+        self.record.export = ExportRecord(
+            seconds=round(result.seconds, 3), nodes=result.nodes, pages_read_bytes=result.pages_read_bytes,
+            residency_read_bytes=None if before is None or after is None else after - before,
+            rss_before_bytes=result.rss_before_bytes, rss_after_bytes=result.rss_after_bytes,
+            hwm_bytes=result.hwm_bytes, anon_delta_bytes=result.anon_after_bytes - result.anon_before_bytes,
+            not_shared=len(result.not_shared),
+        )
+        if result.hwm_bytes is not None and self.record.load_hwm_bytes is not None:
+            self.record.load_hwm_bytes = max(self.record.load_hwm_bytes, result.hwm_bytes)
+        return self.entry.module
+
     def partition(self, model: torch.nn.Module) -> None:
-        """The planned engines must name tensors of the loaded model; record the host at partitioning."""
+        """The planned engines must name tensors of the loaded model; record the host at partitioning.
+
+        For a compiler backend ``model`` is the exported entry, and its graph partitions must
+        be the planned ones.
+        """
+        from harness.compile.planning import same_partitions
+
         assert self.sampler is not None
         self.sampler.mark(phase="partition")
+        if self.compiled is not None:
+            why = same_partitions([e.names for e in self.plan.engines], self.compiled.partition())
+            if why is not None:
+                raise RuntimeError(f"the graph partitions of the loaded model are not the planned ones: {why}")
         named = _named_tensors(model)
         for engine in self.plan.engines:
             unknown = [n for n in engine.names if n not in named]
             if unknown:
                 raise KeyError(f"engine {engine.index} reads {unknown[0]!r}, which the loaded model does not have")
         self.record.host_at_partitioning_bytes = read_status().rss_bytes
-        self.record.load_hwm_bytes = read_peak()
+        if self.compiled is None:
+            self.record.load_hwm_bytes = read_peak()
         self.record.phases["partition_s"] = self.events.add(
             "partition", weight_bytes=self.plan.model.bytes_with_non_persistent_buffers,
             rss_bytes=self.record.host_at_partitioning_bytes,
@@ -211,8 +275,15 @@ class Measurement:
     def build(self, model: torch.nn.Module) -> None:
         assert self.sampler is not None
         plan, engines = self.plan, self.plan.engines
-        self.backend = make_backend(plan.backend, plan.device, self.workdir)
-        plan_release = self.spec.release_plan(model, [e.names for e in engines]) if plan.release else None
+        builder: Backend | CompilerBackend
+        if self.compiled is not None:
+            builder = self.compiled
+        else:
+            builder = self.backend = make_backend(plan.backend, plan.device, self.workdir)
+        # Engines that run on the model's own tensors must keep them: only mapped pages are dropped.
+        planner = (release_without_resizing if self.compiled is not None and self.compiled.weights == "mapped"
+                   else self.spec.release_plan)
+        plan_release = planner(model, [e.names for e in engines]) if plan.release else None
         hooks = self.spec.hooks(model, Path(plan.checkpoint.path)) if self.spec.hooks else None
         named = _named_tensors(model)
         self.sampler.mark(phase="build")
@@ -225,7 +296,7 @@ class Measurement:
                 if hooks is not None:
                     hooks.before(engine.index, engine.names)
                     named = _named_tensors(model)  # the hook may have put new tensors in place
-                self.backend.build_engine(engine.index, {n: named[n] for n in engine.names})
+                builder.build_engine(engine.index, {n: named[n] for n in engine.names})
                 step = plan_release.built(engine.index) if plan_release else None
                 by_hooks = hooks.after(engine.index, engine.names) if hooks is not None else 0
                 hwm = self.peak.end()
@@ -240,10 +311,16 @@ class Measurement:
                 end = self.events.add("engine_end", engine=engine.index, weight_bytes=engine.weight_bytes,
                                       host_hwm_bytes=hwm, released_bytes=released, rss_bytes=rss,
                                       gpu_used_bytes=gpu)
+                compiled = self.compiled.details(engine.index) if self.compiled is not None else None
                 self.record.engines.append(EngineRecord(
                     index=engine.index, weight_bytes=engine.weight_bytes, start_s=round(start, 6),
                     end_s=round(end, 6), host_hwm_bytes=hwm, released_bytes=released, rss_after_bytes=rss,
                     gpu_used_bytes=gpu, tensors=len(engine.names),
+                    compile_s=None if compiled is None else round(compiled.compile_s, 3),
+                    artifact_bytes=None if compiled is None else compiled.artifact_bytes,
+                    rss_before_bytes=None if compiled is None else compiled.rss_before_bytes,
+                    children_peak_bytes=None if compiled is None else compiled.children_peak_bytes,
+                    cache_bytes=None if compiled is None else compiled.cache_bytes,
                 ))
                 bar.built(engine.weight_bytes)
         finally:
@@ -251,8 +328,58 @@ class Measurement:
         if not self.peak.supported:
             self.record.peak_source = "samples only: the kernel refused to reset VmHWM (/proc/self/clear_refs)"
         self.record.release_note = self.spec.release_note(plan.release, self.record.unreleased_bytes)
+        if planner is release_without_resizing and self.record.unreleased_bytes:
+            self.record.release_note = ("the engines run on the model's own tensors (weights = \"mapped\"): "
+                                        "mapped pages are dropped after each engine, other memory is kept for "
+                                        "the engines to run on")
         self.record.phases["build_end_s"] = self.events.add("build_end")
         self.sampler.mark(phase="done", engine=None)
+
+    def built_outputs(self) -> Any:
+        """Compiler backends: the built model's output on the example inputs (after the measured phases)."""
+        assert self.compiled is not None and self.entry is not None
+        self.stop_sampling()
+        with phase_ticker(self.strategy, "running the built model"):
+            return self.compiled.run_built(self.entry.args, self.entry.kwargs)
+
+    def check(self, built: Any) -> None:
+        """Compare the built model's output with eager's, on a freshly mapped model; a mismatch fails the strategy.
+
+        The loaded model may have been released engine by engine, so eager runs on a new
+        mapping of the checkpoint (released pages are read again from the file).
+        """
+        from harness.compile.entry import export_entry
+        from harness.compile.pipeline import compare_outputs
+        from weightmap import map_weights
+
+        assert self.compiled is not None
+        plan = self.plan
+        self.compiled.drop_program()
+        self.entry = None  # nothing of the loaded model is kept
+        gc.collect()
+        reference = build_model(plan.model_config).module
+        map_weights(reference, Path(plan.checkpoint.path), strict=True).close()
+        fill_non_persistent(reference)
+        eager = export_entry(plan.model_config, reference, tokens=plan.tokens or 16, seed=plan.checkpoint.seed)
+        module = eager.module.to(self.compiled.device) if plan.device == "cuda" else eager.module
+        with phase_ticker(self.strategy, "running eager"), torch.no_grad():
+            want = module(*eager.args, **eager.kwargs)
+        comparison = compare_outputs(built, want)
+        finite = comparison.max_abs_diff == comparison.max_abs_diff and comparison.max_abs_diff != float("inf")
+        self.record.max_abs_diff = comparison.max_abs_diff if finite else None
+        self.record.check = comparison.detail
+        comparison.check()
+
+    def stop_sampling(self) -> None:
+        """Stop the sampler (what follows is not part of the measured run)."""
+        if self.sampler is not None and self.sampler.running:
+            try:
+                stats = self.sampler.stop()
+                self.record.samples, self.record.max_gap_ms = stats.samples, stats.max_gap_ms
+                self.record.mean_interval_ms = stats.mean_interval_ms
+            except RuntimeError as exc:
+                self.record.status = "failed"  # the samples stop where the sampler failed
+                self.record.error = "; ".join(filter(None, [self.record.error, str(exc)]))
 
     def finish(self) -> StrategyRecord:
         """Stop the sampler and write every file, whatever happened before; returns the record."""
@@ -267,6 +394,8 @@ class Measurement:
                 self.record.error = "; ".join(filter(None, [self.record.error, str(exc)]))
         if self.backend is not None:
             self.backend.close()
+        if self.compiled is not None:
+            self.compiled.close()
         if self.sampler is not None:
             self.sampler.write_csv(self.out / samples_file(self.strategy))
             columns = self.sampler.columns()
@@ -290,8 +419,15 @@ def measure(plan: Plan, strategy: str, out: Path, t0: float | None = None) -> St
     try:
         model = run.prepare()
         model = run.load(model)
+        if run.plan.compiler:
+            model = run.export(model)
         run.partition(model)
         run.build(model)
+        if run.plan.compiler:
+            built = run.built_outputs()
+            del model  # the engines and the check no longer need the loaded weights
+            gc.collect()
+            run.check(built)
         run.record.status = "ok"
     except Exception as exc:
         traceback.print_exc(file=sys.stderr)

@@ -44,6 +44,7 @@ __all__ = [
     "EngineRecord",
     "MismatchError",
     "build_engines",
+    "compare_outputs",
     "compare_with_eager",
 ]
 
@@ -337,8 +338,15 @@ def compare_with_eager(
     """
     kw = dict(kwargs or {})
     with torch.no_grad():
-        got = pytree.tree_leaves(built(*args, **kw))
-        want = pytree.tree_leaves(eager(*args, **kw))
+        got = built(*args, **kw)
+        want = eager(*args, **kw)
+    return compare_outputs(got, want)
+
+
+def compare_outputs(built: Any, eager: Any) -> Comparison:
+    """Compare outputs already computed (any pytree of tensors), as :func:`compare_with_eager` does."""
+    got = pytree.tree_leaves(built)
+    want = pytree.tree_leaves(eager)
     if len(got) != len(want):
         detail = f"the built model returns {len(got)} values, eager {len(want)}"
         return Comparison(float("inf"), len(want), False, detail)

@@ -1,0 +1,73 @@
+"""The engines of a compiler backend, planned once: graph partitions of the exported model.
+
+For the ``copy`` backend the plan cuts the model in module order
+(:mod:`harness.partition`). A compiler backend builds from the exported program instead,
+so its engines are the program's graph partitions
+(:func:`~harness.compile.graph_partition.partition_program`): :func:`plan_graph_engines`
+maps the checkpoint into a fresh model on meta (nothing is read), exports the scenario's
+entry on its example inputs and partitions the program by the scenario's count or cap.
+Every strategy's worker exports and partitions its own loaded model again and checks that
+it got the same partitions (:func:`same_partitions`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from harness.compile.backend import PartitionRule
+from harness.compile.entry import export_entry
+from harness.compile.graph_partition import GraphPartition, cap_for_program
+from harness.models import build_model, fill_non_persistent
+from harness.scenario import Scenario
+from weightmap import map_weights
+
+__all__ = ["GraphEngine", "plan_graph_engines", "rule_for", "same_partitions"]
+
+
+@dataclass(frozen=True)
+class GraphEngine:
+    """One planned engine: its partition's first and last node, the weight names it reads, their bytes."""
+
+    index: int
+    nodes: tuple[str, ...]
+    names: tuple[str, ...]
+    weight_bytes: int
+
+
+def rule_for(engines: int | None, cap_bytes: int | None) -> PartitionRule:
+    """The partition rule of a scenario's ``build.engines`` / ``build.engine_cap_mib``."""
+    return PartitionRule(count=engines, cap_bytes=None if engines is not None else cap_bytes)
+
+
+def plan_graph_engines(scenario: Scenario, checkpoint: Path) -> tuple[list[GraphEngine], int]:
+    """The graph partitions of the scenario's exported model, and the per-engine cap they were cut at."""
+    build = scenario.build
+    cap = int(build.engine_cap_mib * 2**20) if build.engine_cap_mib is not None else None
+    rule = rule_for(build.engines, cap)
+    model = build_model(scenario.model).module
+    map_weights(model, checkpoint, strict=True).close()
+    fill_non_persistent(model)
+    entry = export_entry(scenario.model, model, tokens=build.tokens, seed=scenario.checkpoint.seed)
+    with torch.no_grad():
+        program = torch.export.export(entry.module, entry.args, entry.kwargs, strict=False)
+    parts = rule.apply(program)
+    used = cap if cap is not None else cap_for_program(program, rule.count or 1)
+    return [_engine(p) for p in parts], used
+
+
+def _engine(part: GraphPartition) -> GraphEngine:
+    ends = (part.nodes[0], part.nodes[-1]) if part.nodes else ()
+    return GraphEngine(part.index, ends, part.weights, part.weight_bytes)
+
+
+def same_partitions(planned: list[tuple[str, ...]], got: list[GraphPartition]) -> str | None:
+    """Why the worker's partitions differ from the planned ones (weight names per engine); None when equal."""
+    if len(planned) != len(got):
+        return f"the plan has {len(planned)} engines, the exported model cuts into {len(got)}"
+    for names, part in zip(planned, got, strict=True):
+        if tuple(names) != tuple(part.weights):
+            return f"engine {part.index} reads other weights than planned"
+    return None
