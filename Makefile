@@ -8,7 +8,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 TORCH_PIN := torch==2.13.0
 
-.PHONY: install test lint typecheck pytest bench-map bench-smoke bench-pi05 bench-pi05-trim plot clean-data
+.PHONY: install test lint typecheck pytest bench-map bench-smoke bench-pi05 bench-pi05-trim plot clean-data \
+	bench-smoke-compile bench-pi05-compile bench-lerobot-compile lerobot-venv
 
 # --system-site-packages: a machine that already has torch (a CUDA image, say) keeps it.
 $(STAMP): pyproject.toml
@@ -42,6 +43,29 @@ bench-pi05: $(STAMP)
 
 bench-pi05-trim: $(STAMP)
 	$(PY) -m harness run scenarios/pi05-trim.toml
+
+# A real compiler (AOTInductor) on the CPU, both weight settings: engines that run on the
+# mapped weights, and engines that hold a copy of them.
+bench-smoke-compile: $(STAMP)
+	$(PY) -m harness run scenarios/smoke-compile.toml
+	$(PY) -m harness run scenarios/smoke-compile-packaged.toml
+
+# The synthetic transformer at pi0.5's layer shapes (8.64 GiB): about 30 minutes on 2 cores.
+bench-pi05-compile: $(STAMP)
+	$(PY) -m harness run scenarios/pi05-compile.toml
+	$(PY) -m harness run scenarios/pi05-compile-packaged.toml
+
+# lerobot's own pi0.5 compiled on a GPU; needs lerobot (LEROBOT_PY: a Python where it
+# imports, e.g. the one `make lerobot-venv` sets up) and data/pi05.safetensors (make bench-pi05).
+LEROBOT_PY ?= .venv-lerobot/bin/python
+bench-lerobot-compile:
+	$(LEROBOT_PY) -m harness run scenarios/lerobot-compile.toml
+
+# Optional: a Python 3.12 environment where lerobot 0.6.1 imports (torch < 2.12, transformers 5.5.x).
+lerobot-venv:
+	test -x .venv-lerobot/bin/python || python3.12 -m venv .venv-lerobot
+	.venv-lerobot/bin/python -m pip install -q 'torch==2.11.*' 'lerobot==0.6.1' 'transformers==5.5.4'
+	.venv-lerobot/bin/python -m pip install -q -e '.[dev]'
 
 # Re-render every results directory's figures and report from its record (runs nothing).
 plot: $(STAMP)

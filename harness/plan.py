@@ -221,11 +221,11 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
         check_backend(scenario.build.backend)
     except BackendUnavailable as exc:
         raise BackendUnavailable(f"{scenario.where('build.backend')}: {exc}") from exc
+    info = build_model(scenario.model)  # first: a model that cannot be built here says why
     try:
         device = resolve_device(scenario.build.device)
     except BackendUnavailable as exc:
         raise BackendUnavailable(f"{scenario.where('build.device')}: {exc}") from exc
-    info = build_model(scenario.model)
     say(f"model {info.name} ({info.source}); {info.source_note}".rstrip("; "))
     specs = checkpoint_specs(info.module)  # persistent tensors, a tied one once
     sizes = describe_specs(specs)

@@ -361,9 +361,17 @@ class Measurement:
         map_weights(reference, Path(plan.checkpoint.path), strict=True).close()
         fill_non_persistent(reference)
         eager = export_entry(plan.model_config, reference, tokens=plan.tokens or 16, seed=plan.checkpoint.seed)
-        module = eager.module.to(self.compiled.device) if plan.device == "cuda" else eager.module
+        module, args, kwargs = eager.module, eager.args, eager.kwargs
+        if plan.device == "cuda":  # eager runs where the engines ran
+            from torch.utils import _pytree as pytree
+
+            def move(value: Any) -> Any:
+                return value.to(self.compiled.device) if isinstance(value, torch.Tensor) else value  # type: ignore[union-attr]
+
+            module = module.to(self.compiled.device)
+            args, kwargs = pytree.tree_map(move, (args, kwargs))
         with phase_ticker(self.strategy, "running eager"), torch.no_grad():
-            want = module(*eager.args, **eager.kwargs)
+            want = module(*args, **kwargs)
         comparison = compare_outputs(built, want)
         finite = comparison.max_abs_diff == comparison.max_abs_diff and comparison.max_abs_diff != float("inf")
         self.record.max_abs_diff = comparison.max_abs_diff if finite else None

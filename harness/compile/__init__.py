@@ -23,6 +23,12 @@ The steps, in the order a strategy runs them::
   (:mod:`.pipeline`): the build loop with per-engine records and callbacks, the loaded
   engines run as one model, and the check against eager.
 
+In the harness (``[build] backend = "inductor"``) these steps are the ``inductor`` backend:
+:class:`~harness.compile.backend.CompilerBackend` runs them for the worker,
+:mod:`harness.compile.entry` says what is exported (the model's forward, or lerobot's
+``sample_actions``) and on which inputs, and :mod:`harness.compile.planning` plans the graph
+partitions once for every strategy.
+
 ``python -m harness.compile.probe`` measures one such build of a synthetic transformer.
 """
 

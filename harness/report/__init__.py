@@ -9,7 +9,9 @@ the record, the samples and :mod:`harness.metrics`' figures) and writes, beside 
 * ``<name>-timeline.png`` (:mod:`harness.report.timeline`): memory over time, one panel
   per strategy;
 * ``<name>-peaks.png`` (:mod:`harness.report.peaks`): the strategies' peaks side by side;
-* ``<name>-engines.png`` (:mod:`harness.report.engines`): engine by engine.
+* ``<name>-engines.png`` (:mod:`harness.report.engines`): engine by engine;
+* ``<name>-compiler.png`` (:mod:`harness.report.compiler`): what a compiler added per engine,
+  for runs of a compiler backend only (:data:`FIGURE_APPLIES`).
 
 Every module formats numbers through :mod:`harness.report.text` and draws through
 :mod:`harness.report.style`, and none of them opens a results file itself.
@@ -24,6 +26,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from harness.errors import HarnessError
+from harness.report.compiler import compiler_figure, has_compiler
 from harness.report.engines import engines_figure
 from harness.report.headline import headline_figure
 from harness.report.markdown import write_report
@@ -33,20 +36,27 @@ from harness.report.style import save_figure
 from harness.report.timeline import timeline_figure
 from harness.results import Results, load_results
 
-__all__ = ["FIGURES", "Rendered", "figure_paths", "render_all"]
+__all__ = ["FIGURES", "FIGURE_APPLIES", "Rendered", "figure_paths", "render_all"]
 
 FIGURES: dict[str, Callable[[Results], Figure]] = {
     "headline": headline_figure,
     "timeline": timeline_figure,
     "engines": engines_figure,
     "peaks": peaks_figure,
+    "compiler": compiler_figure,
 }
 """Every figure of a run, by the suffix of its file name, in the order the report shows them."""
 
+FIGURE_APPLIES: dict[str, Callable[[Results], bool]] = {
+    "compiler": has_compiler,
+}
+"""Figures drawn only for some runs: the kind, and which runs it is drawn for (every other figure: all)."""
 
-def figure_paths(name: str, out_dir: Path) -> dict[str, Path]:
-    """Where each figure of run ``name`` goes."""
-    return {kind: Path(out_dir) / f"{name}-{kind}.png" for kind in FIGURES}
+
+def figure_paths(name: str, out_dir: Path, run: Results | None = None) -> dict[str, Path]:
+    """Where each figure of run ``name`` goes; with ``run``, only the figures that apply to it."""
+    kinds = [k for k in FIGURES if run is None or FIGURE_APPLIES.get(k, lambda r: True)(run)]
+    return {kind: Path(out_dir) / f"{name}-{kind}.png" for kind in kinds}
 
 
 @dataclass(frozen=True)
@@ -74,6 +84,6 @@ def render_all(results_dir: Path, out_dir: Path | None = None, *, notes_checked:
         if notes is None:
             raise HarnessError(f"{notes_path(report)}: no notes to mark as checked")
         stamp_notes(notes, run)
-    written = [save_figure(FIGURES[kind](run), path) for kind, path in figure_paths(run.name, out).items()]
+    written = [save_figure(FIGURES[kind](run), path) for kind, path in figure_paths(run.name, out, run).items()]
     path, stale = write_report(run, report, [p.name for p in written])
     return Rendered([*written, path], stale)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from harness.atomic import write_atomic
 from harness.metrics import StrategyMetrics
+from harness.report.compiler import compiler_lines
 from harness.report.notes import NEVER_CHECKED, Notes, check_notes, migrate_notes
 from harness.report.table import columns, reference_cells, strategy_cells
 from harness.report.text import (
@@ -242,6 +243,9 @@ def render_report(run: Results, figures: Sequence[str] = (), notes: Notes | None
         lines += strategy_observations(run, strategy)
     lines += comparison_observations(run)
     lines += notes_on_refs
+    compiled = compiler_lines(run)
+    if compiled:
+        lines += [""] + compiled[:-1]
     if figures:
         lines += ["", "## Figures", ""]
         for figure in figures:

@@ -1,0 +1,141 @@
+"""What a compiler backend adds: the export phase, and per engine its compile time, artifact and host cost.
+
+Drawn and tabled only for runs of a compiler backend (records of layout 3 with
+``compiler`` set); :func:`has_compiler` says which.
+
+* :func:`compiler_figure`, ``<name>-compiler.png``: per engine, each strategy's host peak
+  over the engine's copy floor (the high-water mark while it was built minus RSS at its
+  start plus its weights: what the compiler added on top of the weights), the compile
+  time, and the artifact's bytes;
+* :func:`compiler_lines`: the markdown section with the export phase per strategy (time,
+  checkpoint pages read, host memory it cost, the built model against eager) and a row
+  per engine and strategy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from harness.record import EngineRecord, StrategyRecord
+from harness.report.style import figure_legend, new_figure, strategy_colour, styled
+from harness.report.text import DASH, cell, format_seconds
+from harness.results import Results
+
+__all__ = ["compiler_figure", "compiler_lines", "has_compiler"]
+
+MIB = 2**20
+
+
+def has_compiler(run: Results) -> bool:
+    """Whether any strategy of the run built its engines with a compiler."""
+    return any(r.compiler for r in run.strategies.values())
+
+
+def _mib(value: int | None, decimals: int = 1) -> str:
+    return DASH if value is None else f"{value / MIB:,.{decimals}f} MiB"
+
+
+def _setting(run: Results) -> str:
+    found = {f"{r.compiler} (weights {r.compiler_weights})" for r in run.strategies.values() if r.compiler}
+    return ", ".join(sorted(found)) or run.record.backend
+
+
+def _compiled(record: StrategyRecord) -> list[EngineRecord]:
+    return [e for e in record.engines if e.compile_s is not None]
+
+
+@styled
+def compiler_figure(run: Results) -> Figure:
+    """Per engine and strategy: host peak over the copy floor, compile time, artifact size."""
+    names = list(run.strategies)
+    fig = new_figure(12.0, 9.6, run)
+    top, middle, bottom = fig.subplots(3, 1, sharex=True)
+    width = 0.8 / max(1, len(names))
+    handles: list[Any] = []
+    indices: set[int] = set()
+    for i, name in enumerate(names):
+        record = run.strategies[name]
+        engines = _compiled(record)
+        if not engines:
+            continue
+        colour = strategy_colour(name, names)
+        xs = np.asarray([e.index for e in engines], dtype=float) + (-0.4 + width * (i + 0.5))
+        indices.update(e.index for e in engines)
+        over = [(e.compiler_over_floor_bytes or 0) / MIB for e in engines]
+        top.bar(xs, over, width, color=colour, zorder=2, gid=f"over-floor:{name}")
+        seconds = [e.compile_s or 0.0 for e in engines]
+        middle.bar(xs, seconds, width, color=colour, zorder=2, gid=f"compile-s:{name}")
+        artifact = [(e.artifact_bytes or 0) / MIB for e in engines]
+        bottom.bar(xs, artifact, width, color=colour, zorder=2, gid=f"artifact:{name}")
+        label = name if record.ok else f"{name} (FAILED, partial)"
+        label += f": compiled in {sum(seconds):.0f} s, largest excess {max(over):,.0f} MiB"
+        handles.append(Patch(color=colour, label=label))
+    top.axhline(0, color="#000000", linewidth=0.8, zorder=3)
+    top.set_ylabel("host peak over\ncopy floor (MiB)")
+    top.set_title("what the compiler added on top of each engine's weights: high-water mark while it was built "
+                  "minus (RSS at its start + its weights)", loc="left")
+    middle.set_ylabel("compile time (s)")
+    middle.set_ylim(bottom=0)
+    middle.set_title("time to compile each engine", loc="left")
+    bottom.set_ylabel("artifact (MiB)")
+    bottom.set_ylim(bottom=0)
+    bottom.set_title("bytes of each engine's artifact on disk", loc="left")
+    bottom.set_xlabel("engine (build order)")
+    for ax in (top, middle, bottom):
+        ax.grid(axis="y", color="#E5E5E5", zorder=0)
+    if indices:
+        ticks = sorted(indices)
+        bottom.set_xticks(ticks, [str(t) for t in ticks])
+    else:
+        top.text(0.5, 0.5, "no engine was built by a compiler", transform=top.transAxes, ha="center",
+                 color="#777777")
+    figure_legend(fig, handles, f"{run.name}: the compiler's cost engine by engine, {_setting(run)}")
+    return fig
+
+
+def _check_text(record: StrategyRecord) -> str:
+    if record.max_abs_diff is not None:
+        return f"{record.max_abs_diff:.3g}" + ("" if record.ok else " (mismatch)")
+    return record.check or DASH
+
+
+def compiler_lines(run: Results) -> list[str]:
+    """The report's compiler section (empty for a run without a compiler)."""
+    if not has_compiler(run):
+        return []
+    lines = ["## Compiler", "",
+             f"Engines built by {_setting(run)} from the graph partitions of the exported model, "
+             f"on `{run.record.device}`.", "",
+             "Export phase (`torch.export.export` of the loaded model) and the built model against eager:", "",
+             "| strategy | export time | graph nodes | checkpoint pages read | page cache brought in "
+             "| host cost (peak over its start) | anonymous growth | engines compiled | compile time "
+             "| built vs eager (max abs diff) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for name, record in run.strategies.items():
+        export = record.export
+        engines = _compiled(record)
+        total = sum(e.compile_s or 0.0 for e in engines)
+        row = [name]
+        if export is None:
+            row += [DASH] * 6
+        else:
+            row += [format_seconds(export.seconds), f"{export.nodes:,}", _mib(export.pages_read_bytes, 2),
+                    _mib(export.residency_read_bytes, 2), _mib(export.host_cost_bytes), _mib(export.anon_delta_bytes)]
+        row += [str(len(engines)), format_seconds(total) if engines else DASH, _check_text(record)]
+        lines.append("| " + " | ".join(cell(c) for c in row) + " |")
+    lines += ["", "Per engine (host peak over copy floor = high-water mark while it was built − "
+              "(RSS at its start + its weights); compiler processes: the largest summed RSS of the "
+              "C++ compiler and linker the build started, sampled):", "",
+              "| strategy | engine | weights | compile time | artifact | host peak over copy floor "
+              "| compiler processes | cache growth |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for name, record in run.strategies.items():
+        for e in _compiled(record):
+            row = [name, str(e.index), _mib(e.weight_bytes), format_seconds(e.compile_s), _mib(e.artifact_bytes),
+                   _mib(e.compiler_over_floor_bytes), _mib(e.children_peak_bytes), _mib(e.cache_bytes)]
+            lines.append("| " + " | ".join(cell(c) for c in row) + " |")
+    return lines + [""]

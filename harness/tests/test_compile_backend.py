@@ -1,0 +1,199 @@
+"""The ``inductor`` backend in the harness: scenario keys, graph-partition plans, the v3 record, real builds.
+
+The builds use a tiny synthetic model (about 10 MiB of weights) in one or two engines;
+each AOTInductor build costs tens of seconds on a small machine, so one test compiles,
+through the whole supervised run (weights mapped; ``packaged`` engines are built in
+``test_compile_inductor``); the check against eager is also tested on its own. Checkpoints
+and engines go under temporary directories.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.backends import BackendUnavailable, make_backend, make_compiler_backend
+from harness.compile.entry import export_entry
+from harness.compile.pipeline import MismatchError
+from harness.models import SyntheticTransformer, fill_non_persistent
+from harness.plan import make_plan, read_plan, write_plan
+from harness.record import SUMMARY, EngineRecord, ExportRecord, RunRecord, StrategyRecord
+from harness.report import render_all
+from harness.run import run_scenario
+from harness.scenario import ScenarioError, load_scenario
+from harness.worker import Measurement
+from weightmap import map_weights
+
+MiB = 2**20
+
+TINY = """
+name = "tiny-compile"
+strategies = ["map"]
+[model]
+source = "synthetic"
+layers = 2
+width = 256
+heads = 4
+vocab = 4096
+dtype = "float32"
+[checkpoint]
+path = "{checkpoint}"
+generate = true
+[build]
+engines = {engines}
+backend = "inductor"
+weights = "{weights}"
+tokens = 8
+device = "cpu"
+[run]
+cache = "warm"
+sample_interval_ms = 10.0
+timeout_s = 600
+"""
+
+
+def _scenario(tmp_path: Path, *, engines: int = 1, weights: str = "mapped", extra: str = "") -> Path:
+    path = tmp_path / "tiny-compile.toml"
+    text = TINY.format(checkpoint=tmp_path / "tiny.safetensors", engines=engines, weights=weights)
+    path.write_text(text.replace("[run]", extra + "\n[run]") if extra else text, encoding="utf-8")
+    return path
+
+
+def _replace(text: str, old: str, new: str) -> str:
+    assert old in text
+    return text.replace(old, new)
+
+
+def test_scenario_takes_the_inductor_backend_and_its_weight_setting(tmp_path: Path) -> None:
+    build = load_scenario(_scenario(tmp_path, weights="packaged")).build
+    assert (build.backend, build.weights, build.tokens, build.compiler) == ("inductor", "packaged", 8, True)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ('weights = "mapped"', 'weights = "folded"', "build.weights: expected one of 'mapped', 'packaged'"),
+        ('backend = "inductor"', 'backend = "copy"', "build.weights: applies to compiler backends only"),
+        ("tokens = 8", "tokens = 0", "build.tokens: expected an integer >= 1"),
+    ],
+)
+def test_scenario_rejects_bad_compiler_settings(tmp_path: Path, old: str, new: str, message: str) -> None:
+    path = _scenario(tmp_path)
+    path.write_text(_replace(path.read_text(), old, new), encoding="utf-8")
+    with pytest.raises(ScenarioError, match=message):
+        load_scenario(path)
+
+
+def test_a_spec_model_cannot_be_compiled(tmp_path: Path) -> None:
+    path = tmp_path / "spec-compile.toml"
+    spec = Path(__file__).resolve().parents[1] / "specs" / "pi05.json"
+    path.write_text(
+        f'name = "x"\n[model]\nsource = "spec"\nspec = "{spec}"\n[build]\nengines = 2\nbackend = "inductor"\n',
+        encoding="utf-8",
+    )
+    with pytest.raises(ScenarioError, match="a spec model has no forward"):
+        load_scenario(path)
+
+
+def test_the_copy_factory_refuses_a_compiler_backend(tmp_path: Path) -> None:
+    with pytest.raises(BackendUnavailable, match="compiler backend"):
+        make_backend("inductor", "cpu", tmp_path)
+
+
+def test_compiler_engines_are_the_exported_graphs_partitions(tmp_path: Path) -> None:
+    scenario = load_scenario(_scenario(tmp_path, engines=2))
+    plan = make_plan(scenario, name="tiny-compile", workdir=tmp_path / "engines")
+    assert plan.partitioner == "graph" and plan.weights == "mapped" and plan.engine_count == 2
+    names = [n for e in plan.engines for n in e.names]
+    # every weight the forward reads is in an engine; export names the tied embedding and head once
+    assert "lm_head.weight" in names and "layers.1.down_proj.weight" in names and "inv_freq" in names
+    assert "lm_head.weight" in plan.engines[0].names and "lm_head.weight" in plan.engines[-1].names
+    assert all(not e.modules or len(e.modules) == 2 for e in plan.engines)  # first and last graph node
+    # no weight is built twice: only a weight read in two places of the graph is in two engines
+    seen: dict[str, int] = {}
+    for e in plan.engines:
+        for n in e.names:
+            assert n not in seen or n in {"lm_head.weight", "inv_freq"}, (n, seen.get(n), e.index)
+            seen[n] = e.index
+    assert len(plan.engines) >= 2
+    assert sum(e.weight_bytes for e in plan.engines) >= plan.model.bytes
+    again = read_plan(write_plan(tmp_path / "plan.json", plan))
+    assert again == plan
+
+
+def test_v3_compiler_fields_round_trip_and_v2_reads_them_as_none() -> None:
+    engine = EngineRecord(index=0, weight_bytes=10 * MiB, start_s=1.0, end_s=2.0, host_hwm_bytes=500 * MiB,
+                          released_bytes=10 * MiB, rss_after_bytes=400 * MiB, gpu_used_bytes=None, tensors=3,
+                          compile_s=30.5, artifact_bytes=2 * MiB, rss_before_bytes=480 * MiB,
+                          children_peak_bytes=300 * MiB, cache_bytes=MiB)
+    assert engine.compiler_over_floor_bytes == 10 * MiB
+    export = ExportRecord(seconds=1.5, nodes=100, pages_read_bytes=0, residency_read_bytes=0,
+                          rss_before_bytes=400 * MiB, rss_after_bytes=405 * MiB, hwm_bytes=410 * MiB,
+                          anon_delta_bytes=4 * MiB, not_shared=0)
+    record = StrategyRecord(status="ok", engines=(engine,), compiler="inductor", compiler_weights="mapped",
+                            export=export, max_abs_diff=1e-7, check="within tolerance")
+    data = json.loads(json.dumps(record.to_json()))
+    assert StrategyRecord.from_json(data, "s.json", "x", 3) == record
+    v2 = {k: v for k, v in data.items() if k not in {"compiler", "compiler_weights", "export", "max_abs_diff",
+                                                      "check"}}
+    v2["engines"] = [{k: v for k, v in data["engines"][0].items()
+                      if k not in {"compile_s", "artifact_bytes", "rss_before_bytes", "children_peak_bytes",
+                                   "cache_bytes"}}]
+    v2["phases"] = {k: v for k, v in data["phases"].items() if not k.startswith("export")}
+    old = StrategyRecord.from_json(v2, "s.json", "x", 2)
+    assert old.export is None and old.compiler is None and old.engines[0].compile_s is None
+    assert old.engines[0].compiler_over_floor_bytes is None
+    with pytest.raises(ValueError, match=r"engines\[0\]: unknown key 'artifact_bytes'"):
+        StrategyRecord.from_json({**v2, "engines": data["engines"]}, "s.json", "x", 2)
+
+
+def test_map_with_mapped_engines_reads_nothing_to_export_and_equals_eager(tmp_path: Path) -> None:
+    run = run_scenario(load_scenario(_scenario(tmp_path)), results=tmp_path / "results",
+                       workdir=tmp_path / "engines")
+    record = run.strategies["map"]
+    assert record.ok, record.error
+    assert record.compiler == "inductor" and record.compiler_weights == "mapped"
+    export = record.export
+    assert export is not None and export.nodes > 10
+    assert export.pages_read_bytes is not None and export.pages_read_bytes <= MiB
+    assert record.phases.export_start_s is not None and record.phases.export_end_s is not None
+    assert record.phases.load_end_s <= record.phases.export_start_s <= record.phases.partition_s  # type: ignore[operator]
+    assert len(record.engines) == 1
+    engine = record.engines[0]
+    assert engine.compile_s is not None and engine.compile_s > 0
+    # a mapped engine holds no weights: its artifact is code, smaller than the weights it runs on
+    assert engine.artifact_bytes is not None and 0 < engine.artifact_bytes < engine.weight_bytes / 2
+    assert engine.compiler_over_floor_bytes is not None
+    assert record.max_abs_diff is not None and record.max_abs_diff < 1e-4
+    assert "within tolerance" in (record.check or "")
+    assert record.released_bytes and record.released_bytes >= run.model.bytes - MiB
+    again = RunRecord.from_json(json.loads((tmp_path / "results" / "tiny-compile" / SUMMARY).read_text()), "s")
+    assert again.strategies["map"].export == export
+    figure = tmp_path / "results" / "tiny-compile-compiler.png"
+    assert figure.is_file() and figure.stat().st_size > 10_000
+    report = (tmp_path / "results" / "tiny-compile.md").read_text(encoding="utf-8")
+    assert "## Compiler" in report and "| map | 0 |" in report
+    rendered = render_all(tmp_path / "results" / "tiny-compile")
+    assert figure in rendered.paths
+
+
+def test_a_built_model_that_differs_from_eager_fails_the_strategy(tmp_path: Path) -> None:
+    plan = make_plan(load_scenario(_scenario(tmp_path)), name="tiny-compile", workdir=tmp_path / "engines")
+    run = Measurement(plan, "map", tmp_path / "out", 0.0)
+    run.compiled = make_compiler_backend("inductor", "cpu", tmp_path / "engines", weights="mapped", count=1)
+    eager = SyntheticTransformer(layers=2, width=256, heads=4, vocab=4096, device="cpu")
+    reference = export_entry(plan.model_config, eager, tokens=8, seed=0)
+    map_weights(eager, plan.checkpoint.path, strict=True).close()
+    fill_non_persistent(eager)
+    with torch.no_grad():
+        right = eager(*reference.args)
+    run.check(right.clone())  # the same output passes
+    assert run.record.max_abs_diff == 0.0
+    with pytest.raises(MismatchError, match="differ beyond"):
+        run.check(right + 1.0)
+    assert run.record.max_abs_diff is not None and abs(run.record.max_abs_diff - 1.0) < 1e-3
+    assert "largest difference 1" in (run.record.check or "")
+    run.compiled.close()
