@@ -3,9 +3,9 @@
 Drawn and tabled only for runs of a compiler backend (records of layout 3 with
 ``compiler`` set); :func:`has_compiler` says which.
 
-* :func:`compiler_figure`, ``<name>-compiler.png``: per engine, each strategy's host peak
-  over the engine's copy floor (the high-water mark while it was built minus RSS at its
-  start plus its weights: what the compiler added on top of the weights), the compile
+* :func:`compiler_figure`, ``<name>-compiler.png``: per engine, how far each strategy's host
+  memory rose while it was built (the high-water mark minus RSS at its start) beside the
+  engine's weights (what a build that copies them adds: the copy floor's share), the compile
   time, and the artifact's bytes;
 * :func:`compiler_lines`: the markdown section with the export phase per strategy (time,
   checkpoint pages read, host memory it cost, the built model against eager) and a row
@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from harness.record import EngineRecord, StrategyRecord
@@ -48,6 +49,13 @@ def _compiled(record: StrategyRecord) -> list[EngineRecord]:
     return [e for e in record.engines if e.compile_s is not None]
 
 
+def _growth(e: EngineRecord) -> int | None:
+    """High-water mark while the engine was built minus RSS at its start."""
+    if e.host_hwm_bytes is None or e.rss_before_bytes is None:
+        return None
+    return e.host_hwm_bytes - e.rss_before_bytes
+
+
 @styled
 def compiler_figure(run: Results) -> Figure:
     """Per engine and strategy: host peak over the copy floor, compile time, artifact size."""
@@ -57,6 +65,7 @@ def compiler_figure(run: Results) -> Figure:
     width = 0.8 / max(1, len(names))
     handles: list[Any] = []
     indices: set[int] = set()
+    weights: dict[int, int] = {}
     for i, name in enumerate(names):
         record = run.strategies[name]
         engines = _compiled(record)
@@ -65,19 +74,27 @@ def compiler_figure(run: Results) -> Figure:
         colour = strategy_colour(name, names)
         xs = np.asarray([e.index for e in engines], dtype=float) + (-0.4 + width * (i + 0.5))
         indices.update(e.index for e in engines)
-        over = [(e.compiler_over_floor_bytes or 0) / MIB for e in engines]
-        top.bar(xs, over, width, color=colour, zorder=2, gid=f"over-floor:{name}")
+        for e in engines:
+            weights.setdefault(e.index, e.weight_bytes)
+        growth = [(_growth(e) or 0) / MIB for e in engines]
+        top.bar(xs, growth, width, color=colour, zorder=2, gid=f"growth:{name}")
         seconds = [e.compile_s or 0.0 for e in engines]
         middle.bar(xs, seconds, width, color=colour, zorder=2, gid=f"compile-s:{name}")
         artifact = [(e.artifact_bytes or 0) / MIB for e in engines]
         bottom.bar(xs, artifact, width, color=colour, zorder=2, gid=f"artifact:{name}")
         label = name if record.ok else f"{name} (FAILED, partial)"
-        label += f": compiled in {sum(seconds):.0f} s, largest excess {max(over):,.0f} MiB"
+        label += f": compiled in {sum(seconds):.0f} s, largest rise {max(growth):,.0f} MiB"
         handles.append(Patch(color=colour, label=label))
-    top.axhline(0, color="#000000", linewidth=0.8, zorder=3)
-    top.set_ylabel("host peak over\ncopy floor (MiB)")
-    top.set_title("what the compiler added on top of each engine's weights: high-water mark while it was built "
-                  "minus (RSS at its start + its weights)", loc="left")
+    if weights:
+        ticks = sorted(weights)
+        top.hlines([weights[t] / MIB for t in ticks], np.asarray(ticks) - 0.45, np.asarray(ticks) + 0.45,
+                   color="#000000", linewidth=1.4, linestyles="dashed", zorder=3)
+        handles.append(Line2D([], [], color="#000000", linestyle="dashed",
+                              label="the engine's weights: a build that reads or copies them rises this much"))
+    top.set_ylabel("host rise while\nbuilt (MiB)")
+    top.set_ylim(bottom=0)
+    top.set_title("host high-water mark while each engine was built minus RSS at its start (bars); "
+                  "above the dashed line is what the compiler adds over a copy", loc="left")
     middle.set_ylabel("compile time (s)")
     middle.set_ylim(bottom=0)
     middle.set_title("time to compile each engine", loc="left")
@@ -127,15 +144,17 @@ def compiler_lines(run: Results) -> list[str]:
                     _mib(export.residency_read_bytes, 2), _mib(export.host_cost_bytes), _mib(export.anon_delta_bytes)]
         row += [str(len(engines)), format_seconds(total) if engines else DASH, _check_text(record)]
         lines.append("| " + " | ".join(cell(c) for c in row) + " |")
-    lines += ["", "Per engine (host peak over copy floor = high-water mark while it was built − "
-              "(RSS at its start + its weights); compiler processes: the largest summed RSS of the "
-              "C++ compiler and linker the build started, sampled):", "",
-              "| strategy | engine | weights | compile time | artifact | host peak over copy floor "
+    lines += ["", "Per engine (host rise = high-water mark while it was built − RSS at its start; over copy "
+              "floor = high-water mark − (RSS at its start + its weights), negative where the build did not "
+              "bring its weights in; compiler processes: the largest summed RSS of the C++ compiler and "
+              "linker the build started, sampled, memory outside this process):", "",
+              "| strategy | engine | weights | compile time | artifact | host rise | over copy floor "
               "| compiler processes | cache growth |",
-              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for name, record in run.strategies.items():
         for e in _compiled(record):
             row = [name, str(e.index), _mib(e.weight_bytes), format_seconds(e.compile_s), _mib(e.artifact_bytes),
-                   _mib(e.compiler_over_floor_bytes), _mib(e.children_peak_bytes), _mib(e.cache_bytes)]
+                   _mib(_growth(e)), _mib(e.compiler_over_floor_bytes), _mib(e.children_peak_bytes),
+                   _mib(e.cache_bytes)]
             lines.append("| " + " | ".join(cell(c) for c in row) + " |")
     return lines + [""]

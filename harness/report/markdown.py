@@ -93,11 +93,18 @@ def _floor_note(run: Results, decimals: int) -> str:
     )
 
 
-def _above_floor(s: StrategyMetrics, decimals: int) -> str | None:
+def _above_floor(s: StrategyMetrics, decimals: int, read_no_weights: bool = False) -> str | None:
     floor, peak, fraction = s.floor_bytes, s.compared_peak_bytes, s.excess
     if floor is None or peak is None or fraction is None:
         return None
     label = s.compared_label
+    if fraction < 0 and read_no_weights:
+        return (
+            f"{label} {format_gib(peak, decimals)} is {format_gib(floor - peak, decimals)} "
+            f"({-fraction * 100:.1f}% of the model) below the copy floor of {format_gib(floor, decimals)}: "
+            "engines that hold no weights were built without reading them, so no engine's weights were "
+            "ever all resident"
+        )
     if fraction < 0:
         return (
             f"{label} {format_gib(peak, decimals)} is {format_gib(floor - peak, decimals)} below the floor "
@@ -135,7 +142,8 @@ def strategy_observations(run: Results, s: StrategyMetrics) -> list[str]:
             f"host at partitioning {format_gib(above, decimals)} above the baseline of "
             f"{format_gib(s.baseline_bytes, decimals)}"
         )
-    floor_fact = _above_floor(s, decimals)
+    mapped_engines = r.compiler_weights == "mapped" and not run.on_gpu
+    floor_fact = _above_floor(s, decimals, mapped_engines)
     if floor_fact:
         headline.append(floor_fact)
     details: list[str] = []
