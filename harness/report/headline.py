@@ -60,7 +60,10 @@ def _peaks_panel(ax: Axes, run: Results, order: list[str]) -> None:
             line = ax.vlines(m.floor_bytes / GIB, y - _BAR / 2 - 0.08, y + _BAR / 2 + 0.08, zorder=4, **FLOOR_STYLE)
             line.set_gid(f"floor:{m.name}")
         if m.ok and m.excess is not None:
-            text = f"{format_gib(peak, decimals)}: {format_percent(m.excess)} of the model above the floor"
+            text = (f"{format_gib(peak, decimals)}: {format_percent(m.excess)} of the model above the floor"
+                    if m.excess >= 0 else
+                    f"{format_gib(peak, decimals)}: {format_percent(-m.excess).lstrip('+')} of the model "
+                    "below the floor")
         else:
             text = f"{format_gib(peak, decimals)}, partial: FAILED after {m.engines_built} engines"
         label = ax.text(peak / GIB + right * 0.01, y + 0.02, text, va="center", ha="left", fontsize=10,

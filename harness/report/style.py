@@ -134,7 +134,7 @@ def figure_legend(fig: Figure, handles: list[Any], title: str) -> None:
         loc="outside upper center",
         ncols=ncols,
         frameon=False,
-        title=title,
+        title="\n".join(textwrap.wrap(title, int(fig.get_figwidth() * 72 * 0.95 / (12 * 0.62)))),
         title_fontproperties={"size": 12, "weight": "bold"},
     )
 
