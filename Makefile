@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 TORCH_PIN := torch==2.13.0
 
-.PHONY: install test lint typecheck pytest bench-map bench-smoke bench-pi05 bench-pi05-trim plot clean-data
+.PHONY: install test lint typecheck pytest bench-map bench-smoke bench-pi05 bench-pi05-trim budget-smoke budget-pi05 plot clean-data
 
 # --system-site-packages: a machine that already has torch (a CUDA image, say) keeps it.
 $(STAMP): pyproject.toml
@@ -49,3 +49,11 @@ plot: $(STAMP)
 
 clean-data:
 	rm -rf data
+
+# Budget sweeps: each strategy's smallest memory-cgroup limit (needs a writable memory cgroup; root here).
+# They rewrite results/<name>-budget/ and its report; the pi0.5 sweep took about the time its report states.
+budget-smoke: $(STAMP)
+	$(PY) -m harness budget scenarios/smoke.toml
+
+budget-pi05: $(STAMP)
+	$(PY) -m harness budget scenarios/pi05.toml
