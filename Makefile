@@ -53,7 +53,7 @@ clean-data:
 # Budget sweeps: each strategy's smallest memory-cgroup limit (needs a writable memory cgroup; root here).
 # They rewrite results/<name>-budget/ and its report; the pi0.5 sweep took about the time its report states.
 budget-smoke: $(STAMP)
-	$(PY) -m harness budget scenarios/smoke.toml
+	$(PY) -m harness budget scenarios/smoke.toml --timeout-factor 3
 
 budget-pi05: $(STAMP)
-	$(PY) -m harness budget scenarios/pi05.toml
+	$(PY) -m harness budget scenarios/pi05.toml --timeout-factor 3
