@@ -184,6 +184,7 @@ def wall_figure(record: BudgetRecord) -> Figure:
         whole, compile_ax = fig.subplots(1, 2, sharex=True)
         order = list(record.strategies)
         handles = []
+        d = gib_decimals(record.model_bytes)
         goal = record.goal_limit_bytes("map")
         m = record.strategies.get("map")
         for name, s in record.strategies.items():
@@ -199,14 +200,14 @@ def wall_figure(record: BudgetRecord) -> Figure:
             if failed:
                 whole.scatter([a.limit_bytes / GIB for a in failed], [a.wall_s for a in failed], marker="x", s=40,
                               color=colour, linewidths=1.5, zorder=3)
-            smallest = (f"smallest {'≤ ' if s.at_lower_bound else ''}{_gib(s.minimum_bytes, 2)}"
+            smallest = (f"smallest {'≤ ' if s.at_lower_bound else ''}{_gib(s.minimum_bytes, d)}"
                         if s.minimum_bytes is not None else "no minimum")
             handles.append(Line2D([], [], color=colour, marker="o", markersize=4, label=f"{name}: {smallest} (dotted)"))
         if goal is not None:
             for ax in (whole, compile_ax):
                 ax.axvline(goal / GIB, color="#000000", linewidth=1.2, linestyle="--")
             handles.append(Line2D([], [], color="#000000", linestyle="--",
-                                  label=f"map's baseline + 2 x largest engine ({_gib(goal, 2)})"))
+                                  label=f"map's baseline + 2 x largest engine ({_gib(goal, d)})"))
         if m is not None and m.unconstrained is not None and m.unconstrained.compile_s is not None:
             bound = 1.5 * m.unconstrained.compile_s
             compile_ax.axhline(bound, color="#0072B2", linewidth=0.9, linestyle="-.")
@@ -226,7 +227,7 @@ def wall_figure(record: BudgetRecord) -> Figure:
                    title=f"{record.name}: wall time against the memory limit (each point a fresh process on a "
                          "cold cache; the unconstrained run is the rightmost)",
                    title_fontproperties={"size": 11, "weight": "bold"})
-        footer = (f"{record.model_name}, {record.model_bytes / GIB:.2f} GiB, {record.engines} engines, "
+        footer = (f"{record.model_name}, {_gib(record.model_bytes, d)}, {record.engines} engines, "
                   f"{record.backend} backend on {record.device}; {record.machine.cpus} CPUs, machine shared with "
                   f"other jobs; commit {short_commit(record.commit)}, {record.created}")
         fig.text(0.01, 0.01, "\n".join(textwrap.wrap(footer, 150)), fontsize=9, color="#333333", va="bottom")

@@ -139,14 +139,14 @@ def test_stream_puts_each_engines_weights_in_place_and_takes_them_out(tmp_path: 
     released = 0
     for engine in plan.engines:
         hooks.before(engine.index, engine.names)
-        named = dict(model.named_parameters(remove_duplicate=False))
+        named: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
         named.update(model.named_buffers(remove_duplicate=False))
         held = [n for n in engine.names if n in stored]
         assert held and all(torch.equal(named[n], stored[n]) for n in held)
         others = [n for n in named if n in stored and n not in engine.names]
         assert all(named[n].is_meta for n in others), "only this engine's weights are in the model"
         released += hooks.after(engine.index, engine.names)
-        named = dict(model.named_parameters(remove_duplicate=False))
+        named = dict(model.named_parameters(remove_duplicate=False))  # type: ignore[arg-type]
         assert all(named[n].is_meta for n in held if n in named), "the engine's weights are taken out again"
     assert released >= plan.model.bytes  # a tied tensor read by two engines is loaded, and dropped, twice
     record = measure(plan, "stream", tmp_path / "out")
