@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 TORCH_PIN := torch==2.13.0
 
 .PHONY: install test lint typecheck pytest bench-map bench-smoke bench-pi05 bench-pi05-trim plot clean-data \
-	bench-smoke-compile bench-pi05-compile bench-lerobot-compile lerobot-venv
+	bench-smoke-compile bench-pi05-compile bench-lerobot-compile lerobot-venv budget-smoke budget-pi05
 
 # --system-site-packages: a machine that already has torch (a CUDA image, say) keeps it.
 $(STAMP): pyproject.toml
@@ -73,3 +73,11 @@ plot: $(STAMP)
 
 clean-data:
 	rm -rf data
+
+# Budget sweeps: each strategy's smallest memory-cgroup limit (needs a writable memory cgroup; root here).
+# They rewrite results/<name>-budget/ and its report; the pi0.5 sweep took about the time its report states.
+budget-smoke: $(STAMP)
+	$(PY) -m harness budget scenarios/smoke.toml --timeout-factor 3
+
+budget-pi05: $(STAMP)
+	$(PY) -m harness budget scenarios/pi05.toml --timeout-factor 3

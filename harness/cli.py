@@ -1,4 +1,5 @@
-"""The command line: ``python -m harness run SCENARIO`` and ``python -m harness plot RESULTS_DIR``.
+"""The command line: ``python -m harness run SCENARIO``, ``python -m harness budget SCENARIO`` and
+``python -m harness plot RESULTS_DIR``.
 
 Exit status: 0 when everything ran, 1 when a strategy failed (its reason is in the
 results), 2 for an error the user can fix (a :class:`~harness.errors.HarnessError`,
@@ -20,12 +21,25 @@ __all__ = ["main"]
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m harness", description="Memory benchmarks of loading strategies.")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{run,plot}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{run,budget,plot}")
     run = commands.add_parser("run", help="run every strategy of a scenario, write results and figures",
                               description="Run every strategy of a scenario; write results/<name>/ and its figures.")
     run.add_argument("scenario", type=Path, help="a scenario file, e.g. scenarios/smoke.toml")
     run.add_argument("--name", help="name of the results: results/<name>/ (default: the scenario's name)")
     run.add_argument("--results", type=Path, default=Path("results"), help="results root (default: results)")
+    budget = commands.add_parser(
+        "budget", help="find each strategy's smallest memory limit under a kernel memory cgroup",
+        description="Sweep every strategy of a scenario for the smallest memory-cgroup limit it completes "
+                    "under; write results/<name>/ (default <scenario>-budget) and its report and figure.")
+    budget.add_argument("scenario", type=Path, help="a scenario file, e.g. scenarios/smoke.toml")
+    budget.add_argument("--name", help="name of the results (default: <scenario name>-budget)")
+    budget.add_argument("--results", type=Path, default=Path("results"), help="results root (default: results)")
+    budget.add_argument("--precision-mib", type=float, default=None,
+                        help="stop bisecting when the bracket is this narrow (default: 2%% of the model, "
+                             "at least 64 MiB)")
+    budget.add_argument("--timeout-factor", type=float, default=4.0,
+                        help="an attempt that runs longer than this times the unconstrained wall time has not "
+                             "completed (default: 4)")
     plot = commands.add_parser("plot", help="re-render the figures and the report from saved results",
                                description="Re-render the figures and the markdown report of a results directory.")
     plot.add_argument("results_dir", type=Path, help="a results directory holding summary.json")
@@ -43,8 +57,30 @@ def _run(args: argparse.Namespace) -> int:
     return 1 if any(not s.ok for s in record.strategies.values()) else 0
 
 
+def _budget(args: argparse.Namespace) -> int:
+    from harness.budget.mode import run_budget
+    from harness.scenario import load_scenario
+
+    if args.precision_mib is not None and args.precision_mib < 1:
+        raise HarnessError(f"--precision-mib {args.precision_mib:g}: expected at least 1 (MiB)")
+    if args.timeout_factor <= 1:
+        raise HarnessError(f"--timeout-factor {args.timeout_factor:g}: expected more than 1")
+    precision = None if args.precision_mib is None else int(args.precision_mib * 2**20)
+    record = run_budget(load_scenario(args.scenario), name=args.name, results=args.results,
+                        precision_bytes=precision, timeout_factor=args.timeout_factor)
+    return 1 if any(not s.ok for s in record.strategies.values()) else 0
+
+
 def _plot(args: argparse.Namespace) -> int:
+    from harness.budget.record import BUDGET_FILE
     from harness.report import render_all
+
+    if (args.results_dir / BUDGET_FILE).is_file():
+        from harness.report.budget import render_budget
+
+        for path in render_budget(args.results_dir, args.out):
+            print(path)
+        return 0
 
     rendered = render_all(args.results_dir, args.out, notes_checked=args.notes_checked)
     for path in rendered.paths:
@@ -67,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from harness.run import RunInterrupted
 
     try:
-        return _run(args) if args.command == "run" else _plot(args)
+        return {"run": _run, "budget": _budget, "plot": _plot}[args.command](args)
     except RunInterrupted as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return 128 + exc.signum

@@ -207,6 +207,24 @@ def _graph_engines(scenario: Scenario, checkpoint: Path) -> tuple[list[EnginePla
     return [EnginePlan(e.index, e.nodes, e.names, e.weight_bytes) for e in planned], cap
 
 
+def _prepare_strategies(scenario: Scenario, path: Path, say: Any) -> None:
+    """Each strategy's one-off step (a ``.pt`` conversion), before any measured run."""
+    from harness.strategies import STRATEGIES
+
+    for name in scenario.strategies:
+        strategy = STRATEGIES[name]
+        if strategy.prepare is None:
+            continue
+        say(f"{name}: preparing (once, outside the measured runs)")
+        try:
+            done = strategy.prepare(path)
+        except OSError as exc:
+            raise PlanError(f"{scenario.where('strategies')}: {name}: cannot prepare its files from {path} "
+                            f"({exc.strerror or exc})") from exc
+        read = ", ".join(str(f) for f in strategy.files_read(path))
+        say(f"{name}: {'converted to' if done else 'reusing'} {read}")
+
+
 def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = None) -> Plan:
     """Resolve ``scenario`` into a :class:`Plan` (see the module docstring); ``progress`` gets one line per step.
 
@@ -246,6 +264,7 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
         say(f"exported the model and cut its graph into {len(engine_plans)} partitions")
     else:
         engine_plans = [EnginePlan.of(e) for e in engines]
+    _prepare_strategies(scenario, path, say)
     files = tuple(str(f) for f in open_checkpoint(path).files)
     limit = scenario.run.memory_limit_gib
     return Plan(

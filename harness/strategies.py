@@ -14,7 +14,14 @@ Each loader takes the model on the meta device and returns it with its weights i
   uninitialised tensors (``to_empty``), the whole checkpoint is read into host
   memory, then ``load_state_dict`` copies it in; released with ``resize_(0)``;
 * ``load_file``: ``safetensors.torch.load_file`` + ``load_state_dict(assign=True)``,
-  ties restored: file-backed tensors that ``resize_(0)`` cannot free.
+  ties restored: file-backed tensors that ``resize_(0)`` cannot free;
+* ``torch_mmap``: ``torch.load(mmap=True)`` of a ``.pt`` conversion of the checkpoint
+  (made once by the strategy's ``prepare``, before any measured run) +
+  ``load_state_dict(assign=True)``: file-backed, and never released while the model
+  holds it (:mod:`harness.peers`);
+* ``stream``: nothing is loaded up front; per-engine hooks bring each engine's tensors
+  in with ``safetensors.safe_open`` right before its build and drop them right after,
+  so only one engine's weights are loaded at a time (:class:`StreamHooks`).
 """
 
 from __future__ import annotations
@@ -116,6 +123,32 @@ def _retie(model: torch.nn.Module, groups: list[list[str]]) -> None:
             s[k] = loaded
 
 
+def load_torch_mmap(model: torch.nn.Module, path: Path) -> Loaded:
+    """``torch.load(mmap=True)`` of the checkpoint's ``.pt`` conversion (see :func:`harness.peers.load_torch_mmap`)."""
+    from harness.peers import load_torch_mmap as load
+
+    return load(model, path)
+
+
+def prepare_torch_mmap(path: Path) -> bool:
+    """Convert the checkpoint to its ``.pt`` once (kept while current); True when it converted."""
+    from harness.peers import converted_path, ensure_pt
+
+    return ensure_pt(path, converted_path(path))
+
+
+def torch_mmap_reads(path: Path) -> tuple[Path, ...]:
+    from harness.peers import converted_path
+
+    return (converted_path(path),)
+
+
+def load_nothing(model: torch.nn.Module, path: Path) -> Loaded:
+    """``stream`` loads nothing up front: the model stays on meta until each engine's hooks."""
+    return Loaded(model, "nothing loaded up front: each engine's tensors are safe_open views taken right "
+                         "before its build and dropped right after")
+
+
 class EngineHooks(Protocol):
     """Per-engine steps a strategy takes around each build, for loaders that work engine by engine.
 
@@ -135,6 +168,49 @@ class EngineHooks(Protocol):
 Loader = Callable[[torch.nn.Module, Path], Loaded]
 ReleasePlanner = Callable[[torch.nn.Module, Sequence[Sequence[str]]], ReleasePlan]
 HooksFactory = Callable[[torch.nn.Module, Path], EngineHooks]
+Preparer = Callable[[Path], bool]
+FilesRead = Callable[[Path], Sequence[Path]]
+
+
+class StreamHooks:
+    """``stream``'s per-engine steps: put the engine's weights in place from ``safe_open``, then take them out.
+
+    ``before`` asks a :class:`harness.peers.StreamLoader` for the engine's tensors (views
+    of safetensors' mapping of the file, not clones: a clone would add an anonymous copy
+    of the engine, which no memory limit can reclaim, on top of the file pages it is
+    copied from, and the builds read each weight once) and puts them into the model in
+    place of its meta tensors; ``after`` puts the meta tensors back and drops the views,
+    which unmaps them once nothing else holds them, and returns their bytes. A tied
+    tensor read by two engines is loaded for each.
+    """
+
+    def __init__(self, model: torch.nn.Module, path: Path) -> None:
+        from harness.peers import StreamLoader
+
+        self.model = model
+        self.loader = StreamLoader.for_model(model, path)
+        self._meta: dict[str, torch.Tensor | None] = {}
+        self._names: list[str] = []
+
+    def before(self, index: int, names: Sequence[str]) -> None:
+        self._names = [n for n in names if self.loader.holds(n)]
+        weights = self.loader.load(self._names)
+        wrapped: dict[int, torch.Tensor] = {}  # tied names in one engine share one parameter
+        for name, tensor in weights.items():
+            slots, key = _slot(self.model, name)
+            self._meta[name] = slots[key]
+            if isinstance(slots[key], torch.nn.Parameter):
+                tensor = wrapped.setdefault(id(tensor), torch.nn.Parameter(tensor, requires_grad=False))
+            slots[key] = tensor
+
+    def after(self, index: int, names: Sequence[str]) -> int:
+        before = self.loader.resident_bytes
+        for name in self._names:
+            slots, key = _slot(self.model, name)
+            slots[key] = self._meta.pop(name)
+        self.loader.drop(self._names)
+        self._names = []
+        return before - self.loader.resident_bytes
 
 
 def _release_after_last_reader(model: torch.nn.Module, partitions: Sequence[Sequence[str]]) -> ReleasePlan:
@@ -162,6 +238,9 @@ class Strategy:
     this is the one place that decides how a strategy's weights are released.
     ``released_how`` and ``kept_why`` complete the sentence the results print about release.
     ``hooks``, when set, makes the :class:`EngineHooks` the worker calls around each build.
+    ``prepare(checkpoint)``, when set, is a one-off step the plan runs before any measured
+    run (a conversion), and ``reads(checkpoint)`` names the files the loader reads instead of
+    or besides the checkpoint, so that a cold cache drops them too.
     """
 
     name: str
@@ -172,6 +251,12 @@ class Strategy:
     released_how: str
     kept_why: str
     hooks: HooksFactory | None = None
+    prepare: Preparer | None = None
+    reads: FilesRead | None = None
+
+    def files_read(self, checkpoint: Path) -> tuple[Path, ...]:
+        """The files this strategy's loader reads besides the checkpoint's (a cold cache drops them too)."""
+        return tuple(self.reads(checkpoint)) if self.reads else ()
 
     def release_note(self, release: bool, unreleased_bytes: int) -> str:
         """The sentence the results print about what this strategy released."""
@@ -214,6 +299,29 @@ STRATEGIES: dict[str, Strategy] = {
             released_how="released",
             kept_why=("safetensors' load_file storages are file-backed and not resizable: resize_(0) fails, "
                       "so nothing could be released"),
+        ),
+        Strategy(
+            name="torch_mmap",
+            label="torch.load(mmap=True) of a .pt + assign",
+            colour="#999933",
+            load=load_torch_mmap,
+            release_plan=_release_after_last_reader,
+            released_how="released",
+            kept_why=("file-backed views of a .pt converted once (torch.load mmap=True): one mapping of the whole "
+                      "file, not resizable, so nothing could be released while the model holds them"),
+            prepare=prepare_torch_mmap,
+            reads=torch_mmap_reads,
+        ),
+        Strategy(
+            name="stream",
+            label="safe_open per engine (views), dropped after it",
+            colour="#882255",
+            load=load_nothing,
+            release_plan=_release_after_last_reader,
+            released_how="each engine's safe_open views dropped after its build, which unmaps them",
+            kept_why=("each engine's safe_open views dropped after its build, which unmaps them; what was kept is "
+                      "ordinary memory the model still reads (non-persistent buffers such as rotary frequencies)"),
+            hooks=StreamHooks,
         ),
     )
 }

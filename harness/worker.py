@@ -172,6 +172,7 @@ class Measurement:
             raise RuntimeError(f"the model built here ({built['tensors']} tensors, {built['nbytes']} bytes) "
                                f"is not the planned one ({plan.model.tensors} tensors, {plan.model.bytes} bytes)")
         files = [Path(f) for f in plan.checkpoint_files]
+        files += [f for f in self.spec.files_read(Path(plan.checkpoint.path)) if f not in files]
         if plan.cache == "cold":
             prepare_cold(files, settle=False)  # flushed, then dropped: the parent settled the machine
         if plan.compiler:

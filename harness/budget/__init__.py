@@ -8,6 +8,11 @@
   limit at which a run completes, keeping every attempt for a wall-time curve.
 * each attempt starts cold (:func:`harness.coldcache.prepare_cold`), so its
   group is charged for what it reads.
+* :mod:`harness.budget.mode`: :func:`~harness.budget.mode.run_budget` sweeps every
+  strategy of a scenario (``python -m harness budget SCENARIO``), each attempt the
+  strategy's worker in a group of its own;
+* :mod:`harness.budget.record`: ``budget.json``, versioned and read strictly; the report
+  and the figure are :mod:`harness.report.budget`.
 
 Each attempt is a fresh process on a cold cache in a group of its own::
 

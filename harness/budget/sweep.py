@@ -16,7 +16,8 @@ The search
        completed, until they are at most ``precision_bytes`` apart. Limits are
        multiples of ``granularity`` (1 MiB).
     4. Extra points: one run at each ``extra_factors`` multiple of the minimum
-       (1.25x, 1.5x, 2x by default) below ``upper``, for the wall-time curve.
+       (1.25x, 1.5x, 2x by default) and at each of ``extra_limits``, below
+       ``upper`` and not already run, for the wall-time curve.
 
 Results that do not line up (a run is not a pure function of its limit: reclaim
 timing, the other tenants of a shared host)
@@ -49,7 +50,12 @@ MIB = 1 << 20
 
 
 class SweepError(RuntimeError):
-    """The sweep cannot give an answer (the run fails at its upper bound, or runs out of attempts)."""
+    """The sweep cannot give an answer (the run fails at its upper bound, or runs out of attempts).
+
+    ``points`` holds every run made before it gave up, in order, with its phase.
+    """
+
+    points: tuple[SweepPoint, ...] = ()
 
 
 def default_precision(model_bytes: int) -> int:
@@ -163,8 +169,8 @@ class _Runner:
 
 
 def smallest_limit(attempt: Callable[[int], Attempt], lower: int, upper: int, precision_bytes: int, *,
-                   extra_factors: Sequence[float] = (1.25, 1.5, 2.0), granularity: int = MIB,
-                   max_attempts: int = 60) -> Sweep:
+                   extra_factors: Sequence[float] = (1.25, 1.5, 2.0), extra_limits: Sequence[int] = (),
+                   granularity: int = MIB, max_attempts: int = 60) -> Sweep:
     """Bisect for the smallest limit in ``[lower, upper]`` at which ``attempt(limit)`` completes.
 
     See the module's docstring for the search and for how runs that disagree are
@@ -178,12 +184,21 @@ def smallest_limit(attempt: Callable[[int], Attempt], lower: int, upper: int, pr
         raise ValueError(f"the precision ({precision_bytes} bytes) must be at least the granularity "
                          f"({granularity} bytes), which must be positive")
     runner = _Runner(attempt, max_attempts)
+    try:
+        return _search(runner, lower, upper, precision_bytes, extra_factors, extra_limits, granularity)
+    except SweepError as exc:
+        exc.points = tuple(runner.points)
+        raise
+
+
+def _search(runner: _Runner, lower: int, upper: int, precision_bytes: int, extra_factors: Sequence[float],
+            extra_limits: Sequence[int], granularity: int) -> Sweep:
     top = runner.run(upper, "upper")
     if not top.completed:
         raise SweepError(f"the run does not complete at the upper bound {_gib(upper)}: {top.reason}; "
                          "raise the upper bound (it should be a limit the run never reaches)")
     if runner.run(lower, "lower").completed:
-        return _finish(runner, lower, upper, precision_bytes, lower, None, extra_factors, granularity)
+        return _finish(runner, lower, upper, precision_bytes, lower, None, extra_factors, extra_limits, granularity)
 
     confirmed: set[int] = set()
     while True:
@@ -217,15 +232,16 @@ def smallest_limit(attempt: Callable[[int], Attempt], lower: int, upper: int, pr
         if not flipped:
             break
         if _verdicts(runner.points).get(lower):
-            return _finish(runner, lower, upper, precision_bytes, lower, None, extra_factors, granularity)
-    return _finish(runner, lower, upper, precision_bytes, hi, lo, extra_factors, granularity)
+            return _finish(runner, lower, upper, precision_bytes, lower, None, extra_factors, extra_limits, granularity)
+    return _finish(runner, lower, upper, precision_bytes, hi, lo, extra_factors, extra_limits, granularity)
 
 
 def _finish(runner: _Runner, lower: int, upper: int, precision: int, minimum: int, failing: int | None,
-            extra_factors: Sequence[float], granularity: int) -> Sweep:
-    for factor in extra_factors:
-        limit = math.ceil(minimum * factor / granularity) * granularity
-        if limit >= upper or runner.runs_at(limit):
+            extra_factors: Sequence[float], extra_limits: Sequence[int], granularity: int) -> Sweep:
+    limits = [math.ceil(minimum * factor / granularity) * granularity for factor in extra_factors]
+    limits += [math.ceil(limit / granularity) * granularity for limit in extra_limits]
+    for limit in sorted(set(limits)):
+        if limit >= upper or limit <= 0 or runner.runs_at(limit):
             continue
         runner.run(limit, "extra")
     verdicts = _verdicts(runner.points)

@@ -164,3 +164,11 @@ def test_an_extra_point_that_fails_above_the_minimum_is_flagged() -> None:
     assert not extra.completed
     assert threshold <= sweep.minimum_bytes <= threshold + 64 * MIB
     assert sweep.unstable_limits == (extra.limit_bytes,)
+
+
+def test_extra_limits_are_run_once_each_below_the_upper_bound() -> None:
+    fake = Fake(GIB + 100 * MIB)
+    sweep = smallest_limit(fake, GIB // 2, 4 * GIB, 64 * MIB, extra_factors=(), extra_limits=(3 * GIB, 5 * GIB))
+    extra = [p.attempt.limit_bytes for p in sweep.points if p.phase == "extra"]
+    assert extra == [3 * GIB], "5 GiB is above the upper bound"
+    assert sweep.verdicts()[3 * GIB] is True

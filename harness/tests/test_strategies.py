@@ -35,10 +35,11 @@ def write(tmp_path: Path, *names: str) -> Path:
 
 
 def test_scenarios_accept_exactly_the_registered_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(ScenarioError, match="unknown strategy 'stream' .known: map, load, load_file"):
-        load_scenario(write(tmp_path, "map", "stream"))
-    monkeypatch.setitem(STRATEGIES, "stream", dataclasses.replace(STRATEGIES["map"], name="stream"))
-    assert load_scenario(write(tmp_path, "map", "stream")).strategies == ("map", "stream")
+    with pytest.raises(ScenarioError, match="unknown strategy 'other' .known: map, load, load_file, torch_mmap, "
+                                            "stream"):
+        load_scenario(write(tmp_path, "map", "other"))
+    monkeypatch.setitem(STRATEGIES, "other", dataclasses.replace(STRATEGIES["map"], name="other"))
+    assert load_scenario(write(tmp_path, "map", "other")).strategies == ("map", "other")
 
 
 def test_every_strategy_has_its_own_colour_and_label() -> None:
@@ -56,6 +57,8 @@ def test_release_note_says_what_happened() -> None:
     assert "resized to 0" in STRATEGIES["load"].release_note(True, 0)
     assert "not resizable" in STRATEGIES["load_file"].release_note(True, 1)
     assert STRATEGIES["map"].release_note(False, 10).startswith("release = false")
+    assert "not resizable" in STRATEGIES["torch_mmap"].release_note(True, 1)
+    assert "unmaps" in STRATEGIES["stream"].release_note(True, 0)
 
 
 class _Recorder:
@@ -99,3 +102,54 @@ def test_the_worker_calls_a_strategys_hooks_around_each_engine(
     assert [e.released_bytes for e in record.engines] == [
         (e.released_bytes or 0) + 1000 + e.index for e in mapped.engines
     ], "what the hooks released counts with the release plan's"
+
+
+def _plan(tmp_path: Path, *names: str, engines: int = 3):  # noqa: ANN202
+    path = write(tmp_path, *names)
+    path.write_text(path.read_text().replace("engines = 1", f"engines = {engines}"))
+    scenario = load_scenario(path)
+    scenario = dataclasses.replace(scenario, checkpoint=dataclasses.replace(
+        scenario.checkpoint, path=tmp_path / "c.safetensors", generate=True))
+    return make_plan(scenario, name="t", workdir=tmp_path / "engines")
+
+
+def test_torch_mmap_is_converted_by_the_plan_and_kept_unreleased(tmp_path: Path) -> None:
+    from harness.peers import converted_path
+
+    plan = _plan(tmp_path, "torch_mmap")
+    pt = converted_path(tmp_path / "c.safetensors")
+    assert pt.is_file(), "the plan makes the .pt once, before any measured run"
+    assert STRATEGIES["torch_mmap"].files_read(tmp_path / "c.safetensors") == (pt,)
+    record = measure(plan, "torch_mmap", tmp_path / "out")
+    assert record.ok, record.error
+    assert record.released_bytes == 0
+    assert record.unreleased_bytes >= plan.model.bytes
+    assert "not resizable" in record.release_note
+
+
+def test_stream_puts_each_engines_weights_in_place_and_takes_them_out(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from harness.models import build_model
+
+    plan = _plan(tmp_path, "stream")
+    model = build_model(plan.model_config).module
+    hooks = STRATEGIES["stream"].hooks(model, tmp_path / "c.safetensors")  # type: ignore[misc]
+    stored = load_file(str(tmp_path / "c.safetensors"))
+    released = 0
+    for engine in plan.engines:
+        hooks.before(engine.index, engine.names)
+        named: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
+        named.update(model.named_buffers(remove_duplicate=False))
+        held = [n for n in engine.names if n in stored]
+        assert held and all(torch.equal(named[n], stored[n]) for n in held)
+        others = [n for n in named if n in stored and n not in engine.names]
+        assert all(named[n].is_meta for n in others), "only this engine's weights are in the model"
+        released += hooks.after(engine.index, engine.names)
+        named = dict(model.named_parameters(remove_duplicate=False))  # type: ignore[arg-type]
+        assert all(named[n].is_meta for n in held if n in named), "the engine's weights are taken out again"
+    assert released >= plan.model.bytes  # a tied tensor read by two engines is loaded, and dropped, twice
+    record = measure(plan, "stream", tmp_path / "out")
+    assert record.ok, record.error
+    assert record.released_bytes == released
+    assert "unmaps" in record.release_note

@@ -1,0 +1,296 @@
+"""Budget mode: each strategy of a scenario swept for the smallest memory limit it completes under.
+
+:func:`run_budget` resolves the scenario into a plan (:func:`harness.plan.make_plan`, which
+also makes one-off conversions such as ``torch_mmap``'s ``.pt``), then for each strategy:
+
+1. **unconstrained**: one run of the strategy's worker (:mod:`harness.worker`, the same
+   process ``harness run`` measures) in a memory cgroup whose limit is the scenario's
+   ``run.memory_limit_gib`` (the machine's memory where it has none). Its group peak
+   (page cache charged to the group included) is the sweep's upper bound, the anonymous
+   part of its baseline (Python, torch, the model on meta: what no limit can reclaim; the
+   rest of its baseline RSS is shared libraries' page cache, charged to whoever read them
+   first) the lower bound, and its wall time sets the
+   timeout of every later attempt (``timeout_factor`` x, at least ``min_timeout_s``): a
+   run that needs longer than that has not completed in any useful sense.
+2. **sweep**: :func:`harness.budget.sweep.smallest_limit` between those bounds, to
+   ``precision_bytes`` (default: 2% of the model, at least 64 MiB). For ``map`` it adds
+   runs at 1.25x, 1.5x and 2x the minimum and at baseline + 2 x the largest engine, for
+   the wall-time curve.
+
+Every attempt is a fresh process in a fresh group on a cold cache: the checkpoint's files
+(and the files the strategy reads instead, such as the ``.pt``) are flushed and dropped
+from the page cache just before it starts, so the group is charged for reading them.
+After each attempt the groups of this process still present are counted (``groups_left``,
+0 unless cleanup failed).
+
+Results go to ``results/<name>/`` (default name ``<scenario>-budget``): ``budget.json``
+(:mod:`harness.budget.record`), ``attempts.csv`` (one row per attempt) and ``plan.json``,
+staged in ``results/.<name>.partial/`` and put in place once every strategy was swept;
+the report and figure (:mod:`harness.report.budget`) go beside it.
+
+Without a usable memory cgroup the mode refuses to start (:class:`BudgetUnavailable`), before
+anything is written.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import io
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import psutil
+
+from harness import machine
+from harness.atomic import write_atomic
+from harness.budget.cgroup import (
+    DEFAULT_PREFIX,
+    Attempt,
+    CgroupUnavailable,
+    MemoryController,
+    MemoryGroup,
+    find_controller,
+    run_in_group,
+)
+from harness.budget.record import AttemptRecord, BudgetRecord, StrategyBudget, goal_limit, write_budget
+from harness.budget.sweep import SweepError, default_precision, smallest_limit
+from harness.errors import HarnessError
+from harness.plan import Plan, make_plan, write_plan
+from harness.record import (
+    PLAN,
+    MachineInfo,
+    RecordError,
+    StrategyRecord,
+    read_samples,
+    read_strategy_file,
+    samples_file,
+)
+from harness.run import WorkerCommand, _publish, check_results_root
+from harness.scenario import Scenario
+from harness.strategies import STRATEGIES
+from harness.worker import worker_command
+
+__all__ = ["ATTEMPTS_FILE", "BudgetUnavailable", "check_cgroup", "run_budget"]
+
+MIB = 1 << 20
+ATTEMPTS_FILE = "attempts.csv"
+MAP_EXTRA_FACTORS = (1.25, 1.5, 2.0)
+
+
+class BudgetUnavailable(HarnessError):
+    """No memory cgroup this process can make limited groups in: budget mode refuses to run."""
+
+
+def _progress(message: str) -> None:
+    print(f"[budget] {message}", file=sys.stderr, flush=True)
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "?"
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def check_cgroup(controller: MemoryController | None = None) -> MemoryController:
+    """The memory controller, proven usable by making and removing one limited group.
+
+    Raises :class:`BudgetUnavailable` with the reason (no controller, not delegated, no
+    permission) when it is not.
+    """
+    try:
+        controller = controller or find_controller()
+        with MemoryGroup.create(256 * MIB, controller=controller):
+            pass
+    except CgroupUnavailable as exc:
+        raise BudgetUnavailable(f"{exc}; budget mode refuses to run without one") from exc
+    return controller
+
+
+def groups_of_this_process(controller: MemoryController, prefix: str = DEFAULT_PREFIX) -> list[Path]:
+    """The memory groups this process made that are still there."""
+    mark = f"{prefix}-{os.getpid()}-"
+    try:
+        return sorted(p for p in controller.parent.iterdir() if p.name.startswith(mark) and p.is_dir())
+    except OSError:
+        return []
+
+
+def _baseline_anon(samples: Path) -> int | None:
+    """The worker's largest anonymous memory while at its baseline, from its samples (None without them)."""
+    try:
+        frame = read_samples(samples)
+    except (RecordError, OSError):
+        return None
+    anon = frame.loc[frame["phase"] == "baseline", "anon_bytes"].dropna()
+    return int(anon.max()) if len(anon) else None
+
+
+class _Strategy:
+    """Attempts of one strategy: each a fresh worker in a fresh group, its record read back."""
+
+    def __init__(self, plan: Plan, plan_path: Path, strategy: str, staging: Path, controller: MemoryController,
+                 command: WorkerCommand, say: Callable[[str], None]) -> None:
+        self.plan, self.plan_path, self.strategy = plan, plan_path, strategy
+        self.staging, self.controller, self.command, self.say = staging, controller, command, say
+        files = [Path(f) for f in plan.checkpoint_files]
+        files += [f for f in STRATEGIES[strategy].files_read(Path(plan.checkpoint.path)) if f not in files]
+        self.cold_files = files
+        self.timeout_s = plan.timeout_s
+        self.runs: list[tuple[Attempt, StrategyRecord | None, int | None, int]] = []
+
+    def attempt(self, limit: int, phase: str = "") -> Attempt:
+        with tempfile.TemporaryDirectory(prefix=f".{self.strategy}-", dir=self.staging) as out:
+            result = run_in_group(self.command(self.plan_path, self.strategy, Path(out)), limit, self.timeout_s,
+                                  cold_files=self.cold_files, echo_stderr=False, controller=self.controller)
+            try:
+                worker = read_strategy_file(Path(out), self.strategy)
+            except RecordError:
+                worker = None  # killed while writing it
+            anon = _baseline_anon(Path(out) / samples_file(self.strategy))
+        left = len(groups_of_this_process(self.controller))
+        self.runs.append((result, worker, anon, left))
+        verdict = (f"completed in {result.wall_s:.1f} s" if result.completed
+                   else f"failed after {result.wall_s:.1f} s: {self._reason(result, worker)}")
+        self.say(f"{self.strategy} {phase or 'attempt'} under {_size(limit)}: {verdict}; "
+                 f"group peak {_size(result.group_peak_bytes)}")
+        return result
+
+    @staticmethod
+    def _reason(result: Attempt, worker: StrategyRecord | None) -> str | None:
+        if result.completed:
+            return result.reason  # an OOM kill it survived, if any
+        if worker is not None and worker.error and (result.reason or "").startswith("exited with status"):
+            return f"{result.reason}; the worker says: {worker.error}"
+        return result.reason
+
+    def records(self, phases: Sequence[str]) -> tuple[AttemptRecord, ...]:
+        out = []
+        for phase, (result, worker, anon, left) in zip(phases, self.runs, strict=True):
+            compile_s = None
+            if worker is not None and worker.ok:
+                p = worker.phases
+                if p.load_start_s is not None and p.build_end_s is not None:
+                    compile_s = round(p.build_end_s - p.load_start_s, 3)
+            out.append(AttemptRecord(
+                phase=phase, limit_bytes=result.limit_bytes, completed=result.completed,
+                returncode=result.returncode, wall_s=round(result.wall_s, 3),
+                group_peak_bytes=result.group_peak_bytes, oom_kills=result.oom_kills,
+                reason=self._reason(result, worker),
+                worker_wall_s=None if worker is None else worker.process_wall_s,
+                worker_error=None if worker is None else worker.error, compile_s=compile_s,
+                baseline_anon_bytes=anon, groups_left=left))
+        return tuple(out)
+
+
+def _sweep_strategy(runner: _Strategy, plan: Plan, unconstrained_limit: int, precision: int,
+                    timeout_factor: float, min_timeout_s: float) -> StrategyBudget:
+    strategy = runner.strategy
+    spec = STRATEGIES[strategy]
+    first = runner.attempt(unconstrained_limit, "unconstrained")
+    worker = runner.runs[0][1]
+    release_note = worker.release_note if worker is not None else ""
+    baseline = worker.baseline_rss_bytes if worker is not None else None
+    anon = runner.runs[0][2]
+
+    def failed(error: str, phases: Sequence[str], **known: int | None) -> StrategyBudget:
+        return StrategyBudget(status="failed", error=error, label=spec.label, release_note=release_note,
+                              baseline_rss_bytes=baseline, baseline_anon_bytes=anon, lower_bytes=known.get("lower"),
+                              upper_bytes=known.get("upper"), timeout_s=runner.timeout_s, minimum_bytes=None,
+                              largest_failing_bytes=None, at_lower_bound=False, unstable_limits=(),
+                              attempts=runner.records(phases))
+
+    if not first.completed:
+        return failed(f"does not complete under the unconstrained limit of {_size(unconstrained_limit)}: "
+                      f"{runner.records(['unconstrained'])[0].reason}", ["unconstrained"])
+    peak = first.group_peak_bytes
+    upper = unconstrained_limit if peak is None else min(unconstrained_limit, math.ceil(peak / MIB) * MIB + MIB)
+    lower = max(MIB, (anon or 64 * MIB) // MIB * MIB)
+    runner.timeout_s = round(max(min_timeout_s, timeout_factor * first.wall_s), 1)
+    if lower >= upper:
+        return failed(f"the baseline's anonymous memory ({_size(anon)}) is not below the unconstrained group peak "
+                      f"({_size(peak)}): nothing to sweep", ["unconstrained"], lower=lower, upper=upper)
+    extra_factors: Sequence[float] = ()
+    extra_limits: Sequence[int] = ()
+    if strategy == "map":
+        extra_factors = MAP_EXTRA_FACTORS
+        extra_limits = () if baseline is None else (goal_limit(baseline, plan.largest_engine_bytes),)
+    try:
+        sweep = smallest_limit(lambda limit: runner.attempt(limit), lower, upper, precision,
+                               extra_factors=extra_factors, extra_limits=extra_limits, max_attempts=40)
+    except SweepError as exc:
+        phases = ["unconstrained", *(p.phase for p in exc.points)]
+        return failed(str(exc), phases, lower=lower, upper=upper)
+    phases = ["unconstrained", *(p.phase for p in sweep.points)]
+    runner.say(f"{strategy}: {sweep.describe()}")
+    return StrategyBudget(status="ok", error=None, label=spec.label, release_note=release_note,
+                          baseline_rss_bytes=baseline, baseline_anon_bytes=anon, lower_bytes=lower, upper_bytes=upper,
+                          timeout_s=runner.timeout_s, minimum_bytes=sweep.minimum_bytes,
+                          largest_failing_bytes=sweep.largest_failing_bytes, at_lower_bound=sweep.at_lower_bound,
+                          unstable_limits=sweep.unstable_limits, attempts=runner.records(phases))
+
+
+def write_attempts_csv(directory: Path, record: BudgetRecord) -> Path:
+    """``attempts.csv``: one row per attempt of every strategy, in the order they ran."""
+    fields = ["strategy", "run", *AttemptRecord.__dataclass_fields__]
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=fields)
+    writer.writeheader()
+    for name, strategy in record.strategies.items():
+        for i, attempt in enumerate(strategy.attempts):
+            writer.writerow({"strategy": name, "run": i, **attempt.to_json()})
+    path = Path(directory) / ATTEMPTS_FILE
+    write_atomic(path, text.getvalue())
+    return path
+
+
+def run_budget(scenario: Scenario, *, name: str | None = None, results: Path = Path("results"),
+               precision_bytes: int | None = None, timeout_factor: float = 4.0, min_timeout_s: float = 60.0,
+               command: WorkerCommand | None = None, workdir: Path | None = None,
+               controller: MemoryController | None = None, plots: bool = True,
+               progress: Callable[[str], None] = _progress) -> BudgetRecord:
+    """Sweep every strategy of ``scenario`` for its smallest memory limit; returns the record.
+
+    See the module docstring. Raises :class:`BudgetUnavailable` without a usable memory
+    cgroup and the :func:`~harness.run.run_scenario` errors for the results root and the plan,
+    all before any strategy runs.
+    """
+    controller = check_cgroup(controller)
+    name = f"{scenario.name}-budget" if name is None else name
+    results = Path(results)
+    staging = check_results_root(results, name)
+    plan = make_plan(scenario, name=name, workdir=workdir or Path.cwd() / "data" / "engines", progress=progress)
+    plan_path = write_plan(staging / PLAN, plan)
+    unconstrained = plan.memory_limit_bytes or psutil.virtual_memory().total
+    precision = precision_bytes or default_precision(plan.model.bytes)
+    progress(f"{controller.describe()}; {len(plan.strategies)} strategies, precision {_size(precision)}, "
+             f"unconstrained limit {_size(unconstrained)}; results go to {results / name}")
+    record = BudgetRecord(
+        name=name, scenario=plan.scenario, description=plan.description,
+        created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), commit=machine.commit(),
+        machine=MachineInfo(**machine.machine()), versions=machine.versions(), model_name=plan.model.name,
+        model_bytes=plan.model.bytes, checkpoint=plan.checkpoint.path, engines=len(plan.engines),
+        largest_engine_bytes=plan.largest_engine_bytes, backend=plan.backend, device=plan.device,
+        controller=controller.describe(), precision_bytes=precision, unconstrained_limit_bytes=unconstrained,
+        timeout_factor=timeout_factor, min_timeout_s=min_timeout_s, sweep_wall_s=0.0)
+    started = time.monotonic()
+    for strategy in plan.strategies:
+        runner = _Strategy(plan, plan_path, strategy, staging, controller, command or worker_command, progress)
+        swept = _sweep_strategy(runner, plan, unconstrained, precision, timeout_factor, min_timeout_s)
+        record = record.with_strategy(strategy, swept, time.monotonic() - started)
+        write_budget(staging, record)
+        write_attempts_csv(staging, record)
+    progress(f"sweep done in {record.sweep_wall_s / 60:.1f} min")
+    out = results / name
+    _publish(staging, out)
+    if plots:
+        from harness.report.budget import render_budget
+
+        for path in render_budget(out):
+            progress(f"wrote {path}")
+    return record

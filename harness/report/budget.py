@@ -1,0 +1,250 @@
+"""The report of a budget sweep: the smallest host memory to compile, and wall time against the limit.
+
+:func:`render_budget` reads ``budget.json`` (:func:`harness.budget.record.read_budget`) and
+writes beside the results directory:
+
+* ``<name>.md``: context, the table "smallest host memory to compile" (each strategy's
+  smallest completing limit beside its unconstrained group peak and wall time), the goals
+  checked against the record, every attempt, and the hand-written notes kept in
+  ``<name>.notes.md``;
+* ``<name>-wall.png`` (:func:`wall_figure`): wall time against the memory limit, one line
+  per strategy through the limits it completed under, failures marked at the time they
+  failed.
+"""
+
+from __future__ import annotations
+
+import statistics
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import matplotlib as mpl
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.layout_engine import ConstrainedLayoutEngine
+from matplotlib.lines import Line2D
+
+from harness.atomic import write_atomic
+from harness.budget.record import AttemptRecord, BudgetRecord, StrategyBudget, read_budget
+from harness.report.style import STYLE, save_figure
+from harness.report.text import DASH, GIB, cell, gib_decimals, short_commit
+from harness.strategies import strategy_colour
+
+__all__ = ["Goal", "budget_goals", "budget_markdown", "render_budget", "wall_figure"]
+
+MIB = 1 << 20
+
+
+def _gib(n: int | float | None, decimals: int) -> str:
+    return DASH if n is None else f"{n / GIB:.{decimals}f} GiB"
+
+
+def _completed_walls(strategy: StrategyBudget, compile_only: bool = False) -> dict[int, float]:
+    """Limit -> median wall time of the runs that completed there (the unconstrained run included).
+
+    ``compile_only``: the worker's load and build instead of the whole process.
+    """
+    walls: dict[int, list[float]] = {}
+    for a in strategy.attempts:
+        value = a.compile_s if compile_only else a.wall_s
+        if a.completed and value is not None:
+            walls.setdefault(a.limit_bytes, []).append(value)
+    return {limit: statistics.median(values) for limit, values in sorted(walls.items())}
+
+
+@dataclass(frozen=True)
+class Goal:
+    """One goal of the sweep, checked against the record: what was asked, what was measured, met or not."""
+
+    goal: str
+    measured: str
+    met: bool | None  # None: the record cannot say
+
+
+def budget_goals(record: BudgetRecord) -> list[Goal]:
+    """The sweep's goals: map under baseline + 2 x the largest engine, within 1.5x of its wall there,
+    no group left behind, killed attempts recorded with the OOM reason."""
+    d = gib_decimals(record.model_bytes)
+    goals = []
+    m = record.strategies.get("map")
+    if m is not None:
+        limit = record.goal_limit_bytes("map")
+        title = "map completes under baseline + 2 x the largest engine"
+        if m.minimum_bytes is None or limit is None:
+            goals.append(Goal(title, "no minimum found", False))
+        else:
+            goals.append(Goal(f"{title} ({_gib(limit, d)})", f"smallest completing limit {_gib(m.minimum_bytes, d)}",
+                              m.minimum_bytes <= limit))
+            title = "map's load + build at that limit within 1.5x of its unconstrained one"
+            free = m.unconstrained
+            at_limit = _completed_walls(m, compile_only=True).get(limit)
+            whole = _completed_walls(m).get(limit)
+            if free is None or free.compile_s is None or at_limit is None or whole is None:
+                goals.append(Goal(title, "no completed run at that limit", None))
+            else:
+                ratio = at_limit / free.compile_s
+                goals.append(Goal(title, f"{at_limit:.1f} s against {free.compile_s:.1f} s: {ratio:.2f}x "
+                                         f"(whole process {whole:.1f} s against {free.wall_s:.1f} s: "
+                                         f"{whole / free.wall_s:.2f}x)", ratio <= 1.5))
+    attempts = [a for s in record.strategies.values() for a in s.attempts]
+    left = max((a.groups_left for a in attempts), default=0)
+    goals.append(Goal("no memory cgroup left behind by any attempt",
+                      f"{len(attempts)} attempts, at most {left} of this run's groups present after one",
+                      left == 0))
+    failed = [a for a in attempts if not a.completed]
+    oom = [a for a in failed if a.oom_kills]
+    with_reason = [a for a in oom if a.reason and "OOM-killed" in a.reason]
+    other = len(failed) - len(oom)
+    goals.append(Goal(
+        "a killed attempt is recorded as failed, with the OOM kill in the group's counters as its reason",
+        f"{len(failed)} failed attempts: {len(oom)} with OOM kills in the group's counters, all {len(with_reason)} "
+        f"of those with the OOM reason" + (f"; {other} failed otherwise (their reasons are listed below)"
+                                           if other else ""),
+        len(with_reason) == len(oom)))
+    return goals
+
+
+def _seconds(attempt: AttemptRecord | None) -> str:
+    if attempt is None or attempt.compile_s is None:
+        return DASH
+    return f"{attempt.compile_s:.1f} s (process {attempt.wall_s:.1f} s)"
+
+
+def _mark(met: bool | None) -> str:
+    return {True: "met", False: "not met", None: "cannot tell"}[met]
+
+
+def budget_markdown(record: BudgetRecord, figure_names: list[str], notes: str | None) -> str:
+    """The whole markdown report of a budget sweep."""
+    d = gib_decimals(record.model_bytes)
+    m = record.machine
+    lines = [
+        f"# {record.name}: smallest host memory to compile, by loading strategy", "",
+        f"*{record.description}*", "",
+        f"Model **{record.model_name}** ({_gib(record.model_bytes, d)}), {record.engines} engines (the largest "
+        f"{_gib(record.largest_engine_bytes, d)}), backend `{record.backend}`, device `{record.device}`; "
+        f"machine: {m.cpus} CPUs, {_gib(m.mem_total_bytes, 1)} memory, kernel {m.kernel}, shared with other "
+        f"users' jobs while it ran; {record.controller}, swap off in each group. Each attempt is a fresh worker "
+        f"process in a fresh group, on a cold cache (the files it reads flushed and dropped first). Search: "
+        f"bisection between the baseline and the unconstrained group peak to {_gib(record.precision_bytes, d)}; "
+        f"timeout per attempt {record.timeout_factor:g}x the unconstrained wall time, at least "
+        f"{record.min_timeout_s:.0f} s. The whole sweep took {record.sweep_wall_s / 60:.1f} min. "
+        f"Commit {short_commit(record.commit)}, created {record.created}.", "",
+        "## Smallest host memory to compile", "",
+        "| strategy | smallest limit that completes | fails at | unconstrained group peak | load + build "
+        "unconstrained | load + build at the smallest limit | attempts | what it does with its weights |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for name, s in record.strategies.items():
+        free = s.unconstrained
+        at_min = s.minimum_attempt
+        if s.ok:
+            smallest = ("≤ " if s.at_lower_bound else "") + _gib(s.minimum_bytes, d)
+            fails = "not below the baseline" if s.at_lower_bound else _gib(s.largest_failing_bytes, d)
+        else:
+            smallest, fails = f"FAILED: {s.error}", DASH
+        lines.append("| " + " | ".join(cell(x) for x in (
+            f"{name} ({s.label})", smallest, fails, _gib(free.group_peak_bytes if free else None, d),
+            _seconds(free), _seconds(at_min),
+            str(len(s.attempts)), s.release_note or DASH)) + " |")
+    lines += ["", "Load + build: the worker's load and engine builds, from the start of the load to the end of "
+              "the last engine; the process's wall time adds Python's start, torch's import and writing the "
+              "results. Limits are the group's `memory.limit_in_bytes` (`memory.max` on cgroup v2): page cache the "
+              "run reads or writes is charged to it, and the kernel reclaims clean file pages before it "
+              "OOM-kills. The unconstrained group peak therefore counts the checkpoint's page cache, which the "
+              "kernel gives back under a tighter limit. GiB = 2^30 bytes.", "", "## Goals", "",
+              "| goal | measured | |", "| --- | --- | --- |"]
+    lines += [f"| {cell(g.goal)} | {cell(g.measured)} | {_mark(g.met)} |" for g in budget_goals(record)]
+    lines += ["", "## Figures", ""] + [f"![{Path(n).stem}]({n})" for n in figure_names]
+    lines += ["", "## Every attempt", ""]
+    for name, s in record.strategies.items():
+        lines += [f"**{name}**" + (f" (timeout {s.timeout_s:.0f} s)" if s.timeout_s else ""), "",
+                  "| # | phase | limit | completed | load + build | process wall | group peak | OOM kills | reason |",
+                  "| ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | --- |"]
+        for i, a in enumerate(s.attempts):
+            lines.append("| " + " | ".join(cell(x) for x in (
+                str(i), a.phase, _gib(a.limit_bytes, d), "yes" if a.completed else "no",
+                DASH if a.compile_s is None else f"{a.compile_s:.1f} s", f"{a.wall_s:.1f} s",
+                _gib(a.group_peak_bytes, d), DASH if a.oom_kills is None else str(a.oom_kills),
+                a.reason or "")) + " |")
+        lines.append("")
+    if notes is not None:
+        lines += ["## Notes", "", f"*Hand-written, kept in `{record.name}.notes.md`.*", "", notes.strip(), ""]
+    return "\n".join(lines)
+
+
+def wall_figure(record: BudgetRecord) -> Figure:
+    """Wall time against the memory limit, one line per strategy: the whole process (failures marked where
+    they stopped) on the left, the load + build of the runs that completed on the right."""
+    with mpl.rc_context(cast(Any, STYLE)):
+        fig = Figure(figsize=(12.0, 5.8), layout="constrained")
+        FigureCanvasAgg(fig)
+        whole, compile_ax = fig.subplots(1, 2, sharex=True)
+        order = list(record.strategies)
+        handles = []
+        d = gib_decimals(record.model_bytes)
+        goal = record.goal_limit_bytes("map")
+        m = record.strategies.get("map")
+        for name, s in record.strategies.items():
+            colour = strategy_colour(name, order)
+            for ax, compile_only in ((whole, False), (compile_ax, True)):
+                walls = _completed_walls(s, compile_only)
+                if walls:
+                    ax.plot([limit / GIB for limit in walls], list(walls.values()), marker="o", markersize=4,
+                            color=colour, linewidth=1.6)
+                if s.minimum_bytes is not None:
+                    ax.axvline(s.minimum_bytes / GIB, color=colour, linewidth=0.8, linestyle=":", alpha=0.9)
+            failed = [a for a in s.attempts if not a.completed]
+            if failed:
+                whole.scatter([a.limit_bytes / GIB for a in failed], [a.wall_s for a in failed], marker="x", s=40,
+                              color=colour, linewidths=1.5, zorder=3)
+            smallest = (f"smallest {'≤ ' if s.at_lower_bound else ''}{_gib(s.minimum_bytes, d)}"
+                        if s.minimum_bytes is not None else "no minimum")
+            handles.append(Line2D([], [], color=colour, marker="o", markersize=4, label=f"{name}: {smallest} (dotted)"))
+        if goal is not None:
+            for ax in (whole, compile_ax):
+                ax.axvline(goal / GIB, color="#000000", linewidth=1.2, linestyle="--")
+            handles.append(Line2D([], [], color="#000000", linestyle="--",
+                                  label=f"map's baseline + 2 x largest engine ({_gib(goal, d)})"))
+        if m is not None and m.unconstrained is not None and m.unconstrained.compile_s is not None:
+            bound = 1.5 * m.unconstrained.compile_s
+            compile_ax.axhline(bound, color="#0072B2", linewidth=0.9, linestyle="-.")
+            handles.append(Line2D([], [], color="#0072B2", linestyle="-.",
+                                  label=f"1.5 x map's unconstrained load + build ({bound:.1f} s)"))
+        handles.append(Line2D([], [], color="#555555", marker="x", linestyle="", label="did not complete "
+                              "(OOM-killed or timed out), at the time it stopped"))
+        for ax, ylabel in ((whole, "wall time of the whole process (s)"),
+                           (compile_ax, "load + build of the runs that completed (s)")):
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_formatter(mpl.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.set_xlabel("memory limit of the attempt's cgroup (GiB, log scale)")
+            ax.set_ylabel(ylabel)
+            ax.set_ylim(bottom=0)
+            ax.grid(True, which="both", alpha=0.25)
+        fig.legend(handles=handles, loc="outside upper center", ncols=3, frameon=False,
+                   title=f"{record.name}: wall time against the memory limit (each point a fresh process on a "
+                         "cold cache; the unconstrained run is the rightmost)",
+                   title_fontproperties={"size": 11, "weight": "bold"})
+        footer = (f"{record.model_name}, {_gib(record.model_bytes, d)}, {record.engines} engines, "
+                  f"{record.backend} backend on {record.device}; {record.machine.cpus} CPUs, machine shared with "
+                  f"other jobs; commit {short_commit(record.commit)}, {record.created}")
+        fig.text(0.01, 0.01, "\n".join(textwrap.wrap(footer, 150)), fontsize=9, color="#333333", va="bottom")
+        engine = fig.get_layout_engine()
+        if isinstance(engine, ConstrainedLayoutEngine):
+            engine.set(rect=(0, 0.05, 1, 0.95))
+    return fig
+
+
+def render_budget(results_dir: Path, out_dir: Path | None = None) -> list[Path]:
+    """Write ``<name>-wall.png`` and ``<name>.md`` for the budget results in ``results_dir``; returns the paths."""
+    results_dir = Path(results_dir)
+    out = Path(out_dir) if out_dir is not None else results_dir.parent
+    record = read_budget(results_dir)
+    figure = save_figure(wall_figure(record), out / f"{record.name}-wall.png")
+    notes_file = out / f"{record.name}.notes.md"
+    notes = notes_file.read_text(encoding="utf-8") if notes_file.is_file() else None
+    report = out / f"{record.name}.md"
+    write_atomic(report, budget_markdown(record, [figure.name], notes))
+    return [figure, report]

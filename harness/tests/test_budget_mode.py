@@ -1,0 +1,192 @@
+"""Budget mode end to end: a scenario swept in real memory cgroups, its record, its report, its refusals.
+
+The sweep tests stand a small Python command in for each strategy's worker (the
+``command`` hook): it allocates a known amount of anonymous memory, so the smallest
+limit is known and each attempt takes a fraction of a second. Each stays under 300 MiB.
+Skipped, with the reason, where no memory cgroup is writable.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from harness.budget.cgroup import CgroupUnavailable, MemoryController, MemoryGroup, find_controller
+from harness.budget.mode import BudgetUnavailable, groups_of_this_process, run_budget
+from harness.budget.record import BUDGET_FILE, read_budget
+from harness.cli import main
+from harness.record import RecordError
+from harness.report.budget import budget_goals, render_budget
+from harness.scenario import BuildConfig, CheckpointConfig, ModelConfig, RunConfig, Scenario
+
+MIB = 1 << 20
+NEEDS = {"map": 96, "load": 160}  # MiB each stand-in allocates
+
+ALLOCATE = (
+    "import sys\n"
+    "b = bytearray(int(sys.argv[1]) << 20)\n"
+    "b[::4096] = b'\\x01' * (len(b) // 4096)\n"  # touch every page: anonymous, resident
+)
+
+
+@pytest.fixture(scope="module")
+def controller() -> MemoryController:
+    try:
+        found = find_controller()
+        with MemoryGroup.create(64 * MIB, controller=found):
+            pass
+    except CgroupUnavailable as exc:
+        pytest.skip(str(exc))
+    return found
+
+
+def scenario(tmp: Path, *strategies: str) -> Scenario:
+    return Scenario(
+        name="tiny",
+        strategies=strategies,
+        model=ModelConfig(source="synthetic", layers=1, width=64, heads=4, vocab=64),
+        checkpoint=CheckpointConfig(path=tmp / "tiny.safetensors", seed=1, generate=True),
+        build=BuildConfig(engines=1, device="cpu"),
+        run=RunConfig(memory_limit_gib=1.0, timeout_s=60),
+    )
+
+
+def stand_in(plan: Path, strategy: str, out: Path) -> list[str]:
+    return [sys.executable, "-c", ALLOCATE, str(NEEDS[strategy])]
+
+
+@pytest.fixture(scope="module")
+def swept(controller: MemoryController, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+    tmp = tmp_path_factory.mktemp("budget")
+    record = run_budget(scenario(tmp, "map", "load"), results=tmp / "results", precision_bytes=16 * MIB,
+                        command=stand_in, workdir=tmp / "engines", controller=controller, min_timeout_s=30,
+                        progress=lambda line: None)
+    return tmp / "results" / "tiny-budget", record
+
+
+def test_each_strategy_gets_the_smallest_limit_it_completes_under(swept) -> None:
+    out, record = swept
+    for name, needs in NEEDS.items():
+        s = record.strategies[name]
+        assert s.ok, s.error
+        assert not s.at_lower_bound
+        # the command needs its allocation plus the interpreter (some MiB); bisection stops within 16 MiB
+        assert needs * MIB < s.minimum_bytes < (needs + 64) * MIB
+        assert s.largest_failing_bytes is not None
+        assert 0 < s.minimum_bytes - s.largest_failing_bytes <= 16 * MIB
+        assert s.attempts[0].phase == "unconstrained" and s.attempts[0].limit_bytes == 1 << 30
+        assert s.upper_bytes <= s.attempts[0].group_peak_bytes + 2 * MIB, "upper bound: the unconstrained peak"
+        for a in s.attempts:
+            assert a.completed == (a.limit_bytes >= s.minimum_bytes), a
+
+
+def test_killed_attempts_are_failures_with_the_oom_kill_as_reason(swept) -> None:
+    _, record = swept
+    failed = [a for s in record.strategies.values() for a in s.attempts if not a.completed]
+    assert failed
+    for a in failed:
+        assert a.oom_kills and a.oom_kills >= 1
+        assert "OOM-killed by the kernel" in (a.reason or "")
+    assert all(a.reason is None for s in record.strategies.values() for a in s.attempts if a.completed)
+
+
+def test_no_group_is_left_behind(swept, controller: MemoryController) -> None:
+    _, record = swept
+    assert all(a.groups_left == 0 for s in record.strategies.values() for a in s.attempts)
+    assert groups_of_this_process(controller) == []
+
+
+def test_only_map_gets_extra_points_on_its_curve(swept) -> None:
+    _, record = swept
+    extra = {name: [a.limit_bytes for a in s.attempts if a.phase == "extra"] for name, s in record.strategies.items()}
+    assert extra["load"] == []
+    m = record.strategies["map"]
+    expected = sorted({math.ceil(m.minimum_bytes * f / MIB) * MIB for f in (1.25, 1.5, 2.0)})
+    assert extra["map"] == [limit for limit in expected if limit < m.upper_bytes]
+
+
+def test_the_record_reads_back_as_written_and_the_report_shows_it(swept) -> None:
+    out, record = swept
+    assert read_budget(out) == record
+    assert (out / "attempts.csv").read_text().count("\n") == 1 + sum(len(s.attempts)
+                                                                     for s in record.strategies.values())
+    report = (out.parent / "tiny-budget.md").read_text()
+    assert "## Smallest host memory to compile" in report
+    for name, s in record.strategies.items():
+        assert f"{s.minimum_bytes / 2**30:.3f} GiB" in report, name
+    assert (out.parent / "tiny-budget-wall.png").stat().st_size > 10_000
+    goals = {g.goal.split(" (")[0]: g for g in budget_goals(record)}
+    assert goals["no memory cgroup left behind by any attempt"].met is True
+
+
+def test_the_record_is_read_strictly(swept, tmp_path: Path) -> None:
+    out, _ = swept
+    data = json.loads((out / BUDGET_FILE).read_text())
+    for change, message in (
+        (lambda d: d.update(budget=2), "budget: this harness reads budget records of version 1"),
+        (lambda d: d.update(extra=1), "unknown key 'extra'"),
+        (lambda d: d["strategies"]["map"]["attempts"][0].update(wall_s="slow"),
+         r"strategies.map.attempts\[0\].wall_s: expected a number"),
+        (lambda d: d["strategies"]["load"].pop("minimum_bytes"), "strategies.load: missing key 'minimum_bytes'"),
+    ):
+        broken = json.loads(json.dumps(data))
+        change(broken)
+        (tmp_path / BUDGET_FILE).write_text(json.dumps(broken))
+        with pytest.raises(RecordError, match=message):
+            read_budget(tmp_path)
+
+
+def test_plot_rerenders_a_budget_directory(swept, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out, _ = swept
+    assert main(["plot", str(out), "--out", str(tmp_path)]) == 0
+    assert {p.name for p in tmp_path.iterdir()} == {"tiny-budget-wall.png", "tiny-budget.md"}
+    assert render_budget(out, tmp_path)[1].read_text() == (tmp_path / "tiny-budget.md").read_text()
+
+
+def test_without_a_usable_cgroup_budget_mode_refuses_before_writing(tmp_path: Path) -> None:
+    not_a_cgroup = MemoryController(1, tmp_path / "cg", tmp_path / "cg")
+    not_a_cgroup.parent.mkdir()
+    with pytest.raises(BudgetUnavailable, match="budget mode needs a writable memory cgroup: .* is not a memory "
+                                                 "cgroup.*refuses to run"):
+        run_budget(scenario(tmp_path, "map"), results=tmp_path / "results", controller=not_a_cgroup,
+                   command=stand_in)
+    assert not (tmp_path / "results").exists()
+    assert list(not_a_cgroup.parent.iterdir()) == [], "the probe group is removed"
+
+
+def test_the_cli_says_so_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import harness.budget.mode as mode
+
+    def unavailable(proc: Path = Path("/proc/self")) -> MemoryController:
+        raise CgroupUnavailable("budget mode needs a writable memory cgroup: no memory controller is mounted")
+
+    monkeypatch.setattr(mode, "find_controller", unavailable)
+    path = tmp_path / "s.toml"
+    path.write_text('name = "s"\n[model]\nsource = "synthetic"\nlayers = 1\nwidth = 64\nheads = 4\nvocab = 64\n'
+                    '[build]\nengines = 1\n')
+    assert main(["budget", str(path), "--results", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: budget mode needs a writable memory cgroup: no memory controller is mounted; "
+                   "budget mode refuses to run without one"]
+    assert not (tmp_path / "r").exists()
+    assert os.path.exists(path)
+
+
+def test_a_strategy_that_never_completes_is_recorded_as_failed(controller: MemoryController, tmp_path: Path) -> None:
+    def broken(plan: Path, strategy: str, out: Path) -> list[str]:
+        return [sys.executable, "-c", "import sys; sys.exit('no weights here')"]
+
+    record = run_budget(replace(scenario(tmp_path, "map")), results=tmp_path / "results", command=broken,
+                        workdir=tmp_path / "engines", controller=controller, progress=lambda line: None)
+    s = record.strategies["map"]
+    assert not s.ok and s.minimum_bytes is None
+    assert "does not complete under the unconstrained limit" in (s.error or "")
+    assert "no weights here" in (s.error or "")
+    assert len(s.attempts) == 1 and s.attempts[0].returncode == 1
