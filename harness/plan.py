@@ -54,7 +54,12 @@ class EnginePlan:
 
 @dataclass(frozen=True)
 class Plan:
-    """Everything a strategy's process needs, resolved once; see the module docstring."""
+    """Everything a strategy's process needs, resolved once; see the module docstring.
+
+    ``prefetch`` is the method strategies with a prefetch plan warm the page cache with
+    (None: off), ``drop_cache`` whether they also evict released weights from it,
+    ``repeats`` how many cold runs of each strategy the parent makes.
+    """
 
     scenario: str
     name: str
@@ -77,6 +82,9 @@ class Plan:
     engines: tuple[EnginePlan, ...]
     references: tuple[Reference, ...]
     workdir: str
+    prefetch: str | None = None
+    drop_cache: bool = False
+    repeats: int = 1
 
     @property
     def largest_engine_bytes(self) -> int:
@@ -109,6 +117,9 @@ class Plan:
             ],
             "references": [r.to_json() for r in self.references],
             "workdir": self.workdir,
+            "prefetch": self.prefetch,
+            "drop_cache": self.drop_cache,
+            "repeats": self.repeats,
         }
 
     @classmethod
@@ -143,6 +154,9 @@ class Plan:
                     Reference.from_json(r, source, f"references[{i}]", 2) for i, r in enumerate(data["references"])
                 ),
                 workdir=data["workdir"],
+                prefetch=data.get("prefetch"),
+                drop_cache=bool(data.get("drop_cache", False)),
+                repeats=int(data.get("repeats", 1)),
             )
         except (KeyError, TypeError) as exc:
             raise RecordError(f"{source}: not a complete plan ({type(exc).__name__}: {exc})") from exc
@@ -229,4 +243,7 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
         engines=tuple(EnginePlan.of(e) for e in engines),
         references=tuple(Reference(**r.__dict__) for r in scenario.references),
         workdir=str(workdir),
+        prefetch=None if scenario.run.prefetch == "off" else scenario.run.prefetch,
+        drop_cache=scenario.run.drop_cache,
+        repeats=scenario.run.repeats,
     )

@@ -14,7 +14,13 @@ Each loader takes the model on the meta device and returns it with its weights i
   uninitialised tensors (``to_empty``), the whole checkpoint is read into host
   memory, then ``load_state_dict`` copies it in; released with ``resize_(0)``;
 * ``load_file``: ``safetensors.torch.load_file`` + ``load_state_dict(assign=True)``,
-  ties restored: file-backed tensors that ``resize_(0)`` cannot free.
+  ties restored: file-backed tensors that ``resize_(0)`` cannot free;
+* ``map_no_prefetch``: ``map`` with prefetch off whatever the scenario says, so that one
+  run shows what prefetch buys.
+
+A strategy with a ``prefetch_plan`` warms the page cache for the next engine while one is
+built, with the scenario's ``[run] prefetch`` method (its release plan is made by
+``prefetch_plan`` instead of ``release_plan``); prefetch never changes what is released.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from typing import Protocol
 
 import torch
 
-from weightmap import ReleasePlan, map_weights
+from weightmap import PrefetchMethod, ReleasePlan, map_weights
 from weightmap.checkpoint import open_checkpoint
 from weightmap.targets import collect_targets
 
@@ -133,6 +139,8 @@ class EngineHooks(Protocol):
 
 Loader = Callable[[torch.nn.Module, Path], Loaded]
 ReleasePlanner = Callable[[torch.nn.Module, Sequence[Sequence[str]]], ReleasePlan]
+PrefetchPlanner = Callable[[torch.nn.Module, Sequence[Sequence[str]], PrefetchMethod | None, bool], ReleasePlan]
+"""``(model, partitions, prefetch method or None, drop_cache) -> ReleasePlan``."""
 HooksFactory = Callable[[torch.nn.Module, Path], EngineHooks]
 
 
@@ -146,6 +154,13 @@ def _resize_after_last_reader(model: torch.nn.Module, partitions: Sequence[Seque
     return ReleasePlan.from_names(model, partitions, resize=True)
 
 
+def _release_and_prefetch(model: torch.nn.Module, partitions: Sequence[Sequence[str]],
+                          method: PrefetchMethod | None, drop_cache: bool) -> ReleasePlan:
+    """weightmap's default plan, warming the page cache one engine ahead with ``method`` (None: not at all),
+    and evicting released weights from it with ``drop_cache``."""
+    return ReleasePlan.from_names(model, partitions, prefetch=method, prefetch_ahead=1, drop_cache=drop_cache)
+
+
 @dataclass(frozen=True)
 class Strategy:
     """One loading strategy: what a scenario names, how it loads and releases, how results show it.
@@ -155,6 +170,8 @@ class Strategy:
     this is the one place that decides how a strategy's weights are released.
     ``released_how`` and ``kept_why`` complete the sentence the results print about release.
     ``hooks``, when set, makes the :class:`EngineHooks` the worker calls around each build.
+    ``prefetch_plan``, when set, makes the release plan instead of ``release_plan`` where
+    the scenario turns prefetch or ``drop_cache`` on (see the module docstring).
     """
 
     name: str
@@ -165,6 +182,7 @@ class Strategy:
     released_how: str
     kept_why: str
     hooks: HooksFactory | None = None
+    prefetch_plan: PrefetchPlanner | None = None
 
     def release_note(self, release: bool, unreleased_bytes: int) -> str:
         """The sentence the results print about what this strategy released."""
@@ -174,6 +192,10 @@ class Strategy:
             return f"every weight released after its last engine ({self.released_how})"
         return self.kept_why
 
+
+_MAP_KEPT_WHY = ("mapped weights released; what was kept is ordinary memory the model still reads "
+                 "(non-persistent buffers such as rotary frequencies: the plan resizes nothing unless asked), "
+                 "or mapped storages that madvise refused")
 
 STRATEGIES: dict[str, Strategy] = {
     s.name: s
@@ -185,9 +207,8 @@ STRATEGIES: dict[str, Strategy] = {
             load=load_map,
             release_plan=_release_after_last_reader,
             released_how="pages dropped with madvise(MADV_DONTNEED)",
-            kept_why=("mapped weights released; what was kept is ordinary memory the model still reads "
-                      "(non-persistent buffers such as rotary frequencies: the plan resizes nothing unless asked), "
-                      "or mapped storages that madvise refused"),
+            kept_why=_MAP_KEPT_WHY,
+            prefetch_plan=_release_and_prefetch,
         ),
         Strategy(
             name="load",
@@ -207,6 +228,15 @@ STRATEGIES: dict[str, Strategy] = {
             released_how="released",
             kept_why=("safetensors' load_file storages are file-backed and not resizable: resize_(0) fails, "
                       "so nothing could be released"),
+        ),
+        Strategy(
+            name="map_no_prefetch",
+            label="map_weights, pages dropped after each engine, no prefetch",
+            colour="#332288",
+            load=load_map,
+            release_plan=_release_after_last_reader,
+            released_how="pages dropped with madvise(MADV_DONTNEED)",
+            kept_why=_MAP_KEPT_WHY,
         ),
     )
 }

@@ -9,7 +9,9 @@ the record, the samples and :mod:`harness.metrics`' figures) and writes, beside 
 * ``<name>-timeline.png`` (:mod:`harness.report.timeline`): memory over time, one panel
   per strategy;
 * ``<name>-peaks.png`` (:mod:`harness.report.peaks`): the strategies' peaks side by side;
-* ``<name>-engines.png`` (:mod:`harness.report.engines`): engine by engine.
+* ``<name>-engines.png`` (:mod:`harness.report.engines`): engine by engine;
+* ``<name>-engine-times.png`` (:mod:`harness.report.enginetimes`): each engine's build
+  time, split into waiting for pages and copying, against the disk's read time.
 
 Every module formats numbers through :mod:`harness.report.text` and draws through
 :mod:`harness.report.style`, and none of them opens a results file itself.
@@ -25,6 +27,7 @@ from matplotlib.figure import Figure
 
 from harness.errors import HarnessError
 from harness.report.engines import engines_figure
+from harness.report.enginetimes import engine_times_figure
 from harness.report.headline import headline_figure
 from harness.report.markdown import write_report
 from harness.report.notes import notes_path, read_notes, stamp_notes
@@ -39,6 +42,7 @@ FIGURES: dict[str, Callable[[Results], Figure]] = {
     "headline": headline_figure,
     "timeline": timeline_figure,
     "engines": engines_figure,
+    "engine-times": engine_times_figure,
     "peaks": peaks_figure,
 }
 """Every figure of a run, by the suffix of its file name, in the order the report shows them."""
