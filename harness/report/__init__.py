@@ -42,8 +42,8 @@ FIGURES: dict[str, Callable[[Results], Figure]] = {
     "headline": headline_figure,
     "timeline": timeline_figure,
     "engines": engines_figure,
-    "engine-times": engine_times_figure,
     "peaks": peaks_figure,
+    "engine-times": engine_times_figure,
 }
 """Every figure of a run, by the suffix of its file name, in the order the report shows them."""
 

@@ -4,7 +4,9 @@ One group of bars per engine, one bar per strategy: the lower, hatched part is t
 the build spent bringing the engine's weights into memory (one read of every page:
 page faults, and disk reads for what was not in the page cache), the upper, solid part
 the time it spent copying the resident weights to the engine and flushing it (see
-:mod:`harness.backends`). Where the run measured the disk, a black tick over each group
+:mod:`harness.backends`), and an outlined cap the rest of the engine's span: releasing its
+weights (and, with prefetch, asking for the next engine's pages) and the harness's own
+bookkeeping. Where the run measured the disk, a black tick over each group
 marks the engine's weights ÷ the disk's median cold read rate: the time reading them
 once takes on this disk. Strategies without the split (another backend) show one solid
 bar of the whole engine time.
@@ -49,21 +51,26 @@ def engine_times_figure(run: Results) -> Figure:
         xs = [x for x in indices if x in totals]
         if not xs:
             continue
-        low = [pages.get(x, 0.0) if x in copies else 0.0 for x in xs]
-        high = [copies[x] if x in copies else totals[x] for x in xs]
+        low = np.asarray([pages.get(x, 0.0) if x in copies else 0.0 for x in xs])
+        high = np.asarray([copies[x] if x in copies else totals[x] for x in xs])
+        rest = np.clip(np.asarray([totals[x] for x in xs]) - low - high, 0.0, None)
         at = np.asarray(xs, dtype=float) + offset
         ax.bar(at, low, width, color=colour, alpha=0.35, hatch="///", edgecolor=colour, linewidth=0, zorder=2,
                gid=f"pages-s:{name}")
         ax.bar(at, high, width, bottom=low, color=colour, zorder=2, gid=f"copy-s:{name}")
+        ax.bar(at, rest, width, bottom=low + high, facecolor="#FFFFFF", edgecolor=colour, linewidth=1.0, zorder=2,
+               gid=f"rest-s:{name}")
         label = f"{name}: engines {format_seconds(sum(totals[x] for x in xs))}"
         if metrics.pages_s is not None and metrics.copy_s is not None:
-            label += f" ({format_seconds(metrics.pages_s)} pages, {format_seconds(metrics.copy_s)} copy)"
+            label += (f" ({format_seconds(metrics.pages_s)} pages, {format_seconds(metrics.copy_s)} copy, "
+                      f"{format_seconds(float(rest.sum()))} rest)")
         if not metrics.ok:
             label += " (FAILED, partial)"
         handles.append(Patch(color=colour, label=label))
     handles += [
-        Patch(facecolor="#FFFFFF", edgecolor="#555555", hatch="///", label="lower part: bringing weights' pages in"),
-        Patch(facecolor="#555555", label="upper part: copying to the engine and flushing it"),
+        Patch(facecolor="#FFFFFF", edgecolor="#555555", hatch="///", label="hatched bottom: bringing weights' pages in"),
+        Patch(facecolor="#555555", label="middle: copying to the engine and flushing it"),
+        Patch(facecolor="#FFFFFF", edgecolor="#555555", label="outlined top: releasing its weights, the rest"),
     ]
     disk = run.disk
     if disk is not None and indices:
@@ -76,8 +83,8 @@ def engine_times_figure(run: Results) -> Figure:
     ax.set_ylabel("seconds")
     ax.set_ylim(bottom=0)
     ax.set_xlabel("engine (build order)")
-    ax.set_title("time to build each engine: waiting for its weights' pages (hatched), then copying (solid)",
-                 loc="left")
+    ax.set_title("time to build each engine: waiting for its weights' pages (hatched), copying (solid), "
+                 "releasing (outlined)", loc="left")
     ax.grid(axis="y", color="#E5E5E5", zorder=0)
     if indices:
         ax.set_xticks(indices, [str(i) for i in indices], rotation=90 if len(indices) > 40 else 0)
