@@ -15,8 +15,8 @@ Each loader takes the model on the meta device and returns it with its weights i
   memory, then ``load_state_dict`` copies it in; released with ``resize_(0)``;
 * ``load_file``: ``safetensors.torch.load_file`` + ``load_state_dict(assign=True)``,
   ties restored: file-backed tensors that ``resize_(0)`` cannot free;
-* ``map_no_prefetch``: ``map`` with prefetch off whatever the scenario says, so that one
-  run shows what prefetch buys.
+* ``map_no_prefetch``: ``map`` with prefetch off whatever the scenario says (``drop_cache``
+  still follows it), so that one run shows what prefetch buys.
 
 A strategy with a ``prefetch_plan`` warms the page cache for the next engine while one is
 built, with the scenario's ``[run] prefetch`` method (its release plan is made by
@@ -171,7 +171,8 @@ class Strategy:
     ``released_how`` and ``kept_why`` complete the sentence the results print about release.
     ``hooks``, when set, makes the :class:`EngineHooks` the worker calls around each build.
     ``prefetch_plan``, when set, makes the release plan instead of ``release_plan`` where
-    the scenario turns prefetch or ``drop_cache`` on (see the module docstring).
+    the scenario turns prefetch or ``drop_cache`` on (see the module docstring);
+    ``prefetches=False`` hands it no prefetch method whatever the scenario says.
     """
 
     name: str
@@ -183,6 +184,7 @@ class Strategy:
     kept_why: str
     hooks: HooksFactory | None = None
     prefetch_plan: PrefetchPlanner | None = None
+    prefetches: bool = True
 
     def release_note(self, release: bool, unreleased_bytes: int) -> str:
         """The sentence the results print about what this strategy released."""
@@ -237,6 +239,8 @@ STRATEGIES: dict[str, Strategy] = {
             release_plan=_release_after_last_reader,
             released_how="pages dropped with madvise(MADV_DONTNEED)",
             kept_why=_MAP_KEPT_WHY,
+            prefetch_plan=_release_and_prefetch,
+            prefetches=False,
         ),
     )
 }

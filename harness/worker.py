@@ -304,9 +304,10 @@ class Measurement:
         """The strategy's release plan: with prefetch (and drop_cache) where the strategy and the plan ask for it."""
         plan, names = self.plan, [e.names for e in self.plan.engines]
         planner = self.spec.prefetch_plan
-        if planner is not None and (plan.prefetch is not None or plan.drop_cache):
-            self.record.prefetch, self.record.drop_cache = plan.prefetch, plan.drop_cache
-            return planner(model, names, plan.prefetch, plan.drop_cache)  # type: ignore[arg-type]
+        method = plan.prefetch if self.spec.prefetches else None
+        if planner is not None and (method is not None or plan.drop_cache):
+            self.record.prefetch, self.record.drop_cache = method, plan.drop_cache
+            return planner(model, names, method, plan.drop_cache)  # type: ignore[arg-type]
         self.record.drop_cache = False
         return self.spec.release_plan(model, names)
 

@@ -68,7 +68,8 @@ def engine_times_figure(run: Results) -> Figure:
             label += " (FAILED, partial)"
         handles.append(Patch(color=colour, label=label))
     handles += [
-        Patch(facecolor="#FFFFFF", edgecolor="#555555", hatch="///", label="hatched bottom: bringing weights' pages in"),
+        Patch(facecolor="#FFFFFF", edgecolor="#555555", hatch="///",
+              label="hatched bottom: bringing weights' pages in"),
         Patch(facecolor="#555555", label="middle: copying to the engine and flushing it"),
         Patch(facecolor="#FFFFFF", edgecolor="#555555", label="outlined top: releasing its weights, the rest"),
     ]
