@@ -17,14 +17,26 @@ eager model.
 model, cuts its graph into partitions and builds each with AOTInductor
 (:class:`harness.compile.backend.CompilerBackend`), made by :func:`make_compiler_backend`.
 
+Both copy builders split an engine's build in two, timed apart (:class:`BuildSplit`,
+``last_split``): first every page of the partition's weights is read once
+(:func:`fault_in`: one byte per page, which faults in what is not resident and waits
+for the disk for what is not in the page cache), then the weights, resident now, are
+copied and the engine flushed. The copy would fault the same pages in itself; reading
+them first only separates waiting for pages from copying, and brings in no page the
+copy would not (the partition's pages stay until its release, after the build, either
+way).
+
 ``tensorrt`` is only available where ``torch_tensorrt`` imports; asking for it
 elsewhere fails fast, before anything runs.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import shutil
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -40,6 +52,37 @@ if TYPE_CHECKING:
 
 class BackendUnavailable(HarnessError, RuntimeError):
     """The scenario asks for a backend or device this machine cannot provide."""
+
+
+@dataclass(frozen=True)
+class BuildSplit:
+    """One engine's build, timed in two parts: ``pages_s`` reading every page of its weights
+    once (:func:`fault_in`), ``copy_s`` copying them to the engine and flushing it."""
+
+    pages_s: float
+    copy_s: float
+
+
+def fault_in(tensors: Iterable[torch.Tensor]) -> int:
+    """Read one byte of every page of each CPU tensor's bytes; returns the pages touched.
+
+    Only the bytes the tensor views are touched (not the rest of a storage it shares, which
+    for some loaders is the whole file). Non-contiguous and non-CPU tensors are skipped:
+    their copy faults their pages in itself.
+    """
+    page = mmap.PAGESIZE
+    touched = 0
+    sink = 0
+    for t in tensors:
+        if t.device.type != "cpu" or t.numel() == 0 or not t.is_contiguous():
+            continue
+        flat = t.detach().reshape(-1).view(torch.uint8)
+        first = (-flat.data_ptr()) % page  # the first page boundary inside the tensor
+        picks = flat[first::page]
+        sink += int(picks.sum()) + int(flat[0]) + int(flat[-1])  # the first and last pages, whatever the offset
+        touched += picks.numel() + 1
+    del sink
+    return touched
 
 
 class Backend(Protocol):
@@ -121,9 +164,13 @@ class CopyToDevice:
     name: str = "copy"
     engines: list[dict[str, torch.Tensor]] = field(default_factory=list)
     aliases: dict[str, str] = field(default_factory=dict)
+    last_split: BuildSplit | None = None
 
     def build_engine(self, index: int, tensors: dict[str, torch.Tensor]) -> int:
         distinct = _distinct(tensors, self.aliases)
+        started = time.perf_counter()
+        fault_in(distinct.values())
+        paged = time.perf_counter()
         offsets, size = packed_layout(distinct)
         buffer = torch.empty(size, dtype=torch.uint8, device=self.device)
         copies = {}
@@ -135,6 +182,7 @@ class CopyToDevice:
         if buffer.is_cuda:
             torch.cuda.synchronize(buffer.device)
         self.engines.append(copies)
+        self.last_split = BuildSplit(paged - started, time.perf_counter() - paged)
         return size
 
     def built_model(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -162,17 +210,22 @@ class CopyToFiles:
     name: str = "copy"
     files: list[Path] = field(default_factory=list)
     aliases: dict[str, str] = field(default_factory=dict)
+    last_split: BuildSplit | None = None
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
 
     def build_engine(self, index: int, tensors: dict[str, torch.Tensor]) -> int:
         distinct = _distinct(tensors, self.aliases)
+        started = time.perf_counter()
+        fault_in(distinct.values())
+        paged = time.perf_counter()
         path = self.workdir / f"engine-{index:03d}.safetensors"
         specs = [TensorSpec(n, t.dtype, tuple(t.shape)) for n, t in distinct.items()]
         header = write_checkpoint(path, specs, lambda spec: distinct[spec.name].detach())
         _drop_from_page_cache(path)
         self.files.append(path)
+        self.last_split = BuildSplit(paged - started, time.perf_counter() - paged)
         return sum(e.nbytes for e in header.tensors.values())
 
     def built_model(self, model: torch.nn.Module) -> torch.nn.Module:

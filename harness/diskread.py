@@ -118,12 +118,13 @@ def cold_read_bandwidth(
     limit_bytes: int | None = None,
     settle: bool = True,
     drop_behind: bool = True,
+    timeout_s: float | None = None,
 ) -> ReadBandwidth:
     """Read ``path`` (a file, or the files of a sharded checkpoint, in order) cold and time it.
 
     The files are prepared with :func:`~harness.coldcache.prepare_cold` (``settle`` is passed
-    on), read sequentially with ``read()`` into one page-aligned ``chunk``-byte buffer (the
-    whole of each file, or ``limit_bytes`` in all), and dropped from the page cache again
+    on, and ``timeout_s`` when given), read sequentially with ``read()`` into one page-aligned
+    ``chunk``-byte buffer (the whole of each file, or ``limit_bytes`` in all), and dropped from the page cache again
     with another :func:`~harness.coldcache.prepare_cold` (without the settling).
 
     ``drop_behind`` (default): each range is dropped from the page cache as soon as it has
@@ -141,7 +142,8 @@ def cold_read_bandwidth(
     if limit_bytes is not None and limit_bytes < 1:
         raise ValueError(f"limit_bytes must be at least 1, got {limit_bytes}")
     paths = [Path(path)] if isinstance(path, str | os.PathLike) else [Path(p) for p in path]
-    cache = prepare_cold(paths, settle=settle)
+    cache = prepare_cold(paths, settle=settle) if timeout_s is None else prepare_cold(paths, settle=settle,
+                                                                                     timeout_s=timeout_s)
     buffer = page_aligned_buffer(chunk)
     view = memoryview(buffer)
     per_file: list[tuple[str, int, float]] = []

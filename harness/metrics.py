@@ -43,12 +43,14 @@ from typing import Any
 
 import numpy as np
 
-from harness.record import EngineRecord, Phases, RunRecord, StrategyRecord
+from harness.record import DiskRead, EngineRecord, Phases, RunRecord, StrategyRecord
 
 __all__ = [
+    "DiskMetrics",
     "SampleColumns",
     "StrategyMetrics",
     "compared_label",
+    "disk_metrics",
     "excess_fraction",
     "floor_bytes",
     "gpu_floor_bytes",
@@ -196,6 +198,34 @@ class StrategyMetrics:
     build_s: float | None
     engine_s: tuple[tuple[int, float], ...]
     engines_built: int
+    runs: int = 1
+    runs_finished: int = 1
+    wall_median_s: float | None = None
+    wall_min_s: float | None = None
+    wall_max_s: float | None = None
+    load_median_s: float | None = None
+    build_median_s: float | None = None
+    engine_pages_s: tuple[tuple[int, float], ...] = ()
+    engine_copy_s: tuple[tuple[int, float], ...] = ()
+    prefetch: str | None = None
+    resident_at_load_bytes: int | None = None
+
+    @property
+    def wall_spread(self) -> float | None:
+        """The largest distance of a run's wall time from the median, as a fraction of the median."""
+        if self.wall_median_s is None or self.wall_min_s is None or self.wall_max_s is None or not self.wall_median_s:
+            return None
+        return max(self.wall_median_s - self.wall_min_s, self.wall_max_s - self.wall_median_s) / self.wall_median_s
+
+    @property
+    def pages_s(self) -> float | None:
+        """Seconds the engine builds spent bringing their weights' pages in (None where not measured)."""
+        return sum(s for _, s in self.engine_pages_s) if self.engine_pages_s else None
+
+    @property
+    def copy_s(self) -> float | None:
+        """Seconds the engine builds spent copying resident weights to the engines and flushing them."""
+        return sum(s for _, s in self.engine_copy_s) if self.engine_copy_s else None
 
     @property
     def gpu_measured(self) -> bool:
@@ -245,7 +275,69 @@ class StrategyMetrics:
             build_s=_span(phases.partition_s, phases.build_end_s),
             engine_s=engine_s,
             engines_built=len(engine_s),
+            **_repeat_figures(record),
+            engine_pages_s=tuple((e.index, e.pages_s) for e in sorted(record.engines, key=lambda e: e.index)
+                                 if e.pages_s is not None),
+            engine_copy_s=tuple((e.index, e.copy_s) for e in sorted(record.engines, key=lambda e: e.index)
+                                if e.copy_s is not None),
+            prefetch=record.prefetch,
+            resident_at_load_bytes=None if record.cache is None else record.cache.resident_at_load_bytes,
         )
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return float(np.median(values)) if values else None
+
+
+def _repeat_figures(record: StrategyRecord) -> dict[str, Any]:
+    """Medians and range over a strategy's repeated runs (one run: its own figures)."""
+    if not record.repeats:
+        wall = record.wall_s
+        load = _span(record.phases.load_start_s, record.phases.load_end_s)
+        build = _span(record.phases.partition_s, record.phases.build_end_s)
+        return {"runs": 1, "runs_finished": int(record.ok), "wall_median_s": wall, "wall_min_s": wall,
+                "wall_max_s": wall, "load_median_s": load, "build_median_s": build}
+    done = [r for r in record.repeats if r.status == "ok" and r.wall_s is not None]
+    walls = [r.wall_s for r in done if r.wall_s is not None]
+    return {
+        "runs": len(record.repeats),
+        "runs_finished": len(done),
+        "wall_median_s": _median(walls),
+        "wall_min_s": min(walls, default=None),
+        "wall_max_s": max(walls, default=None),
+        "load_median_s": _median([r.load_s for r in done if r.load_s is not None]),
+        "build_median_s": _median([r.build_s for r in done if r.build_s is not None]),
+    }
+
+
+@dataclass(frozen=True)
+class DiskMetrics:
+    """The run's cold sequential reads of the checkpoint: how many, the median rate and time, their range."""
+
+    reads: int
+    bytes: int
+    median_bytes_per_s: float
+    median_seconds: float
+    min_bytes_per_s: float
+    max_bytes_per_s: float
+    median_cpu_seconds: float
+
+    def read_s(self, nbytes: int) -> float:
+        """Seconds reading ``nbytes`` costs at the median rate: the read-bound time of that many bytes."""
+        return nbytes / self.median_bytes_per_s
+
+
+def disk_metrics(reads: Sequence[DiskRead]) -> DiskMetrics | None:
+    """:class:`DiskMetrics` of a run's disk reads; None where it made none."""
+    done = [r for r in reads if r.bytes > 0 and r.bytes_per_s > 0]
+    if not done:
+        return None
+    rates = [r.bytes_per_s for r in done]
+    return DiskMetrics(
+        reads=len(done), bytes=done[0].bytes, median_bytes_per_s=float(np.median(rates)),
+        median_seconds=float(np.median([r.seconds for r in done])), min_bytes_per_s=min(rates),
+        max_bytes_per_s=max(rates), median_cpu_seconds=float(np.median([r.cpu_seconds for r in done])),
+    )
 
 
 def run_metrics(run: RunRecord) -> dict[str, StrategyMetrics]:

@@ -60,7 +60,12 @@ class EnginePlan:
 
 @dataclass(frozen=True)
 class Plan:
-    """Everything a strategy's process needs, resolved once; see the module docstring."""
+    """Everything a strategy's process needs, resolved once; see the module docstring.
+
+    ``prefetch`` is the method strategies with a prefetch plan warm the page cache with
+    (None: off), ``drop_cache`` whether they also evict released weights from it,
+    ``repeats`` how many cold runs of each strategy the parent makes.
+    """
 
     scenario: str
     name: str
@@ -92,6 +97,9 @@ class Plan:
     def compiler(self) -> bool:
         """Whether the backend exports the model and builds from its graph partitions."""
         return self.partitioner == "graph"
+    prefetch: str | None = None
+    drop_cache: bool = False
+    repeats: int = 1
 
     @property
     def largest_engine_bytes(self) -> int:
@@ -128,6 +136,9 @@ class Plan:
             "weights": self.weights,
             "tokens": self.tokens,
             "engine_count": self.engine_count,
+            "prefetch": self.prefetch,
+            "drop_cache": self.drop_cache,
+            "repeats": self.repeats,
         }
 
     @classmethod
@@ -166,6 +177,9 @@ class Plan:
                 weights=data.get("weights"),
                 tokens=data.get("tokens"),
                 engine_count=data.get("engine_count"),
+                prefetch=data.get("prefetch"),
+                drop_cache=bool(data.get("drop_cache", False)),
+                repeats=int(data.get("repeats", 1)),
             )
         except (KeyError, TypeError) as exc:
             raise RecordError(f"{source}: not a complete plan ({type(exc).__name__}: {exc})") from exc
@@ -296,4 +310,7 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
         weights=scenario.build.weights if compiler else None,
         tokens=scenario.build.tokens if compiler else None,
         engine_count=scenario.build.engines if compiler else None,
+        prefetch=None if scenario.run.prefetch == "off" else scenario.run.prefetch,
+        drop_cache=scenario.run.drop_cache,
+        repeats=scenario.run.repeats,
     )

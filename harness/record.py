@@ -36,6 +36,14 @@ it is in ``layout``):
    :class:`ExportRecord`: the export phase), ``max_abs_diff`` and ``check`` (the built model
    against eager); ``phases`` gains ``export_start_s`` and ``export_end_s``. All ``None`` for
    the ``copy`` backend and when reading version 1 or 2.
+   Also, per run, ``repeats`` (cold runs per strategy), ``prefetch`` (the scenario's
+   prefetch setting) and ``disk_reads`` (:class:`DiskRead`: cold sequential reads of the
+   checkpoint made in the same run, the reference for read-bound time); per strategy
+   ``cache`` (:class:`CacheRecord`: how the page cache was prepared and the checkpoint's
+   residency at load start), ``prefetch`` and ``drop_cache`` (what its release plan was
+   asked to do), ``prefetch_warmed_bytes``, ``repeat`` (which repeat the record is) and
+   ``repeats`` (:class:`RepeatRecord`, one per cold run); per engine ``pages_s``,
+   ``copy_s`` and ``major_faults``.
 
 A later version adds keys (each field records the version that added it in
 :data:`_SINCE`) and bumps :data:`LAYOUT_VERSION`; records of earlier versions read with
@@ -69,7 +77,9 @@ __all__ = [
     "PLAN",
     "SAMPLE_COLUMNS",
     "SUMMARY",
+    "CacheRecord",
     "CheckpointInfo",
+    "DiskRead",
     "EngineRecord",
     "ExportRecord",
     "MachineInfo",
@@ -77,6 +87,7 @@ __all__ = [
     "Phases",
     "Reference",
     "RecordError",
+    "RepeatRecord",
     "RunRecord",
     "StrategyRecord",
     "empty_events",
@@ -266,6 +277,9 @@ class EngineRecord:
         if self.compile_s is None or self.host_hwm_bytes is None or self.rss_before_bytes is None:
             return None
         return self.host_hwm_bytes - (self.rss_before_bytes + self.weight_bytes)
+    pages_s: float | None = None
+    copy_s: float | None = None
+    major_faults: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return _to_json(self)
@@ -288,11 +302,14 @@ class EngineRecord:
             rss_before_bytes=o.integer("rss_before_bytes"),
             children_peak_bytes=o.integer("children_peak_bytes"),
             cache_bytes=o.integer("cache_bytes"),
+            pages_s=o.number("pages_s"),
+            copy_s=o.number("copy_s"),
+            major_faults=o.integer("major_faults"),
         )
 
 
 _SINCE["EngineRecord"] = {"tensors": 2, "compile_s": 3, "artifact_bytes": 3, "rss_before_bytes": 3,
-                          "children_peak_bytes": 3, "cache_bytes": 3}
+                          "children_peak_bytes": 3, "cache_bytes": 3, "pages_s": 3, "copy_s": 3, "major_faults": 3}
 
 
 @dataclass(frozen=True)
@@ -339,6 +356,113 @@ class ExportRecord:
             anon_delta_bytes=o.integer("anon_delta_bytes", null=False),
             not_shared=o.integer("not_shared", null=False),
         )
+
+
+@dataclass(frozen=True)
+class CacheRecord:
+    """How a strategy's run found the checkpoint in the page cache (version 3).
+
+    ``state`` is ``"cold"`` or ``"warm"``, ``method`` what was done in words
+    (:class:`harness.coldcache.CacheReport`); ``flushed``: the files were fsynced until
+    no page was dirty or under writeback; ``settled``: the machine's dirty and writeback
+    pages fell under the threshold before the drop (None: not asked, or unknown);
+    ``dropped``: the files' pages were dropped; ``resident_before_bytes`` and
+    ``resident_after_bytes``: the checkpoint's residency before and after the
+    preparation; ``resident_at_load_bytes``: its residency right before the load began
+    (about 0 for a cold run); ``seconds``: what the preparation took; ``notes``: what
+    kept the state from being the one asked for.
+    """
+
+    state: str
+    method: str
+    flushed: bool
+    settled: bool | None
+    dropped: bool
+    resident_before_bytes: int
+    resident_after_bytes: int
+    resident_at_load_bytes: int | None
+    total_bytes: int
+    seconds: float
+    notes: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return _to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, source: str, where: str, version: int) -> CacheRecord:
+        o = _Obj(data, source, where, _keys(cls, version))
+        notes = o.items("notes")
+        if not all(isinstance(n, str) for n in notes):
+            raise o.error("notes", "expected a list of strings")
+        return cls(
+            state=o.text("state", null=False), method=o.text("method", null=False),
+            flushed=o.flag("flushed", null=False), settled=o.flag("settled"), dropped=o.flag("dropped", null=False),
+            resident_before_bytes=o.integer("resident_before_bytes", null=False),
+            resident_after_bytes=o.integer("resident_after_bytes", null=False),
+            resident_at_load_bytes=o.integer("resident_at_load_bytes"),
+            total_bytes=o.integer("total_bytes", null=False), seconds=o.number("seconds", null=False),
+            notes=tuple(notes),
+        )
+
+
+@dataclass(frozen=True)
+class RepeatRecord:
+    """One cold run of a strategy, when the scenario asks for repeats (version 3).
+
+    ``repeat`` counts from 0; the times are the run's own (:class:`StrategyRecord`'s
+    ``wall_s``, load and build phases); ``resident_at_load_bytes`` is the checkpoint's
+    page-cache residency at its load's start.
+    """
+
+    repeat: int
+    status: str
+    error: str | None
+    wall_s: float | None
+    load_s: float | None
+    build_s: float | None
+    build_peak_bytes: int | None
+    resident_at_load_bytes: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return _to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, source: str, where: str, version: int) -> RepeatRecord:
+        o = _Obj(data, source, where, _keys(cls, version))
+        return cls(o.integer("repeat", null=False), o.text("status", null=False), o.text("error"),
+                   o.number("wall_s"), o.number("load_s"), o.number("build_s"), o.integer("build_peak_bytes"),
+                   o.integer("resident_at_load_bytes"))
+
+
+@dataclass(frozen=True)
+class DiskRead:
+    """A cold sequential ``read()`` of the checkpoint, made in the run (version 3).
+
+    ``bytes`` read in ``seconds``: ``bytes_per_s``; ``cpu_seconds`` of the reading
+    process meanwhile (close to ``seconds``: the copy on the CPU bound it, not the disk);
+    ``before``: which repeat's strategies it preceded; ``method``: how it was read
+    (:func:`harness.diskread.cold_read_bandwidth`); ``resident_at_start_bytes``: the
+    checkpoint's residency once prepared cold.
+    """
+
+    before: int
+    bytes: int
+    seconds: float
+    bytes_per_s: float
+    cpu_seconds: float
+    method: str
+    resident_at_start_bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return _to_json(self)
+
+    @classmethod
+    def from_json(cls, data: Any, source: str, where: str, version: int) -> DiskRead:
+        o = _Obj(data, source, where, _keys(cls, version))
+        return cls(o.integer("before", null=False), o.integer("bytes", null=False),
+                   o.number("seconds", null=False), o.number("bytes_per_s", null=False),
+                   o.number("cpu_seconds", null=False), o.text("method", null=False),
+                   o.integer("resident_at_start_bytes", null=False))
 
 
 @dataclass(frozen=True)
@@ -412,6 +536,12 @@ class StrategyRecord:
     export: ExportRecord | None = None
     max_abs_diff: float | None = None
     check: str | None = None
+    cache: CacheRecord | None = None
+    prefetch: str | None = None
+    drop_cache: bool | None = None
+    prefetch_warmed_bytes: int | None = None
+    repeat: int | None = None
+    repeats: tuple[RepeatRecord, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -468,11 +598,23 @@ class StrategyRecord:
                 o.raw("export"), source, o.path("export"), version),
             max_abs_diff=o.number("max_abs_diff"),
             check=o.text("check"),
+            cache=None if o.raw("cache") is None else CacheRecord.from_json(o.raw("cache"), source, o.path("cache"),
+                                                                             version),
+            prefetch=o.text("prefetch"),
+            drop_cache=o.flag("drop_cache"),
+            prefetch_warmed_bytes=o.integer("prefetch_warmed_bytes"),
+            repeat=o.integer("repeat"),
+            repeats=tuple(
+                RepeatRecord.from_json(item, source, f"{o.path('repeats')}[{i}]", version)
+                for i, item in enumerate(o.items("repeats") if "repeats" in o.data else [])
+            ),
         )
 
 
 _SINCE["StrategyRecord"] = {"load_hwm_bytes": 2, "gpu_baseline_bytes": 2, "build_peak_bytes": 2,
-                            "compiler": 3, "compiler_weights": 3, "export": 3, "max_abs_diff": 3, "check": 3}
+                            "compiler": 3, "compiler_weights": 3, "export": 3, "max_abs_diff": 3, "check": 3,
+                            **dict.fromkeys(("cache", "prefetch", "drop_cache", "prefetch_warmed_bytes", "repeat",
+                                             "repeats"), 3)}
 
 
 def _upgrade_v1_strategy(record: StrategyRecord, device: str) -> StrategyRecord:
@@ -591,6 +733,9 @@ class RunRecord:
     scenario_config: dict[str, Any]
     strategies: dict[str, StrategyRecord]
     layout: int = LAYOUT_VERSION
+    repeats: int | None = None
+    prefetch: str | None = None
+    disk_reads: tuple[DiskRead, ...] = ()
 
     @property
     def on_gpu(self) -> bool:
@@ -662,10 +807,16 @@ class RunRecord:
             ),
             scenario_config=config,
             strategies=strategies,
+            repeats=o.integer("repeats"),
+            prefetch=o.text("prefetch"),
+            disk_reads=tuple(
+                DiskRead.from_json(item, source, f"disk_reads[{i}]", version)
+                for i, item in enumerate(o.items("disk_reads") if "disk_reads" in o.data else [])
+            ),
         )
 
 
-_SINCE["RunRecord"] = {"layout": 2}
+_SINCE["RunRecord"] = {"layout": 2, "repeats": 3, "prefetch": 3, "disk_reads": 3}
 
 
 # --------------------------------------------------------------------------- files

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.metrics import StrategyMetrics, compared_label, run_metrics
+from harness.metrics import DiskMetrics, StrategyMetrics, compared_label, disk_metrics, run_metrics
 from harness.record import (
     SUMMARY,
     RecordError,
@@ -60,6 +60,11 @@ class Results:
     def compared_label(self) -> str:
         """What the floor is compared with in this run (``build-phase host peak`` without a GPU)."""
         return compared_label(self.on_gpu)
+
+    @property
+    def disk(self) -> DiskMetrics | None:
+        """The run's cold sequential reads of the checkpoint (None where it made none)."""
+        return disk_metrics(self.record.disk_reads)
 
     @property
     def gpu_measured(self) -> bool:

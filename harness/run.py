@@ -15,6 +15,18 @@ earlier results as they were. ``summary.json`` (a :class:`~harness.record.RunRec
 is rewritten after each strategy, so the partial directory always holds what finished.
 A strategy that crashes, is killed or times out gets ``"status": "failed"`` with the
 reason; the others still run.
+
+Repeats (``[run] repeats = N``): the strategies run in rounds, each strategy once per
+round, each run a fresh worker on a cache prepared again (cold: flushed and dropped), so
+that no strategy always runs right after the same other one. With a cold cache each round
+starts with a cold sequential read of the checkpoint (:func:`harness.diskread.cold_read_bandwidth`),
+recorded in ``disk_reads``: the disk's rate at that time. With more than one repeat, each
+round's files go to ``repeat-<r>/``; the strategy's record in ``summary.json`` is that of its
+representative run, the one whose wall time is the median (of the runs that finished), and its
+samples, events and record are copied to the top of the results directory, where the
+report and figures read them; ``repeats`` lists every run's times. Samples are kept for
+the representative runs only (at the top); every run's events and record stay in its
+``repeat-<r>/``.
 """
 
 from __future__ import annotations
@@ -41,15 +53,21 @@ import psutil
 
 from harness import machine
 from harness.atomic import write_atomic
+from harness.diskread import cold_read_bandwidth
 from harness.errors import HarnessError, OutputError
 from harness.metrics import StrategyMetrics
 from harness.plan import Plan, make_plan, write_plan
 from harness.record import (
     PLAN,
+    DiskRead,
     MachineInfo,
+    RepeatRecord,
     RunRecord,
     StrategyRecord,
+    events_file,
     read_strategy_file,
+    samples_file,
+    strategy_file,
     write_summary,
 )
 from harness.scenario import Scenario
@@ -252,7 +270,65 @@ def _run_record(plan: Plan) -> RunRecord:
         references=plan.references,
         scenario_config=plan.scenario_config,
         strategies={},
+        repeats=plan.repeats,
+        prefetch=plan.prefetch,
     )
+
+
+DISK_SETTLE_TIMEOUT_S = 30.0
+"""How long the disk read waits for the machine's writeback to settle (see :mod:`harness.coldcache`)."""
+
+
+def measure_disk(plan: Plan, before: int) -> DiskRead:
+    """A cold sequential read of the plan's checkpoint files, as the run's record keeps it."""
+    read = cold_read_bandwidth([Path(f) for f in plan.checkpoint_files], timeout_s=DISK_SETTLE_TIMEOUT_S)
+    return DiskRead(before=before, bytes=read.bytes, seconds=round(read.seconds, 3),
+                    bytes_per_s=round(read.bytes_per_s, 1), cpu_seconds=read.cpu_seconds, method=read.method,
+                    resident_at_start_bytes=read.cache.resident_bytes)
+
+
+def _repeat_record(repeat: int, record: StrategyRecord) -> RepeatRecord:
+    phases = record.phases
+
+    def span(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None else round(b - a, 3)
+
+    return RepeatRecord(
+        repeat=repeat, status=record.status, error=record.error, wall_s=record.wall_s,
+        load_s=span(phases.load_start_s, phases.load_end_s), build_s=span(phases.partition_s, phases.build_end_s),
+        build_peak_bytes=record.build_peak_bytes,
+        resident_at_load_bytes=None if record.cache is None else record.cache.resident_at_load_bytes,
+    )
+
+
+def representative(runs: Sequence[StrategyRecord]) -> StrategyRecord:
+    """The run whose wall time is the median of those that finished (the lower middle for an even count);
+    the last run when none finished. Each run's ``repeat`` says which it was."""
+    finished = sorted((r for r in runs if r.ok and r.wall_s is not None), key=lambda r: (r.wall_s, r.repeat))
+    if not finished:
+        return runs[-1]
+    return finished[(len(finished) - 1) // 2]
+
+
+def combine_repeats(runs: Sequence[StrategyRecord]) -> StrategyRecord:
+    """The record ``summary.json`` keeps of a strategy run several times: its representative run's,
+    with every run's times in ``repeats``."""
+    chosen = representative(runs)
+    return chosen.replace(repeats=tuple(_repeat_record(r.repeat or 0, r) for r in runs))
+
+
+def _copy_run_files(source: Path, target: Path, strategy: str) -> None:
+    for name in (samples_file(strategy), events_file(strategy), strategy_file(strategy)):
+        if (source / name).exists():
+            shutil.copyfile(source / name, target / name)
+        elif (target / name).exists():
+            (target / name).unlink()
+
+
+def _drop_repeat_samples(staging: Path, strategy: str, runs: Sequence[StrategyRecord]) -> None:
+    """The samples of each repeat's run; the representative's are at the top of ``staging``."""
+    for r in runs:
+        (staging / f"repeat-{r.repeat}" / samples_file(strategy)).unlink(missing_ok=True)
 
 
 def _result_line(name: str, metrics: StrategyMetrics) -> str:
@@ -270,6 +346,11 @@ def _result_line(name: str, metrics: StrategyMetrics) -> str:
     if metrics.wall_s is not None:
         parts.append(f"wall {metrics.wall_s:.1f} s")
     return "; ".join(parts)
+
+
+def _disk_line(disk: DiskRead) -> str:
+    return (f"disk: cold sequential read of {disk.bytes / GIB:.2f} GiB in {disk.seconds:.1f} s, "
+            f"{disk.bytes_per_s / 1e6:.0f} MB/s ({disk.cpu_seconds:.1f} CPU-s)")
 
 
 def _strategy_record(outcome: Outcome, written: StrategyRecord | None) -> StrategyRecord:
@@ -307,22 +388,40 @@ def run_scenario(
     _progress(f"{len(plan.engines)} engines, the largest {plan.largest_engine_bytes / GIB:.2f} GiB, "
               f"on {plan.device} ({plan.backend} backend); results go to {results / name}")
     run = _run_record(plan)
+    repeats = max(1, plan.repeats)
+    runs: dict[str, list[StrategyRecord]] = {s: [] for s in plan.strategies}
     with _Stop().installed() as stop:
-        for i, strategy in enumerate(plan.strategies, 1):
-            _progress(f"strategy {i}/{len(plan.strategies)}: {strategy}")
-            try:
-                outcome = watch(command(plan_path, strategy, staging), plan.memory_limit_bytes, plan.timeout_s,
-                                stop=stop)
-            except RunInterrupted as exc:
-                raise RunInterrupted(f"{exc} ({strategy}); {results / name} is unchanged, what finished is in "
-                                     f"{staging}", exc.signum) from exc
-            record = _strategy_record(outcome, read_strategy_file(staging, strategy))
-            metrics = StrategyMetrics.of(strategy, record, run)
-            record = record.replace(floor_bytes=metrics.floor_bytes,
-                                    excess_over_floor=None if metrics.excess is None else round(metrics.excess, 6))
-            run = run.with_strategy(strategy, record)
-            write_summary(staging, run)
-            _progress(_result_line(strategy, metrics))
+        for repeat in range(repeats):
+            if plan.cache == "cold":
+                disk = measure_disk(plan, repeat)
+                run = run.replace(disk_reads=(*run.disk_reads, disk))
+                write_summary(staging, run)
+                _progress(_disk_line(disk))
+            out_dir = staging if repeats == 1 else staging / f"repeat-{repeat}"
+            for i, strategy in enumerate(plan.strategies, 1):
+                round_text = f", repeat {repeat + 1}/{repeats}" if repeats > 1 else ""
+                _progress(f"strategy {i}/{len(plan.strategies)}: {strategy}{round_text}")
+                out_dir.mkdir(parents=True, exist_ok=True)
+                try:
+                    outcome = watch(command(plan_path, strategy, out_dir), plan.memory_limit_bytes, plan.timeout_s,
+                                    stop=stop)
+                except RunInterrupted as exc:
+                    raise RunInterrupted(f"{exc} ({strategy}); {results / name} is unchanged, what finished is in "
+                                         f"{staging}", exc.signum) from exc
+                record = _strategy_record(outcome, read_strategy_file(out_dir, strategy)).replace(repeat=repeat)
+                metrics = StrategyMetrics.of(strategy, record, run)
+                record = record.replace(floor_bytes=metrics.floor_bytes,
+                                        excess_over_floor=None if metrics.excess is None else round(metrics.excess, 6))
+                runs[strategy].append(record)
+                combined = combine_repeats(runs[strategy])
+                if repeats > 1:
+                    _copy_run_files(staging / f"repeat-{combined.repeat}", staging, strategy)
+                run = run.with_strategy(strategy, combined)
+                write_summary(staging, run)
+                _progress(_result_line(strategy, metrics))
+    if repeats > 1:
+        for strategy, done in runs.items():
+            _drop_repeat_samples(staging, strategy, done)
     out = results / name
     _publish(staging, out)
     if plots:

@@ -44,7 +44,14 @@ Schema (defaults in brackets; see ``scenarios/*.toml`` for examples)::
                   device: "auto" | "cpu" | "cuda" ["auto"]; release: bool [true]
     [run]         cache: "cold" | "warm" ["cold"]; sample_interval_ms: number > 0 [10.0];
                   residency_every: int > 0 [1]; memory_limit_gib: number > 0 or absent
-                  (no limit) [absent]; timeout_s: number > 0 [1800]
+                  (no limit) [absent]; timeout_s: number > 0 [1800];
+                  prefetch: "off" | one of weightmap.PREFETCH_METHODS ("madvise", "fadvise",
+                  "read") ["madvise"]: how strategies that map (``map``) warm the page cache
+                  for the next engine while one builds (``map_no_prefetch`` never does);
+                  drop_cache: bool [false]: such strategies also drop released weights from
+                  the page cache; repeats: int > 0 [1]: cold runs of each strategy, each in a
+                  fresh process, interleaved; the report shows the median wall time and the
+                  spread
     [[reference]] label: str (required); host_at_partitioning_gib, host_gpu_peak_gib,
                   host_peak_gib: number >= 0 [absent]; note: str [""]
 """
@@ -64,6 +71,7 @@ from typing import Any
 
 from harness.errors import HarnessError
 from harness.strategies import STRATEGIES
+from weightmap import PREFETCH_METHODS
 
 __all__ = [
     "BACKENDS",
@@ -72,6 +80,7 @@ __all__ = [
     "ENGINE_WEIGHTS",
     "DEVICES",
     "MODEL_DTYPES",
+    "PREFETCH",
     "SOURCES",
     "BuildConfig",
     "CheckpointConfig",
@@ -92,6 +101,9 @@ COMPILER_BACKENDS: tuple[str, ...] = ("inductor", "tensorrt")
 ENGINE_WEIGHTS: tuple[str, ...] = ("mapped", "packaged")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 CACHES: tuple[str, ...] = ("cold", "warm")
+PREFETCH: tuple[str, ...] = ("off", *PREFETCH_METHODS)
+DEFAULT_PREFETCH = "madvise"
+"""Measured best for mapped weights here: ``madvise`` one engine ahead (``benchmarks/prefetch.py``)."""
 FALLBACKS: tuple[str, ...] = ("spec",)
 
 DATA_DIR = Path("data")
@@ -212,6 +224,9 @@ class RunConfig:
     residency_every: int = 1
     memory_limit_gib: float | None = None
     timeout_s: float = 1800.0
+    prefetch: str = DEFAULT_PREFETCH
+    drop_cache: bool = False
+    repeats: int = 1
 
 
 @dataclass(frozen=True)
@@ -483,7 +498,8 @@ def _load_build(top: _Table) -> BuildConfig:
 
 
 def _load_run(top: _Table) -> RunConfig:
-    keys = frozenset({"cache", "sample_interval_ms", "residency_every", "memory_limit_gib", "timeout_s"})
+    keys = frozenset({"cache", "sample_interval_ms", "residency_every", "memory_limit_gib", "timeout_s",
+                      "prefetch", "drop_cache", "repeats"})
     run = top.table("run", keys)
     return RunConfig(
         cache=run.string("cache", "cold", CACHES),
@@ -491,6 +507,9 @@ def _load_run(top: _Table) -> RunConfig:
         residency_every=run.integer("residency_every", 1),
         memory_limit_gib=run.number("memory_limit_gib", None),
         timeout_s=run.number("timeout_s", 1800.0),
+        prefetch=run.string("prefetch", DEFAULT_PREFETCH, PREFETCH),
+        drop_cache=run.boolean("drop_cache", False),
+        repeats=run.integer("repeats", 1),
     )
 
 

@@ -22,6 +22,12 @@ Each loader takes the model on the meta device and returns it with its weights i
 * ``stream``: nothing is loaded up front; per-engine hooks bring each engine's tensors
   in with ``safetensors.safe_open`` right before its build and drop them right after,
   so only one engine's weights are loaded at a time (:class:`StreamHooks`).
+* ``map_no_prefetch``: ``map`` with prefetch off whatever the scenario says (``drop_cache``
+  still follows it), so that one run shows what prefetch buys.
+
+A strategy with a ``prefetch_plan`` warms the page cache for the next engine while one is
+built, with the scenario's ``[run] prefetch`` method (its release plan is made by
+``prefetch_plan`` instead of ``release_plan``); prefetch never changes what is released.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from typing import Protocol
 
 import torch
 
-from weightmap import ReleasePlan, map_weights
+from weightmap import PrefetchMethod, ReleasePlan, map_weights
 from weightmap.checkpoint import open_checkpoint
 from weightmap.targets import collect_targets
 
@@ -167,6 +173,8 @@ class EngineHooks(Protocol):
 
 Loader = Callable[[torch.nn.Module, Path], Loaded]
 ReleasePlanner = Callable[[torch.nn.Module, Sequence[Sequence[str]]], ReleasePlan]
+PrefetchPlanner = Callable[[torch.nn.Module, Sequence[Sequence[str]], PrefetchMethod | None, bool], ReleasePlan]
+"""``(model, partitions, prefetch method or None, drop_cache) -> ReleasePlan``."""
 HooksFactory = Callable[[torch.nn.Module, Path], EngineHooks]
 Preparer = Callable[[Path], bool]
 FilesRead = Callable[[Path], Sequence[Path]]
@@ -227,6 +235,11 @@ def release_without_resizing(model: torch.nn.Module, partitions: Sequence[Sequen
     """The plan for engines that run on the model's own tensors: mapped pages dropped after their last
     engine, no storage resized (whatever the strategy), so that the engines can still run on them."""
     return _release_after_last_reader(model, partitions)
+def _release_and_prefetch(model: torch.nn.Module, partitions: Sequence[Sequence[str]],
+                          method: PrefetchMethod | None, drop_cache: bool) -> ReleasePlan:
+    """weightmap's default plan, warming the page cache one engine ahead with ``method`` (None: not at all),
+    and evicting released weights from it with ``drop_cache``."""
+    return ReleasePlan.from_names(model, partitions, prefetch=method, prefetch_ahead=1, drop_cache=drop_cache)
 
 
 @dataclass(frozen=True)
@@ -241,6 +254,9 @@ class Strategy:
     ``prepare(checkpoint)``, when set, is a one-off step the plan runs before any measured
     run (a conversion), and ``reads(checkpoint)`` names the files the loader reads instead of
     or besides the checkpoint, so that a cold cache drops them too.
+    ``prefetch_plan``, when set, makes the release plan instead of ``release_plan`` where
+    the scenario turns prefetch or ``drop_cache`` on (see the module docstring);
+    ``prefetches=False`` hands it no prefetch method whatever the scenario says.
     """
 
     name: str
@@ -257,6 +273,8 @@ class Strategy:
     def files_read(self, checkpoint: Path) -> tuple[Path, ...]:
         """The files this strategy's loader reads besides the checkpoint's (a cold cache drops them too)."""
         return tuple(self.reads(checkpoint)) if self.reads else ()
+    prefetch_plan: PrefetchPlanner | None = None
+    prefetches: bool = True
 
     def release_note(self, release: bool, unreleased_bytes: int) -> str:
         """The sentence the results print about what this strategy released."""
@@ -266,6 +284,10 @@ class Strategy:
             return f"every weight released after its last engine ({self.released_how})"
         return self.kept_why
 
+
+_MAP_KEPT_WHY = ("mapped weights released; what was kept is ordinary memory the model still reads "
+                 "(non-persistent buffers such as rotary frequencies: the plan resizes nothing unless asked), "
+                 "or mapped storages that madvise refused")
 
 STRATEGIES: dict[str, Strategy] = {
     s.name: s
@@ -277,9 +299,8 @@ STRATEGIES: dict[str, Strategy] = {
             load=load_map,
             release_plan=_release_after_last_reader,
             released_how="pages dropped with madvise(MADV_DONTNEED)",
-            kept_why=("mapped weights released; what was kept is ordinary memory the model still reads "
-                      "(non-persistent buffers such as rotary frequencies: the plan resizes nothing unless asked), "
-                      "or mapped storages that madvise refused"),
+            kept_why=_MAP_KEPT_WHY,
+            prefetch_plan=_release_and_prefetch,
         ),
         Strategy(
             name="load",
@@ -322,6 +343,17 @@ STRATEGIES: dict[str, Strategy] = {
             kept_why=("each engine's safe_open views dropped after its build, which unmaps them; what was kept is "
                       "ordinary memory the model still reads (non-persistent buffers such as rotary frequencies)"),
             hooks=StreamHooks,
+        ),
+        Strategy(
+            name="map_no_prefetch",
+            label="map_weights, pages dropped after each engine, no prefetch",
+            colour="#332288",
+            load=load_map,
+            release_plan=_release_after_last_reader,
+            released_how="pages dropped with madvise(MADV_DONTNEED)",
+            kept_why=_MAP_KEPT_WHY,
+            prefetch_plan=_release_and_prefetch,
+            prefetches=False,
         ),
     )
 }

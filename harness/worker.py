@@ -22,10 +22,11 @@ import argparse
 import csv
 import gc
 import io
+import resource
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +36,7 @@ import torch
 from harness.atomic import write_atomic
 from harness.backends import Backend, make_backend, make_compiler_backend
 from harness.checkpoints import checkpoint_specs, describe_specs
-from harness.coldcache import prepare_cold
+from harness.coldcache import CacheReport, prepare_cold, prepare_warm
 from harness.gpu import GpuMonitor
 from harness.metrics import SampleColumns, sampled_peaks
 from harness.models import build_model, fill_non_persistent
@@ -44,6 +45,7 @@ from harness.procfs import PeakTracker, read_peak, read_status
 from harness.progress import engine_bar, phase_ticker
 from harness.record import (
     EVENT_COLUMNS,
+    CacheRecord,
     EngineRecord,
     ExportRecord,
     Phases,
@@ -52,8 +54,10 @@ from harness.record import (
     samples_file,
     write_strategy_file,
 )
+from harness.residency import FileResidency
 from harness.sampler import Sampler
 from harness.strategies import STRATEGIES, Strategy, release_without_resizing
+from weightmap import ReleasePlan
 
 if TYPE_CHECKING:
     from harness.compile.backend import CompilerBackend
@@ -63,6 +67,10 @@ __all__ = ["FAILURE_PREFIX", "measure", "worker_command"]
 
 FAILURE_PREFIX = "harness worker failed: "
 """Starts the last stderr line of a worker that could not write its record."""
+
+SETTLE_TIMEOUT_S = 30.0
+"""How long a cold preparation waits for the machine's writeback to settle before it drops the
+checkpoint anyway (a shared machine may never settle; the record says so)."""
 
 
 def worker_command(plan_path: Path, strategy: str, out: Path) -> list[str]:
@@ -117,6 +125,10 @@ class _Measured:
     export: ExportRecord | None = None
     max_abs_diff: float | None = None
     check: str | None = None
+    cache: CacheRecord | None = None
+    prefetch: str | None = None
+    drop_cache: bool | None = None
+    prefetch_warmed_bytes: int | None = None
 
     def record(self) -> StrategyRecord:
         phases = {k: round(v, 6) for k, v in self.phases.items()}
@@ -132,6 +144,8 @@ class _Measured:
             release_note=self.release_note, engines=tuple(self.engines),
             compiler=self.compiler, compiler_weights=self.compiler_weights, export=self.export,
             max_abs_diff=self.max_abs_diff, check=self.check,
+            cache=self.cache, prefetch=self.prefetch, drop_cache=self.drop_cache,
+            prefetch_warmed_bytes=self.prefetch_warmed_bytes,
         )
 
 
@@ -139,6 +153,21 @@ def process_start_monotonic() -> float:
     """This process's start on the ``time.monotonic()`` clock."""
     age = time.time() - psutil.Process().create_time()
     return time.monotonic() - max(0.0, age)
+
+
+def cache_record(report: CacheReport) -> CacheRecord:
+    """What the results keep of a page-cache preparation (the residency at load start is added later)."""
+    return CacheRecord(
+        state=report.state, method=report.method,
+        flushed=any(f.flushes > 0 for f in report.files), settled=report.settled,
+        dropped=report.state == "cold", resident_before_bytes=sum(f.resident_bytes_before for f in report.files),
+        resident_after_bytes=report.resident_bytes, resident_at_load_bytes=None, total_bytes=report.total_bytes,
+        seconds=report.seconds, notes=tuple(report.notes),
+    )
+
+
+def _major_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_majflt
 
 
 def _named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -173,8 +202,6 @@ class Measurement:
                                f"is not the planned one ({plan.model.tensors} tensors, {plan.model.bytes} bytes)")
         files = [Path(f) for f in plan.checkpoint_files]
         files += [f for f in self.spec.files_read(Path(plan.checkpoint.path)) if f not in files]
-        if plan.cache == "cold":
-            prepare_cold(files, settle=False)  # flushed, then dropped: the parent settled the machine
         if plan.compiler:
             # The compiler's modules are loaded before the baseline, as torch itself is.
             import torch._inductor.codecache  # noqa: F401
@@ -182,6 +209,11 @@ class Measurement:
             import torch._inductor.graph  # noqa: F401
             import torch._inductor.lowering  # noqa: F401
             import torch.export  # noqa: F401
+        # Last before the baseline, so that nothing loaded above brings the checkpoint back.
+        if plan.cache == "cold":  # flushed, the machine's writeback waited for, then dropped
+            self.record.cache = cache_record(prepare_cold(files, settle=True, timeout_s=SETTLE_TIMEOUT_S))
+        else:
+            self.record.cache = cache_record(prepare_warm(files))
         if plan.device == "cuda":
             torch.empty(1, device="cuda")  # the CUDA context exists before the baseline
             self.gpu = GpuMonitor.open(torch.cuda.current_device())
@@ -206,6 +238,10 @@ class Measurement:
 
     def load(self, model: torch.nn.Module) -> torch.nn.Module:
         assert self.sampler is not None
+        if self.record.cache is not None:
+            with FileResidency([Path(f) for f in self.plan.checkpoint_files]) as residency:
+                resident = residency.resident_bytes()
+            self.record.cache = replace(self.record.cache, resident_at_load_bytes=resident)
         self.record.phases["load_start_s"] = self.events.add("load_start")
         self.sampler.mark(phase="load")
         with phase_ticker(self.strategy, "loading"):
@@ -281,23 +317,24 @@ class Measurement:
             builder = self.compiled
         else:
             builder = self.backend = make_backend(plan.backend, plan.device, self.workdir)
-        # Engines that run on the model's own tensors must keep them: only mapped pages are dropped.
-        planner = (release_without_resizing if self.compiled is not None and self.compiled.weights == "mapped"
-                   else self.spec.release_plan)
-        plan_release = planner(model, [e.names for e in engines]) if plan.release else None
+        plan_release = self._release_plan(model) if plan.release else None
         hooks = self.spec.hooks(model, Path(plan.checkpoint.path)) if self.spec.hooks else None
         named = _named_tensors(model)
         self.sampler.mark(phase="build")
+        if plan_release is not None and self.record.prefetch is not None and engines:
+            plan_release.prefetch(0)  # engines 0 and 1 start warming
         bar = engine_bar(self.strategy, len(engines), sum(e.weight_bytes for e in engines))
         try:
             for engine in engines:
                 self.peak.begin()
                 self.sampler.mark(engine=engine.index)
+                faults = _major_faults()
                 start = self.events.add("engine_start", engine=engine.index, weight_bytes=engine.weight_bytes)
                 if hooks is not None:
                     hooks.before(engine.index, engine.names)
                     named = _named_tensors(model)  # the hook may have put new tensors in place
                 builder.build_engine(engine.index, {n: named[n] for n in engine.names})
+                split = getattr(builder, "last_split", None)
                 step = plan_release.built(engine.index) if plan_release else None
                 by_hooks = hooks.after(engine.index, engine.names) if hooks is not None else 0
                 hwm = self.peak.end()
@@ -322,14 +359,21 @@ class Measurement:
                     rss_before_bytes=None if compiled is None else compiled.rss_before_bytes,
                     children_peak_bytes=None if compiled is None else compiled.children_peak_bytes,
                     cache_bytes=None if compiled is None else compiled.cache_bytes,
+                    pages_s=None if split is None else round(split.pages_s, 6),
+                    copy_s=None if split is None else round(split.copy_s, 6),
+                    major_faults=_major_faults() - faults,
                 ))
                 bar.built(engine.weight_bytes)
         finally:
             bar.close()
+            if plan_release is not None:
+                stats = plan_release.prefetch_stats
+                self.record.prefetch_warmed_bytes = None if stats is None else stats.warmed_bytes
+                plan_release.close()
         if not self.peak.supported:
             self.record.peak_source = "samples only: the kernel refused to reset VmHWM (/proc/self/clear_refs)"
         self.record.release_note = self.spec.release_note(plan.release, self.record.unreleased_bytes)
-        if planner is release_without_resizing and self.record.unreleased_bytes:
+        if self._keeps_own_tensors and self.record.unreleased_bytes:
             self.record.release_note = ("the engines run on the model's own tensors (weights = \"mapped\"): "
                                         "mapped pages are dropped after each engine, other memory is kept for "
                                         "the engines to run on")
@@ -389,6 +433,23 @@ class Measurement:
             except RuntimeError as exc:
                 self.record.status = "failed"  # the samples stop where the sampler failed
                 self.record.error = "; ".join(filter(None, [self.record.error, str(exc)]))
+    def _release_plan(self, model: torch.nn.Module) -> ReleasePlan:
+        """The strategy's release plan: with prefetch (and drop_cache) where the strategy and the plan ask for it."""
+        plan, names = self.plan, [e.names for e in self.plan.engines]
+        planner = self.spec.prefetch_plan
+        method = plan.prefetch if self.spec.prefetches else None
+        if planner is not None and (method is not None or plan.drop_cache):
+            self.record.prefetch, self.record.drop_cache = method, plan.drop_cache
+            return planner(model, names, method, plan.drop_cache)  # type: ignore[arg-type]
+        self.record.drop_cache = False
+        if self._keeps_own_tensors:
+            return release_without_resizing(model, names)
+        return self.spec.release_plan(model, names)
+
+    @property
+    def _keeps_own_tensors(self) -> bool:
+        """Whether the engines run on the model's own tensors, which must be kept: only mapped pages are dropped."""
+        return self.compiled is not None and self.compiled.weights == "mapped"
 
     def finish(self) -> StrategyRecord:
         """Stop the sampler and write every file, whatever happened before; returns the record."""

@@ -12,6 +12,8 @@ the record, the samples and :mod:`harness.metrics`' figures) and writes, beside 
 * ``<name>-engines.png`` (:mod:`harness.report.engines`): engine by engine;
 * ``<name>-compiler.png`` (:mod:`harness.report.compiler`): what a compiler added per engine,
   for runs of a compiler backend only (:data:`FIGURE_APPLIES`).
+* ``<name>-engine-times.png`` (:mod:`harness.report.enginetimes`): each engine's build
+  time, split into waiting for pages and copying, against the disk's read time.
 
 Every module formats numbers through :mod:`harness.report.text` and draws through
 :mod:`harness.report.style`, and none of them opens a results file itself.
@@ -28,6 +30,7 @@ from matplotlib.figure import Figure
 from harness.errors import HarnessError
 from harness.report.compiler import compiler_figure, has_compiler
 from harness.report.engines import engines_figure
+from harness.report.enginetimes import engine_times_figure
 from harness.report.headline import headline_figure
 from harness.report.markdown import write_report
 from harness.report.notes import notes_path, read_notes, stamp_notes
@@ -44,6 +47,7 @@ FIGURES: dict[str, Callable[[Results], Figure]] = {
     "engines": engines_figure,
     "peaks": peaks_figure,
     "compiler": compiler_figure,
+    "engine-times": engine_times_figure,
 }
 """Every figure of a run, by the suffix of its file name, in the order the report shows them."""
 

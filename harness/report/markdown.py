@@ -13,9 +13,10 @@ from pathlib import Path
 
 from harness.atomic import write_atomic
 from harness.metrics import StrategyMetrics
+from harness.record import StrategyRecord
 from harness.report.compiler import compiler_lines
 from harness.report.notes import NEVER_CHECKED, Notes, check_notes, migrate_notes
-from harness.report.table import columns, reference_cells, strategy_cells
+from harness.report.table import columns, disk_cells, reference_cells, strategy_cells
 from harness.report.text import (
     cell,
     format_gib,
@@ -35,6 +36,9 @@ def table_lines(run: Results) -> list[str]:
     """The table as markdown lines: a row per strategy, then a row per reference."""
     headers = [c.header for c in columns(run)]
     rows = [[cells[h] for h in headers] for cells in strategy_cells(run).values()]
+    disk = disk_cells(run)
+    if disk is not None:
+        rows.append([disk[h] for h in headers])
     rows += [[cells[h] for h in headers] for cells in reference_cells(run)]
     align = ["---"] + ["---:"] * (len(headers) - 2) + ["---"]
     lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(align) + " |"]
@@ -67,11 +71,81 @@ def context_paragraph(results: Results) -> str:
         engines,
         None if run.release is None else ("release on" if run.release else "release off"),
         f"sampled every {run.sample_interval_ms:g} ms" if run.sample_interval_ms else None,
+        _prefetch_text(run.prefetch) if run.layout >= 3 else None,
+        _repeats_text(run.repeats, run.cache),
     ]
     text += machine + "; " + ", ".join(s for s in setup if s) + "."
     created = run.created or "at an unrecorded time"
     text += f" Commit {short_commit(run.commit)}, created {created}; {versions_text(results)}."
     return text
+
+
+def _prefetch_text(prefetch: str | None) -> str:
+    if prefetch is None:
+        return "prefetch off"
+    return f"prefetch `{prefetch}` one engine ahead for the strategies that map"
+
+
+def _repeats_text(repeats: int | None, cache: str) -> str | None:
+    if not repeats or repeats <= 1:
+        return None
+    return (f"each strategy run {repeats} times, interleaved, each run a fresh process on a {cache} cache; "
+            "times are the median run's (the figures show it), with the range over the runs")
+
+
+def disk_observation(run: Results) -> list[str]:
+    """The run's disk reads, and each finished strategy's build phase set against them."""
+    disk = run.disk
+    if disk is None:
+        return []
+    model = run.record.model.bytes
+    read_s = disk.read_s(model)
+    reads = f"{disk.reads} cold sequential reads" if disk.reads > 1 else "a cold sequential read"
+    text = (f"- **disk**: {reads} of the {format_gib(disk.bytes)} checkpoint (`read()` into a reused buffer, "
+            f"one before each round of strategies): median {disk.median_bytes_per_s / 1e6:.0f} MB/s "
+            f"({disk.min_bytes_per_s / 1e6:.0f}–{disk.max_bytes_per_s / 1e6:.0f}), "
+            f"{disk.median_cpu_seconds:.1f} CPU-s per read; reading the model once at that rate takes "
+            f"{format_seconds(read_s)}.")
+    lines = [text]
+    for s in run.metrics.values():
+        if not s.ok or s.build_s is None or s.wall_s is None:
+            continue
+        lines.append(f"  - {s.name}: build phase {format_seconds(s.build_s)} = {s.build_s / read_s:.2f} × the "
+                     f"model's read time; wall {format_seconds(s.wall_s)} = {s.wall_s / read_s:.2f} ×.")
+    return lines
+
+
+def _cache_text(r: StrategyRecord, decimals: int) -> str | None:
+    cache = r.cache
+    if cache is None:
+        return None
+    steps = []
+    if cache.state == "cold":
+        steps.append("flushed" if cache.flushed else "not flushed")
+        if cache.settled is not None:
+            steps.append("machine's writeback settled" if cache.settled else "machine's writeback not settled")
+        steps.append("dropped")
+    else:
+        steps.append("read once")
+    text = (f"cache {cache.state} ({', '.join(steps)}; {format_gib(cache.resident_before_bytes, decimals)} resident "
+            f"before, {format_gib(cache.resident_after_bytes, decimals)} after, in {cache.seconds:.1f} s)")
+    if cache.resident_at_load_bytes is not None:
+        text += f"; checkpoint resident at load start: {format_gib(cache.resident_at_load_bytes, decimals)}"
+    if cache.notes:
+        text += "; " + "; ".join(n.rstrip(".") for n in cache.notes)
+    return text
+
+
+def _prefetch_detail(r: StrategyRecord, decimals: int) -> str | None:
+    if r.prefetch is None and not r.drop_cache:
+        return None
+    parts = []
+    if r.prefetch is not None:
+        warmed = "" if r.prefetch_warmed_bytes is None else f", {format_gib(r.prefetch_warmed_bytes, decimals)} warmed"
+        parts.append(f"prefetch `{r.prefetch}` one engine ahead{warmed}")
+    if r.drop_cache:
+        parts.append("released weights dropped from the page cache too")
+    return "; ".join(parts)
 
 
 def _floor_note(run: Results, decimals: int) -> str:
@@ -171,10 +245,26 @@ def strategy_observations(run: Results, s: StrategyMetrics) -> list[str]:
         details.append("; ".join(release))
     if s.wall_s is not None:
         timing = f"wall {format_seconds(s.wall_s)}: load {format_seconds(s.load_s)}, build {format_seconds(s.build_s)}"
+        if s.pages_s is not None and s.copy_s is not None:
+            timing += (f" (engines: {format_seconds(s.pages_s)} bringing weights' pages in, "
+                       f"{format_seconds(s.copy_s)} copying and flushing)")
         if s.engine_s:
             index, seconds = max(s.engine_s, key=lambda item: item[1])
             timing += f"; slowest engine {index} ({format_seconds(seconds)})"
         details.append(timing)
+    if s.runs > 1 and s.wall_median_s is not None:
+        details.append(
+            f"{s.runs_finished} of {s.runs} runs finished: wall median {format_seconds(s.wall_median_s)}, "
+            f"{format_seconds(s.wall_min_s)} to {format_seconds(s.wall_max_s)}"
+            + (f" (±{s.wall_spread * 100:.0f}% of the median)" if s.wall_spread is not None else "")
+            + f"; load median {format_seconds(s.load_median_s)}, build median {format_seconds(s.build_median_s)}; "
+            f"the figures show run {r.repeat}")
+    cache = _cache_text(r, decimals)
+    if cache:
+        details.append(cache)
+    prefetch = _prefetch_detail(r, decimals)
+    if prefetch:
+        details.append(prefetch)
     sampling = []
     if r.peak_source:
         sampling.append(f"peaks from the {r.peak_source}")
@@ -250,6 +340,7 @@ def render_report(run: Results, figures: Sequence[str] = (), notes: Notes | None
     for strategy in run.metrics.values():
         lines += strategy_observations(run, strategy)
     lines += comparison_observations(run)
+    lines += disk_observation(run)
     lines += notes_on_refs
     compiled = compiler_lines(run)
     if compiled:

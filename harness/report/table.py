@@ -1,6 +1,9 @@
 """The results table: its columns and the text of each cell, from :mod:`harness.metrics` only.
 
-One row per strategy, then one per reference figure measured elsewhere. The peak the
+One row per strategy, then the disk-read row where the run measured the disk (a cold
+sequential ``read()`` of the checkpoint in the same run: the time reading the model once
+takes on this disk, against which every strategy's read-bound time is set), then one per
+reference figure measured elsewhere. The peak the
 floor is compared with comes right before the floor and the excess, named for what it
 is (``build-phase host peak``, or ``build-phase host + GPU peak`` on a GPU); whole-run
 peaks, which include the load, follow in columns of their own. The markdown report
@@ -12,12 +15,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from harness.metrics import StrategyMetrics
+from harness.metrics import DiskMetrics, StrategyMetrics
 from harness.record import Reference
 from harness.report.text import DASH, format_gib, format_percent, format_seconds, gib_decimals, status_text
 from harness.results import Results
 
-__all__ = ["COMPARED", "EXCESS", "FLOOR", "Column", "columns", "reference_cells", "strategy_cells"]
+__all__ = ["COMPARED", "EXCESS", "FLOOR", "Column", "columns", "disk_cells", "reference_cells", "strategy_cells"]
 
 FLOOR = "floor"
 EXCESS = "excess over floor (% of model)"
@@ -34,6 +37,7 @@ class Column:
     header: str
     strategy: Callable[[StrategyMetrics, int], str]
     reference: Callable[[Reference, bool], str] = lambda reference, on_gpu: DASH
+    disk: Callable[[DiskMetrics], str] = lambda disk: DASH
 
 
 def _gib(value: float | None) -> str:
@@ -49,6 +53,21 @@ def _reference_compared(reference: Reference, on_gpu: bool) -> str:
 def _status(m: StrategyMetrics, decimals: int) -> str:
     text = status_text(m, _STATUS_CHARS)
     return text if m.ok else f"**{text}**"
+
+
+def _runs(m: StrategyMetrics) -> str:
+    if m.runs <= 1:
+        return "1"
+    text = f"{m.runs_finished} of {m.runs}" if m.runs_finished != m.runs else str(m.runs)
+    if m.wall_min_s is not None and m.wall_max_s is not None and m.wall_spread is not None:
+        text += f": {m.wall_min_s:.1f}–{m.wall_max_s:.1f} s (±{m.wall_spread * 100:.0f}%)"
+    return text
+
+
+def _disk_runs(d: DiskMetrics) -> str:
+    if d.reads <= 1:
+        return "1"
+    return f"{d.reads}: {d.min_bytes_per_s / 1e6:.0f}–{d.max_bytes_per_s / 1e6:.0f} MB/s"
 
 
 def columns(run: Results) -> list[Column]:
@@ -73,12 +92,30 @@ def columns(run: Results) -> list[Column]:
         cols.append(Column("whole-run GPU peak", lambda m, d: format_gib(m.run_gpu_peak_bytes, d)))
     cols += [
         Column("released", lambda m, d: format_gib(m.released_bytes, d)),
-        Column("load time", lambda m, d: format_seconds(m.load_s)),
+        Column("prefetch", lambda m, d: m.prefetch or "off"),
+        Column("resident at load start", lambda m, d: format_gib(m.resident_at_load_bytes, d)),
+        Column("load time", lambda m, d: format_seconds(m.load_s), disk=lambda k: format_seconds(k.median_seconds)),
         Column("build time", lambda m, d: format_seconds(m.build_s)),
-        Column("wall time", lambda m, d: format_seconds(m.wall_s)),
-        Column("status", _status, lambda r, g: "reference"),
+        Column("wall time", lambda m, d: format_seconds(m.wall_median_s if m.runs > 1 else m.wall_s),
+               disk=lambda k: format_seconds(k.median_seconds)),
+        Column("runs", lambda m, d: _runs(m), disk=_disk_runs),
+        Column("status", _status, lambda r, g: "reference",
+               lambda k: f"reference: {k.median_bytes_per_s / 1e6:.0f} MB/s, {k.median_cpu_seconds:.1f} CPU-s"),
     ]
     return cols
+
+
+DISK_LABEL = "disk: cold sequential read() of the checkpoint, this run"
+
+
+def disk_cells(run: Results) -> dict[str, str] | None:
+    """``{header: cell}`` of the disk-read row; None where the run did not measure the disk."""
+    disk = run.disk
+    if disk is None:
+        return None
+    cells = {c.header: c.disk(disk) for c in columns(run)}
+    cells["strategy"] = DISK_LABEL
+    return cells
 
 
 def strategy_cells(run: Results) -> dict[str, dict[str, str]]:

@@ -168,18 +168,19 @@ def test_reader_rejects_a_directory_without_summary(tmp_path: Path) -> None:
 # Rendering
 
 
-def test_render_all_writes_four_pngs_and_the_report(results_dir: Path) -> None:
+def test_render_all_writes_five_pngs_and_the_report(results_dir: Path) -> None:
     written = render_all(results_dir).paths
     out = results_dir.parent
-    names = ["smoke-headline.png", "smoke-timeline.png", "smoke-engines.png", "smoke-peaks.png", "smoke.md"]
+    names = ["smoke-headline.png", "smoke-timeline.png", "smoke-engines.png", "smoke-peaks.png",
+             "smoke-engine-times.png", "smoke.md"]
     assert [p.name for p in written] == names
     for path in written:
         assert path.parent == out and path.stat().st_size > 0
-    for path in written[:4]:
+    for path in written[:5]:
         assert path.read_bytes()[:8] == PNG_SIGNATURE
-    report = written[4].read_text(encoding="utf-8")
+    report = written[5].read_text(encoding="utf-8")
     assert report.startswith("# smoke")
-    assert all(f"![{p.stem}]({p.name})" in report for p in written[:4])
+    assert all(f"![{p.stem}]({p.name})" in report for p in written[:5])
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
 
 

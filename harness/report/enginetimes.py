@@ -1,0 +1,97 @@
+"""``<name>-engine-times.png``: each engine's build time per strategy, split into waiting for pages and copying.
+
+One group of bars per engine, one bar per strategy: the lower, hatched part is the time
+the build spent bringing the engine's weights into memory (one read of every page:
+page faults, and disk reads for what was not in the page cache), the upper, solid part
+the time it spent copying the resident weights to the engine and flushing it (see
+:mod:`harness.backends`), and an outlined cap the rest of the engine's span: releasing its
+weights (and, with prefetch, asking for the next engine's pages) and the harness's own
+bookkeeping. Where the run measured the disk, a black tick over each group
+marks the engine's weights ÷ the disk's median cold read rate: the time reading them
+once takes on this disk. Strategies without the split (another backend) show one solid
+bar of the whole engine time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from harness.report.style import figure_legend, new_figure, strategy_colour, styled
+from harness.report.text import format_seconds
+from harness.results import Results
+
+__all__ = ["engine_times_figure"]
+
+
+@styled
+def engine_times_figure(run: Results) -> Figure:
+    """Per engine and strategy: seconds waiting for pages (hatched) and copying (solid); the disk's time as ticks."""
+    names = list(run.strategies)
+    fig = new_figure(12.0, 6.4, run)
+    ax = fig.subplots(1, 1)
+    weights: dict[int, int] = {}
+    for record in run.strategies.values():
+        for e in record.engines:
+            weights.setdefault(e.index, e.weight_bytes)
+    indices = sorted(weights)
+    width = 0.8 / max(1, len(names))
+    handles: list[Any] = []
+    for i, name in enumerate(names):
+        metrics = run.metrics[name]
+        colour = strategy_colour(name, names)
+        offset = -0.4 + width * (i + 0.5)
+        pages = dict(metrics.engine_pages_s)
+        copies = dict(metrics.engine_copy_s)
+        totals = dict(metrics.engine_s)
+        xs = [x for x in indices if x in totals]
+        if not xs:
+            continue
+        low = np.asarray([pages.get(x, 0.0) if x in copies else 0.0 for x in xs])
+        high = np.asarray([copies[x] if x in copies else totals[x] for x in xs])
+        rest = np.clip(np.asarray([totals[x] for x in xs]) - low - high, 0.0, None)
+        at = np.asarray(xs, dtype=float) + offset
+        ax.bar(at, low, width, color=colour, alpha=0.35, hatch="///", edgecolor=colour, linewidth=0, zorder=2,
+               gid=f"pages-s:{name}")
+        ax.bar(at, high, width, bottom=low, color=colour, zorder=2, gid=f"copy-s:{name}")
+        ax.bar(at, rest, width, bottom=low + high, facecolor="#FFFFFF", edgecolor=colour, linewidth=1.0, zorder=2,
+               gid=f"rest-s:{name}")
+        label = f"{name}: engines {format_seconds(sum(totals[x] for x in xs))}"
+        if metrics.pages_s is not None and metrics.copy_s is not None:
+            label += (f" ({format_seconds(metrics.pages_s)} pages, {format_seconds(metrics.copy_s)} copy, "
+                      f"{format_seconds(float(rest.sum()))} rest)")
+        if not metrics.ok:
+            label += " (FAILED, partial)"
+        handles.append(Patch(color=colour, label=label))
+    handles += [
+        Patch(facecolor="#FFFFFF", edgecolor="#555555", hatch="///",
+              label="hatched bottom: bringing weights' pages in"),
+        Patch(facecolor="#555555", label="middle: copying to the engine and flushing it"),
+        Patch(facecolor="#FFFFFF", edgecolor="#555555", label="outlined top: releasing its weights, the rest"),
+    ]
+    disk = run.disk
+    if disk is not None and indices:
+        ticks = [disk.read_s(weights[x]) for x in indices]
+        ax.hlines(ticks, np.asarray(indices) - 0.42, np.asarray(indices) + 0.42, color="#000000", linewidth=1.6,
+                  zorder=4, gid="disk-s")
+        handles.append(Line2D([], [], color="#000000", linewidth=1.6,
+                              label=f"engine weights ÷ disk read rate ({disk.median_bytes_per_s / 1e6:.0f} MB/s, "
+                                    "this run)"))
+    ax.set_ylabel("seconds")
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("engine (build order)")
+    ax.set_title("time to build each engine: waiting for its weights' pages (hatched), copying (solid), "
+                 "releasing (outlined)", loc="left")
+    ax.grid(axis="y", color="#E5E5E5", zorder=0)
+    if indices:
+        ax.set_xticks(indices, [str(i) for i in indices], rotation=90 if len(indices) > 40 else 0)
+    else:
+        ax.text(0.5, 0.5, "no engines recorded", transform=ax.transAxes, ha="center", color="#777777")
+    repeats = run.record.repeats or 1
+    shown = "" if repeats <= 1 else f"; the median run of {repeats} per strategy"
+    figure_legend(fig, handles, f"{run.name}: where each engine's build time went ({run.record.model.name}{shown})")
+    return fig

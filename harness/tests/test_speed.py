@@ -1,0 +1,229 @@
+"""Prefetch, cache preparation, the disk-read reference, the engine-time split and repeats.
+
+One module-wide run measures ``map`` and ``map_no_prefetch`` twice each on a small model
+with a cold cache; the other tests are unit tests of the pieces. Checkpoints and engine
+files go under temporary directories, never under the repository's ``data/``.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.backends import CopyToFiles, fault_in
+from harness.metrics import StrategyMetrics, disk_metrics
+from harness.plan import make_plan
+from harness.procfs import read_status
+from harness.record import DiskRead, RunRecord, StrategyRecord
+from harness.results import load_results
+from harness.run import combine_repeats, representative, run_scenario
+from harness.scenario import (
+    BuildConfig,
+    CheckpointConfig,
+    RunConfig,
+    Scenario,
+    ScenarioError,
+    load_scenario,
+)
+from harness.tests.fixtures import make_results
+from harness.tests.test_run import TINY
+from weightmap import map_weights, save_weights_for_mapping
+
+MiB = 2**20
+
+
+def _scenario(tmp: Path, **run: object) -> Scenario:
+    return Scenario(
+        name="speedy",
+        strategies=("map", "map_no_prefetch"),
+        model=TINY,
+        checkpoint=CheckpointConfig(path=tmp / "tiny.safetensors", seed=1, generate=True),
+        build=BuildConfig(engines=4, device="cpu"),
+        run=RunConfig(sample_interval_ms=5.0, memory_limit_gib=2.0, timeout_s=300, **run),  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture(scope="module")
+def repeated(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunRecord, Path]:
+    tmp = tmp_path_factory.mktemp("speed")
+    record = run_scenario(_scenario(tmp, repeats=2), results=tmp / "results", workdir=tmp / "engines")
+    return record, tmp / "results" / "speedy"
+
+
+# --------------------------------------------------------------------------- scenario and plan
+
+
+def _toml(tmp: Path, run: str) -> Path:
+    path = tmp / "s.toml"
+    path.write_text(f"""
+name = "s"
+[model]
+source = "synthetic"
+layers = 1
+width = 64
+heads = 4
+vocab = 64
+[checkpoint]
+path = "{tmp / 'c.safetensors'}"
+[build]
+engines = 1
+[run]
+{run}
+""")
+    return path
+
+
+def test_prefetch_is_on_for_map_by_default_and_can_be_turned_off(tmp_path: Path) -> None:
+    assert load_scenario(_toml(tmp_path, "")).run.prefetch == "madvise"
+    assert load_scenario(_toml(tmp_path, "")).run.repeats == 1
+    scenario = load_scenario(_toml(tmp_path, 'prefetch = "off"\nrepeats = 3\ndrop_cache = true'))
+    assert (scenario.run.prefetch, scenario.run.repeats, scenario.run.drop_cache) == ("off", 3, True)
+    with pytest.raises(ScenarioError, match=r"run\.prefetch: expected one of 'off', 'fadvise', 'madvise'"):
+        load_scenario(_toml(tmp_path, 'prefetch = "willneed"'))
+    with pytest.raises(ScenarioError, match=r"run\.repeats: expected an integer >= 1"):
+        load_scenario(_toml(tmp_path, "repeats = 0"))
+
+
+def test_the_plan_carries_prefetch_and_repeats(tmp_path: Path) -> None:
+    plan = make_plan(_scenario(tmp_path, prefetch="off", repeats=3), name="p", workdir=tmp_path)
+    assert (plan.prefetch, plan.repeats) == (None, 3)
+    plan = make_plan(_scenario(tmp_path), name="p", workdir=tmp_path)
+    assert (plan.prefetch, plan.repeats, plan.drop_cache) == ("madvise", 1, False)
+    assert json.loads(json.dumps(plan.to_json()))["prefetch"] == "madvise"
+
+
+# --------------------------------------------------------------------------- the repeated run
+
+
+def test_prefetch_is_recorded_and_changes_nothing_that_is_released(repeated: tuple[RunRecord, Path]) -> None:
+    record, _ = repeated
+    assert record.prefetch == "madvise"
+    on, off = record.strategies["map"], record.strategies["map_no_prefetch"]
+    assert on.ok and off.ok, (on.error, off.error)
+    assert (on.prefetch, off.prefetch) == ("madvise", None)
+    assert on.prefetch_warmed_bytes and on.prefetch_warmed_bytes >= record.model.bytes // 2
+    assert off.prefetch_warmed_bytes is None
+    assert on.released_bytes == off.released_bytes == record.model.bytes
+    assert [e.released_bytes for e in on.engines] == [e.released_bytes for e in off.engines]
+
+
+def test_each_run_starts_cold_and_says_how(repeated: tuple[RunRecord, Path]) -> None:
+    record, _ = repeated
+    for name, entry in record.strategies.items():
+        cache = entry.cache
+        assert cache is not None, name
+        assert (cache.state, cache.flushed, cache.dropped) == ("cold", True, True)
+        assert cache.resident_at_load_bytes is not None and cache.resident_at_load_bytes <= MiB
+        assert cache.total_bytes == record.checkpoint.bytes
+        assert all(r.resident_at_load_bytes is not None and r.resident_at_load_bytes <= MiB for r in entry.repeats)
+
+
+def test_the_disk_is_read_once_per_round(repeated: tuple[RunRecord, Path]) -> None:
+    record, _ = repeated
+    assert [d.before for d in record.disk_reads] == [0, 1]
+    for disk in record.disk_reads:
+        assert disk.bytes == record.checkpoint.bytes
+        assert disk.bytes_per_s == pytest.approx(disk.bytes / disk.seconds, rel=0.01)
+        assert disk.resident_at_start_bytes <= MiB
+
+
+def test_repeats_keep_every_run_and_show_the_median_one(repeated: tuple[RunRecord, Path]) -> None:
+    record, out = repeated
+    assert record.repeats == 2
+    for name, entry in record.strategies.items():
+        assert [r.repeat for r in entry.repeats] == [0, 1]
+        assert entry.repeat in (0, 1)
+        walls = sorted(r.wall_s for r in entry.repeats if r.wall_s is not None)
+        assert entry.wall_s == walls[0]  # the lower middle of two
+        # the representative's files are at the top; each round keeps its events and record
+        top = json.loads((out / f"strategy-{name}.json").read_text())["record"]
+        assert top["wall_s"] == entry.wall_s
+        for r in (0, 1):
+            assert (out / f"repeat-{r}" / f"events-{name}.csv").exists()
+            assert (out / f"repeat-{r}" / f"strategy-{name}.json").exists()
+            assert not (out / f"repeat-{r}" / f"samples-{name}.csv").exists()
+        assert (out / f"samples-{name}.csv").exists()
+    assert json.loads((out / "summary.json").read_text()) == record.to_json()
+
+
+def test_engine_builds_are_split_into_pages_and_copy(repeated: tuple[RunRecord, Path]) -> None:
+    record, _ = repeated
+    for entry in record.strategies.values():
+        for e in entry.engines:
+            assert e.pages_s is not None and e.copy_s is not None and e.major_faults is not None
+            assert e.start_s is not None and e.end_s is not None
+            assert 0 < e.pages_s + e.copy_s <= e.end_s - e.start_s
+
+
+def test_the_report_shows_the_disk_row_runs_and_engine_times(repeated: tuple[RunRecord, Path]) -> None:
+    _, out = repeated
+    text = (out.parent / "speedy.md").read_text()
+    assert "| disk: cold sequential read() of the checkpoint, this run |" in text
+    assert "each strategy run 2 times" in text
+    row = next(line for line in text.splitlines() if line.startswith("| map |"))
+    assert "| madvise |" in row and "| 2: " in row
+    assert "bringing weights' pages in" in text
+    assert (out.parent / "speedy-engine-times.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    results = load_results(out)
+    assert results.disk is not None and results.disk.reads == 2
+
+
+# --------------------------------------------------------------------------- pieces
+
+
+def _record(repeat: int, wall: float | None, status: str = "ok") -> StrategyRecord:
+    return StrategyRecord(status=status, wall_s=wall, repeat=repeat)
+
+
+def test_the_representative_is_the_median_finished_run() -> None:
+    runs = [_record(0, 30.0), _record(1, 10.0), _record(2, 20.0)]
+    assert representative(runs).repeat == 2
+    runs = [_record(0, 5.0, "failed"), _record(1, 40.0), _record(2, 10.0), _record(3, 30.0)]
+    assert representative(runs).repeat == 3  # median of 10, 30, 40; the failed run does not count
+    assert representative([_record(0, None, "failed"), _record(1, None, "failed")]).repeat == 1
+
+
+def test_wall_spread_and_disk_medians(tmp_path: Path) -> None:
+    runs = [_record(0, 30.0), _record(1, 27.0), _record(2, 36.0)]
+    combined = combine_repeats(runs)
+    assert combined.repeat == 0
+    run = load_results(make_results(tmp_path)).record  # a small run to derive metrics against
+    metrics = StrategyMetrics.of("map", combined, run)
+    assert (metrics.runs, metrics.wall_median_s, metrics.wall_min_s, metrics.wall_max_s) == (3, 30.0, 27.0, 36.0)
+    assert metrics.wall_spread == pytest.approx(0.2)
+    reads = [DiskRead(i, 1000, s, 1000 / s, 0.5, "read()", 0) for i, s in enumerate((1.0, 4.0, 2.0))]
+    disk = disk_metrics(reads)
+    assert disk is not None
+    assert (disk.reads, disk.median_seconds, disk.median_bytes_per_s) == (3, 2.0, 500.0)
+    assert disk.read_s(2000) == pytest.approx(4.0)
+    assert disk_metrics([]) is None
+
+
+def test_fault_in_reads_only_the_tensors_own_pages(tmp_path: Path) -> None:
+    path = tmp_path / "w.safetensors"
+    module = torch.nn.Module()
+    module.register_buffer("big", torch.ones(64 * MiB // 4))
+    save_weights_for_mapping(module, path)
+    meta = torch.nn.Module()
+    meta.register_buffer("big", torch.empty(64 * MiB // 4, device="meta"))
+    map_weights(meta, path, strict=True).close()
+    before = read_status().file_bytes
+    big = meta.get_buffer("big")
+    piece = big[: 8 * MiB // 4]  # an eighth of the storage
+    pages = fault_in([piece])
+    grown = read_status().file_bytes - before
+    assert pages >= 8 * MiB // mmap.PAGESIZE
+    assert 7 * MiB <= grown <= 12 * MiB, grown / MiB  # the slice's pages (and fault-around), not the storage's
+
+
+def test_the_copy_backend_times_both_parts(tmp_path: Path) -> None:
+    backend = CopyToFiles(tmp_path / "engines")
+    assert backend.last_split is None
+    backend.build_engine(0, {"w": torch.ones(1024)})
+    split = backend.last_split
+    assert split is not None and split.pages_s >= 0 and split.copy_s > 0
+    backend.close()
