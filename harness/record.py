@@ -36,7 +36,7 @@ it is in ``layout``):
    :class:`ExportRecord`: the export phase), ``max_abs_diff`` and ``check`` (the built model
    against eager); ``phases`` gains ``export_start_s`` and ``export_end_s``. All ``None`` for
    the ``copy`` backend and when reading version 1 or 2.
-   Also, per run, ``repeats`` (cold runs per strategy), ``prefetch`` (the scenario's
+4. Adds, per run, ``repeats`` (cold runs per strategy), ``prefetch`` (the scenario's
    prefetch setting) and ``disk_reads`` (:class:`DiskRead`: cold sequential reads of the
    checkpoint made in the same run, the reference for read-bound time); per strategy
    ``cache`` (:class:`CacheRecord`: how the page cache was prepared and the checkpoint's
@@ -103,7 +103,7 @@ __all__ = [
     "write_summary",
 ]
 
-LAYOUT_VERSION = 3
+LAYOUT_VERSION = 4
 """The layout this code writes; it reads every version from 1 to this one."""
 
 SUMMARY = "summary.json"
@@ -309,7 +309,7 @@ class EngineRecord:
 
 
 _SINCE["EngineRecord"] = {"tensors": 2, "compile_s": 3, "artifact_bytes": 3, "rss_before_bytes": 3,
-                          "children_peak_bytes": 3, "cache_bytes": 3, "pages_s": 3, "copy_s": 3, "major_faults": 3}
+                          "children_peak_bytes": 3, "cache_bytes": 3, "pages_s": 4, "copy_s": 4, "major_faults": 4}
 
 
 @dataclass(frozen=True)
@@ -360,7 +360,7 @@ class ExportRecord:
 
 @dataclass(frozen=True)
 class CacheRecord:
-    """How a strategy's run found the checkpoint in the page cache (version 3).
+    """How a strategy's run found the checkpoint in the page cache (version 4).
 
     ``state`` is ``"cold"`` or ``"warm"``, ``method`` what was done in words
     (:class:`harness.coldcache.CacheReport`); ``flushed``: the files were fsynced until
@@ -407,7 +407,7 @@ class CacheRecord:
 
 @dataclass(frozen=True)
 class RepeatRecord:
-    """One cold run of a strategy, when the scenario asks for repeats (version 3).
+    """One cold run of a strategy, when the scenario asks for repeats (version 4).
 
     ``repeat`` counts from 0; the times are the run's own (:class:`StrategyRecord`'s
     ``wall_s``, load and build phases); ``resident_at_load_bytes`` is the checkpoint's
@@ -436,7 +436,7 @@ class RepeatRecord:
 
 @dataclass(frozen=True)
 class DiskRead:
-    """A cold sequential ``read()`` of the checkpoint, made in the run (version 3).
+    """A cold sequential ``read()`` of the checkpoint, made in the run (version 4).
 
     ``bytes`` read in ``seconds``: ``bytes_per_s``; ``cpu_seconds`` of the reading
     process meanwhile (close to ``seconds``: the copy on the CPU bound it, not the disk);
@@ -614,7 +614,7 @@ class StrategyRecord:
 _SINCE["StrategyRecord"] = {"load_hwm_bytes": 2, "gpu_baseline_bytes": 2, "build_peak_bytes": 2,
                             "compiler": 3, "compiler_weights": 3, "export": 3, "max_abs_diff": 3, "check": 3,
                             **dict.fromkeys(("cache", "prefetch", "drop_cache", "prefetch_warmed_bytes", "repeat",
-                                             "repeats"), 3)}
+                                             "repeats"), 4)}
 
 
 def _upgrade_v1_strategy(record: StrategyRecord, device: str) -> StrategyRecord:
@@ -816,7 +816,7 @@ class RunRecord:
         )
 
 
-_SINCE["RunRecord"] = {"layout": 2, "repeats": 3, "prefetch": 3, "disk_reads": 3}
+_SINCE["RunRecord"] = {"layout": 2, "repeats": 4, "prefetch": 4, "disk_reads": 4}
 
 
 # --------------------------------------------------------------------------- files
