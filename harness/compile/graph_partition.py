@@ -150,6 +150,16 @@ class _Graph:
     output: fx.Node
 
 
+_METADATA_ONLY = frozenset({"aten::detach_"})
+"""In-place ops whose schema says they write but which change only autograd metadata, never data
+(``tensor.detach_()``, as ``torch.tensor(...)`` constants in a forward often get)."""
+
+
+def _writes_data(schema: Any) -> bool:
+    """Whether an op's schema lets it write to an input's data."""
+    return bool(schema.is_mutable) and schema.name not in _METADATA_ONLY
+
+
 def _classify(program: ExportedProgram) -> _Graph:
     sig = program.graph_signature
     kinds = {s.arg.name: s for s in sig.input_specs if isinstance(s.arg, TensorArgument)}
@@ -184,7 +194,7 @@ def _classify(program: ExportedProgram) -> _Graph:
                 raise PartitionError(f"node {node.name!r} has no recorded value (node.meta['val'])")
             from_weights = [n for n in _input_nodes(node) if n in weight_name or n in pure]
             schema = getattr(node.target, "_schema", None)
-            if from_weights and schema is not None and schema.is_mutable:
+            if from_weights and schema is not None and _writes_data(schema):
                 raise PartitionError(
                     f"node {node.name!r} ({node.target}) writes in place to what it reads of "
                     f"{', '.join(weight_name.get(n, n.name) for n in from_weights)}: a weight that is written "

@@ -199,3 +199,24 @@ def test_programs_that_mutate_state_are_refused() -> None:
     functional = program.run_decompositions()  # the write becomes an extra output
     with pytest.raises(PartitionError, match="BUFFER_MUTATION"):
         partition_program(functional, count=1)
+
+
+class _Detached(torch.nn.Module):
+    """A forward that makes a constant and detaches it in place, as lerobot's pi0.5 does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(16, 16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = torch.tensor([2.0])
+        scale.detach_()
+        return (x @ self.weight) * scale
+
+
+def test_detach_in_place_writes_no_data_and_is_partitioned() -> None:
+    program = torch.export.export(_Detached(), (torch.randn(2, 16),))
+    assert any(n.target == torch.ops.aten.detach_.default for n in program.graph.nodes)
+    parts = partition_program(program, cap_bytes=16 * 16 * 4)
+    x = torch.randn(2, 16)
+    torch.testing.assert_close(_run_eagerly(program, parts, x), program.module()(x), rtol=0, atol=0)
