@@ -170,6 +170,19 @@ def _major_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_majflt
 
 
+def _import_compiler() -> None:
+    """Load the compiler's modules before the baseline, as torch itself is.
+
+    A function of its own: importing ``torch.<submodule>`` inside a function that also
+    uses ``torch`` would make ``torch`` a local name of that function.
+    """
+    import torch._inductor.codecache  # noqa: F401
+    import torch._inductor.compile_fx  # noqa: F401
+    import torch._inductor.graph  # noqa: F401
+    import torch._inductor.lowering  # noqa: F401
+    import torch.export  # noqa: F401
+
+
 def _named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     named: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
     named.update(model.named_buffers(remove_duplicate=False))
@@ -203,12 +216,7 @@ class Measurement:
         files = [Path(f) for f in plan.checkpoint_files]
         files += [f for f in self.spec.files_read(Path(plan.checkpoint.path)) if f not in files]
         if plan.compiler:
-            # The compiler's modules are loaded before the baseline, as torch itself is.
-            import torch._inductor.codecache  # noqa: F401
-            import torch._inductor.compile_fx  # noqa: F401
-            import torch._inductor.graph  # noqa: F401
-            import torch._inductor.lowering  # noqa: F401
-            import torch.export  # noqa: F401
+            _import_compiler()
         # Last before the baseline, so that nothing loaded above brings the checkpoint back.
         if plan.cache == "cold":  # flushed, the machine's writeback waited for, then dropped
             self.record.cache = cache_record(prepare_cold(files, settle=True, timeout_s=SETTLE_TIMEOUT_S))
@@ -296,7 +304,7 @@ class Measurement:
             why = same_partitions([e.names for e in self.plan.engines], self.compiled.partition())
             if why is not None:
                 raise RuntimeError(f"the graph partitions of the loaded model are not the planned ones: {why}")
-        named = _named_tensors(model)
+        named = self._engine_tensors(model)
         for engine in self.plan.engines:
             unknown = [n for n in engine.names if n not in named]
             if unknown:
@@ -319,7 +327,7 @@ class Measurement:
             builder = self.backend = make_backend(plan.backend, plan.device, self.workdir)
         plan_release = self._release_plan(model) if plan.release else None
         hooks = self.spec.hooks(model, Path(plan.checkpoint.path)) if self.spec.hooks else None
-        named = _named_tensors(model)
+        named = self._engine_tensors(model)
         self.sampler.mark(phase="build")
         if plan_release is not None and self.record.prefetch is not None and engines:
             plan_release.prefetch(0)  # engines 0 and 1 start warming
@@ -332,7 +340,7 @@ class Measurement:
                 start = self.events.add("engine_start", engine=engine.index, weight_bytes=engine.weight_bytes)
                 if hooks is not None:
                     hooks.before(engine.index, engine.names)
-                    named = _named_tensors(model)  # the hook may have put new tensors in place
+                    named = self._engine_tensors(model)  # the hook may have put new tensors in place
                 builder.build_engine(engine.index, {n: named[n] for n in engine.names})
                 split = getattr(builder, "last_split", None)
                 step = plan_release.built(engine.index) if plan_release else None
@@ -435,7 +443,8 @@ class Measurement:
                 self.record.error = "; ".join(filter(None, [self.record.error, str(exc)]))
     def _release_plan(self, model: torch.nn.Module) -> ReleasePlan:
         """The strategy's release plan: with prefetch (and drop_cache) where the strategy and the plan ask for it."""
-        plan, names = self.plan, [e.names for e in self.plan.engines]
+        held = set(_named_tensors(model))  # a program's own constants are not the model's to release
+        plan, names = self.plan, [[n for n in e.names if n in held] for e in self.plan.engines]
         planner = self.spec.prefetch_plan
         method = plan.prefetch if self.spec.prefetches else None
         if planner is not None and (method is not None or plan.drop_cache):
@@ -445,6 +454,14 @@ class Measurement:
         if self._keeps_own_tensors:
             return release_without_resizing(model, names)
         return self.spec.release_plan(model, names)
+
+    def _engine_tensors(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """What engines may read, by name: the model's tensors and, for a compiler backend, the constants its
+        exported program made (a ``torch.tensor(...)`` in a forward becomes ``lifted_tensor_N``)."""
+        named = _named_tensors(model)
+        if self.compiled is not None:
+            named.update({k: v for k, v in self.compiled.constants().items() if k not in named})
+        return named
 
     @property
     def _keeps_own_tensors(self) -> bool:

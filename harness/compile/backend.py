@@ -126,6 +126,13 @@ class CompilerBackend:
         self.program = result.program
         return result
 
+    def constants(self) -> dict[str, torch.Tensor]:
+        """The exported program's own constant tensors (lifted ``torch.tensor(...)`` values), by name; empty
+        before export."""
+        if self.program is None:
+            return {}
+        return {k: v for k, v in self.program.constants.items() if isinstance(v, torch.Tensor)}
+
     def partition(self) -> list[GraphPartition]:
         """The exported program's partitions under the rule, in build order: the engines."""
         if self.program is None:
