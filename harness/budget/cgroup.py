@@ -324,13 +324,18 @@ def _read_group(version: int, path: Path) -> GroupReading:
 # --------------------------------------------------------------------------- owners and stale groups
 
 
-def _start_ticks(pid: int) -> int | None:
-    """A process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22); None if gone."""
+def _start_ticks(pid: int, *, zombie_is_gone: bool = False) -> int | None:
+    """A process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22); None if gone.
+
+    With ``zombie_is_gone``, a process that has exited but not been reaped (state ``Z``) is gone too.
+    """
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = stat.rpartition(")")[2].split()
+    if zombie_is_gone and fields and fields[0] == "Z":
+        return None
     return int(fields[19]) if len(fields) > 19 else None
 
 
@@ -376,7 +381,8 @@ def remove_stale_groups(controller: MemoryController, prefix: str = DEFAULT_PREF
     """Remove groups named ``<prefix>-<pid>-<start>-<token>`` whose owner process is gone.
 
     A group whose owner (same pid, same start time) still runs belongs to a run in
-    progress and is left alone. What is left in a stale group (a benchmark process
+    progress and is left alone; an owner that has exited but was not reaped (a zombie) is
+    gone. What is left in a stale group (a benchmark process
     orphaned by a crashed run) is killed first. Returns the groups removed; one that
     cannot be removed is reported with a warning and left.
     """
@@ -390,8 +396,8 @@ def remove_stale_groups(controller: MemoryController, prefix: str = DEFAULT_PREF
         if match is None or not child.is_dir():
             continue
         owner, started = int(match.group(1)), int(match.group(2))
-        if _start_ticks(owner) == started:
-            continue
+        if _start_ticks(owner, zombie_is_gone=True) == started:
+            continue  # an owner that exited unreaped (its parent stopped, say) owns nothing any more
         try:
             _kill_and_remove(child, timeout_s)
             removed.append(child)

@@ -224,7 +224,7 @@ class BudgetRecord:
         return replace(self, strategies={**self.strategies, name: strategy}, sweep_wall_s=round(sweep_wall_s, 3))
 
     def goal_limit_bytes(self, strategy: str = "map") -> int | None:
-        """Baseline RSS (rounded down to a MiB) + 2 x the largest engine: the limit ``map`` should complete under."""
+        """Baseline RSS + 2 x the largest engine (:func:`goal_limit`): the limit ``map`` should complete under."""
         s = self.strategies.get(strategy)
         if s is None or s.baseline_rss_bytes is None:
             return None
@@ -232,8 +232,8 @@ class BudgetRecord:
 
 
 def goal_limit(baseline_rss_bytes: int, largest_engine_bytes: int) -> int:
-    """Baseline RSS (rounded down to a MiB) + 2 x the largest engine."""
-    return baseline_rss_bytes // MIB * MIB + 2 * largest_engine_bytes
+    """Baseline RSS (rounded down to a MiB) + 2 x the largest engine, rounded up to a MiB (limits are whole MiB)."""
+    return -(-(baseline_rss_bytes // MIB * MIB + 2 * largest_engine_bytes) // MIB) * MIB
 
 
 def write_budget(directory: Path, record: BudgetRecord) -> Path:

@@ -197,6 +197,25 @@ def test_a_stale_group_of_a_dead_owner_is_removed_and_a_live_owners_kept(control
                 path.rmdir()
 
 
+def test_a_group_whose_owner_exited_unreaped_is_stale(controller, no_leftovers) -> None:
+    owner = subprocess.Popen(["true"])  # exits at once; not reaped until wait(): a zombie meanwhile
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{owner.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    ticks = _start_ticks(owner.pid)
+    assert ticks is not None and _start_ticks(owner.pid, zombie_is_gone=True) is None
+    stale = controller.parent / f"{PREFIX}-{owner.pid}-{ticks}-feedface"
+    stale.mkdir()
+    try:
+        assert remove_stale_groups(controller, PREFIX) == [stale]
+        assert not stale.exists()
+    finally:
+        owner.wait()
+        if stale.exists():
+            stale.rmdir()
+
+
 def test_remove_stale_groups_leaves_other_names_alone(controller, no_leftovers) -> None:
     other = controller.parent / f"{PREFIX}-not-ours"
     other.mkdir()
