@@ -441,6 +441,7 @@ class Measurement:
             except RuntimeError as exc:
                 self.record.status = "failed"  # the samples stop where the sampler failed
                 self.record.error = "; ".join(filter(None, [self.record.error, str(exc)]))
+
     def _release_plan(self, model: torch.nn.Module) -> ReleasePlan:
         """The strategy's release plan: with prefetch (and drop_cache) where the strategy and the plan ask for it."""
         held = set(_named_tensors(model))  # a program's own constants are not the model's to release
@@ -471,14 +472,7 @@ class Measurement:
     def finish(self) -> StrategyRecord:
         """Stop the sampler and write every file, whatever happened before; returns the record."""
         columns = None
-        if self.sampler is not None and self.sampler.running:
-            try:
-                stats = self.sampler.stop()
-                self.record.samples, self.record.max_gap_ms = stats.samples, stats.max_gap_ms
-                self.record.mean_interval_ms = stats.mean_interval_ms
-            except RuntimeError as exc:
-                self.record.status = "failed"  # the samples stop where the sampler failed
-                self.record.error = "; ".join(filter(None, [self.record.error, str(exc)]))
+        self.stop_sampling()
         if self.backend is not None:
             self.backend.close()
         if self.compiled is not None:
