@@ -198,3 +198,32 @@ def test_a_built_model_that_differs_from_eager_fails_the_strategy(tmp_path: Path
     assert run.record.max_abs_diff is not None and abs(run.record.max_abs_diff - 1.0) < 1e-3
     assert "largest difference 1" in (run.record.check or "")
     run.compiled.close()
+
+
+class _WithConstant(torch.nn.Module):
+    """A forward that makes a tensor constant, which export lifts into the program (not the model)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(8, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = torch.tensor([2.0])
+        scale.detach_()
+        return (x @ self.weight) * scale
+
+
+def test_engines_can_be_handed_the_programs_own_constants(tmp_path: Path) -> None:
+    from harness.compile.backend import CompilerBackend, PartitionRule
+    from harness.compile.inductor import InductorCompiler
+
+    model = _WithConstant()
+    backend = CompilerBackend(InductorCompiler(weights="mapped"), tmp_path, PartitionRule(count=1))
+    assert backend.constants() == {}
+    backend.export(model, (torch.randn(2, 8),), {}, checkpoint=())
+    (part,) = backend.partition()
+    constants = backend.constants()
+    model_names = {n for n, _ in model.named_parameters()}
+    lifted = set(part.weights) - model_names
+    assert lifted and lifted == set(constants)  # what the partition reads besides the model's tensors
+    assert all(torch.equal(t, torch.tensor([2.0])) for t in constants.values())
