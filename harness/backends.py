@@ -248,14 +248,22 @@ def tensorrt_available() -> tuple[bool, str]:
 
 
 def inductor_available() -> tuple[bool, str]:
-    """Whether AOTInductor can build here: ``torch._inductor`` imports and a C++ compiler is on the PATH."""
+    """Whether AOTInductor can build here: ``torch._inductor`` imports, and its C++ compiler exists and links
+    engines that load (see :mod:`harness.compile.toolchain`)."""
     try:
         import torch._inductor  # noqa: F401
+
+        from harness.compile.toolchain import ToolchainError, check_toolchain, inductor_cxx
     except Exception as exc:
         return False, f"torch._inductor is not importable ({type(exc).__name__}: {exc})"
-    compilers = ("g++", "c++", "clang++")
-    if not any(shutil.which(c) for c in compilers) and not os.environ.get("CXX"):
-        return False, f"no C++ compiler found ({', '.join(compilers)} or $CXX)"
+    try:
+        cxx = inductor_cxx()
+    except Exception as exc:  # torch's InvalidCxxCompiler: none of its candidates runs
+        return False, f"no C++ compiler found (g++ or $CXX; {type(exc).__name__})"
+    try:
+        check_toolchain(cxx)
+    except ToolchainError as exc:
+        return False, str(exc)
     return True, ""
 
 

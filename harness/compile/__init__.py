@@ -22,6 +22,8 @@ The steps, in the order a strategy runs them::
 * :func:`build_engines`, :class:`CompiledPipeline`, :func:`compare_with_eager`
   (:mod:`.pipeline`): the build loop with per-engine records and callbacks, the loaded
   engines run as one model, and the check against eager.
+* :func:`check_toolchain` (:mod:`.toolchain`): the C++ compiler inductor links engines with
+  must link libstdc++ dynamically (engines with a static copy crash when loaded).
 
 In the harness (``[build] backend = "inductor"``) these steps are the ``inductor`` backend:
 :class:`~harness.compile.backend.CompilerBackend` runs them for the worker,
@@ -68,10 +70,13 @@ from harness.compile.pipeline import (
     build_engines,
     compare_with_eager,
 )
+from harness.compile.toolchain import Toolchain, ToolchainError, check_toolchain
 
 __all__ = [
     "TOLERANCES",
     "WEIGHTS",
+    "Toolchain",
+    "ToolchainError",
     "Artifact",
     "BuiltEngines",
     "Comparison",
@@ -90,6 +95,7 @@ __all__ = [
     "build_engines",
     "cap_for_program",
     "check_device",
+    "check_toolchain",
     "compare_with_eager",
     "compile_engine",
     "engine_tensors",

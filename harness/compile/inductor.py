@@ -37,6 +37,8 @@ from typing import Any, Literal, get_args
 import torch
 from torch.export import ExportedProgram
 
+from harness.compile.toolchain import ToolchainError, check_toolchain
+
 __all__ = [
     "WEIGHTS",
     "Artifact",
@@ -102,8 +104,16 @@ class InductorCompiler:
         torch.device(self.device)  # a malformed device name fails here
 
     def session(self, cache_dir: str | os.PathLike[str]) -> contextlib.AbstractContextManager[Path]:
-        """Check the device, and keep inductor's caches under ``cache_dir`` while the block runs."""
+        """Check the device and the C++ toolchain, and keep inductor's caches under ``cache_dir`` while the block runs.
+
+        ``EngineBuildError`` where the device is missing or the compiler would link engines
+        that crash when loaded (see :mod:`harness.compile.toolchain`).
+        """
         check_device(self.device)
+        try:
+            check_toolchain()
+        except ToolchainError as exc:
+            raise EngineBuildError(str(exc)) from exc
         return inductor_cache(cache_dir)
 
     def compile(self, program: ExportedProgram, stem: str | os.PathLike[str]) -> Artifact:
