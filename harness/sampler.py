@@ -75,8 +75,13 @@ class Sampler:
 
     ``files``: checkpoint files whose page-cache residency is recorded (``resident_bytes``;
     empty cells when there are none). Residency is read on every ``residency_every``-th
-    background sample and carried forward in between, and always read by ``start``,
-    ``stop``, ``mark`` and ``sample_now``. ``gpu``: a :class:`GpuMonitor`, or None for no
+    background sample and by ``mark`` and ``sample_now``, and carried forward in between;
+    ``start`` and ``stop`` always read it. ``residency_budget`` bounds what reading it may
+    cost: its cost grows with the file's cached pages (about 7 ms per GiB cached here, so
+    63 ms for a whole 9 GiB checkpoint), and read ten times a second it took a core of a
+    2-core machine from the run it measured. After a read that took ``d`` seconds, none is
+    made for ``d / residency_budget`` seconds (default 0.05: at most 5% of one core), so a
+    large cached file is read less often rather than slowing the run. ``gpu``: a :class:`GpuMonitor`, or None for no
     GPU columns (empty cells, not zeros). ``t0``: the ``time.monotonic()`` origin of ``t_s``,
     e.g. the process's start; default: construction time.
 
@@ -103,7 +108,10 @@ class Sampler:
         gpu: GpuMonitor | None = None,
         t0: float | None = None,
         residency_every: int = 1,
+        residency_budget: float = 0.05,
     ) -> None:
+        if not 0 < residency_budget <= 1:
+            raise ValueError(f"residency_budget must be in (0, 1], got {residency_budget}")
         if not interval_s > 0:
             raise ValueError(f"interval_s must be positive, got {interval_s}")
         if residency_every < 1:
@@ -113,6 +121,10 @@ class Sampler:
         self.gpu = gpu
         self.t0 = time.monotonic() if t0 is None else float(t0)
         self.residency_every = int(residency_every)
+        self.residency_budget = float(residency_budget)
+        self.residency_reads = 0
+        self.residency_s = 0.0
+        self._residency_next = 0.0  # monotonic time before which residency is not read again
 
         self._status = StatusReader()
         self._residency: FileResidency | None = None
@@ -207,14 +219,14 @@ class Sampler:
             if phase is not _UNSET:
                 self._phase = -1 if phase is None else self._phase_id(phase)
             if self.running:
-                self._sample_locked(read_residency=True)
+                self._sample_locked(read_residency=self._residency_due())
 
     def sample_now(self) -> None:
         """Take one sample on the calling thread (residency included). Requires ``start``."""
         if not self.running:
             raise RuntimeError("Sampler.sample_now() outside start()/stop()")
         with self._lock:
-            self._sample_locked(read_residency=True)
+            self._sample_locked(read_residency=self._residency_due())
 
     def rebase_gpu(self) -> None:
         """Make NVML ``used`` now the zero of ``gpu_used_bytes`` for later rows. No-op without
@@ -299,6 +311,10 @@ class Sampler:
 
     # -- internals -----------------------------------------------------------------------
 
+    def _residency_due(self) -> bool:
+        """Whether reading residency now stays within ``residency_budget`` (see the class)."""
+        return time.monotonic() >= self._residency_next
+
     def _phase_id(self, label: str) -> int:
         ident = self._phase_ids.get(label)
         if ident is None:
@@ -312,6 +328,10 @@ class Sampler:
         status = self._status.read()
         if self._residency is not None and read_residency:
             self._resident_last = self._residency.resident_bytes()
+            cost = time.monotonic() - now
+            self.residency_reads += 1
+            self.residency_s += cost
+            self._residency_next = now + cost / self.residency_budget
         gpu = self.gpu
         if gpu is None:
             used = reserved = _EMPTY
@@ -343,7 +363,7 @@ class Sampler:
                     return
                 with self._lock:
                     self._background += 1
-                    t = self._sample_locked(read_residency=self._background % every == 0)
+                    t = self._sample_locked(read_residency=self._background % every == 0 and self._residency_due())
                     self._background_t.append(t)
                 deadline += interval
                 if deadline <= t:  # fell behind (GIL, a slow read): resume the cadence from now

@@ -49,9 +49,9 @@ Schema (defaults in brackets; see ``scenarios/*.toml`` for examples)::
                   "read") ["madvise"]: how strategies that map (``map``) warm the page cache
                   for the next engine while one builds (``map_no_prefetch`` never does);
                   drop_cache: bool [false]: such strategies also drop released weights from
-                  the page cache; repeats: int > 0 [1]: cold runs of each strategy, each in a
-                  fresh process, interleaved; the report shows the median wall time and the
-                  spread
+                  the page cache (``map_keep_cache`` never does); repeats: int > 0 [1]: cold
+                  runs of each strategy, each in a fresh process, interleaved; the report shows
+                  the median wall time and the spread
     [[reference]] label: str (required); host_at_partitioning_gib, host_gpu_peak_gib,
                   host_peak_gib: number >= 0 [absent]; note: str [""]
 """

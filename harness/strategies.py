@@ -24,6 +24,9 @@ Each loader takes the model on the meta device and returns it with its weights i
   so only one engine's weights are loaded at a time (:class:`StreamHooks`).
 * ``map_no_prefetch``: ``map`` with prefetch off whatever the scenario says (``drop_cache``
   still follows it), so that one run shows what prefetch buys.
+* ``map_keep_cache``: ``map`` with ``drop_cache`` off whatever the scenario says (prefetch
+  still follows it): released weights stay in the page cache, so that one run shows what
+  dropping them buys.
 
 A strategy with a ``prefetch_plan`` warms the page cache for the next engine while one is
 built, with the scenario's ``[run] prefetch`` method (its release plan is made by
@@ -256,7 +259,8 @@ class Strategy:
     or besides the checkpoint, so that a cold cache drops them too.
     ``prefetch_plan``, when set, makes the release plan instead of ``release_plan`` where
     the scenario turns prefetch or ``drop_cache`` on (see the module docstring);
-    ``prefetches=False`` hands it no prefetch method whatever the scenario says.
+    ``prefetches=False`` hands it no prefetch method whatever the scenario says, and
+    ``drops_cache=False`` turns ``drop_cache`` off for it likewise.
     """
 
     name: str
@@ -275,6 +279,7 @@ class Strategy:
         return tuple(self.reads(checkpoint)) if self.reads else ()
     prefetch_plan: PrefetchPlanner | None = None
     prefetches: bool = True
+    drops_cache: bool = True
 
     def release_note(self, release: bool, unreleased_bytes: int) -> str:
         """The sentence the results print about what this strategy released."""
@@ -355,11 +360,22 @@ STRATEGIES: dict[str, Strategy] = {
             prefetch_plan=_release_and_prefetch,
             prefetches=False,
         ),
+        Strategy(
+            name="map_keep_cache",
+            label="map_weights, pages dropped after each engine, kept in the page cache",
+            colour="#44AA99",
+            load=load_map,
+            release_plan=_release_after_last_reader,
+            released_how="pages dropped with madvise(MADV_DONTNEED)",
+            kept_why=_MAP_KEPT_WHY,
+            prefetch_plan=_release_and_prefetch,
+            drops_cache=False,
+        ),
     )
 }
 """Every strategy, in the order scenarios run them by default."""
 
-_EXTRA_COLOURS = ("#44AA99", "#882255", "#999933", "#332288", "#117733", "#AA4499")
+_EXTRA_COLOURS = ("#882255", "#999933", "#332288", "#117733", "#AA4499")
 
 
 def strategy_colour(name: str, order: Sequence[str]) -> str:

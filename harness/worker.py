@@ -448,9 +448,10 @@ class Measurement:
         plan, names = self.plan, [[n for n in e.names if n in held] for e in self.plan.engines]
         planner = self.spec.prefetch_plan
         method = plan.prefetch if self.spec.prefetches else None
-        if planner is not None and (method is not None or plan.drop_cache):
-            self.record.prefetch, self.record.drop_cache = method, plan.drop_cache
-            return planner(model, names, method, plan.drop_cache)  # type: ignore[arg-type]
+        drop = plan.drop_cache and self.spec.drops_cache
+        if planner is not None and (method is not None or drop):
+            self.record.prefetch, self.record.drop_cache = method, drop
+            return planner(model, names, method, drop)  # type: ignore[arg-type]
         self.record.drop_cache = False
         if self._keeps_own_tensors:
             return release_without_resizing(model, names)

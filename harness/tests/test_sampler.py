@@ -302,3 +302,47 @@ def test_visible_devices_select_the_nvml_device(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert _visible_entry(0) is None
     assert GpuMonitor.open(0) is None
+
+
+# -- what reading residency may cost ---------------------------------------------------------
+
+
+class _SlowResidency:
+    """A residency reader that takes ``cost_s`` per read, as cachestat does on a large cached file."""
+
+    cost_s = 0.02
+
+    def __init__(self, files: Sequence[Path]) -> None:
+        self.reads = 0
+
+    def resident_bytes(self) -> int:
+        self.reads += 1
+        time.sleep(self.cost_s)
+        return 4096 * self.reads
+
+    def close(self) -> None:
+        pass
+
+
+def test_reading_residency_stays_within_its_budget(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr("harness.sampler.FileResidency", _SlowResidency)
+    sampler = Sampler(interval_s=0.005, files=[tmp_path / "ckpt"], residency_every=1, residency_budget=0.1)
+    sampler.start()
+    started = time.monotonic()
+    for _ in range(20):  # marks on the measured thread are throttled too
+        time.sleep(0.05)
+        sampler.mark(engine=1)
+    sampler.stop()
+    elapsed = time.monotonic() - started
+    # Unthrottled: a read every 5 ms sample and every mark, 20 ms each, would take all of the time.
+    assert sampler.residency_s <= 0.1 * elapsed + 2 * _SlowResidency.cost_s + 0.03  # + start's and stop's reads
+    assert sampler.residency_reads >= 3  # it still reads, less often
+    resident = [row[4] for row in sampler.rows()]  # the resident_bytes column
+    assert resident[-1] == 4096 * sampler.residency_reads  # stop reads it
+
+
+def test_residency_budget_must_be_a_fraction() -> None:
+    with pytest.raises(ValueError, match="residency_budget"):
+        Sampler(residency_budget=0)
+    with pytest.raises(ValueError, match="residency_budget"):
+        Sampler(residency_budget=1.5)

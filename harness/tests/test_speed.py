@@ -227,3 +227,15 @@ def test_the_copy_backend_times_both_parts(tmp_path: Path) -> None:
     split = backend.last_split
     assert split is not None and split.pages_s >= 0 and split.copy_s > 0
     backend.close()
+
+
+def test_map_keep_cache_is_map_without_drop_cache(tmp_path: Path) -> None:
+    scenario = _scenario(tmp_path, drop_cache=True)
+    scenario = Scenario(name=scenario.name, strategies=("map", "map_keep_cache"), model=scenario.model,
+                        checkpoint=scenario.checkpoint, build=scenario.build, run=scenario.run)
+    record = run_scenario(scenario, results=tmp_path / "results", workdir=tmp_path / "engines")
+    dropped, kept = record.strategies["map"], record.strategies["map_keep_cache"]
+    assert dropped.ok and kept.ok, (dropped.error, kept.error)
+    assert (dropped.drop_cache, kept.drop_cache) == (True, False)
+    assert dropped.prefetch == kept.prefetch == "madvise"  # prefetch still follows the scenario
+    assert dropped.released_bytes == kept.released_bytes == record.model.bytes
