@@ -36,7 +36,7 @@ built, with the scenario's ``[run] prefetch`` method (its release plan is made b
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -294,19 +294,21 @@ _MAP_KEPT_WHY = ("mapped weights released; what was kept is ordinary memory the 
                  "(non-persistent buffers such as rotary frequencies: the plan resizes nothing unless asked), "
                  "or mapped storages that madvise refused")
 
+_MAP = Strategy(
+    name="map",
+    label="map_weights, pages dropped after each engine",
+    colour="#0072B2",
+    load=load_map,
+    release_plan=_release_after_last_reader,
+    released_how="pages dropped with madvise(MADV_DONTNEED)",
+    kept_why=_MAP_KEPT_WHY,
+    prefetch_plan=_release_and_prefetch,
+)
+
 STRATEGIES: dict[str, Strategy] = {
     s.name: s
     for s in (
-        Strategy(
-            name="map",
-            label="map_weights, pages dropped after each engine",
-            colour="#0072B2",
-            load=load_map,
-            release_plan=_release_after_last_reader,
-            released_how="pages dropped with madvise(MADV_DONTNEED)",
-            kept_why=_MAP_KEPT_WHY,
-            prefetch_plan=_release_and_prefetch,
-        ),
+        _MAP,
         Strategy(
             name="load",
             label="read into host memory + load_state_dict",
@@ -349,28 +351,11 @@ STRATEGIES: dict[str, Strategy] = {
                       "ordinary memory the model still reads (non-persistent buffers such as rotary frequencies)"),
             hooks=StreamHooks,
         ),
-        Strategy(
-            name="map_no_prefetch",
-            label="map_weights, pages dropped after each engine, no prefetch",
-            colour="#332288",
-            load=load_map,
-            release_plan=_release_after_last_reader,
-            released_how="pages dropped with madvise(MADV_DONTNEED)",
-            kept_why=_MAP_KEPT_WHY,
-            prefetch_plan=_release_and_prefetch,
-            prefetches=False,
-        ),
-        Strategy(
-            name="map_keep_cache",
-            label="map_weights, pages dropped after each engine, kept in the page cache",
-            colour="#44AA99",
-            load=load_map,
-            release_plan=_release_after_last_reader,
-            released_how="pages dropped with madvise(MADV_DONTNEED)",
-            kept_why=_MAP_KEPT_WHY,
-            prefetch_plan=_release_and_prefetch,
-            drops_cache=False,
-        ),
+        replace(_MAP, name="map_no_prefetch", label="map_weights, pages dropped after each engine, no prefetch",
+                colour="#332288", prefetches=False),
+        replace(_MAP, name="map_keep_cache",
+                label="map_weights, pages dropped after each engine, kept in the page cache",
+                colour="#44AA99", drops_cache=False),
     )
 }
 """Every strategy, in the order scenarios run them by default."""
