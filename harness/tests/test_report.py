@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -443,7 +444,9 @@ def test_observations_say_when_the_whole_run_went_higher() -> None:
     markdown = render_report(load_results(PI05))
     lines = {line.split("**")[1]: line for line in markdown.splitlines() if line.startswith("- **")}
     details = markdown.split("- **load**")[1].split("- **load_file**")[0]
-    assert "whole-run host peak 17.68 GiB, above the build phase's, reached during the load" in details
+    # load holds two copies while it loads, one at partitioning: its whole run went higher (the figure
+    # itself is the committed run's).
+    assert re.search(r"whole-run host peak \d+\.\d\d GiB, above the build phase's, reached during the load", details)
     after = markdown.split("- **load_file**")[1].split("- Lowest")[0]
     assert "whole-run host peak" not in after, "load_file's whole run went no higher than its build phase"
     assert set(lines) >= {"map", "load", "load_file"}
