@@ -64,7 +64,8 @@ class Plan:
 
     ``prefetch`` is the method strategies with a prefetch plan warm the page cache with
     (None: off), ``drop_cache`` whether they also evict released weights from it,
-    ``repeats`` how many cold runs of each strategy the parent makes.
+    ``repeats`` how many cold runs of each strategy the parent makes, after ``warmup`` rounds
+    it discards.
     """
 
     scenario: str
@@ -100,6 +101,7 @@ class Plan:
     prefetch: str | None = None
     drop_cache: bool = False
     repeats: int = 1
+    warmup: int = 0
 
     @property
     def largest_engine_bytes(self) -> int:
@@ -139,6 +141,7 @@ class Plan:
             "prefetch": self.prefetch,
             "drop_cache": self.drop_cache,
             "repeats": self.repeats,
+            "warmup": self.warmup,
         }
 
     @classmethod
@@ -180,6 +183,7 @@ class Plan:
                 prefetch=data.get("prefetch"),
                 drop_cache=bool(data.get("drop_cache", False)),
                 repeats=int(data.get("repeats", 1)),
+                warmup=int(data.get("warmup", 0)),
             )
         except (KeyError, TypeError) as exc:
             raise RecordError(f"{source}: not a complete plan ({type(exc).__name__}: {exc})") from exc
@@ -313,4 +317,5 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
         prefetch=None if scenario.run.prefetch == "off" else scenario.run.prefetch,
         drop_cache=scenario.run.drop_cache,
         repeats=scenario.run.repeats,
+        warmup=scenario.run.warmup,
     )

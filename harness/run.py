@@ -317,6 +317,30 @@ def combine_repeats(runs: Sequence[StrategyRecord]) -> StrategyRecord:
     return chosen.replace(repeats=tuple(_repeat_record(r.repeat or 0, r) for r in runs))
 
 
+def _warm_up(plan: Plan, plan_path: Path, out_dir: Path, command: WorkerCommand, stop: _Stop, index: int,
+             target: Path) -> None:
+    """One discarded round: the disk read and each strategy once, for what the machine keeps of them.
+
+    A cold guest cache does not reset what lies outside the guest (a virtual disk's host
+    cache, memory the host must back again); a warm-up round makes that alike for every
+    measured round. Nothing of it is recorded; its files are removed.
+    """
+    where = f"warm-up round {index + 1}/{plan.warmup} (discarded)"
+    if plan.cache == "cold":
+        _progress(f"{where}: {_disk_line(measure_disk(plan, index))}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        for strategy in plan.strategies:
+            try:
+                outcome = watch(command(plan_path, strategy, out_dir), plan.memory_limit_bytes, plan.timeout_s,
+                                stop=stop)
+            except RunInterrupted as exc:
+                raise RunInterrupted(f"{exc} ({strategy}, {where}); {target} is unchanged", exc.signum) from exc
+            _progress(f"{where}: {strategy} {'ran' if outcome.returncode == 0 else 'failed'}")
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
 def _copy_run_files(source: Path, target: Path, strategy: str) -> None:
     for name in (samples_file(strategy), events_file(strategy), strategy_file(strategy)):
         if (source / name).exists():
@@ -391,6 +415,8 @@ def run_scenario(
     repeats = max(1, plan.repeats)
     runs: dict[str, list[StrategyRecord]] = {s: [] for s in plan.strategies}
     with _Stop().installed() as stop:
+        for warm in range(plan.warmup):
+            _warm_up(plan, plan_path, staging / f"warmup-{warm}", command, stop, warm, results / name)
         for repeat in range(repeats):
             if plan.cache == "cold":
                 disk = measure_disk(plan, repeat)

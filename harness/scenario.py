@@ -51,7 +51,10 @@ Schema (defaults in brackets; see ``scenarios/*.toml`` for examples)::
                   drop_cache: bool [false]: such strategies also drop released weights from
                   the page cache (``map_keep_cache`` never does); repeats: int > 0 [1]: cold
                   runs of each strategy, each in a fresh process, interleaved; the report shows
-                  the median wall time and the spread
+                  the median wall time and the spread; warmup: int >= 0 [0]: rounds run first
+                  and discarded (each strategy once, and the disk read), so that what a cold
+                  guest cache does not reset (a virtual disk's host cache, memory the host
+                  must back again) is alike for every measured round
     [[reference]] label: str (required); host_at_partitioning_gib, host_gpu_peak_gib,
                   host_peak_gib: number >= 0 [absent]; note: str [""]
 """
@@ -227,6 +230,7 @@ class RunConfig:
     prefetch: str = DEFAULT_PREFETCH
     drop_cache: bool = False
     repeats: int = 1
+    warmup: int = 0
 
 
 @dataclass(frozen=True)
@@ -499,7 +503,7 @@ def _load_build(top: _Table) -> BuildConfig:
 
 def _load_run(top: _Table) -> RunConfig:
     keys = frozenset({"cache", "sample_interval_ms", "residency_every", "memory_limit_gib", "timeout_s",
-                      "prefetch", "drop_cache", "repeats"})
+                      "prefetch", "drop_cache", "repeats", "warmup"})
     run = top.table("run", keys)
     return RunConfig(
         cache=run.string("cache", "cold", CACHES),
@@ -510,6 +514,7 @@ def _load_run(top: _Table) -> RunConfig:
         prefetch=run.string("prefetch", DEFAULT_PREFETCH, PREFETCH),
         drop_cache=run.boolean("drop_cache", False),
         repeats=run.integer("repeats", 1),
+        warmup=run.integer("warmup", 0, minimum=0),
     )
 
 

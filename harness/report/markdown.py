@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from harness.atomic import write_atomic
 from harness.metrics import StrategyMetrics
@@ -73,6 +74,7 @@ def context_paragraph(results: Results) -> str:
         f"sampled every {run.sample_interval_ms:g} ms" if run.sample_interval_ms else None,
         _prefetch_text(run.prefetch) if run.layout >= 3 else None,
         _repeats_text(run.repeats, run.cache),
+        _warmup_text(run.scenario_config),
     ]
     text += machine + "; " + ", ".join(s for s in setup if s) + "."
     created = run.created or "at an unrecorded time"
@@ -91,6 +93,15 @@ def _repeats_text(repeats: int | None, cache: str) -> str | None:
         return None
     return (f"each strategy run {repeats} times, interleaved, each run a fresh process on a {cache} cache; "
             "times are the median run's (the figures show it), with the range over the runs")
+
+
+def _warmup_text(config: dict[str, Any]) -> str | None:
+    run = config.get("run") if isinstance(config, dict) else None
+    rounds = run.get("warmup") if isinstance(run, dict) else None
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
+        return None
+    return (f"after {rounds} warm-up round{'s' if rounds > 1 else ''} (each strategy once and the disk read, "
+            "discarded) that leave the machine alike for every measured round")
 
 
 def disk_observation(run: Results) -> list[str]:

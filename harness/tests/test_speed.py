@@ -239,3 +239,26 @@ def test_map_keep_cache_is_map_without_drop_cache(tmp_path: Path) -> None:
     assert (dropped.drop_cache, kept.drop_cache) == (True, False)
     assert dropped.prefetch == kept.prefetch == "madvise"  # prefetch still follows the scenario
     assert dropped.released_bytes == kept.released_bytes == record.model.bytes
+
+
+def test_warmup_rounds_run_first_and_leave_nothing(tmp_path: Path) -> None:
+    assert load_scenario(_toml(tmp_path, "")).run.warmup == 0
+    assert load_scenario(_toml(tmp_path, "warmup = 1")).run.warmup == 1
+    with pytest.raises(ScenarioError, match=r"run\.warmup: expected an integer >= 0"):
+        load_scenario(_toml(tmp_path, "warmup = -1"))
+    scenario = _scenario(tmp_path, warmup=1)
+    assert make_plan(scenario, name="p", workdir=tmp_path).warmup == 1
+    seen: list[str] = []
+
+    def counting(plan_path: Path, strategy: str, out: Path) -> list[str]:
+        seen.append(out.name)
+        from harness.worker import worker_command
+        return worker_command(plan_path, strategy, out)
+
+    record = run_scenario(scenario, results=tmp_path / "results", workdir=tmp_path / "engines", command=counting)
+    assert seen == ["warmup-0", "warmup-0", ".speedy.partial", ".speedy.partial"]  # warm-ups first, then the runs
+    assert len(record.disk_reads) == 1  # the warm-up's disk read is not recorded
+    out = tmp_path / "results" / "speedy"
+    assert not list(out.glob("warmup-*"))
+    assert all(entry.ok for entry in record.strategies.values())
+    assert "after 1 warm-up round" in (tmp_path / "results" / "speedy.md").read_text()
