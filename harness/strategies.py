@@ -89,8 +89,14 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
 def load_eager(model: torch.nn.Module, path: Path) -> Loaded:
     """Allocate the model on the CPU, read the checkpoint into memory, copy it in."""
     groups = [t.names for t in collect_targets(model) if len(t.names) > 1]
+    unfilled = _meta_non_persistent(model)
     model.to_empty(device="cpu")
     _retie(model, groups)  # to_empty allocates each name separately
+    # No checkpoint fills a non-persistent buffer: put those back on meta, so that they get
+    # the values every other strategy's model gets (fill_non_persistent), not to_empty's
+    # uninitialised memory (an index buffer of garbage makes an engine index out of bounds).
+    for owner, leaf in unfilled:
+        owner._buffers[leaf] = torch.empty_like(owner._buffers[leaf], device="meta")  # type: ignore[arg-type]
     state = read_state_dict(path)
     absent = [t.names[0] for t in collect_targets(model) if t.persistent and not any(n in state for n in t.names)]
     if absent:
@@ -98,6 +104,12 @@ def load_eager(model: torch.nn.Module, path: Path) -> Loaded:
     model.load_state_dict(state, strict=False)  # a tied tensor is filled through any one of its names
     del state
     return Loaded(model, "to_empty + full read into host memory + load_state_dict (two copies at the peak)")
+
+
+def _meta_non_persistent(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str]]:
+    """(module, buffer name) of every non-persistent buffer still on meta."""
+    return [(sub, leaf) for sub in model.modules() for leaf, buf in sub._buffers.items()
+            if buf is not None and buf.is_meta and leaf in sub._non_persistent_buffers_set]
 
 
 def load_with_safetensors(model: torch.nn.Module, path: Path) -> Loaded:

@@ -153,3 +153,32 @@ def test_stream_puts_each_engines_weights_in_place_and_takes_them_out(tmp_path: 
     assert record.ok, record.error
     assert record.released_bytes == released
     assert "unmaps" in record.release_note
+
+
+class _WithIndexBuffer(torch.nn.Module):
+    """A weight the checkpoint holds and an index buffer it does not (as SigLIP's position ids)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(4096, 8)
+        self.register_buffer("position_ids", torch.zeros(1, 4096, dtype=torch.int64), persistent=False)
+
+
+@pytest.mark.parametrize("name", ["map", "load", "load_file"])
+def test_every_loader_leaves_non_persistent_buffers_to_the_same_fill(tmp_path: Path, name: str) -> None:
+    from safetensors.torch import save_file
+
+    from harness.models import fill_non_persistent
+    from harness.models.base import pattern
+
+    path = tmp_path / "w.safetensors"
+    weight = torch.randn(4096, 8)
+    save_file({"embed.weight": weight}, str(path))
+    with torch.device("meta"):
+        model = _WithIndexBuffer()
+    loaded = STRATEGIES[name].load(model, path).model
+    fill_non_persistent(loaded)
+    # load's to_empty must not leave uninitialised memory here: an engine indexing with it
+    # reads out of bounds, and eager (which maps) would disagree with the built model
+    assert torch.equal(loaded.position_ids, pattern((1, 4096), torch.int64))
+    assert torch.equal(loaded.embed.weight, weight)
