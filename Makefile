@@ -58,8 +58,9 @@ bench-pi05-compile: $(STAMP)
 # lerobot's own pi0.5 compiled on a GPU; needs lerobot (LEROBOT_PY: a Python where it
 # imports, e.g. the one `make lerobot-venv` sets up) and data/pi05.safetensors (make bench-pi05).
 LEROBOT_PY ?= .venv-lerobot/bin/python
+LEROBOT_SCENARIO ?= scenarios/lerobot-compile.toml
 bench-lerobot-compile:
-	$(LEROBOT_PY) -m harness run scenarios/lerobot-compile.toml
+	$(LEROBOT_PY) -m harness run $(LEROBOT_SCENARIO)
 
 # Optional: a Python 3.12 environment where lerobot 0.6.1 imports (torch < 2.12, transformers 5.5.x).
 lerobot-venv:

@@ -183,6 +183,13 @@ def _import_compiler() -> None:
     import torch.export  # noqa: F401
 
 
+def _free_bytes(device: str) -> int:
+    """Memory free for new tensors where eager runs: the GPU's free bytes, or the host's available."""
+    if device.startswith("cuda"):
+        return int(torch.cuda.mem_get_info(torch.device(device))[0])
+    return int(psutil.virtual_memory().available)
+
+
 def _named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     named: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
     named.update(model.named_buffers(remove_duplicate=False))
@@ -401,8 +408,8 @@ class Measurement:
         The loaded model may have been released engine by engine, so eager runs on a new
         mapping of the checkpoint (released pages are read again from the file).
         """
+        from harness.compile.compare import compare_outputs, upcast_reference
         from harness.compile.entry import export_entry
-        from harness.compile.pipeline import compare_outputs
         from weightmap import map_weights
 
         assert self.compiled is not None
@@ -426,6 +433,13 @@ class Measurement:
         with phase_ticker(self.strategy, "running eager"), torch.no_grad():
             want = module(*args, **kwargs)
         comparison = compare_outputs(built, want)
+        if not comparison.ok:  # a bfloat16 model: judge both against a float32 run of eager
+            with phase_ticker(self.strategy, "running eager in float32"):
+                reference, why = upcast_reference(module, args, kwargs, free_bytes=_free_bytes(plan.device))
+            if reference is not None:
+                comparison = compare_outputs(built, want, reference)
+            else:
+                comparison = replace(comparison, detail=f"{comparison.detail}; {why}")
         finite = comparison.max_abs_diff == comparison.max_abs_diff and comparison.max_abs_diff != float("inf")
         self.record.max_abs_diff = comparison.max_abs_diff if finite else None
         self.record.check = comparison.detail

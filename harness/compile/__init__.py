@@ -19,9 +19,10 @@ The steps, in the order a strategy runs them::
 * :class:`InductorCompiler`, :func:`compile_engine`, :func:`load_engine` (:mod:`.inductor`):
   AOTInductor with weights ``packaged`` in the artifact or ``mapped`` (the artifact holds
   none and runs on the given tensors); a ``mapped`` artifact is never loaded without them.
-* :func:`build_engines`, :class:`CompiledPipeline`, :func:`compare_with_eager`
-  (:mod:`.pipeline`): the build loop with per-engine records and callbacks, the loaded
-  engines run as one model, and the check against eager.
+* :func:`build_engines`, :class:`CompiledPipeline` (:mod:`.pipeline`): the build loop with
+  per-engine records and callbacks, and the loaded engines run as one model;
+* :func:`compare_with_eager`, :func:`compare_outputs`, :func:`upcast_reference`
+  (:mod:`.compare`): the check of the built model against eager.
 * :func:`check_toolchain` (:mod:`.toolchain`): the C++ compiler inductor links engines with
   must link libstdc++ dynamically (engines with a static copy crash when loaded).
 
@@ -34,6 +35,14 @@ partitions once for every strategy.
 ``python -m harness.compile.probe`` measures one such build of a synthetic transformer.
 """
 
+from harness.compile.compare import (
+    TOLERANCES,
+    Comparison,
+    MismatchError,
+    compare_outputs,
+    compare_with_eager,
+    upcast_reference,
+)
 from harness.compile.export import ExportResult, export_mapped, shared_with_model
 from harness.compile.graph_partition import (
     GraphPartition,
@@ -60,15 +69,11 @@ from harness.compile.inductor import (
     to_device,
 )
 from harness.compile.pipeline import (
-    TOLERANCES,
     BuiltEngines,
-    Comparison,
     CompiledPipeline,
     EngineCompiler,
     EngineRecord,
-    MismatchError,
     build_engines,
-    compare_with_eager,
 )
 from harness.compile.toolchain import Toolchain, ToolchainError, check_toolchain
 
@@ -96,6 +101,7 @@ __all__ = [
     "cap_for_program",
     "check_device",
     "check_toolchain",
+    "compare_outputs",
     "compare_with_eager",
     "compile_engine",
     "engine_tensors",
@@ -108,4 +114,5 @@ __all__ = [
     "shared_with_model",
     "subprogram",
     "to_device",
+    "upcast_reference",
 ]

@@ -9,16 +9,15 @@ last reader that engine was there (``weightmap.ReleasePlan.built(i)``), so the n
 engine starts without them.
 
 :class:`CompiledPipeline` is the built model: the loaded engines run in order, each on the
-activations the earlier ones produced. :func:`compare_with_eager` runs it and the eager
-model on the same inputs and reports the largest difference; outside the dtype's tolerance
-it is a :class:`MismatchError`.
+activations the earlier ones produced. :mod:`harness.compile.compare` judges its outputs
+against eager's.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,16 +35,11 @@ from harness.compile.inductor import Artifact
 from harness.procfs import PeakTracker, mapping_rss, read_status
 
 __all__ = [
-    "TOLERANCES",
     "BuiltEngines",
-    "Comparison",
     "CompiledPipeline",
     "EngineCompiler",
     "EngineRecord",
-    "MismatchError",
     "build_engines",
-    "compare_outputs",
-    "compare_with_eager",
 ]
 
 
@@ -291,85 +285,3 @@ class CompiledPipeline:
 @dataclass(frozen=True)
 class _Constant:
     value: Any
-
-
-TOLERANCES: Mapping[torch.dtype, tuple[float, float]] = {
-    torch.float64: (1e-7, 1e-7),
-    torch.float32: (1e-4, 1e-4),
-    torch.float16: (1e-3, 1e-3),
-    torch.bfloat16: (1.6e-2, 1.6e-2),
-}
-"""(atol, rtol) per output dtype: an element passes when ``|built - eager| <= atol + rtol * |eager|``.
-
-Looser than bit equality because a compiler fuses and reorders floating-point sums."""
-
-
-class MismatchError(AssertionError):
-    """The built model's output differs from the eager model's beyond the dtype's tolerance."""
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """The built model against eager on one input: the largest absolute difference over outputs."""
-
-    max_abs_diff: float
-    outputs: int
-    ok: bool
-    detail: str
-
-    def check(self) -> Comparison:
-        """Raise :class:`MismatchError` unless every output is within tolerance; returns self."""
-        if not self.ok:
-            raise MismatchError(self.detail)
-        return self
-
-
-def compare_with_eager(
-    built: Callable[..., Any],
-    eager: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: Mapping[str, Any] | None = None,
-) -> Comparison:
-    """Run both on the same inputs and compare every output (see :data:`TOLERANCES`).
-
-    Outputs must match in structure, shape and dtype; integer and bool outputs must be
-    equal. Differences are computed in float64 on the CPU. Call ``.check()`` on the result
-    to make a mismatch an error.
-    """
-    kw = dict(kwargs or {})
-    with torch.no_grad():
-        got = built(*args, **kw)
-        want = eager(*args, **kw)
-    return compare_outputs(got, want)
-
-
-def compare_outputs(built: Any, eager: Any) -> Comparison:
-    """Compare outputs already computed (any pytree of tensors), as :func:`compare_with_eager` does."""
-    got = pytree.tree_leaves(built)
-    want = pytree.tree_leaves(eager)
-    if len(got) != len(want):
-        detail = f"the built model returns {len(got)} values, eager {len(want)}"
-        return Comparison(float("inf"), len(want), False, detail)
-    worst = 0.0
-    problems = []
-    for i, (g, w) in enumerate(zip(got, want, strict=True)):
-        if not isinstance(w, torch.Tensor) or not isinstance(g, torch.Tensor):
-            if g != w:
-                problems.append(f"output {i}: {g!r} != {w!r}")
-            continue
-        if g.shape != w.shape or g.dtype != w.dtype:
-            problems.append(f"output {i}: {g.dtype}{list(g.shape)} built, {w.dtype}{list(w.shape)} eager")
-            continue
-        a, b = g.detach().cpu().double(), w.detach().cpu().double()
-        diff = (a - b).abs()
-        largest = float(diff.max()) if diff.numel() else 0.0
-        worst = max(worst, largest)
-        atol, rtol = TOLERANCES.get(w.dtype, (0.0, 0.0))
-        bad = int((diff > atol + rtol * b.abs()).sum())
-        if bad:
-            problems.append(
-                f"output {i}: {bad} of {diff.numel()} elements differ beyond {atol:g} + {rtol:g}*|eager| "
-                f"for {w.dtype} (largest difference {largest:.3g})"
-            )
-    detail = "; ".join(problems) if problems else f"every output within tolerance (max abs diff {worst:.3g})"
-    return Comparison(worst, len(want), not problems, detail)

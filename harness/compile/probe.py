@@ -28,10 +28,11 @@ import torch
 
 from harness.checkpoints import ensure_checkpoint
 from harness.coldcache import prepare_cold
+from harness.compile.compare import compare_with_eager
 from harness.compile.export import export_mapped
 from harness.compile.graph_partition import partition_program, program_weight_bytes
 from harness.compile.inductor import WEIGHTS, InductorCompiler
-from harness.compile.pipeline import EngineRecord, build_engines, compare_with_eager
+from harness.compile.pipeline import EngineRecord, build_engines
 from harness.models import SyntheticTransformer, fill_non_persistent
 from harness.procfs import read_status
 from weightmap import ReleasePlan, ReleaseStep, map_weights

@@ -144,6 +144,9 @@ def compiler_lines(run: Results) -> list[str]:
                     _mib(export.residency_read_bytes, 2), _mib(export.host_cost_bytes), _mib(export.anon_delta_bytes)]
         row += [str(len(engines)), format_seconds(total) if engines else DASH, _check_text(record)]
         lines.append("| " + " | ".join(cell(c) for c in row) + " |")
+    checks = [f"- **{name}**: {record.check}" for name, record in run.strategies.items() if record.check]
+    if checks:
+        lines += ["", "The built model against eager, on the scenario's input:", "", *checks]
     lines += ["", "Per engine (host rise = high-water mark while it was built − RSS at its start; over copy "
               "floor = high-water mark − (RSS at its start + its weights), negative where the build did not "
               "bring its weights in; compiler processes: the largest summed RSS of the C++ compiler and "

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from harness.backends import BackendUnavailable, make_backend, make_compiler_backend
+from harness.compile.compare import MismatchError
 from harness.compile.entry import export_entry
-from harness.compile.pipeline import MismatchError
 from harness.models import SyntheticTransformer, fill_non_persistent
 from harness.plan import make_plan, read_plan, write_plan
 from harness.record import SUMMARY, EngineRecord, ExportRecord, RunRecord, StrategyRecord

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from harness.checkpoints import ensure_checkpoint
+from harness.compile.compare import compare_with_eager
 from harness.compile.export import export_mapped
 from harness.compile.graph_partition import GraphPartition, partition_program, program_weight_bytes, program_weights
 from harness.compile.inductor import (
@@ -28,7 +29,7 @@ from harness.compile.inductor import (
     inductor_cache,
     load_engine,
 )
-from harness.compile.pipeline import BuiltEngines, EngineRecord, build_engines, compare_with_eager
+from harness.compile.pipeline import BuiltEngines, EngineRecord, build_engines
 from harness.models import SyntheticTransformer, fill_non_persistent
 from weightmap import ReleasePlan, ReleaseStep, map_weights
 
