@@ -183,13 +183,6 @@ def _import_compiler() -> None:
     import torch.export  # noqa: F401
 
 
-def _free_bytes(device: str) -> int:
-    """Memory free for new tensors where eager runs: the GPU's free bytes, or the host's available."""
-    if device.startswith("cuda"):
-        return int(torch.cuda.mem_get_info(torch.device(device))[0])
-    return int(psutil.virtual_memory().available)
-
-
 def _named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     named: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
     named.update(model.named_buffers(remove_duplicate=False))
@@ -435,7 +428,7 @@ class Measurement:
         comparison = compare_outputs(built, want)
         if not comparison.ok:  # a bfloat16 model: judge both against a float32 run of eager
             with phase_ticker(self.strategy, "running eager in float32"):
-                reference, why = upcast_reference(module, args, kwargs, free_bytes=_free_bytes(plan.device))
+                reference, why = upcast_reference(module, args, kwargs, free_bytes=self._free_bytes())
             if reference is not None:
                 comparison = compare_outputs(built, want, reference)
             else:
@@ -444,6 +437,17 @@ class Measurement:
         self.record.max_abs_diff = comparison.max_abs_diff if finite else None
         self.record.check = comparison.detail
         comparison.check()
+
+    def _free_bytes(self) -> int:
+        """Memory free for new tensors where eager runs: the GPU's free bytes, or the host's
+        available memory, no more than the scenario's limit leaves above the current RSS."""
+        if self.plan.device.startswith("cuda"):
+            return int(torch.cuda.mem_get_info(torch.device(self.compiled.device))[0])  # type: ignore[union-attr]
+        free = int(psutil.virtual_memory().available)
+        limit = self.plan.memory_limit_bytes
+        if limit is not None:
+            free = min(free, limit - read_status().rss_bytes)
+        return free
 
     def stop_sampling(self) -> None:
         """Stop the sampler (what follows is not part of the measured run)."""

@@ -24,6 +24,8 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from weightmap import release_mapped_storage
+
 __all__ = [
     "REFERENCE_MULTIPLIER",
     "TOLERANCES",
@@ -169,7 +171,9 @@ def upcast_reference(
 ) -> tuple[Any, str]:
     """Eager's outputs with ``module``'s bfloat16/float16 tensors made float32; ``(outputs, "")``.
 
-    ``module`` is changed in place (call it after its own outputs are taken). Where it holds
+    ``module`` is changed in place (call it after its own outputs are taken); the pages of
+    tensors it maps (:func:`weightmap.map_weights`) are dropped as their copies are made, so
+    ``free_bytes`` need only hold the copies. Where it holds
     no such tensor, or the float32 copies would not fit in ``free_bytes`` (with a fifth to
     spare), nothing is run and the outputs are None, with the reason.
 
@@ -189,9 +193,12 @@ def upcast_reference(
     for sub in module.modules():
         for p in sub._parameters.values():
             if p is not None and p.dtype in _LOW_PRECISION:
-                p.data = p.data.float()
+                old = p.data
+                p.data = old.float()
+                release_mapped_storage(old)  # a mapped original's pages leave RSS as its copy comes in
         for key, b in sub._buffers.items():
             if b is not None and b.dtype in _LOW_PRECISION:
                 sub._buffers[key] = b.float()
+                release_mapped_storage(b)
     with torch.no_grad():
         return module(*args, **kwargs), ""

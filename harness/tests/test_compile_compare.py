@@ -75,3 +75,34 @@ def test_upcasting_keeps_tied_weights_tied() -> None:
     reference, why = upcast_reference(model, (torch.arange(4),), {}, free_bytes=2**30)
     assert why == "" and reference.dtype == torch.float32
     assert model[1].weight is model[0].weight
+
+
+class _Pair(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(2048, 2048, bias=False, dtype=torch.bfloat16)  # 8 MiB
+        self.b = nn.Linear(2048, 64, bias=False)  # float32, 0.5 MiB: keeps the file mapped
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x.to(self.a.weight.dtype)).float())
+
+
+def test_upcasting_a_mapped_model_drops_its_pages_as_the_copies_come_in(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from safetensors.torch import save_file
+
+    from harness.procfs import mapping_rss
+    from weightmap import map_weights
+
+    path = tmp_path / "w.safetensors"
+    save_file({"a.weight": torch.randn(2048, 2048).bfloat16(), "b.weight": torch.randn(64, 2048)}, str(path))
+    with torch.device("meta"):
+        model = _Pair()
+    map_weights(model, path).close()
+    x = torch.randn(2, 2048)
+    with torch.no_grad():
+        model(x)  # every page of both weights read
+    assert mapping_rss(path) > 8 * 2**20
+    reference, why = upcast_reference(model, (x,), {}, free_bytes=2**30)
+    assert why == "" and reference.dtype == torch.float32
+    # the float32 weight still maps the file; the bfloat16 one's pages left RSS with its copy
+    assert mapping_rss(path) < 2 * 2**20
