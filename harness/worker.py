@@ -41,7 +41,7 @@ from harness.gpu import GpuMonitor
 from harness.metrics import SampleColumns, sampled_peaks
 from harness.models import build_model, fill_non_persistent
 from harness.plan import Plan, read_plan
-from harness.procfs import PeakTracker, read_peak, read_status
+from harness.procfs import PeakTracker, mapping_rss, read_peak, read_status
 from harness.progress import engine_bar, phase_ticker
 from harness.record import (
     EVENT_COLUMNS,
@@ -440,13 +440,15 @@ class Measurement:
 
     def _free_bytes(self) -> int:
         """Memory free for new tensors where eager runs: the GPU's free bytes, or the host's
-        available memory, no more than the scenario's limit leaves above the current RSS."""
+        available memory, no more than the scenario's limit leaves above the current RSS less
+        the checkpoint's mapped pages."""
         if self.plan.device.startswith("cuda"):
             return int(torch.cuda.mem_get_info(torch.device(self.compiled.device))[0])  # type: ignore[union-attr]
         free = int(psutil.virtual_memory().available)
         limit = self.plan.memory_limit_bytes
-        if limit is not None:
-            free = min(free, limit - read_status().rss_bytes)
+        if limit is not None:  # the checkpoint's mapped pages leave RSS as the copies are made
+            mapped = sum(mapping_rss(f) for f in self.plan.checkpoint_files)
+            free = min(free, limit - (read_status().rss_bytes - mapped))
         return free
 
     def stop_sampling(self) -> None:
