@@ -63,8 +63,11 @@ bench-lerobot-compile:
 	$(LEROBOT_PY) -m harness run $(LEROBOT_SCENARIO)
 
 # Optional: a Python 3.12 environment where lerobot 0.6.1 imports (torch < 2.12, transformers 5.5.x).
+# PYTHON312 names the interpreter where python3.12 is not on PATH (under pyenv:
+# PYTHON312="$$(pyenv root)/versions/3.12.1/bin/python3").
+PYTHON312 ?= python3.12
 lerobot-venv:
-	test -x .venv-lerobot/bin/python || python3.12 -m venv .venv-lerobot
+	test -x .venv-lerobot/bin/python || $(PYTHON312) -m venv .venv-lerobot
 	.venv-lerobot/bin/python -m pip install -q 'torch==2.11.*' 'lerobot==0.6.1' 'transformers==5.5.4'
 	.venv-lerobot/bin/python -m pip install -q -e '.[dev]'
 
