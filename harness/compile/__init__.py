@@ -19,6 +19,8 @@ The steps, in the order a strategy runs them::
 * :class:`InductorCompiler`, :func:`compile_engine`, :func:`load_engine` (:mod:`.inductor`):
   AOTInductor with weights ``packaged`` in the artifact or ``mapped`` (the artifact holds
   none and runs on the given tensors); a ``mapped`` artifact is never loaded without them.
+* :func:`input_layouts`, :func:`conform` (:mod:`.layouts`): the layout each engine input was
+  compiled for, recorded in the artifact, and inputs laid out so before an engine runs.
 * :func:`build_engines`, :class:`CompiledPipeline` (:mod:`.pipeline`): the build loop with
   per-engine records and callbacks, and the loaded engines run as one model;
 * :func:`compare_with_eager`, :func:`compare_outputs`, :func:`upcast_reference`
@@ -68,6 +70,7 @@ from harness.compile.inductor import (
     load_engine,
     to_device,
 )
+from harness.compile.layouts import EngineInputError, InputLayout, conform, input_layouts
 from harness.compile.pipeline import (
     BuiltEngines,
     CompiledPipeline,
@@ -87,12 +90,14 @@ __all__ = [
     "Comparison",
     "CompiledPipeline",
     "EngineBuildError",
+    "EngineInputError",
     "EngineLoadError",
     "EngineCompiler",
     "EngineRecord",
     "ExportResult",
     "GraphPartition",
     "InductorCompiler",
+    "InputLayout",
     "LoadedEngine",
     "MismatchError",
     "PartitionError",
@@ -104,9 +109,11 @@ __all__ = [
     "compare_outputs",
     "compare_with_eager",
     "compile_engine",
+    "conform",
     "engine_tensors",
     "export_mapped",
     "inductor_cache",
+    "input_layouts",
     "load_engine",
     "partition_program",
     "program_weight_bytes",

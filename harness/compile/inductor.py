@@ -17,7 +17,9 @@ segmentation fault, not an error). So every artifact built here records its sett
 name, dtype and shape of each weight it needs in its metadata, and :func:`load_engine`
 refuses to return a ``mapped`` engine unless every constant it asks for is given with the
 recorded dtype and shape, on its device; an artifact that carries no such record is refused
-too.
+too. The metadata also records the layout each input was compiled for, and a loaded engine
+lays its inputs out that way before it runs (see :mod:`harness.compile.layouts`: a GPU
+engine fed a broadcast view it was not built for reads neighbouring memory).
 
 Compiling on ``cuda`` moves the partition's weights to the GPU first (the engine's weights
 live there); the artifact is then built for the GPU. It needs a CUDA build of torch and a GPU;
@@ -37,6 +39,7 @@ from typing import Any, Literal, get_args
 import torch
 from torch.export import ExportedProgram
 
+from harness.compile.layouts import InputLayout, conform, input_layouts, layouts_from_json, layouts_to_json
 from harness.compile.toolchain import ToolchainError, check_toolchain
 
 __all__ = [
@@ -60,6 +63,7 @@ WEIGHTS: tuple[str, ...] = get_args(WeightsMode)
 
 _WEIGHTS_KEY = "weightmap_harness.weights"
 _CONSTANTS_KEY = "weightmap_harness.constants"
+_INPUTS_KEY = "weightmap_harness.inputs"
 
 
 class EngineBuildError(RuntimeError):
@@ -206,6 +210,7 @@ def compile_engine(
     configs["aot_inductor.metadata"] = {
         _WEIGHTS_KEY: compiler.weights,
         _CONSTANTS_KEY: _describe_constants(engine_tensors(program)),
+        _INPUTS_KEY: layouts_to_json(input_layouts(program)),
     }
     try:
         out = torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=configs)
@@ -234,26 +239,37 @@ class LoadedEngine:
 
     For a ``mapped`` engine ``constants`` holds the tensors it runs on: the engine keeps
     only their pointers, so they stay referenced here for as long as the engine lives.
+    ``inputs``: the layout each input was compiled for; a call lays its inputs out so
+    (:func:`harness.compile.layouts.conform`) and raises ``EngineInputError`` for a wrong
+    dtype, shape or device.
     """
 
     path: Path
     weights: WeightsMode
     model: Any
     constants: dict[str, torch.Tensor]
+    inputs: tuple[InputLayout, ...]
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(self.model(*inputs))
+        return tuple(self.model(*conform(self.path, self.inputs, inputs)))
 
 
-def _recorded(path: Path, metadata: Mapping[str, str]) -> tuple[WeightsMode, dict[str, list[Any]]]:
+def _recorded(
+    path: Path, metadata: Mapping[str, str]
+) -> tuple[WeightsMode, dict[str, list[Any]], tuple[InputLayout, ...]]:
     weights = metadata.get(_WEIGHTS_KEY)
     if weights not in WEIGHTS or _CONSTANTS_KEY not in metadata:
         raise EngineLoadError(
             f"{path}: the artifact does not record its weight setting ({_WEIGHTS_KEY}), so it cannot be "
             "known whether it holds its weights; only artifacts built by compile_engine are loaded"
         )
+    if _INPUTS_KEY not in metadata:
+        raise EngineLoadError(
+            f"{path}: the artifact does not record the layouts of its inputs ({_INPUTS_KEY}), so an input "
+            "laid out otherwise could not be caught; rebuild it with compile_engine"
+        )
     described = json.loads(metadata[_CONSTANTS_KEY])
-    return weights, dict(described)  # type: ignore[return-value]
+    return weights, dict(described), tuple(layouts_from_json(metadata[_INPUTS_KEY]))  # type: ignore[return-value]
 
 
 def load_engine(
@@ -274,9 +290,9 @@ def load_engine(
     dev = check_device(device)
     index = dev.index if dev.index is not None else (0 if dev.type == "cuda" else -1)
     model = torch._inductor.aoti_load_package(str(path), device_index=index)
-    weights, described = _recorded(path, model.get_metadata())
+    weights, described, layouts = _recorded(path, model.get_metadata())
     if weights == "packaged":
-        return LoadedEngine(path, weights, model, {})
+        return LoadedEngine(path, weights, model, {}, layouts)
     given = dict(constants or {})
     needed = list(model.get_constant_fqns())
     problems = []
@@ -305,4 +321,4 @@ def load_engine(
         raise EngineLoadError(f"{path}: cannot hand the engine its weights: " + "; ".join(problems))
     handed = {name: given[name] for name in needed}
     model.load_constants(handed, check_full_update=True, user_managed=True)
-    return LoadedEngine(path, weights, model, handed)
+    return LoadedEngine(path, weights, model, handed, layouts)

@@ -26,9 +26,11 @@ from harness.compile.inductor import (
     LoadedEngine,
     _recorded,
     check_device,
+    compile_engine,
     inductor_cache,
     load_engine,
 )
+from harness.compile.layouts import EngineInputError, InputLayout, conform
 from harness.compile.pipeline import BuiltEngines, EngineRecord, build_engines
 from harness.models import SyntheticTransformer, fill_non_persistent
 from weightmap import ReleasePlan, ReleaseStep, map_weights
@@ -164,8 +166,10 @@ def test_packaged_engine_holds_its_weights(checkpoint: Path, cache: Path, tmp_pa
 def test_only_artifacts_that_record_their_weight_setting_load(tmp_path: Path) -> None:
     with pytest.raises(EngineLoadError, match="does not record its weight setting"):
         _recorded(tmp_path / "x.pt2", {"AOTI_DEVICE_KEY": "cpu"})
-    assert _recorded(tmp_path / "x.pt2", {"weightmap_harness.weights": "mapped",
-                                          "weightmap_harness.constants": "{}"})[0] == "mapped"
+    recorded = {"weightmap_harness.weights": "mapped", "weightmap_harness.constants": "{}"}
+    with pytest.raises(EngineLoadError, match="does not record the layouts of its inputs"):
+        _recorded(tmp_path / "x.pt2", recorded)
+    assert _recorded(tmp_path / "x.pt2", {**recorded, "weightmap_harness.inputs": "[]"})[0] == "mapped"
 
 
 def test_settings_and_devices_are_checked_before_building() -> None:
@@ -197,3 +201,54 @@ def test_a_built_model_that_differs_from_eager_is_an_error() -> None:
         far.check()
     shape = compare_with_eager(lambda t: t[:2], lambda t: t, x)
     assert not shape.ok and "built" in shape.detail
+
+
+class _MaskCount(torch.nn.Module):
+    def forward(self, mask: torch.Tensor) -> tuple[torch.Tensor]:
+        return (mask.to(torch.int32).cumsum(dim=1),)
+
+
+def _strided_view(first: bool) -> torch.Tensor:
+    """A ``(1, 256)`` broadcast of one entry (strides (1, 0)) whose storage continues with False."""
+    base = torch.zeros(512, dtype=torch.bool)
+    base[0] = first
+    return base[:1].view(1, 1).expand(1, 256)
+
+
+def test_an_engine_reads_a_broadcast_input_as_the_layout_it_was_built_for(cache: Path, tmp_path: Path) -> None:
+    # Built for a contiguous mask (as a GPU engine is after the move re-strides a broadcast
+    # boundary value): handed the broadcast view as it is, it would read the 255 False bytes
+    # after the one True and count 1 instead of 256.
+    program = torch.export.export(_MaskCount(), (torch.ones(1, 256, dtype=torch.bool),))
+    compiler = InductorCompiler(weights="packaged")
+    with compiler.session(cache):
+        path = compile_engine(program, tmp_path / "mask.pt2", compiler)
+    engine = load_engine(path)
+    assert engine.inputs == (InputLayout("mask", "bool", (1, 256), (256, 1), "cpu"),)
+    view = _strided_view(True)
+    (counts,) = engine(view)
+    assert counts[0, -1].item() == 256
+    assert torch.equal(counts, _MaskCount()(view)[0])
+    with pytest.raises(EngineInputError, match=r"mask\.pt2: input mask: the engine was built for bool \[1, 256\]"):
+        engine(torch.ones(1, 256, dtype=torch.int32))
+    with pytest.raises(EngineInputError, match="takes 1 inputs"):
+        engine(view, view)
+
+
+def test_inputs_are_laid_out_as_recorded(tmp_path: Path) -> None:
+    path = tmp_path / "e.pt2"
+    broadcast = InputLayout("m", "bool", (1, 256), (1, 0), "cpu")
+    dense = InputLayout("m", "bool", (1, 256), (256, 1), "cpu")
+    view = _strided_view(True)
+    assert conform(path, [broadcast], [view])[0] is view  # already as recorded: not copied
+    (laid,) = conform(path, [dense], [view])
+    assert laid.stride() == (256, 1) and laid.all()
+    (back,) = conform(path, [broadcast], [laid])
+    assert back.stride()[1] == 0 and back.all()
+    varying = torch.zeros(1, 256, dtype=torch.bool)
+    varying[0, 3] = True
+    with pytest.raises(EngineInputError, match=r"e\.pt2: input m: .*dimension 1 broadcast .* varies along it"):
+        conform(path, [broadcast], [varying])
+    with pytest.raises(EngineInputError, match=r"input m: the engine was built for bool \[1, 256\] strides \[1, 0\] "
+                                               r"on cpu, given bool \[1, 128\]"):
+        conform(path, [broadcast], [varying[:, :128]])
