@@ -28,7 +28,10 @@ peak is at least ``baseline + largest engine``. Engines built on a GPU accumulat
 engine ``k`` is built, engines ``0..k-1`` are in GPU memory, engine ``k``'s copy is being
 made and its weights are in host memory, so host + GPU is at least
 ``baseline + (e_0 + ... + e_k) + e_k``; the floor is the largest of these over ``k``
-(never above ``baseline + model + largest engine``). The figure compared with the floor
+(never above ``baseline + model + largest engine``). Engines that hold their own weights
+(AOTInductor's ``packaged``, like a serialised TensorRT engine) need no device copy once
+written, so on a GPU they need not accumulate: the floor is ``baseline + 2 * e_k`` (engine
+``k``'s weights on the host and their device copy), the largest over ``k``. The figure compared with the floor
 is the build-phase host peak without a GPU and the build-phase host + GPU peak with one;
 **excess** is ``(compared − floor) / model bytes``. A strategy that failed built part of
 the model only: it has no floor and no excess.
@@ -53,6 +56,8 @@ __all__ = [
     "disk_metrics",
     "excess_fraction",
     "floor_bytes",
+    "engines_accumulate",
+    "floor_formula",
     "gpu_floor_bytes",
     "host_floor_bytes",
     "run_metrics",
@@ -132,21 +137,46 @@ def host_floor_bytes(baseline_bytes: int, engine_bytes: Sequence[int]) -> int:
     return int(baseline_bytes) + max(int(e) for e in engine_bytes)
 
 
-def gpu_floor_bytes(baseline_bytes: int, engine_bytes: Sequence[int]) -> int:
-    """Lowest possible build-phase host + GPU peak when engines accumulate in GPU memory.
+def gpu_floor_bytes(baseline_bytes: int, engine_bytes: Sequence[int], accumulate_engines: bool = True) -> int:
+    """Lowest possible build-phase host + GPU peak for engines built on a GPU.
 
-    ``baseline + max over k of (e_0 + ... + e_k + e_k)``, engines in build order.
+    ``baseline + max over k of (e_0 + ... + e_k + e_k)``, engines in build order, where
+    engines stay in GPU memory (``accumulate_engines``); ``baseline + max over k of 2 * e_k``
+    where each leaves it once built (engines that hold their weights).
     """
     if not engine_bytes:
         raise ValueError("no engines: the floor is undefined")
     sizes = [int(e) for e in engine_bytes]
+    if not accumulate_engines:
+        return int(baseline_bytes) + 2 * max(sizes)
     return int(baseline_bytes) + max(total + size for total, size in zip(accumulate(sizes), sizes, strict=True))
 
 
-def floor_bytes(baseline_bytes: int, engines: Sequence[EngineRecord], on_gpu: bool) -> int:
-    """The floor for engines built in index order: :func:`gpu_floor_bytes` on a GPU, else :func:`host_floor_bytes`."""
+def engines_accumulate(on_gpu: bool, compiler_weights: str | None) -> bool:
+    """Whether built engines must stay in GPU memory: on a GPU, unless they hold their own weights (``packaged``)."""
+    return on_gpu and compiler_weights != "packaged"
+
+
+def floor_formula(on_gpu: bool, accumulate_engines: bool = True) -> str:
+    """The floor's formula in words, as the figures and tables name it."""
+    if not on_gpu:
+        return "baseline + largest engine"
+    if accumulate_engines:
+        return "baseline + max over k of (engines 0..k + engine k)"
+    return "baseline + max over k of 2 x engine k"
+
+
+def floor_bytes(
+    baseline_bytes: int, engines: Sequence[EngineRecord], on_gpu: bool, compiler_weights: str | None = None
+) -> int:
+    """The floor for engines built in index order: :func:`gpu_floor_bytes` on a GPU, else :func:`host_floor_bytes`.
+
+    ``compiler_weights="packaged"`` on a GPU: engines that hold their weights, which need not accumulate.
+    """
     sizes = [e.weight_bytes for e in sorted(engines, key=lambda e: e.index)]
-    return gpu_floor_bytes(baseline_bytes, sizes) if on_gpu else host_floor_bytes(baseline_bytes, sizes)
+    if not on_gpu:
+        return host_floor_bytes(baseline_bytes, sizes)
+    return gpu_floor_bytes(baseline_bytes, sizes, engines_accumulate(on_gpu, compiler_weights))
 
 
 def excess_fraction(value: float, floor: float, model_bytes: float) -> float:
@@ -240,7 +270,7 @@ class StrategyMetrics:
         compared = record.host_gpu_peak_bytes if on_gpu else record.build_peak_bytes
         floor = None
         if record.ok and record.engines and record.baseline_rss_bytes is not None:
-            floor = floor_bytes(record.baseline_rss_bytes, record.engines, on_gpu)
+            floor = floor_bytes(record.baseline_rss_bytes, record.engines, on_gpu, record.compiler_weights)
         excess = None
         if floor is not None and compared is not None and run.model.bytes > 0:
             excess = excess_fraction(compared, floor, run.model.bytes)

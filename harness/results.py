@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.metrics import DiskMetrics, StrategyMetrics, compared_label, disk_metrics, run_metrics
+from harness.metrics import DiskMetrics, StrategyMetrics, compared_label, disk_metrics, engines_accumulate, run_metrics
 from harness.record import (
     SUMMARY,
     RecordError,
@@ -55,6 +55,11 @@ class Results:
     def on_gpu(self) -> bool:
         """Whether engines were built on a GPU."""
         return self.record.on_gpu
+
+    @property
+    def engines_accumulate(self) -> bool:
+        """Whether the run's engines had to stay in GPU memory (on a GPU, unless they hold their weights)."""
+        return any(engines_accumulate(self.on_gpu, r.compiler_weights) for r in self.strategies.values())
 
     @property
     def compared_label(self) -> str:

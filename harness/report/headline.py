@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
+from harness.metrics import floor_formula
 from harness.report.style import FLOOR_STYLE, figure_legend, new_figure, strategy_colour, styled
 from harness.report.text import GIB, format_gib, format_percent, format_seconds, gib_decimals, status_text
 from harness.results import Results
@@ -82,8 +83,7 @@ def _peaks_panel(ax: Axes, run: Results, order: list[str]) -> None:
     ax.set_ylim(-0.6, len(metrics) - 0.4)
     ax.set_xlabel("GiB")
     ax.grid(axis="x", color="#E5E5E5", zorder=0)
-    floor = ("baseline + max over k of (engines 0..k + engine k)" if run.on_gpu
-             else "baseline + largest engine")
+    floor = floor_formula(run.on_gpu, run.engines_accumulate)
     ax.set_title(f"{run.compared_label} against its floor ({floor})", loc="left")
 
 

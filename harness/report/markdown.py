@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.atomic import write_atomic
-from harness.metrics import StrategyMetrics
+from harness.metrics import StrategyMetrics, floor_formula
 from harness.record import StrategyRecord
 from harness.report.compiler import compiler_lines
 from harness.report.notes import NEVER_CHECKED, Notes, check_notes, migrate_notes
@@ -160,13 +160,17 @@ def _prefetch_detail(r: StrategyRecord, decimals: int) -> str | None:
 
 
 def _floor_note(run: Results, decimals: int) -> str:
-    if run.on_gpu:
+    formula = floor_formula(run.on_gpu, run.engines_accumulate)
+    if run.on_gpu and not run.engines_accumulate:
         floor = (
-            "on the GPU engines accumulate, so the floor is baseline + max over k of "
-            "(engines 0..k + engine k), compared with the build-phase host + GPU peak"
+            f"on the GPU engines that hold their weights leave it once built, so the floor is {formula} "
+            "(its weights on the host and their device copy), compared with the build-phase host + GPU peak"
         )
+    elif run.on_gpu:
+        floor = (f"on the GPU engines accumulate, so the floor is {formula}, "
+                 "compared with the build-phase host + GPU peak")
     else:
-        floor = "engines leave the process, so the floor is baseline + largest engine"
+        floor = f"engines leave the process, so the floor is {formula}"
     gpu = "" if run.gpu_measured else " No GPU was measured."
     return (
         f"GiB = 2^30 bytes, rounded to {decimals} decimals; references are shown as published. "

@@ -102,6 +102,34 @@ def test_floor_hand_computed_cpu_and_gpu() -> None:
     assert floor_bytes(base, records, on_gpu=True) == base + 8 * GIB
 
 
+def test_engines_that_hold_their_weights_need_not_accumulate_on_the_gpu() -> None:
+    base = 5 * GIB
+    engines = [3 * GIB, 1 * GIB, 2 * GIB]
+    # each packaged engine leaves the GPU once written: its weights on the host + their device copy
+    assert gpu_floor_bytes(base, engines, accumulate_engines=False) == base + 6 * GIB
+    records = _engines(engines, base)
+    assert floor_bytes(base, records, on_gpu=True, compiler_weights="packaged") == base + 6 * GIB
+    assert floor_bytes(base, records, on_gpu=True, compiler_weights="mapped") == base + 8 * GIB
+    assert floor_bytes(base, records, on_gpu=False, compiler_weights="packaged") == base + 3 * GIB
+
+
+def test_a_packaged_gpu_run_is_judged_against_the_non_accumulating_floor(cuda_dir: Path) -> None:
+    summary_path = cuda_dir / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    for strategy in summary["strategies"].values():
+        strategy["compiler"], strategy["compiler_weights"] = "inductor", "packaged"
+    summary_path.write_text(json.dumps(summary))
+    run = load_results(cuda_dir)
+    assert not run.engines_accumulate
+    metrics = run.metrics["map"]
+    largest = max(e.weight_bytes for e in run.strategies["map"].engines)
+    assert metrics.baseline_bytes is not None
+    assert metrics.floor_bytes == metrics.baseline_bytes + 2 * largest
+    report = render_report(run)
+    assert "engines that hold their weights leave it once built" in report
+    assert "baseline + max over k of 2 x engine k" in report and "engines 0..k" not in report
+
+
 def test_floor_takes_engines_in_build_order() -> None:
     records = _engines([3, 1, 2], 100)
     shuffled = (records[2], records[0], records[1])
@@ -234,7 +262,7 @@ def test_report_figures_equal_the_record(results_dir: Path) -> None:
         assert row["status"] == "ok"
         engines = [e["weight_bytes"] for e in sorted(s["engines"], key=lambda e: e["index"])]
         if summary["device"] == "cuda":
-            floor = gpu_floor_bytes(s["baseline_rss_bytes"], engines)
+            floor = gpu_floor_bytes(s["baseline_rss_bytes"], engines, s.get("compiler_weights") != "packaged")
             compared = row["build-phase host + GPU peak"]
             assert compared == _gib(s["host_gpu_peak_bytes"])
             assert row["build-phase host peak"] == _gib(s["build_peak_bytes"])
