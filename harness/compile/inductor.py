@@ -216,7 +216,25 @@ def compile_engine(
         out = torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=configs)
     except Exception as exc:
         raise EngineBuildError(f"AOTInductor failed to build {path.name}: {type(exc).__name__}: {exc}") from exc
+    finally:
+        _forget_last_trace()
     return Path(out)
+
+
+def _forget_last_trace() -> None:
+    """Drop torch's module-level record of the last traced graph, which keeps that program's weights alive.
+
+    ``make_fx`` fills ``proxy_tensor._FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT`` with the nodes of
+    every graph it traces, for export's leak detection, and clears it only when it traces
+    again; a node holds its graph, whose module holds the program's parameters. After a
+    build on a GPU those are the engine's device copies: without this they stay allocated
+    until the next engine is traced.
+    """
+    from torch.fx.experimental import proxy_tensor
+
+    record = getattr(proxy_tensor, "_FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT", None)
+    if isinstance(record, dict):
+        record.clear()
 
 
 def to_device(program: ExportedProgram, device: str) -> ExportedProgram:

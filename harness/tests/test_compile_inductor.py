@@ -6,7 +6,9 @@ all: two ``mapped`` ones and one ``packaged``, sharing one compiler cache.
 
 from __future__ import annotations
 
+import gc
 import os
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -252,3 +254,26 @@ def test_inputs_are_laid_out_as_recorded(tmp_path: Path) -> None:
     with pytest.raises(EngineInputError, match=r"input m: the engine was built for bool \[1, 256\] strides \[1, 0\] "
                                                r"on cpu, given bool \[1, 128\]"):
         conform(path, [broadcast], [varying[:, :128]])
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        return (self.proj(x).relu(),)
+
+
+def test_a_built_program_is_not_kept_alive_by_the_compiler(cache: Path, tmp_path: Path) -> None:
+    # On a GPU the program's weights are the engine's device copies: a packaged engine no longer
+    # needs them once written, and the next engine's build should not start with them allocated.
+    program = torch.export.export(_Layer(), (torch.randn(2, 64),))
+    weight = weakref.ref(program.state_dict["proj.weight"])
+    compiler = InductorCompiler(weights="packaged")
+    with compiler.session(cache):
+        path = compile_engine(program, tmp_path / "layer.pt2", compiler)
+    del program
+    gc.collect()
+    assert weight() is None, "the compiled program's weights are still referenced after its build"
+    assert path.is_file()
