@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
-from harness.metrics import floor_formula
+from harness.metrics import StrategyMetrics, floor_formula
 from harness.report.style import FLOOR_STYLE, figure_legend, new_figure, strategy_colour, styled
 from harness.report.text import GIB, format_gib, format_percent, format_seconds, gib_decimals, status_text
 from harness.results import Results
@@ -29,6 +29,13 @@ __all__ = ["headline_figure"]
 
 BASELINE_COLOUR = "#D9D9D9"
 _BAR = 0.62  # bar height, in rows
+
+
+def _failure(m: StrategyMetrics, planned: int) -> str:
+    """How far a failed strategy got: every engine built (it failed after, in its check), or some."""
+    if m.engines_built >= planned:
+        return f"all {planned} engines built, then {status_text(m, 60)}"
+    return f"partial: FAILED after {m.engines_built} of {planned} engines"
 
 
 def _peaks_panel(ax: Axes, run: Results, order: list[str]) -> None:
@@ -66,7 +73,7 @@ def _peaks_panel(ax: Axes, run: Results, order: list[str]) -> None:
                     f"{format_gib(peak, decimals)}: {format_percent(-m.excess).lstrip('+')} of the model "
                     "below the floor")
         else:
-            text = f"{format_gib(peak, decimals)}, partial: FAILED after {m.engines_built} engines"
+            text = f"{format_gib(peak, decimals)}, {_failure(m, run.record.engines)}"
         label = ax.text(peak / GIB + right * 0.01, y + 0.02, text, va="center", ha="left", fontsize=10,
                         fontweight="bold", color="#000000" if m.ok else "#B00000", zorder=5,
                         bbox={"boxstyle": "square,pad=0.15", "facecolor": "white", "edgecolor": "none",

@@ -364,6 +364,22 @@ def test_failed_strategy_shows_status_and_reason(results_dir: Path) -> None:
     assert "ran out of host memory" in texts
 
 
+def test_the_headline_says_how_far_a_failed_strategy_got(cpu_dir: Path) -> None:
+    # A strategy can fail part-way through its engines, or after building all of them (a
+    # compiler run whose built model fails its check): the label must not call the latter partial.
+    summary = cpu_dir / "summary.json"
+    data = json.loads(summary.read_text())
+    data["strategies"]["map"].update(status="failed", error="built model differs from eager: RMS 18.8x eager's")
+    summary.write_text(json.dumps(data))
+    run = load_results(cpu_dir)
+    fig = headline_figure(run)
+    (partial,) = _gid(fig, "excess:load_file")
+    assert partial.get_text().endswith(f"partial: FAILED after 2 of {len(ENGINE_GIB)} engines")
+    (checked,) = _gid(fig, "excess:map")
+    assert f"all {len(ENGINE_GIB)} engines built, then FAILED: built model differs from eager" in checked.get_text()
+    assert "partial" not in checked.get_text()
+
+
 def test_notes_live_apart_and_are_flagged_when_their_figures_change(cpu_dir: Path) -> None:
     notes = cpu_dir.parent / "smoke.notes.md"
     notes.write_text("The map strategy's peak comes from engine 0.\n\n| hand | table |\n", encoding="utf-8")
