@@ -53,6 +53,7 @@ __all__ = [
     "check_device",
     "compile_engine",
     "engine_tensors",
+    "free_device_copies",
     "inductor_cache",
     "load_engine",
     "to_device",
@@ -122,11 +123,15 @@ class InductorCompiler:
 
     def compile(self, program: ExportedProgram, stem: str | os.PathLike[str]) -> Artifact:
         """Build ``stem.pt2`` from a partition program whose weights may still be on the CPU."""
+        sources = engine_tensors(program)  # before the move, which replaces them in the program
         on_device = to_device(program, self.device)
         path = compile_engine(on_device, Path(stem).with_suffix(".pt2"), self)
         # A mapped engine runs on the partition's own tensors (on the CPU, the mapped views;
         # on a GPU, their device copies); a packaged one holds its weights.
-        return Artifact(path, engine_tensors(on_device) if self.weights == "mapped" else {})
+        if self.weights == "mapped":
+            return Artifact(path, engine_tensors(on_device))
+        free_device_copies(engine_tensors(on_device), sources)
+        return Artifact(path, {})
 
     def load(self, artifact: Artifact) -> LoadedEngine:
         """The engine, ready to run (see :func:`load_engine`)."""
@@ -235,6 +240,28 @@ def _forget_last_trace() -> None:
     record = getattr(proxy_tensor, "_FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT", None)
     if isinstance(record, dict):
         record.clear()
+
+
+def free_device_copies(moved: Mapping[str, torch.Tensor], sources: Mapping[str, torch.Tensor]) -> int:
+    """Free the storage of every tensor in ``moved`` that :func:`to_device` copied from ``sources``; returns the bytes.
+
+    A packaged engine holds its weights, so their device copies are dead once it is
+    written; but the compiler keeps references to some of them (on CUDA, the module it
+    unlifts the program into outlives the build, some for several builds), and while any
+    reference lives the caching allocator cannot reuse the memory: the copies pile up
+    engine by engine. Resizing the storage frees the memory whoever still refers to it.
+    A tensor that shares its storage with its source (nothing was moved: the CPU, or a
+    weight already on the device) is the caller's and is left as it is.
+    """
+    freed = 0
+    for name, tensor in moved.items():
+        source = sources.get(name)
+        storage = tensor.untyped_storage()
+        if source is None or storage.data_ptr() == source.untyped_storage().data_ptr() or not storage.nbytes():
+            continue
+        freed += storage.nbytes()
+        storage.resize_(0)
+    return freed
 
 
 def to_device(program: ExportedProgram, device: str) -> ExportedProgram:

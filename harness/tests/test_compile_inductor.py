@@ -29,6 +29,7 @@ from harness.compile.inductor import (
     _recorded,
     check_device,
     compile_engine,
+    free_device_copies,
     inductor_cache,
     load_engine,
 )
@@ -277,3 +278,43 @@ def test_a_built_program_is_not_kept_alive_by_the_compiler(cache: Path, tmp_path
     gc.collect()
     assert weight() is None, "the compiled program's weights are still referenced after its build"
     assert path.is_file()
+
+
+def test_device_copies_are_freed_and_the_callers_tensors_kept() -> None:
+    source, shared = torch.randn(64, 64), torch.randn(8)
+    copy = source.clone()  # what to_device makes on a GPU
+    freed = free_device_copies({"w": copy, "b": shared}, {"w": source, "b": shared})
+    assert freed == 64 * 64 * 4
+    assert copy.untyped_storage().nbytes() == 0
+    assert source.untyped_storage().nbytes() == 64 * 64 * 4 and shared.untyped_storage().nbytes() == 8 * 4
+
+
+def test_a_packaged_build_frees_the_copies_it_moved_and_the_engine_still_runs(
+        cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # On a GPU the compiler builds from device copies of the weights; a packaged engine holds its
+    # own, so the copies are freed once it is written, whoever inside torch still refers to them.
+    # Here a "move" to the CPU that copies every weight stands in for the move to a GPU.
+    import harness.compile.inductor as inductor
+
+    made: list[torch.Tensor] = []
+
+    def copying_move(program: torch.export.ExportedProgram, device: str) -> torch.export.ExportedProgram:
+        for name, value in list(program.state_dict.items()):
+            moved = torch.nn.Parameter(value.detach().clone(), requires_grad=False)
+            program._state_dict[name] = moved
+            made.append(moved)
+        return program
+
+    layer = _Layer()
+    x = torch.randn(2, 64)
+    want = layer(x)[0]
+    program = torch.export.export(layer, (x,))
+    originals = [t for t in program.state_dict.values()]
+    monkeypatch.setattr(inductor, "to_device", copying_move)
+    compiler = InductorCompiler(weights="packaged")
+    with compiler.session(cache):
+        artifact = compiler.compile(program, tmp_path / "layer")
+        assert made and all(t.untyped_storage().nbytes() == 0 for t in made), "the moved copies were kept"
+        assert all(t.untyped_storage().nbytes() > 0 for t in originals), "the caller's weights were freed"
+        engine = compiler.load(artifact)
+        torch.testing.assert_close(engine(x)[0], want)
