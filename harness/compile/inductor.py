@@ -246,8 +246,8 @@ def free_device_copies(moved: Mapping[str, torch.Tensor], sources: Mapping[str, 
     """Free the storage of every tensor in ``moved`` that :func:`to_device` copied from ``sources``; returns the bytes.
 
     A packaged engine holds its weights, so their device copies are dead once it is
-    written; but the compiler keeps references to some of them (on CUDA, the module it
-    unlifts the program into outlives the build, some for several builds), and while any
+    written; but torch keeps references to some of them (on CUDA, a module tree named
+    like the program's parameters outlives the build, some for several builds), and while any
     reference lives the caching allocator cannot reuse the memory: the copies pile up
     engine by engine. Resizing the storage frees the memory whoever still refers to it.
     A tensor that shares its storage with its source (nothing was moved: the CPU, or a
