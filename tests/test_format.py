@@ -9,6 +9,7 @@ import os
 import pickle
 import struct
 import sys
+import threading
 import weakref
 from pathlib import Path
 from typing import Any
@@ -154,7 +155,7 @@ OK_SPACES = '  \n{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}\t  '
                      id="escaped name, any order"),
         pytest.param(' {\n "w" : { "dtype" : "U8" , "shape" : [ 2 , 1 ] , "data_offsets" : [ 0 , 2 ] } ,\n'
                      ' "__metadata__" : { "a\\n" : "\\u00e9\\ud83d\\ude00" } }\n', b"\0\0", id="spaces everywhere"),
-        pytest.param({"w": entry("U8", [1] * 40_000, 0, 1)}, b"\0", id="40000 dimensions"),
+        pytest.param({"w": entry("U8", [1] * 64, 0, 1)}, b"\0", id="64 dimensions, the most accepted"),
         pytest.param({"w": entry("F64", [0, 2**62, 7], 0, 0)}, b"", id="zero-size, 0 first"),
         pytest.param({"w": entry("U8", [2**63 - 1, 2, 0], 0, 0)}, b"", id="zero-size, product below 2**64"),
     ],
@@ -289,6 +290,10 @@ MALFORMED = [
     case("-0 offset", pack('{"w":{"dtype":"F32","shape":[0],"data_offsets":[-0,0]}}'),
          "tensor 'w': data_offsets must be \\[begin, end\\] of non-negative integers"),
     case("duplicate name", pack(TWO_W, b"\0"), "tensor 'w': name appears twice", reference=False),
+    case("65 dimensions", pack({"w": entry("U8", [1] * 65, 0, 1)}, b"\0"),
+         "tensor 'w': shape has more than 64 dimensions, the most this reader accepts$", reference=False),
+    case("40000 dimensions", pack({"w": entry("U8", [1] * 40_000, 0, 1)}, b"\0"),
+         "tensor 'w': shape has more than 64 dimensions", reference=False),
     case("duplicate field", pack('{"w":{"dtype":"U8","dtype":"U8","shape":[1],"data_offsets":[0,1]}}', b"\0"),
          "tensor 'w': entry: key 'dtype' is given twice"),
     case("duplicate metadata", pack('{"__metadata__":{},"__metadata__":{}}'), "__metadata__ is given twice",
@@ -330,7 +335,7 @@ MALFORMED = [
     case("not utf-8 outside strings", pack(b'{"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}\xff}', b"\0"),
          "header is not valid UTF-8 \\(byte 52 of the header\\)"),
     case("negative dim in a long shape",
-         pack('{"w":{"dtype":"U8","shape":[' + "1," * 5000 + '-1],"data_offsets":[0,1]}}', b"\0"),
+         pack('{"w":{"dtype":"U8","shape":[' + "1," * 60 + '-1],"data_offsets":[0,1]}}', b"\0"),
          "tensor 'w': shape must be a list of non-negative integers, got \\[1,1,1,"),
 ]
 
@@ -375,6 +380,29 @@ def test_read_header_reports_missing_files_as_os_errors(tmp_path: Path) -> None:
         read_header(tmp_path / "absent.safetensors")
     with pytest.raises(IsADirectoryError):
         read_header(tmp_path)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_read_header_of_a_fifo_is_an_error_and_never_blocks(tmp_path: Path) -> None:
+    fifo = tmp_path / "model.safetensors"
+    os.mkfifo(fifo)
+    outcome: list[BaseException | object] = []
+
+    def read() -> None:
+        try:
+            outcome.append(read_header(fifo))
+        except BaseException as exc:  # noqa: B036 - handed to the test thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    thread.join(10)
+    if thread.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # let the blocked open return, so the thread ends
+        thread.join(10)
+        pytest.fail("read_header blocked on a named pipe")
+    assert isinstance(outcome[0], MappingError), outcome
+    assert str(outcome[0]) == f"{fifo}: is a named pipe (FIFO), not a regular file"
 
 
 @pytest.mark.parametrize(

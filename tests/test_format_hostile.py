@@ -46,6 +46,10 @@ def hostile_headers() -> dict[str, bytes]:
             b'{"__metadata__":{"a":"b","k":' + b'{"a":' * (SIZE // 6) + b"}" * (SIZE // 6) + b"}}"
         ),
         "numbers in __metadata__": pack(b'{"__metadata__":{"k":[' + b"0," * (SIZE // 2) + b"0]}}"),
+        # Valid for safetensors: millions of dimensions of 1 make a one-element tensor.
+        "dimensions in a valid shape": pack(
+            b'{"w":{"dtype":"F32","shape":[' + b"1," * (SIZE // 2) + b'1],"data_offsets":[0,4]}}'
+        ) + bytes(4),
     }
 
 

@@ -29,7 +29,6 @@ import errno
 import hashlib
 import mmap
 import os
-import stat
 import struct
 import warnings
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from pathlib import Path
 
 from weightmap import registry
 from weightmap.errors import MappingError
+from weightmap.filekinds import non_regular_kind
 from weightmap.format import MAX_HEADER_BYTES, Header, parse_header
 
 __all__ = ["CheckpointFile", "FileIdentity", "describe_unusable", "open_regular", "read_all"]
@@ -45,13 +45,6 @@ _LENGTH_BYTES = 8
 _FIRST_READ = 64 * 1024  # one read covers the length and the header of almost every file
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
 
-_KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a named pipe (FIFO)"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
 
 
 @dataclass(frozen=True)
@@ -66,16 +59,6 @@ class FileIdentity:
     @classmethod
     def of(cls, st: os.stat_result) -> FileIdentity:
         return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def _kind(mode: int) -> str | None:
-    """What a non-regular file is ("a directory", ...); None for a regular file."""
-    if stat.S_ISREG(mode):
-        return None
-    for test, name in _KINDS:
-        if test(mode):
-            return name
-    return f"not a regular file (mode {stat.filemode(mode)})"
 
 
 def _why_missing(path: Path, exc: OSError) -> str:
@@ -103,7 +86,7 @@ def describe_unusable(path: Path) -> str | None:
         st = os.stat(path)
     except OSError as exc:
         return _why_missing(path, exc)
-    kind = _kind(st.st_mode)
+    kind = non_regular_kind(st.st_mode)
     return None if kind is None else f"is {kind}, not a regular file"
 
 
@@ -122,7 +105,7 @@ def open_regular(path: Path) -> CheckpointFile:
         raise MappingError(f"{path}: {_why_missing(path, exc)}") from exc
     try:
         st = os.fstat(fd)
-        kind = _kind(st.st_mode)
+        kind = non_regular_kind(st.st_mode)
         if kind is not None:  # replaced between the stat and the open
             raise MappingError(f"{path}: is {kind}, not a regular file")
         os.set_blocking(fd, True)

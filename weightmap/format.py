@@ -44,7 +44,9 @@ This is what safetensors' own reader (0.8) accepts, with these deliberate
 differences, each stricter: a tensor entry with fields besides the three is
 rejected (safetensors ignores them); a tensor name or a ``__metadata__`` key given
 twice is rejected (safetensors keeps one of them); a dimension must fit in a signed
-64-bit integer, as torch sizes do; and dtype codes this torch has no dtype for (the
+64-bit integer, as torch sizes do; a shape has at most ``MAX_DIMS`` (64) dimensions,
+refused before any is read (a valid header of 49 million dimensions of 1 would
+otherwise cost about eight times its size); and dtype codes this torch has no dtype for (the
 sub-byte ``F4``, ``F6_E2M3``, ``F6_E3M2``, and codes of newer torch versions) are
 unknown.
 
@@ -65,10 +67,12 @@ holding at most one tensor in memory at a time.
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import math
 import os
 import re
+import stat
 import struct
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -81,10 +85,12 @@ import torch
 
 from weightmap.atomic_write import AtomicFile
 from weightmap.errors import HeaderError, MappingError
+from weightmap.filekinds import non_regular_kind
 
 __all__ = [
     "DTYPES",
     "DTYPE_CODES",
+    "MAX_DIMS",
     "MAX_HEADER_BYTES",
     "Header",
     "TensorEntry",
@@ -98,6 +104,9 @@ __all__ = [
 
 MAX_HEADER_BYTES: int = 100_000_000
 """Largest header length N that readers accept (safetensors' own limit)."""
+
+MAX_DIMS: int = 64
+"""Most dimensions a tensor's shape may have (numpy's own limit since 2.0; torch's kernels handle far fewer)."""
 
 _LENGTH_BYTES = 8
 _MAX_DIM = 2**63 - 1
@@ -217,7 +226,8 @@ _WS = rb"[ \t\n\r]*+"
 _STRING = rb'"(?:[^"\\\x00-\x1f]++|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*+"'
 _PLAIN_STRING = rb'"([^"\\\x00-\x1f]*+)"'  # no escapes: its bytes are its UTF-8 text
 _INT = rb"(?:0|[1-9][0-9]{0,19}+)"  # JSON's integers without a sign; 20 digits cover 2**64 - 1
-_INT_ITEMS = rb"\[" + _WS + rb"(?:" + _INT + _WS + rb"(?:," + _WS + _INT + _WS + rb")*+)?"
+# At most MAX_DIMS items: a longer list stops matching after them, in constant time.
+_INT_ITEMS = rb"\[" + _WS + rb"(?:" + _INT + _WS + rb"(?:," + _WS + _INT + _WS + rb"){0,%d}+)?" % (MAX_DIMS - 1)
 _PAIR = _STRING + _WS + rb":" + _WS + _STRING
 _PAIR_ITEMS = rb"\{" + _WS + rb"(?:" + _PAIR + _WS + rb"(?:," + _WS + _PAIR + _WS + rb")*+)?"
 
@@ -230,7 +240,7 @@ _METADATA_RE = re.compile(_PAIR_ITEMS + rb"\}")
 _PAIR_ITEMS_RE = re.compile(_PAIR_ITEMS)
 _NULL_RE = re.compile(rb"null")
 _DIGITS_RE = re.compile(rb"[0-9]++")
-_COMMA_RE = re.compile(rb",")
+_INT_AFTER_COMMA_RE = re.compile(rb"," + _WS + _INT)
 _SURROGATE_ESCAPE_RE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
 _TOKEN_RE = re.compile(_STRING + rb"|-?[0-9][0-9.eE+-]*+|[A-Za-z]++")
 # One tensor entry as safetensors' writer (and most others) write it: a single match in C.
@@ -247,8 +257,6 @@ _ENTRY_RE = re.compile(
 _scanstring: Callable[[str, int, bool], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
 _QUOTE, _COLON, _COMMA, _OPEN_OBJECT, _CLOSE_OBJECT, _OPEN_LIST = b'":,{}['
 _EXCERPT = 60
-_SMALL_LIST = 4096
-_LIST_CHUNK = 1 << 16
 
 
 def _shallow(value: object, limit: int) -> str:
@@ -394,11 +402,14 @@ class _Scanner:
         raise self.syntax(pos, "',' or '}' " + inside.replace("{}", _show(name)))
 
     def ints(self, pos: int, rule: str, tensor: str) -> tuple[list[int], int]:
-        """A JSON list of non-negative integers of at most 20 digits; ``rule`` names it in errors."""
+        """A shape: a JSON list of at most :data:`MAX_DIMS` non-negative integers of at most 20 digits.
+
+        ``rule`` names it in errors.
+        """
         match = _INT_LIST_RE.match(self.buf, pos, self.end)
         if match is None:
             raise self._bad_ints(pos, rule, tensor)
-        return self._int_values(pos + 1, match.end() - 1), match.end()
+        return self.shape_values(pos + 1, match.end() - 1), match.end()
 
     def offsets(self, pos: int, tensor: str) -> tuple[int, int, int]:
         """``[begin, end]``: begin, end and the position after the list."""
@@ -407,26 +418,20 @@ class _Scanner:
             raise self._bad_ints(pos, "data_offsets must be [begin, end] of non-negative integers", tensor)
         return int(match.group(1)), int(match.group(2)), match.end()
 
-    def _int_values(self, first: int, stop: int) -> list[int]:
-        """The integers of a list already matched, ``buf[first:stop]`` being what is between its brackets.
-
-        Long lists are converted in chunks of whole items, so no copy of the text is made.
-        """
-        if stop - first <= _SMALL_LIST:
-            inner = bytes(self.buf[first:stop])
-            return [int(item) for item in inner.split(b",")] if inner.strip(b" \t\n\r") else []
-        values: list[int] = []
-        while first < stop:
-            comma = _COMMA_RE.search(self.buf, min(first + _LIST_CHUNK, stop), stop)
-            cut = comma.start() if comma is not None else stop
-            values.extend(json.loads(b"[" + bytes(self.buf[first:cut]) + b"]"))
-            first = cut + 1
-        return values
+    def shape_values(self, first: int, stop: int) -> list[int]:
+        """The dimensions of a shape list already matched (so of at most :data:`MAX_DIMS` items),
+        ``buf[first:stop]`` being what is between its brackets."""
+        inner = bytes(self.buf[first:stop])
+        return [int(item) for item in inner.split(b",")] if inner.strip(b" \t\n\r") else []
 
     def _bad_ints(self, pos: int, rule: str, tensor: str) -> HeaderError:
         if self.at(pos) == _OPEN_LIST:
             items = _INT_ITEMS_RE.match(self.buf, pos, self.end)
             stop = items.end() if items is not None else pos
+            if (self.at(stop) == _COMMA and _INT_AFTER_COMMA_RE.match(self.buf, stop, self.end)
+                    and bytes(self.buf[pos:stop]).count(b",") == MAX_DIMS - 1):
+                return _fail(self.path, f"shape has more than {MAX_DIMS} dimensions, the most this reader accepts",
+                             tensor)
             if 0x30 <= self.at(stop) <= 0x39:  # digits go on where a number had to end
                 begin = stop
                 while begin > pos and 0x30 <= self.buf[begin - 1] <= 0x39:
@@ -519,7 +524,7 @@ def _fast_entry(
     """A tensor entry matched whole by ``_ENTRY_RE``."""
     name = sc.decode(match.group(1), match.start(1))
     code = sc.decode(match.group(2), match.start(2))
-    shape = sc._int_values(match.start(3) + 1, match.end(3) - 1)
+    shape = sc.shape_values(match.start(3) + 1, match.end(3) - 1)
     begin, end = int(match.group(4)), int(match.group(5))
     return name, _make_entry(sc, name, code, shape, begin, end, data_start, data_size)
 
@@ -875,11 +880,24 @@ def read_header(path: PathArg) -> Header:
 
     Reads only the 8-byte length and the header itself, never the data. A file that
     cannot be opened raises the usual :class:`OSError` (``FileNotFoundError`` when
-    missing); everything wrong with the content raises :class:`HeaderError`.
+    missing, ``IsADirectoryError`` for a directory); a path that is not a regular file
+    (a named pipe, a device, a socket) raises :class:`MappingError` naming what it is,
+    without blocking: it is opened with ``O_NONBLOCK``, so a FIFO with no writer cannot
+    hang the call. Everything wrong with the content raises :class:`HeaderError`.
     """
     where = Path(os.fsdecode(path))
-    with open(where, "rb") as file:
-        return read_header_fd(file.fileno(), where)
+    fd = os.open(where, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "is a directory, not a safetensors file", str(where))
+        if not stat.S_ISREG(mode):
+            raise MappingError(f"{where}: is {non_regular_kind(mode)}, not a regular file")
+        os.set_blocking(fd, True)
+        return read_header_fd(fd, where)
+    finally:
+        os.close(fd)
+
 
 
 def check_little_endian() -> None:
