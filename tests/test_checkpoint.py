@@ -8,6 +8,7 @@ import os
 import socket
 import stat
 import threading
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -341,3 +342,44 @@ def test_an_error_on_the_second_shard_closes_the_first(sharded: Path) -> None:
     with pytest.raises(HeaderError):
         open_checkpoint(sharded, keep_open=True)
     assert fds_on(sharded / SHARD_1, sharded / SHARD_2) == 0
+
+
+# --------------------------------------------------------------------------- what an index costs
+
+
+def traced_peak(call: Any) -> tuple[int, BaseException | None]:
+    """Peak bytes Python allocated while ``call()`` ran, and what it raised."""
+    tracemalloc.start()
+    try:
+        call()
+        raised = None
+    except Exception as exc:
+        raised = exc
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return peak, raised
+
+
+def test_an_index_of_millions_of_tiny_names_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
+    # 14 MB of "7":"s" pairs: json.loads would build two million strings (about 200 MiB).
+    index = tmp_path / INDEX_NAME
+    index.write_text(json.dumps({"metadata": {}, "weight_map": {str(i): "s" for i in range(1_000_000)}}))
+    size = index.stat().st_size
+    peak, raised = traced_peak(lambda: open_checkpoint(index))
+    assert isinstance(raised, HeaderError), raised
+    assert str(raised).startswith(f"{index}: index of {size} bytes holds too many values for its size")
+    assert peak <= 64 * 2**20 + 8 * size, peak / 2**20
+
+
+def test_a_large_real_index_opens_within_the_bound(tmp_path: Path) -> None:
+    names = [f"model.layers.{i}.mlp.experts.down_proj.weight" for i in range(100_000)]
+    header = {name: {"dtype": "U8", "shape": [1], "data_offsets": [i, i + 1]} for i, name in enumerate(names)}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    (tmp_path / "model-00001-of-00001.safetensors").write_bytes(
+        len(text).to_bytes(8, "little") + text + bytes(len(names)))
+    index = write_index(tmp_path / INDEX_NAME, dict.fromkeys(names, "model-00001-of-00001.safetensors"))
+    peak, raised = traced_peak(lambda: open_checkpoint(index))
+    assert raised is None, raised
+    assert peak <= 64 * 2**20 + 8 * index.stat().st_size + 8 * len(text), peak / 2**20
