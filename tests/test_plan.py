@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import mmap
+import os
 import subprocess
 import sys
 import textwrap
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
-from pages import tensor_present_pages
+from pages import cached_pages, drop_cache, tensor_present_pages
 from safetensors.torch import save_file, save_model
 from support import TinyNet, meta_tiny, seeded
 
@@ -183,3 +188,79 @@ def test_repr_is_short_and_reads_no_weight(tmp_path: Path) -> None:
     assert repr(step) == "ReleaseStep(index=0, released=0, released_bytes=0, kept=0, kept_bytes=0, " \
                          f"dropped=1, dropped_bytes={model.embed.untyped_storage().nbytes()})"
     assert isinstance(step, ReleaseStep)
+
+
+def storage_file_range(model: Tied, name: str, path: Path) -> tuple[int, int]:
+    """Where a mapped parameter's bytes lie in its file: (offset, length)."""
+    from weightmap.prefetch import file_ranges
+
+    (r,) = file_ranges([getattr(model, name)])
+    assert r.path == path
+    return r.offset, r.length
+
+
+def test_built_after_close_still_releases_and_drops_the_cache(tmp_path: Path) -> None:
+    model, path = mapped_tied(tmp_path)
+    drop_cache(path)  # written back: the kernel never evicts dirty pages
+    plan = ReleasePlan.from_names(model, Tied.partitions(), prefetch="madvise", drop_cache=True)
+    plan.prefetch(0)
+    plan.close()
+    touch(model.embed)
+    step = plan.built(0)  # raised "this Prefetcher is closed" before
+    assert (step.index, step.dropped) == (0, 1)
+    assert tensor_present_pages(model.embed) <= 2
+    touch(model.block0)
+    offset, length = storage_file_range(model, "block0", path)
+    assert cached_pages(path, offset, length) >= 64
+    step = plan.built(1)
+    assert (step.index, step.released, step.released_bytes) == (1, 1, 64 * PAGE)
+    assert tensor_present_pages(model.block0) <= 2
+    assert cached_pages(path, offset, length) <= 2, "drop_cache did nothing after close()"
+    assert [plan.built(i).index for i in (2, 3)] == [2, 3]
+    assert plan.pending_bytes == 0
+
+
+def finishes(call: Callable[[], object], seconds: float = 20) -> bool:
+    """Run ``call`` on a thread: True when it returned (or raised) within ``seconds``."""
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return not thread.is_alive()
+
+
+def unblock(fifo: Path) -> None:
+    """Open a FIFO for writing without blocking, so that a reader stuck opening it gets through."""
+    with contextlib.suppress(OSError):
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+@pytest.mark.parametrize("method", ["read", "fadvise"])
+def test_a_checkpoint_replaced_by_a_fifo_never_blocks_prefetch_or_close(tmp_path: Path, method: str) -> None:
+    model, path = mapped_tied(tmp_path)
+    plan = ReleasePlan.from_names(model, Tied.partitions(), prefetch=method)  # type: ignore[arg-type]
+    os.remove(path)
+    os.mkfifo(path)
+    plan.prefetch(0)
+    closed = finishes(plan.close)
+    if not closed:
+        unblock(path)
+    assert closed, f"close() blocked: the {method!r} prefetch thread opened a named pipe"
+    stats = plan.prefetch_stats
+    assert stats is not None and stats.errors >= 1 and stats.warmed_bytes == 0
+    assert float(model.embed.detach()[0]) == 1.0  # the mapping itself still reads the file it mapped
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_drop_cache_never_blocks_on_a_checkpoint_replaced_by_a_fifo(tmp_path: Path) -> None:
+    model, path = mapped_tied(tmp_path)
+    plan = ReleasePlan.from_names(model, Tied.partitions(), drop_cache=True)
+    os.remove(path)
+    os.mkfifo(path)
+    steps: list[ReleaseStep] = []
+    done = finishes(lambda: steps.extend(plan.built(i) for i in range(4)))
+    if not done:
+        unblock(path)
+    assert done, "built() blocked evicting the pages of a path that is a named pipe now"
+    assert [s.index for s in steps] == [0, 1, 2, 3]
+    assert (sum(s.released for s in steps), sum(s.kept for s in steps)) == (3, 1)  # inv_freq is kept

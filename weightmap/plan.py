@@ -41,6 +41,7 @@ brings no page into the process (its RSS does not rise)::
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -53,6 +54,8 @@ from weightmap.release import is_mapped, release_mapped_storage, release_storage
 from weightmap.targets import collect_targets
 
 __all__ = ["ReleasePlan", "ReleaseStep"]
+
+log = logging.getLogger("weightmap")
 
 
 @dataclass(frozen=True)
@@ -268,7 +271,9 @@ class ReleasePlan:
     def close(self) -> None:
         """Stop the prefetch thread, if any (what it was still to do is dropped). Releasing is unaffected.
 
-        The last :meth:`built` closes it too, and so does dropping the plan.
+        :meth:`built` after ``close()`` still releases and drops what its partition
+        read (with ``drop_cache``, evicting on the caller's thread), and warms nothing.
+        The last :meth:`built` closes the thread too, and so does dropping the plan.
         """
         if self._prefetcher is not None:
             self._prefetcher.close()
@@ -322,16 +327,20 @@ class ReleasePlan:
             elif self.reread and weight.mapped and release_mapped_storage(storage):
                 dropped, dropped_bytes = dropped + 1, dropped_bytes + weight.nbytes
         last = index + 1 == self.partitions
+        warming = self._prefetcher is not None and not self._prefetcher.closed
         if self.drop_cache and gone:
             ranges = file_ranges(gone, merge_gap=0)  # never a gap: it may hold a weight still to be read
-            if self._prefetcher is not None and not last:
+            if self._prefetcher is not None and warming and not last:
                 self._prefetcher.evict(ranges)
             else:
-                evict_ranges(ranges)
+                try:
+                    evict_ranges(ranges)
+                except OSError as exc:  # the file is gone or replaced: nothing of ours is cached
+                    log.debug("dropping partition %d's pages from the page cache stopped: %s", index, exc)
         if self._prefetcher is not None:
             self._prefetcher.cancel_through(index)
-            if not last:
+            if warming and not last:
                 self.prefetch(index + 1)
             else:
-                self._prefetcher.shutdown()  # nothing is left to warm
+                self._prefetcher.shutdown()  # nothing is left to warm, or close() stopped warming
         return ReleaseStep(index, released, released_bytes, kept, kept_bytes, dropped, dropped_bytes)

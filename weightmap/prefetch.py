@@ -13,8 +13,9 @@ Three ways of asking, picked by name (:data:`PREFETCH_METHODS`):
   mapping the kernel turns it into readahead of the mapped file itself, with
   no second open of it;
 * ``"fadvise"``: ``posix_fadvise(POSIX_FADV_WILLNEED)`` on the file ranges,
-  through a read-only descriptor opened from the mapping's path (a file
-  replaced on disk since it was mapped is warmed in vain, harmlessly);
+  through a read-only descriptor opened from the mapping's path (a path that
+  names another file since it was mapped, or a named pipe, is not warmed: an
+  error is counted, and nothing blocks);
 * ``"read"``: ``pread()`` of the ranges into one small reused buffer: the
   bytes are copied and thrown away, and the page cache keeps the pages.
 
@@ -41,6 +42,7 @@ gained nothing (0.99), and two partitions ahead no more than one.
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 import mmap
 import os
@@ -55,9 +57,10 @@ from typing import Literal
 import torch
 
 from weightmap import registry
+from weightmap.filekinds import non_regular_kind
 
 __all__ = ["PREFETCH_METHODS", "FileRange", "Prefetcher", "PrefetchMethod", "PrefetchStats", "file_ranges",
-           "evict_ranges"]
+           "evict_ranges", "open_mapped_file"]
 
 log = logging.getLogger("weightmap")
 
@@ -71,12 +74,40 @@ MERGE_GAP_BYTES = 2**20  # ranges this close in one file are asked for as one
 
 @dataclass(frozen=True)
 class FileRange:
-    """Bytes ``[offset, offset + length)`` of ``path``, mapped at ``address`` in this process."""
+    """Bytes ``[offset, offset + length)`` of ``path``, mapped at ``address`` in this process.
+
+    ``identity`` is the mapped file's ``(st_dev, st_ino)`` (None: not known): the path is
+    only opened again if it still names that file (see :func:`open_mapped_file`).
+    """
 
     path: Path
     offset: int
     length: int
     address: int
+    identity: tuple[int, int] | None = None
+
+
+def open_mapped_file(r: FileRange) -> int:
+    """A read-only descriptor of the file behind ``r``, for advice about its page cache.
+
+    Opened with ``O_NONBLOCK``, so that a path replaced by a named pipe cannot block the
+    caller (a prefetch thread that :meth:`Prefetcher.close` waits for, say). Raises
+    :class:`OSError` naming the path when it is no longer a regular file, or no longer the
+    file that was mapped (``r.identity``): advice about another file is never given.
+    """
+    fd = os.open(r.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        kind = non_regular_kind(st.st_mode)
+        if kind is not None:
+            raise OSError(errno.EINVAL, f"is {kind} now, not the file that was mapped", str(r.path))
+        if r.identity is not None and (st.st_dev, st.st_ino) != r.identity:
+            raise OSError(errno.ESTALE, "names another file now, not the one that was mapped", str(r.path))
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def file_ranges(storages: Iterable[torch.UntypedStorage | torch.Tensor], *,
@@ -111,9 +142,9 @@ def file_ranges(storages: Iterable[torch.UntypedStorage | torch.Tensor], *,
             if offset <= end + merge_gap:
                 end = max(end, offset + length)
                 continue
-            ranges.append(FileRange(region.path, start, end - start, region.base + start))
+            ranges.append(FileRange(region.path, start, end - start, region.base + start, region.identity))
             start, end = offset, offset + length
-        ranges.append(FileRange(region.path, start, end - start, region.base + start))
+        ranges.append(FileRange(region.path, start, end - start, region.base + start, region.identity))
     ranges.sort(key=lambda r: (str(r.path), r.offset))
     return ranges
 
@@ -137,7 +168,9 @@ def evict_ranges(ranges: Iterable[FileRange]) -> None:
 
     Only page-aligned pages entirely inside each range are named, so pages a
     neighbour shares stay. Pages another process maps or that are dirty stay
-    too: the kernel only drops what nobody uses.
+    too: the kernel only drops what nobody uses. A path that no longer names the
+    mapped file raises :class:`OSError` (see :func:`open_mapped_file`); the ranges
+    before it were dropped.
     """
     page = mmap.PAGESIZE
     for r in ranges:
@@ -145,7 +178,7 @@ def evict_ranges(ranges: Iterable[FileRange]) -> None:
         end = (r.offset + r.length) // page * page
         if end <= start:
             continue
-        fd = os.open(r.path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_mapped_file(r)
         try:
             os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_DONTNEED)
         finally:
@@ -260,6 +293,11 @@ class Prefetcher:
         with self._cond:
             return self._cond.wait_for(lambda: not self._jobs and not self._busy, timeout)
 
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`shutdown` or :meth:`close` was called: nothing more can be submitted."""
+        return self._closed
+
     def shutdown(self) -> None:
         """Tell the thread to stop after the chunk in hand (what is queued is dropped); does not wait."""
         with self._cond:
@@ -338,14 +376,14 @@ class Prefetcher:
             self.stats.cancelled_bytes += r.length - done
         return self._live(tag)
 
-    def _fd(self, path: Path) -> int:
-        fd = self._fds.get(path)
+    def _fd(self, r: FileRange) -> int:
+        fd = self._fds.get(r.path)
         if fd is None:
-            fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = self._fds[r.path] = open_mapped_file(r)
         return fd
 
     def _warm_file(self, tag: int, r: FileRange, buffer: bytearray | None) -> int:
-        fd = self._fd(r.path)
+        fd = self._fd(r)
         done = 0
         view = memoryview(buffer) if buffer is not None else None
         while done < r.length and self._live(tag):

@@ -56,12 +56,18 @@ __all__ = ["Region", "find_region", "live_regions", "map_descriptor"]
 
 @dataclass(frozen=True)
 class Region:
-    """One live mapping: its start address, length and the file behind it."""
+    """One live mapping: its start address, length and the file behind it.
+
+    ``identity`` is the mapped file's ``(st_dev, st_ino)``: a path opened again later
+    (to warm or evict its page cache) is checked against it, since the path may name
+    another file by then.
+    """
 
     base: int
     length: int
     path: Path
     ref: weakref.ReferenceType[mmap.mmap]
+    identity: tuple[int, int] | None = None
 
     def contains(self, address: int, nbytes: int) -> bool:
         """True when ``[address, address + nbytes)`` lies inside this mapping."""
@@ -170,7 +176,8 @@ def map_descriptor(fd: int, length: int, path: str | os.PathLike[str]) -> mmap.m
     """
     path = Path(os.fsdecode(path))
     mm = _map_private(fd, length, path)
-    region = Region(_address_of(mm), len(mm), path, weakref.ref(mm, _on_unmapped))
+    st = os.fstat(fd)
+    region = Region(_address_of(mm), len(mm), path, weakref.ref(mm, _on_unmapped), (st.st_dev, st.st_ino))
     with _lock:
         _register(region)
     return mm
