@@ -8,9 +8,13 @@ after the last engine that reads them is built.
 
 Public API:
 
+* :func:`init_empty_weights` builds a model with its parameters on the meta
+  device (no memory for weights) and its buffers computed as usual, so that the
+  model runs once its weights are mapped; ties made in ``__init__`` stay ties.
 * :func:`map_weights` points a module's or an ExportedProgram's tensors at
   zero-copy, copy-on-write views of a checkpoint and returns a
-  :class:`MappedWeights` report/handle.
+  :class:`MappedWeights` report/handle. :func:`preview_mapping` says what it
+  would do (a :class:`MappingPreview`) from the headers alone.
 * :func:`release_mapped_storage` drops a mapped storage's resident pages
   (``madvise(MADV_DONTNEED)``); the tensor stays valid and re-reads the file.
   :func:`release_storage` releases any weight after its last use: mapped ones
@@ -27,17 +31,21 @@ Public API:
 * :class:`Prefetcher` and :func:`file_ranges` do the same warming for a builder
   without a plan; :class:`FileRange` and :class:`PrefetchStats` are what they
   take and report, ``PrefetchMethod`` the type of a method's name.
-* :func:`save_weights_for_mapping` writes a checkpoint that maps without copies.
+* :func:`save_weights_for_mapping` writes a model's weights as a checkpoint that
+  maps without copies; :func:`convert_checkpoint` rewrites a checkpoint so
+  (aligned, cast to the dtypes it runs in), one tensor in memory at a time.
+* :func:`inspect_checkpoint` summarises a checkpoint from its headers (a
+  :class:`CheckpointReport`), and with a model what mapping it would do.
+  ``python -m weightmap inspect|convert`` runs these two from the command line.
 * Errors are :class:`MappingError` (a ``ValueError``); header problems are
   :class:`HeaderError`.
 
-Example::
+Example (the README's "The library" section has one that runs as written)::
 
-    import torch
-    from weightmap import map_weights, ReleasePlan
+    from weightmap import ReleasePlan, init_empty_weights, map_weights
 
-    with torch.device("meta"):
-        model = MyModel()
+    with init_empty_weights():
+        model = MyModel()             # parameters on meta, buffers computed
     with map_weights(model, "model.safetensors", strict=True) as mapped:
         print(f"{mapped.nbytes / 2**30:.2f} GiB mapped, nothing read yet")
     with ReleasePlan.from_names(model, [names_of(p) for p in partitions], prefetch="madvise") as plan:
@@ -47,8 +55,11 @@ Example::
             plan.built(i)             # drops what partition i read; warms partition i + 2
 """
 
+from weightmap.convert import convert_checkpoint
+from weightmap.empty import init_empty_weights
 from weightmap.errors import HeaderError, MappingError
-from weightmap.mapping import MappedWeights, map_weights
+from weightmap.inspection import CheckpointReport, inspect_checkpoint
+from weightmap.mapping import MappedWeights, MappingPreview, map_weights, preview_mapping
 from weightmap.plan import ReleasePlan, ReleaseStep
 from weightmap.prefetch import PREFETCH_METHODS, FileRange, Prefetcher, PrefetchMethod, PrefetchStats, file_ranges
 from weightmap.release import release_mapped_storage, release_storage
@@ -58,17 +69,23 @@ __version__ = "0.1.0"
 
 __all__ = [
     "PREFETCH_METHODS",
+    "CheckpointReport",
     "FileRange",
     "HeaderError",
     "MappedWeights",
     "MappingError",
+    "MappingPreview",
     "PrefetchMethod",
     "PrefetchStats",
     "Prefetcher",
     "ReleasePlan",
     "ReleaseStep",
+    "convert_checkpoint",
     "file_ranges",
+    "init_empty_weights",
+    "inspect_checkpoint",
     "map_weights",
+    "preview_mapping",
     "release_mapped_storage",
     "release_storage",
     "save_weights_for_mapping",

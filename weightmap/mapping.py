@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import mmap
 import os
+import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +39,11 @@ from weightmap.checkpoint import Checkpoint, open_checkpoint
 from weightmap.errors import MappingError
 from weightmap.format import Header, TensorEntry, check_little_endian
 from weightmap.targets import Target, collect_targets
+from weightmap.text import counted, is_are
 
-__all__ = ["MappedWeights", "map_weights"]
+__all__ = ["MappedWeights", "MappingPreview", "map_weights", "preview_mapping"]
+
+_SHOWN = 20  # problems listed in one message; the rest are counted
 
 KeyMap = Mapping[str, str] | Callable[[str], "str | None"]
 
@@ -52,8 +56,11 @@ class MappedWeights:
         mapped: tensors that are now zero-copy views of the checkpoint.
         copied: tensors that had to be copied (dtype cast, misaligned offset).
         missing: persistent tensors the checkpoint does not hold.
-        still_meta: every tensor still on the meta device afterwards,
-            non-persistent buffers included: the model cannot run until they are filled.
+        still_meta: every tensor still on the meta device afterwards (missing
+            persistent tensors, and non-persistent buffers built on meta): the model
+            cannot run until they are filled. Empty for a model built under
+            :func:`weightmap.init_empty_weights` whose checkpoint holds every
+            persistent tensor.
         paths: the files that were mapped.
         nbytes: the bytes of the tensors that are views of the mapping.
 
@@ -104,10 +111,17 @@ class _Plan:
     header: Header | None = None
     entry: TensorEntry | None = None
     copy_reason: str | None = None  # set when the tensor cannot be a view
+    computed: bool = False  # a real non-persistent buffer: the model computed it, it is left alone
 
     @property
     def found(self) -> bool:
         return self.entry is not None
+
+    @property
+    def meta_buffer(self) -> bool:
+        """A non-persistent buffer on meta that the checkpoint does not hold: the model cannot run."""
+        target = self.target
+        return not self.found and not target.persistent and target.tensor.device.type == "meta"
 
 
 def _key_function(key_map: KeyMap | None) -> Callable[[str], str | None]:
@@ -122,7 +136,14 @@ def _key_function(key_map: KeyMap | None) -> Callable[[str], str | None]:
 
 
 def _lookup(target: Target, keys: Callable[[str], str | None], checkpoint: Checkpoint) -> _Plan:
-    """The first of the target's names that the checkpoint holds (ties: any one name will do)."""
+    """The first of the target's names that the checkpoint holds (ties: any one name will do).
+
+    A real non-persistent buffer is the model's own (its ``__init__`` computed it, as under
+    :func:`weightmap.init_empty_weights`): it is left alone even when the checkpoint holds a
+    tensor of that name (BERT checkpoints hold ``position_ids``).
+    """
+    if not target.persistent and target.tensor.device.type != "meta":
+        return _Plan(target, computed=True)
     for name in target.names:
         key = keys(name)
         if key is not None and key in checkpoint.entries:
@@ -188,6 +209,7 @@ def _copy_reason(plan: _Plan) -> str | None:
 
 
 def _strict_problems(plans: list[_Plan]) -> list[str]:
+    """Every persistent tensor that ``strict=True`` refuses, one line each."""
     problems = []
     for plan in plans:
         target = plan.target
@@ -195,12 +217,59 @@ def _strict_problems(plans: list[_Plan]) -> list[str]:
             problems.append(f"{target.names[0]!r}: missing from the checkpoint")
         elif plan.found and plan.copy_reason:
             assert plan.entry is not None
-            problems.append(f"{target.names[0]!r} (checkpoint {plan.entry.name!r}): {plan.copy_reason}")
+            stored = "" if plan.entry.name == target.names[0] else f" (checkpoint {plan.entry.name!r})"
+            problems.append(f"{target.names[0]!r}{stored}: {plan.copy_reason}")
     return problems
 
 
-def _resolve(targets: list[Target], checkpoint: Checkpoint, keys: Callable[[str], str | None],
-             strict: bool) -> list[_Plan]:
+def _meta_buffer_names(plans: list[_Plan]) -> list[str]:
+    return [plan.target.names[0] for plan in plans if plan.meta_buffer]
+
+
+def _names_shown(names: list[str]) -> str:
+    shown = ", ".join(repr(name) for name in names[:_SHOWN])
+    return shown + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
+
+
+def _meta_buffer_problem(names: list[str]) -> str:
+    n = len(names)
+    them = "it" if n == 1 else "them"
+    return (
+        f"{counted(n, 'non-persistent buffer')} {is_are(n)} on the meta device and no checkpoint holds "
+        f"{them}, so the model cannot run: {_names_shown(names)}. Build the model under "
+        f"weightmap.init_empty_weights() so that its __init__ computes {them}, or pass "
+        f"allow_meta_buffers=True and fill {them} yourself"
+    )
+
+
+def _strict_error(source: Path, problems: list[str]) -> MappingError:
+    n = len(problems)
+    shown = "\n  ".join(problems[:_SHOWN])
+    more = f"\n  ... and {n - _SHOWN} more" if n > _SHOWN else ""
+    return MappingError(
+        f"{source}: strict=True requires every persistent tensor to be mapped without a copy and, unless "
+        f"allow_meta_buffers=True, no buffer left on the meta device; {counted(n, 'problem')}:\n  {shown}{more}\n"
+        "The model was left unchanged."
+    )
+
+
+def _check_strict(source: Path, plans: list[_Plan], allow_meta_buffers: bool | None) -> None:
+    """Raise what ``strict=True`` refuses, in one message; warn instead for meta buffers alone while
+    ``allow_meta_buffers`` is left at None."""
+    buffers = [] if allow_meta_buffers else _meta_buffer_names(plans)
+    problems = ([_meta_buffer_problem(buffers)] if buffers else []) + _strict_problems(plans)
+    if buffers and allow_meta_buffers is None and len(problems) == 1:
+        warnings.warn(
+            f"{source}: strict=True: {problems[0]} (a warning for now: strict=True will raise here)",
+            FutureWarning,
+            stacklevel=3,
+        )
+    elif problems:
+        raise _strict_error(source, problems)
+
+
+def _resolve(targets: list[Target], checkpoint: Checkpoint, keys: Callable[[str], str | None]) -> list[_Plan]:
+    """Decide every target from the headers alone; shape and kind errors raise here, before any change."""
     plans = []
     for target in targets:
         plan = _lookup(target, keys, checkpoint)
@@ -209,15 +278,6 @@ def _resolve(targets: list[Target], checkpoint: Checkpoint, keys: Callable[[str]
             _check_shape(plan)
             plan.copy_reason = _copy_reason(plan)
         plans.append(plan)
-    if strict:
-        problems = _strict_problems(plans)
-        if problems:
-            shown = "\n  ".join(problems[:20])
-            more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
-            raise MappingError(
-                f"{checkpoint.source}: strict=True requires every persistent tensor to be mapped without "
-                f"a copy; {len(problems)} are not:\n  {shown}{more}\nThe model was left unchanged."
-            )
     return plans
 
 
@@ -305,6 +365,7 @@ def map_weights(
     *,
     key_map: KeyMap | None = None,
     strict: bool = False,
+    allow_meta_buffers: bool | None = None,
 ) -> MappedWeights:
     """Point a model's weights at zero-copy views of a safetensors checkpoint.
 
@@ -331,9 +392,19 @@ def map_weights(
       A shape mismatch always raises, and so does a model tensor found in the
       checkpoint that cannot be replaced by a view (a tensor subclass, or a
       sparse, quantized or nested tensor).
+    * Non-persistent buffers are the model's: a real one (computed by its
+      ``__init__``, as under :func:`weightmap.init_empty_weights`) is left alone,
+      even when the checkpoint holds that name; one on the meta device is mapped
+      when the checkpoint holds it, and otherwise stays on meta (``still_meta``).
     * ``strict=True`` raises unless every persistent tensor (parameters,
       persistent buffers, an ExportedProgram's lifted constants) is mapped
-      without a copy. Non-persistent buffers are never required.
+      without a copy, and, with ``allow_meta_buffers=False``, no non-persistent
+      buffer is left on the meta device (the model could not run): one
+      :class:`MappingError` lists every problem. ``allow_meta_buffers=True`` is
+      for callers that fill those buffers themselves after mapping. Left at
+      ``None`` it is ``False``, except that for now a :class:`FutureWarning`
+      naming the buffers is issued instead of the error, so that callers who fill
+      them can add ``allow_meta_buffers=True`` first; it will become an error.
     * Each file is opened once and must be a regular file; its header is read
       from that descriptor and that descriptor is mapped, so the file mapped is
       the file validated. A file changed between the two is an error.
@@ -348,15 +419,17 @@ def map_weights(
 
     Example::
 
-        with torch.device("meta"):
-            model = MyModel()
+        with init_empty_weights():
+            model = MyModel()              # parameters on meta, buffers computed
         mapped = map_weights(model, "model.safetensors", strict=True)
-        print(mapped.nbytes, mapped.still_meta)   # nothing was read yet
+        print(mapped.nbytes, mapped.still_meta)   # nothing was read yet; still_meta is []
     """
     check_little_endian()
     targets = collect_targets(model)
     with open_checkpoint(path, keep_open=True) as checkpoint:
-        plans = _resolve(targets, checkpoint, _key_function(key_map), strict)
+        plans = _resolve(targets, checkpoint, _key_function(key_map))
+        if strict:
+            _check_strict(checkpoint.source, plans, allow_meta_buffers)
         needed = {plan.header.path for plan in plans if plan.header is not None and plan.entry and plan.entry.numel}
         maps = {h.path: checkpoint.file(h).map() for h in checkpoint.headers if h.path in needed}
     new = [(plan, _materialise(plan, maps)) for plan in plans if plan.found]
@@ -373,3 +446,96 @@ def map_weights(
         nbytes=nbytes,
         _maps=list(maps.values()),
     )
+
+
+@dataclass(frozen=True)
+class MappingPreview:
+    """What :func:`map_weights` would do to a model, decided from the checkpoint's headers alone.
+
+    Nothing is mapped, no weight is read and the model is not changed. Names are
+    the model's, except in ``unused``.
+
+    Attributes:
+        source: the checkpoint path as given.
+        mapped: tensors that would become zero-copy views of the file.
+        copied: tensor -> why it would be copied instead (a dtype cast, a misaligned offset).
+        missing: persistent tensors the checkpoint does not hold.
+        still_meta: tensors that would still be on the meta device afterwards.
+        computed: real non-persistent buffers (the model computed them): left alone.
+        unused: checkpoint tensors that no tensor of the model takes (checkpoint names).
+        nbytes: bytes that would be views of the file.
+        copied_bytes: bytes of new memory the copies would take, in the model's dtypes.
+        strict_problems: what ``map_weights(..., strict=True, allow_meta_buffers=False)``
+            would refuse, one line each; empty when it would pass.
+        dtypes: checkpoint name -> the dtype of the model tensor it would fill.
+    """
+
+    source: Path
+    mapped: list[str]
+    copied: dict[str, str]
+    missing: list[str]
+    still_meta: list[str]
+    computed: list[str]
+    unused: list[str]
+    nbytes: int
+    copied_bytes: int
+    strict_problems: list[str]
+    dtypes: dict[str, torch.dtype] = field(repr=False)
+
+    def __repr__(self) -> str:
+        return (
+            f"MappingPreview(mapped={len(self.mapped)}, copied={len(self.copied)}, missing={len(self.missing)}, "
+            f"still_meta={len(self.still_meta)}, computed={len(self.computed)}, unused={len(self.unused)}, "
+            f"nbytes={self.nbytes}, copied_bytes={self.copied_bytes}, "
+            f"strict={'fails' if self.strict_problems else 'passes'})"
+        )
+
+
+def preview_from(
+    model: torch.nn.Module | Any, checkpoint: Checkpoint, *, key_map: KeyMap | None = None
+) -> MappingPreview:
+    """:func:`preview_mapping` for a checkpoint already opened (its headers validated)."""
+    plans = _resolve(collect_targets(model), checkpoint, _key_function(key_map))
+    buffers = _meta_buffer_names(plans)
+    used = {plan.entry.name for plan in plans if plan.entry is not None}
+    copied_bytes = 0
+    for plan in plans:
+        if plan.entry is not None and plan.copy_reason:
+            copied_bytes += plan.entry.numel * plan.target.tensor.dtype.itemsize
+    return MappingPreview(
+        source=checkpoint.source,
+        mapped=_names(plans, lambda p: p.found and not p.copy_reason),
+        copied={name: plan.copy_reason for plan in plans if plan.copy_reason for name in plan.target.names},
+        missing=_names(plans, lambda p: not p.found and p.target.persistent),
+        still_meta=_names(plans, lambda p: not p.found and p.target.tensor.device.type == "meta"),
+        computed=_names(plans, lambda p: p.computed),
+        unused=[name for name in checkpoint.entries if name not in used],
+        nbytes=sum(p.entry.nbytes for p in plans if p.entry is not None and not p.copy_reason),
+        copied_bytes=copied_bytes,
+        strict_problems=([_meta_buffer_problem(buffers)] if buffers else []) + _strict_problems(plans),
+        dtypes={plan.entry.name: plan.target.tensor.dtype for plan in plans if plan.entry is not None},
+    )
+
+
+def preview_mapping(
+    model: torch.nn.Module | Any, path: str | os.PathLike[str], *, key_map: KeyMap | None = None
+) -> MappingPreview:
+    """What :func:`map_weights` would map, copy, miss and leave on meta, without mapping anything.
+
+    Reads and validates the checkpoint's headers (``path`` as for
+    :func:`map_weights`) and decides every tensor as :func:`map_weights` would; no
+    weight is read, nothing is mapped and the model is left as it is. What would
+    make :func:`map_weights` raise whatever ``strict`` is (a shape mismatch, a
+    tensor that cannot be replaced, a bad header) raises the same
+    :class:`MappingError` here.
+
+    Example::
+
+        with init_empty_weights():
+            model = MyModel()
+        preview = preview_mapping(model, "model.safetensors")
+        print(preview.copied, preview.strict_problems)
+    """
+    check_little_endian()
+    with open_checkpoint(path) as checkpoint:
+        return preview_from(model, checkpoint, key_map=key_map)

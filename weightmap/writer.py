@@ -37,7 +37,9 @@ def save_weights_for_mapping(model: torch.nn.Module | Any, path: str | os.PathLi
     its item size. Use it for checkpoints cast while loading (stored in fp32,
     run in bf16): written once in the dtypes the model runs in, they map
     without a copy from then on. The file loads with
-    ``safetensors.torch.load_file`` too.
+    ``safetensors.torch.load_file`` too. This needs the weights in memory; a
+    checkpoint too large for that is rewritten tensor by tensor, without loading
+    it, by :func:`weightmap.convert_checkpoint` (``python -m weightmap convert``).
 
     The file replaces ``path`` in one step: it is written as a new file beside
     it (unnamed, with Linux's ``O_TMPFILE``, where the file system allows), flushed
