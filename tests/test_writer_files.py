@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file
 from support import TinyNet, seeded
 
-from weightmap import save_weights_for_mapping
+from weightmap import atomic_write, save_weights_for_mapping
 from weightmap.atomic_write import SUFFIX, AtomicFile
 from weightmap.format import TensorSpec, write_checkpoint
 
@@ -246,6 +246,31 @@ def test_without_o_tmpfile_an_exception_leaves_no_hidden_file(tmp_path: Path, mo
     with pytest.raises(RuntimeError, match="boom"):
         write_checkpoint(target, SPECS, fill)
     assert os.listdir(tmp_path) == ["m.safetensors"] and value_of(target) == 1.0
+
+
+def test_without_o_tmpfile_a_save_survives_another_removing_its_file_before_it_is_locked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two saves in one directory: the second one's clean-up runs in the window between the
+    # first one creating its hidden file and locking it, sees a free lock, and removes it.
+    monkeypatch.setattr(AtomicFile, "_open_unnamed", staticmethod(lambda directory: None))
+    real_lock = atomic_write._lock
+    raced: list[int] = []
+
+    def lock_after_another_save_cleaned_up(fd: int) -> bool | None:
+        if not raced:
+            raced.append(fd)
+            directory = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                atomic_write._remove_abandoned(directory)
+            finally:
+                os.close(directory)
+        return real_lock(fd)
+
+    monkeypatch.setattr(atomic_write, "_lock", lock_after_another_save_cleaned_up)
+    target = tmp_path / "m.safetensors"
+    save(target, 2.0)  # raised FileNotFoundError for the hidden file before
+    assert raced and value_of(target) == 2.0 and os.listdir(tmp_path) == ["m.safetensors"]
 
 
 def test_a_refused_link_falls_back_to_a_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -216,14 +216,24 @@ class AtomicFile:
                 fd = os.open(name, flags, 0o666, dir_fd=self._dir_fd)
             except FileExistsError:
                 continue
+            # Between the create and the lock another save may take the new file for abandoned
+            # and remove it (its lock was free): then the name is gone, or names another file.
             locked = _lock(fd)
             if locked is False:  # another save took it for abandoned and is removing it
                 os.close(fd)
                 continue
-            if locked and not _same_file(os.stat(name, dir_fd=self._dir_fd, follow_symlinks=False), os.fstat(fd)):
+            if locked and not self._still_named(name, fd):
                 os.close(fd)  # removed before we locked it: start again
                 continue
             return fd, name
+
+    def _still_named(self, name: str, fd: int) -> bool:
+        """True when ``name`` in the target's directory is still the file open as ``fd``."""
+        try:
+            found = os.stat(name, dir_fd=self._dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        return _same_file(found, os.fstat(fd))
 
     def _inherit(self, old: os.stat_result) -> None:
         """Give the new file the permission bits, and where allowed the owner, of the one it replaces."""
