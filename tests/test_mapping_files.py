@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import signal
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -143,3 +145,37 @@ def test_a_failed_map_weights_leaves_no_descriptor_open(tmp_path: Path) -> None:
     with pytest.raises(MappingError, match="shapes must match"):
         map_weights(wrong, path)
     assert fds_on(path) == 0
+
+
+ROOT = Path(__file__).resolve().parents[1]
+TRUNCATE_CHILD = r"""
+import os, sys, torch
+from safetensors.torch import save_file
+from weightmap import map_weights
+page = 4096
+path = sys.argv[1]
+n = 3 * page // 4  # b: three pages of 2.0, the last tensor in the file
+save_file({"a": torch.ones(n), "b": torch.full((n,), 2.0)}, path)
+model = torch.nn.Module()
+model.a = torch.nn.Parameter(torch.empty(n, device="meta"))
+model.b = torch.nn.Parameter(torch.empty(n, device="meta"))
+map_weights(model, path, strict=True)
+b = model.b.detach()
+end = os.path.getsize(path) - n * 4 // 2  # the new end: half-way through b
+os.truncate(path, end)
+before = n // 2  # elements of b before the new end
+in_page = (-(end % page)) % page // 4  # elements after the new end in the page that holds it
+print(float(b[:before].sum()), float(b[before : before + in_page].abs().sum()), in_page, flush=True)
+print(float(b[-1]), flush=True)  # a page wholly past the new end
+"""
+
+
+def test_a_file_truncated_under_its_mapping_reads_zeros_in_the_last_page_then_sigbus(tmp_path: Path) -> None:
+    # What the README says of files truncated by another process while mapped.
+    done = subprocess.run([sys.executable, "-c", TRUNCATE_CHILD, str(tmp_path / "t.safetensors")],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    lines = done.stdout.split("\n")
+    before, tail, in_page = lines[0].split()
+    assert float(before) == 2.0 * 3 * 4096 // 4 // 2, "bytes before the new end changed"
+    assert int(in_page) > 0 and float(tail) == 0.0, "the page holding the new end did not read zeros past it"
+    assert done.returncode == -signal.SIGBUS, (done.returncode, done.stderr[-500:])

@@ -19,8 +19,10 @@ the path again:
   silent mapping of something else.
 
 What no check can prevent: a file truncated by another process *after* it was
-mapped makes the next read of any mapped page a ``SIGBUS``. That is how ``mmap``
-works; keep checkpoints immutable while they are mapped.
+mapped. Every mapped page wholly past the new end is a ``SIGBUS`` on its next
+access (even one already read or written), and the page holding the new end reads
+zeros past it, silently: a tensor straddling the new end reads its tail as zeros.
+That is how ``mmap`` works; keep checkpoints immutable while they are mapped.
 """
 
 from __future__ import annotations
