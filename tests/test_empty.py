@@ -207,15 +207,14 @@ def test_strict_names_every_meta_buffer_in_one_message(tmp_path: Path) -> None:
         model = TwoBuffers()
     before = snapshot(model)
     with pytest.raises(MappingError) as caught:
-        map_weights(model, path, strict=True, allow_meta_buffers=False)
+        map_weights(model, path, strict=True)  # allow_meta_buffers=False is the default
     message = str(caught.value)
     assert str(path) in message and "'position_ids', 'rotary.inv_freq'" in message
     assert "2 non-persistent buffers are on the meta device" in message and "1 problem:" in message
     assert "init_empty_weights" in message and "allow_meta_buffers=True" in message
     assert snapshot(model) == before
 
-    with pytest.warns(FutureWarning, match=r"'position_ids', 'rotary\.inv_freq'"):
-        mapped = map_weights(model, path, strict=True)  # not said: a warning for now
+    mapped = map_weights(model, path, strict=True, allow_meta_buffers=True)  # the caller fills them
     assert mapped.still_meta == ["position_ids", "rotary.inv_freq"]
 
     with torch.device("meta"):

@@ -44,7 +44,7 @@ from weightmap.format import MAX_HEADER_BYTES, Header, parse_header
 __all__ = ["CheckpointFile", "FileIdentity", "describe_unusable", "open_regular", "read_all"]
 
 _LENGTH_BYTES = 8
-_FIRST_READ = 64 * 1024  # one read covers the length and the header of almost every file
+_FIRST_READ = 4096  # one read covers the length and a small header; a larger one takes a second read
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -129,6 +129,12 @@ def _pread_all(fd: int, count: int, offset: int) -> bytes:
     return b"".join(chunks)
 
 
+def _advise(fd: int, advice: str) -> None:
+    """``posix_fadvise`` of the whole file where the platform has it (advice only: never fails a read)."""
+    if hasattr(os, "posix_fadvise") and hasattr(os, advice):
+        os.posix_fadvise(fd, 0, 0, getattr(os, advice))
+
+
 def read_all(file: CheckpointFile, limit: int) -> bytes:
     """The whole file, which must be at most ``limit`` bytes (checked by the caller on the result)."""
     return _pread_all(file.fd, limit + 1, 0)
@@ -176,15 +182,24 @@ class CheckpointFile:
         return f"CheckpointFile({str(self.path)!r}, {state}, size={self.identity.size})"
 
     def _raw_header(self) -> bytes:
-        """The file's first bytes: the length and the whole header when the length is plausible."""
+        """The file's first bytes: the length and the whole header when the length is plausible.
+
+        Read with the kernel's read-ahead off (``POSIX_FADV_RANDOM``, normal again after), so
+        that reading a header brings no weight into the page cache beyond the page the
+        header ends in: with read-ahead, a 64 KiB read brought about a MiB of weights.
+        """
         size = self.identity.size
         try:
-            raw = _pread_all(self.fd, min(size, _FIRST_READ), 0)
-            if len(raw) >= _LENGTH_BYTES:
-                (length,) = struct.unpack_from("<Q", raw)
-                wanted = _LENGTH_BYTES + length
-                if length <= MAX_HEADER_BYTES and wanted <= size and wanted > len(raw):
-                    raw += _pread_all(self.fd, wanted - len(raw), len(raw))
+            _advise(self.fd, "POSIX_FADV_RANDOM")
+            try:
+                raw = _pread_all(self.fd, min(size, _FIRST_READ), 0)
+                if len(raw) >= _LENGTH_BYTES:
+                    (length,) = struct.unpack_from("<Q", raw)
+                    wanted = _LENGTH_BYTES + length
+                    if length <= MAX_HEADER_BYTES and wanted <= size and wanted > len(raw):
+                        raw += _pread_all(self.fd, wanted - len(raw), len(raw))
+            finally:
+                _advise(self.fd, "POSIX_FADV_NORMAL")
         except OSError as exc:
             raise MappingError(f"{self.path}: cannot read the header: {exc.strerror or exc}") from exc
         return raw

@@ -16,11 +16,8 @@ MiB of weights past it). ``python -m weightmap inspect`` prints the report.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import stat
-import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,13 +26,12 @@ from typing import Any
 import torch
 
 from weightmap.checkpoint import INDEX_NAME, Checkpoint, open_checkpoint
-from weightmap.format import DTYPE_CODES, MAX_HEADER_BYTES, TensorEntry, check_little_endian
+from weightmap.format import DTYPE_CODES, TensorEntry, check_little_endian
 from weightmap.mapping import KeyMap, MappingPreview, preview_from
 from weightmap.text import counted, is_are
 
 __all__ = ["CheckpointReport", "DtypeSummary", "FileSummary", "inspect_checkpoint"]
 
-_FIRST_READ = 64 * 1024  # what weightmap.files reads first from every file
 _LISTED = 10  # names listed in the text report before "and N more"
 
 
@@ -122,8 +118,8 @@ def inspect_checkpoint(
       file, the tensor and the rule. Nothing is mapped.
     * No weight is read: only the bytes of the headers (and of an index) are, with
       the kernel's read-ahead off, so no page of a data section enters the page
-      cache. Headers that end before 64 KiB are the exception: the first 64 KiB of
-      each file are read whole, as when mapping.
+      cache beyond the page each header ends in (headers are read so wherever
+      they are read, mapping included).
     * ``model`` (a module or an ExportedProgram, best built under
       :func:`weightmap.init_empty_weights`; ``key_map`` as for ``map_weights``) adds
       ``fit``, a :class:`weightmap.MappingPreview`: what ``map_weights`` would map,
@@ -139,7 +135,6 @@ def inspect_checkpoint(
     """
     check_little_endian()
     source = Path(os.fsdecode(path))
-    _read_headers_without_readahead(source)
     with open_checkpoint(source) as checkpoint:
         fit = preview_from(model, checkpoint, key_map=key_map) if model is not None else None
         return _report(checkpoint, fit, model_name if model is not None else None)
@@ -179,74 +174,6 @@ def _index_of(checkpoint: Checkpoint) -> Path | None:
     if source.is_dir() and (source / INDEX_NAME).exists():
         return source / INDEX_NAME
     return None
-
-
-# --------------------------------------------------------------------------- reading
-
-
-def _checkpoint_files(source: Path) -> list[Path]:
-    """The files :func:`open_checkpoint` will read, as far as can be told cheaply (empty when unsure).
-
-    Only a guide for :func:`_read_headers_without_readahead`: every rule is
-    checked by :func:`open_checkpoint` afterwards.
-    """
-    try:
-        if source.is_dir():
-            if (source / INDEX_NAME).is_file():
-                return _shards(source / INDEX_NAME)
-            files = [p for p in source.iterdir() if p.name.endswith(".safetensors") and not p.name.startswith(".")]
-            return files if len(files) == 1 else []
-        if source.suffix == ".json":
-            return _shards(source)
-    except (OSError, ValueError):
-        return []
-    return [source]
-
-
-_INDEX_PREREAD_LIMIT = 8 * 2**20  # larger indexes are left to open_checkpoint, which bounds what parsing costs
-
-
-def _shards(index: Path) -> list[Path]:
-    if index.stat().st_size > _INDEX_PREREAD_LIMIT:
-        return []
-    document = json.loads(index.read_bytes())
-    weight_map = document.get("weight_map") if isinstance(document, dict) else None
-    if not isinstance(weight_map, dict):
-        return []
-    names = {value for value in weight_map.values() if isinstance(value, str)}
-    return [index.parent / name for name in sorted(names)]
-
-
-def _read_headers_without_readahead(source: Path) -> None:
-    """Bring each file's header into the page cache with read-ahead off.
-
-    :func:`open_checkpoint` then reads the headers from the page cache, and a read
-    that finds its pages cached starts no read-ahead: without this, reading the
-    first 64 KiB of a file reads about a MiB of its weights along with them.
-    Anything unexpected (a file missing, not regular, not safetensors) is left to
-    :func:`open_checkpoint` to report.
-    """
-    for path in _checkpoint_files(source):
-        with contextlib.suppress(OSError), _open_random(path) as (fd, size):
-            first = os.pread(fd, min(size, _FIRST_READ), 0)
-            if len(first) >= 8:
-                (length,) = struct.unpack_from("<Q", first)
-                if length <= MAX_HEADER_BYTES and 8 + length <= size and 8 + length > len(first):
-                    os.pread(fd, 8 + length - len(first), len(first))
-
-
-@contextlib.contextmanager
-def _open_random(path: Path) -> Iterator[tuple[int, int]]:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    try:
-        found = os.fstat(fd)
-        if not stat.S_ISREG(found.st_mode):
-            raise OSError(f"{path}: not a regular file")
-        if hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-        yield fd, found.st_size
-    finally:
-        os.close(fd)
 
 
 # --------------------------------------------------------------------------- rendering

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -253,18 +252,11 @@ def _strict_error(source: Path, problems: list[str]) -> MappingError:
     )
 
 
-def _check_strict(source: Path, plans: list[_Plan], allow_meta_buffers: bool | None) -> None:
-    """Raise what ``strict=True`` refuses, in one message; warn instead for meta buffers alone while
-    ``allow_meta_buffers`` is left at None."""
+def _check_strict(source: Path, plans: list[_Plan], allow_meta_buffers: bool) -> None:
+    """Raise what ``strict=True`` refuses, every problem in one message."""
     buffers = [] if allow_meta_buffers else _meta_buffer_names(plans)
     problems = ([_meta_buffer_problem(buffers)] if buffers else []) + _strict_problems(plans)
-    if buffers and allow_meta_buffers is None and len(problems) == 1:
-        warnings.warn(
-            f"{source}: strict=True: {problems[0]} (a warning for now: strict=True will raise here)",
-            FutureWarning,
-            stacklevel=3,
-        )
-    elif problems:
+    if problems:
         raise _strict_error(source, problems)
 
 
@@ -365,7 +357,7 @@ def map_weights(
     *,
     key_map: KeyMap | None = None,
     strict: bool = False,
-    allow_meta_buffers: bool | None = None,
+    allow_meta_buffers: bool = False,
 ) -> MappedWeights:
     """Point a model's weights at zero-copy views of a safetensors checkpoint.
 
@@ -398,13 +390,10 @@ def map_weights(
       when the checkpoint holds it, and otherwise stays on meta (``still_meta``).
     * ``strict=True`` raises unless every persistent tensor (parameters,
       persistent buffers, an ExportedProgram's lifted constants) is mapped
-      without a copy, and, with ``allow_meta_buffers=False``, no non-persistent
+      without a copy, and, unless ``allow_meta_buffers=True``, no non-persistent
       buffer is left on the meta device (the model could not run): one
       :class:`MappingError` lists every problem. ``allow_meta_buffers=True`` is
-      for callers that fill those buffers themselves after mapping. Left at
-      ``None`` it is ``False``, except that for now a :class:`FutureWarning`
-      naming the buffers is issued instead of the error, so that callers who fill
-      them can add ``allow_meta_buffers=True`` first; it will become an error.
+      for callers that fill those buffers themselves after mapping.
     * Each file is opened once and must be a regular file; its header is read
       from that descriptor and that descriptor is mapped, so the file mapped is
       the file validated. A file changed between the two is an error.
