@@ -23,7 +23,9 @@ fewer bits), integers uniform in [-8, 8) (unsigned: [0, 16)), bools fair coin fl
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import sys
 import threading
 import zlib
@@ -33,12 +35,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+import psutil
 import torch
 from torch import nn
 from tqdm import tqdm
 
 from harness.errors import HarnessError
-from harness.scenario import default_checkpoint_for
+from harness.scenario import checkpoint_path_problem, default_checkpoint_for
 from weightmap.format import TensorSpec, read_header, write_checkpoint
 
 if TYPE_CHECKING:
@@ -55,6 +58,7 @@ __all__ = [
     "default_checkpoint_path",
     "describe_specs",
     "ensure_checkpoint",
+    "file_bytes",
     "tied_aliases",
 ]
 
@@ -276,13 +280,17 @@ def ensure_checkpoint(
     what to do, when: the path is a directory; a file there was not written by this
     module (or is not a readable safetensors file; it is never replaced); or, without
     ``generate``, the file is missing or was generated for another model or seed.
+    Before anything is deleted or written, the file must fit on its disk (free space, plus
+    the stale file about to be deleted) and its largest tensor in available memory, else
+    :class:`CheckpointError` saying how much is needed and how much there is.
     Progress goes to stderr as a tqdm bar in bytes (``progress=False``: silent).
     Memory: one buffer of the largest tensor's size, reused for every tensor, plus a
     16 MiB chunk of scratch per worker thread, whatever the model's size.
     """
     target = Path(path)
-    if target.is_dir():
-        raise CheckpointError(f"{target}: is a directory; the harness reads and writes one .safetensors file")
+    problem = checkpoint_path_problem(target)  # stat only: a FIFO is never opened
+    if problem:
+        raise CheckpointError(problem)
     specs = checkpoint_specs(module)
     if checkpoint_matches(target, specs, seed):
         return target, False
@@ -297,9 +305,10 @@ def ensure_checkpoint(
                                   "set checkpoint.generate = true to write it again")
         raise CheckpointError(f"{target}: no such file; check checkpoint.path, or set "
                               "checkpoint.generate = true to write one with seeded values")
+    sizes = describe_specs(specs)
+    _check_room(target, specs, sizes)
     target.unlink(missing_ok=True)
     target.parent.mkdir(parents=True, exist_ok=True)
-    sizes = describe_specs(specs)
     with (
         SeededFill(seed, reuse_buffer=True) as fill,
         tqdm(
@@ -316,6 +325,41 @@ def ensure_checkpoint(
         fill.reserve(sizes["largest"])
         write_checkpoint(target, specs, fill, metadata=checkpoint_metadata(seed), progress=bar.update)
     return target, True
+
+
+def _show(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB ({n:,} bytes)" if n >= 2**30 else f"{n / 2**20:.1f} MiB ({n:,} bytes)"
+
+
+def file_bytes(specs: Sequence[TensorSpec], metadata: Mapping[str, str]) -> int:
+    """An upper bound on the size of the safetensors file of ``specs``: the data, plus a header
+    that spends at most 96 bytes and 21 per dimension and offset on each entry besides its name."""
+    data = sum(_nbytes(spec) for spec in specs)
+    header = sum(len(json.dumps(spec.name)) + 96 + 21 * (len(spec.shape) + 2) for spec in specs)
+    return 8 + header + len(json.dumps(dict(metadata))) + 64 + data
+
+
+def _check_room(target: Path, specs: Sequence[TensorSpec], sizes: Mapping[str, int]) -> None:
+    """Refuse to start writing a checkpoint that cannot fit: on its disk, or its largest tensor in memory."""
+    needed = file_bytes(specs, checkpoint_metadata(0))
+    where = target.parent
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        free = None  # nothing to measure against: writing will say
+    stale = target.stat().st_size if target.is_file() else 0  # ours, deleted before writing
+    if free is not None and needed > free + stale:
+        freed = f" (with the {_show(stale)} of the old file it replaces)" if stale else ""
+        raise CheckpointError(f"{target}: generating it needs {_show(needed)} on disk, and {where} has "
+                              f"{_show(free + stale)} free{freed}; free some space or set checkpoint.path to "
+                              "a disk with room")
+    available = psutil.virtual_memory().available
+    if sizes["largest"] > available:
+        raise CheckpointError(f"{target}: generating it holds its largest tensor ({_show(sizes['largest'])}) in "
+                              f"memory, and {_show(available)} is available; generate it on a machine with more "
+                              "memory, or use a smaller model")
 
 
 def _nbytes(spec: TensorSpec) -> int:

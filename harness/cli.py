@@ -58,13 +58,13 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _budget(args: argparse.Namespace) -> int:
-    from harness.budget.mode import run_budget
+    from harness.budget.mode import PRECISION_MIB, TIMEOUT_FACTOR, run_budget
     from harness.scenario import load_scenario
 
-    if args.precision_mib is not None and args.precision_mib < 1:
-        raise HarnessError(f"--precision-mib {args.precision_mib:g}: expected at least 1 (MiB)")
-    if args.timeout_factor <= 1:
-        raise HarnessError(f"--timeout-factor {args.timeout_factor:g}: expected more than 1")
+    for flag, value, limit in (("--precision-mib", args.precision_mib, PRECISION_MIB),
+                               ("--timeout-factor", args.timeout_factor, TIMEOUT_FACTOR)):
+        if value is not None and not limit.accepts(value):  # nan, inf: before anything runs
+            raise HarnessError(f"{flag} {value:g}: {limit.expected()}")
     precision = None if args.precision_mib is None else int(args.precision_mib * 2**20)
     record = run_budget(load_scenario(args.scenario), name=args.name, results=args.results,
                         precision_bytes=precision, timeout_factor=args.timeout_factor)

@@ -31,7 +31,7 @@ from harness.errors import PlanError
 from harness.models import build_model
 from harness.partition import Engine, model_bytes, partition, split_into
 from harness.record import CheckpointInfo, ModelInfo, RecordError, Reference, read_json_file
-from harness.scenario import ModelConfig, Scenario
+from harness.scenario import ModelConfig, Scenario, validate_scenario
 from weightmap.checkpoint import open_checkpoint
 
 __all__ = ["PLAN_VERSION", "EnginePlan", "Plan", "make_plan", "read_plan", "write_plan"]
@@ -247,12 +247,16 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
     """Resolve ``scenario`` into a :class:`Plan` (see the module docstring); ``progress`` gets one line per step.
 
     Raises a :class:`~harness.errors.HarnessError` naming the scenario file and key for
-    a backend or device this machine lacks, a model with no weight bytes, more engines
-    than the model has units, and a checkpoint path that is a directory, missing (without
-    ``checkpoint.generate``) or someone else's file; nothing is written before these checks
-    except the checkpoint itself.
+    a number out of its range or a model too large to represent
+    (:func:`~harness.scenario.validate_scenario`, first), a backend or device this machine
+    lacks, a model with no weight bytes, more engines than the model has units, and a
+    checkpoint path that is a directory, a FIFO or another file that is not a regular one
+    (found by ``stat``, never opened), missing (without ``checkpoint.generate``), someone
+    else's file, or one to generate that does not fit on its disk; nothing is written before
+    these checks except the checkpoint itself.
     """
     say = progress or (lambda message: None)
+    validate_scenario(scenario)  # one built in code never went through the loader's checks
     try:
         check_backend(scenario.build.backend)
     except BackendUnavailable as exc:

@@ -93,7 +93,10 @@ class Sampler:
 
     Thread-safety: ``mark``, ``sample_now``, ``rebase_gpu``, ``rows``, ``stats`` and
     ``write_csv`` may be called from any thread while the sampler runs; a lock serialises
-    samples. A sampler runs once: ``start`` after ``stop`` raises ``RuntimeError``. If the
+    samples. ``interval_s`` must be positive and at most ``threading.TIMEOUT_MAX`` (``ValueError``
+    here, not a failure of the thread later; a scenario's ``sample_interval_ms`` is bounded far
+    below, :data:`harness.scenario.LIMITS`). A sampler runs once: ``start`` after ``stop`` raises
+    ``RuntimeError``. If the
     background thread fails (a reader raised), sampling stops, the rows taken so far are
     kept, and ``stop`` raises ``RuntimeError`` from that error.
     """
@@ -112,8 +115,8 @@ class Sampler:
     ) -> None:
         if not 0 < residency_budget <= 1:
             raise ValueError(f"residency_budget must be in (0, 1], got {residency_budget}")
-        if not interval_s > 0:
-            raise ValueError(f"interval_s must be positive, got {interval_s}")
+        if not 0 < interval_s <= threading.TIMEOUT_MAX:  # the thread waits this long: a wait must accept it
+            raise ValueError(f"interval_s must be positive and at most {threading.TIMEOUT_MAX:g} s, got {interval_s}")
         if residency_every < 1:
             raise ValueError(f"residency_every must be at least 1, got {residency_every}")
         self.interval_s = float(interval_s)

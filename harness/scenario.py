@@ -4,59 +4,74 @@
 a value of the wrong type, a value outside its allowed set or range, or a file that
 does not exist raises :class:`ScenarioError` (a :class:`ValueError`) whose message
 starts with the scenario file and the dotted key, e.g.
-``scenarios/smoke.toml: build.engines: expected an integer > 0, got "8" (str)``.
+``scenarios/smoke.toml: build.engines: expected an integer >= 1 and <= 4096, got "8" (str)``.
+
+Numbers
+    Every number has a range (:data:`LIMITS`), checked when the file is loaded and again by
+    :func:`validate_scenario` for a scenario built in code, before anything runs; the error
+    says the range. Floats must be finite; integers must fit the range whatever their size
+    in the file. The model's weights, computed from its settings without building it,
+    must come to at most :data:`MAX_MODEL_BYTES` (16 TiB); a spec lists at most
+    :data:`MAX_SPEC_TENSORS` tensors and nests at most :data:`MAX_SPEC_NESTING` levels; a
+    scenario file nests at most :data:`MAX_NESTING` levels. Whether the checkpoint fits on
+    its disk, and its largest tensor in memory, is checked before it is generated
+    (:func:`harness.checkpoints.ensure_checkpoint`).
 
 Paths
     The repository root is the current working directory: run the harness from a
     checkout. ``checkpoint.path`` resolves against it. ``model.spec`` resolves
     against the scenario file's directory first and, when nothing is there, against
     the repository root (so ``spec = "harness/specs/pi05.json"`` works from
-    ``scenarios/``). All paths in a loaded :class:`Scenario` are absolute.
+    ``scenarios/``). All paths in a loaded :class:`Scenario` are absolute. A scenario
+    file, a spec or a checkpoint path that is there but is not a regular file (a FIFO, a
+    socket, a device; a directory for the checkpoint) is refused before anything opens it.
 
-Schema (defaults in brackets; see ``scenarios/*.toml`` for examples)::
+Schema (defaults in brackets; ranges in braces, both ends included; see ``scenarios/*.toml``
+for examples)::
 
     name          str, [a-z0-9_-]+, required: results go under results/<name>/
     description   str [""]
     strategies    list of strategy names (:data:`harness.strategies.STRATEGIES`: "map",
                   "load", "load_file"), no duplicates, order kept [all of them]
     [model]       source: "synthetic" | "spec" | "lerobot" ["synthetic"]
-      synthetic:  layers, width, vocab: int > 0 (required); heads: int > 0 [8], width
-                  a multiple of heads with an even head size; ffn_mult: int > 0 [4];
-                  dtype: "float32" | "bfloat16" | "float16" ["float32"]
+      synthetic:  layers {1..1024}, width {1..65536}, vocab {1..16777216}: required;
+                  heads {1..4096} [8], width a multiple of heads with an even head size;
+                  ffn_mult {1..64} [4]; dtype: "float32" | "bfloat16" | "float16" ["float32"]
       spec:       spec: path to a weight-spec JSON (required, must exist and be UTF-8 JSON
-                  with a "tensors" list)
+                  with a "tensors" list; at most 100000 tensors and buffers)
       lerobot:    spec as above (what the lerobot model is checked against);
                   fallback: "spec" to build from the spec where lerobot cannot be
                   imported (recorded), else that is an error at run time [none]
       spec, lerobot: trim: list of tensor names left out [[]]; each must be in the spec
-    [checkpoint]  path [data/<model key>.safetensors]; seed: int >= 0 [0];
+    [checkpoint]  path [data/<model key>.safetensors]; seed {0..2**63-1} [0];
                   generate: bool, write the checkpoint (seeded values) when the file is
                   missing or was generated for another model or seed [true without a
                   path, false with one: a path that does not exist is then an error]
-    [build]       exactly one of engines: int > 0 (exactly that many engines; the model
-                  needs at least as many weight units) / engine_cap_mib: number > 0
-                  (at least one byte);
+    [build]       exactly one of engines {1..4096} (exactly that many engines; the model
+                  needs at least as many weight units) / engine_cap_mib: number > 0 and
+                  at most 16777216 (16 TiB), at least one byte;
                   backend: "copy" | "inductor" | "tensorrt" ["copy"];
                   weights: "mapped" | "packaged", compiler backends only ["mapped"]:
                   whether each engine runs on the model's own (mapped) tensors or holds a
-                  copy of its weights; tokens: int > 0, compiler backends only [16]: the
+                  copy of its weights; tokens {1..8192}, compiler backends only [16]: the
                   length of the example input the model is exported and checked with;
                   device: "auto" | "cpu" | "cuda" ["auto"]; release: bool [true]
-    [run]         cache: "cold" | "warm" ["cold"]; sample_interval_ms: number > 0 [10.0];
-                  residency_every: int > 0 [1]; memory_limit_gib: number > 0 or absent
-                  (no limit) [absent]; timeout_s: number > 0 [1800];
+    [run]         cache: "cold" | "warm" ["cold"]; sample_interval_ms {0.1..60000} [10.0];
+                  residency_every {1..100000} [1]; memory_limit_gib {0.0009765625 (1 MiB)
+                  ..1048576 (1 PiB)} or absent (no limit) [absent]; timeout_s: > 0 and at
+                  most 604800 (a week) [1800];
                   prefetch: "off" | one of weightmap.PREFETCH_METHODS ("madvise", "fadvise",
                   "read") ["madvise"]: how strategies that map (``map``) warm the page cache
                   for the next engine while one builds (``map_no_prefetch`` never does);
                   drop_cache: bool [false]: such strategies also drop released weights from
-                  the page cache (``map_keep_cache`` never does); repeats: int > 0 [1]: cold
+                  the page cache (``map_keep_cache`` never does); repeats {1..100} [1]: cold
                   runs of each strategy, each in a fresh process, interleaved; the report shows
-                  the median wall time and the spread; warmup: int >= 0 [0]: rounds run first
+                  the median wall time and the spread; warmup {0..100} [0]: rounds run first
                   and discarded (each strategy once, and the disk read), so that what a cold
                   guest cache does not reset (a virtual disk's host cache, memory the host
                   must back again) is alike for every measured round
     [[reference]] label: str (required); host_at_partitioning_gib, host_gpu_peak_gib,
-                  host_peak_gib: number >= 0 [absent]; note: str [""]
+                  host_peak_gib {0..1048576} [absent]; note: str [""]
 """
 
 from __future__ import annotations
@@ -65,12 +80,15 @@ import difflib
 import json
 import math
 import re
+import stat
 import tomllib
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from harness.errors import HarnessError
 from harness.strategies import STRATEGIES
@@ -85,15 +103,27 @@ __all__ = [
     "MODEL_DTYPES",
     "PREFETCH",
     "SOURCES",
+    "LIMITS",
+    "MAX_MODEL_BYTES",
+    "MAX_NESTING",
+    "MAX_SPEC_NESTING",
+    "MAX_SPEC_TENSORS",
     "BuildConfig",
     "CheckpointConfig",
+    "Limit",
+    "NestingError",
     "ModelConfig",
     "Reference",
     "RunConfig",
     "Scenario",
     "ScenarioError",
+    "checkpoint_path_problem",
     "default_checkpoint_for",
+    "json_nesting",
+    "load_json_bounded",
     "load_scenario",
+    "synthetic_numel",
+    "validate_scenario",
 ]
 
 SOURCES: tuple[str, ...] = ("synthetic", "spec", "lerobot")
@@ -111,6 +141,82 @@ FALLBACKS: tuple[str, ...] = ("spec",)
 
 DATA_DIR = Path("data")
 """Where default checkpoints go, relative to the repository root."""
+
+GIB = 1 << 30
+TIB = 1 << 40
+MAX_MODEL_BYTES = 16 * TIB
+"""The most weight bytes a model may have (well within what a file offset, a tensor's byte
+count and torch's element count can hold; larger than any disk the harness writes to)."""
+MAX_SPEC_TENSORS = 100_000
+"""The most tensors a weight spec may list (pi0.5 has 813)."""
+MAX_NESTING = 8
+"""How deep a scenario file may nest arrays and tables (the schema needs 3)."""
+MAX_SPEC_NESTING = 16
+"""How deep a weight-spec JSON may nest arrays and objects (the format needs 4)."""
+
+
+def _show_number(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:.12g}"
+
+
+@dataclass(frozen=True)
+class Limit:
+    """The range a numeric setting must lie in: ``low`` to ``high``, both included unless
+    ``low_open`` (then ``> low``); ``integer`` settings take integers only (never a bool),
+    others any finite number. ``unit`` and ``note`` go into the message."""
+
+    low: float
+    high: float
+    integer: bool = False
+    low_open: bool = False
+    unit: str = ""
+    note: str = ""
+
+    def expected(self) -> str:
+        """``expected an integer >= 1 and <= 1024`` / ``expected a number > 0 and <= 604800 (s, a week)``."""
+        kind = "an integer" if self.integer else "a number"
+        span = f"{'>' if self.low_open else '>='} {_show_number(self.low)} and <= {_show_number(self.high)}"
+        extra = ", ".join(part for part in (self.unit, self.note) if part)
+        return f"expected {kind} {span}" + (f" ({extra})" if extra else "")
+
+    def accepts(self, value: Any) -> bool:
+        """Whether ``value`` is of the right kind and in range; compared exactly, so an integer too
+        large for a float is refused rather than overflowing."""
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return False
+        if self.integer and not isinstance(value, int):
+            return False
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        above = value > self.low if self.low_open else value >= self.low
+        return above and value <= self.high
+
+
+def _int(low: int, high: int) -> Limit:
+    return Limit(low, high, integer=True)
+
+
+LIMITS: dict[str, Limit] = {
+    "model.layers": _int(1, 1024),
+    "model.width": _int(1, 65536),
+    "model.heads": _int(1, 4096),
+    "model.vocab": _int(1, 1 << 24),
+    "model.ffn_mult": _int(1, 64),
+    "checkpoint.seed": _int(0, 2**63 - 1),
+    "build.engines": _int(1, 4096),
+    "build.engine_cap_mib": Limit(0, MAX_MODEL_BYTES / 2**20, low_open=True, unit="MiB", note="16 TiB"),
+    "build.tokens": _int(1, 8192),
+    "run.sample_interval_ms": Limit(0.1, 60_000, unit="ms"),
+    "run.residency_every": _int(1, 100_000),
+    "run.memory_limit_gib": Limit(2**-10, 2**20, unit="GiB", note="1 MiB to 1 PiB"),
+    "run.timeout_s": Limit(0, 7 * 24 * 3600, low_open=True, unit="s", note="a week"),
+    "run.repeats": _int(1, 100),
+    "run.warmup": _int(0, 100),
+    "reference.host_at_partitioning_gib": Limit(0, 2**20, unit="GiB"),
+    "reference.host_gpu_peak_gib": Limit(0, 2**20, unit="GiB"),
+    "reference.host_peak_gib": Limit(0, 2**20, unit="GiB"),
+}
+"""Every numeric setting's range, by dotted key (``reference.*`` for each ``[[reference]]``)."""
 
 _NAME = re.compile(r"[a-z0-9_-]+")
 _SYNTHETIC_KEYS = frozenset({"layers", "width", "heads", "vocab", "ffn_mult", "dtype"})
@@ -311,6 +417,238 @@ def default_checkpoint_for(model: ModelConfig) -> Path:
     return Path.cwd() / DATA_DIR / f"{model.key}.safetensors"
 
 
+# --------------------------------------------------------------------------- sizes and files
+
+
+def synthetic_numel(*, layers: int, width: int, vocab: int, ffn_mult: int) -> int:
+    """Elements in a synthetic model's state dict with its tied embedding counted once
+    (:class:`harness.models.SyntheticTransformer`), computed without building it."""
+    per_layer = 2 * width + 4 * width * width + 2 * ffn_mult * width * width
+    return vocab * width + layers * per_layer + width
+
+
+def _itemsize(name: Any) -> int | None:
+    """Bytes per element of the torch dtype called ``name``; None when there is none."""
+    dtype = getattr(torch, name, None) if isinstance(name, str) else None
+    return dtype.itemsize if isinstance(dtype, torch.dtype) else None
+
+
+def _size(n: int) -> str:
+    if n >= TIB:
+        return f"{n / TIB:.3g} TiB"
+    return f"{n / GIB:.3g} GiB" if n >= GIB else f"{n:,} bytes"
+
+
+def _too_large(what: str, nbytes: int) -> str | None:
+    if nbytes <= MAX_MODEL_BYTES:
+        return None
+    return (f"{what} come to {nbytes:,} bytes ({_size(nbytes)}); a model may have at most "
+            f"{MAX_MODEL_BYTES:,} bytes (16 TiB)")
+
+
+def _synthetic_problem(layers: int, width: int, vocab: int, ffn_mult: int, dtype: str) -> str | None:
+    numel = synthetic_numel(layers=layers, width=width, vocab=vocab, ffn_mult=ffn_mult)
+    return _too_large(f"layers {layers}, width {width}, vocab {vocab}, ffn_mult {ffn_mult} in {dtype}",
+                      numel * (_itemsize(dtype) or 4))
+
+
+def _entry_bytes(entry: Any) -> tuple[int, int]:
+    """``(bytes, largest dimension)`` of one spec entry; (0, 0) for an entry :func:`harness.models.load_spec`
+    refuses (no shape of integers >= 0, an unknown dtype), which is not this check's to report."""
+    if not isinstance(entry, dict):
+        return 0, 0
+    shape, size = entry.get("shape"), _itemsize(entry.get("dtype"))
+    if size is None or not isinstance(shape, list):
+        return 0, 0
+    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        return 0, 0
+    return math.prod(shape) * size, max(shape, default=0)
+
+
+def _spec_problem(data: Mapping[str, Any], trim: tuple[str, ...] | set[str]) -> str | None:
+    """What makes a weight spec's model unrepresentable (too many tensors, a dimension or a total
+    beyond :data:`MAX_MODEL_BYTES`), or None. Counts what the model holds: persistent tensors not
+    trimmed (a tied group once) and non-persistent buffers."""
+    tensors = data.get("tensors")
+    tensors = tensors if isinstance(tensors, list) else []
+    buffers = data.get("non_persistent_buffers")
+    buffers = buffers if isinstance(buffers, list) else []
+    if len(tensors) + len(buffers) > MAX_SPEC_TENSORS:
+        return (f"lists {len(tensors) + len(buffers):,} tensors and buffers; a weight spec may list at most "
+                f"{MAX_SPEC_TENSORS:,}")
+    group_of: dict[str, int] = {}
+    tied = data.get("tied")
+    for i, group in enumerate(tied if isinstance(tied, list) else []):
+        for name in group if isinstance(group, list) else []:
+            if isinstance(name, str):
+                group_of.setdefault(name, i)
+    skip = set(trim)
+    groups: set[int] = set()
+    total = 0
+    for persistent, entries in ((True, tensors), (False, buffers)):
+        for entry in entries:
+            name = entry.get("name") if isinstance(entry, dict) else None
+            if persistent and name in skip:
+                continue
+            group = group_of.get(name) if persistent and isinstance(name, str) else None
+            if group is not None:
+                if group in groups:
+                    continue
+                groups.add(group)
+            nbytes, largest = _entry_bytes(entry)
+            if largest > MAX_MODEL_BYTES:
+                return f"tensor {name!r} has a dimension of {largest:,}; at most {MAX_MODEL_BYTES:,}"
+            total += nbytes
+    return _too_large("its tensors", total)
+
+
+class NestingError(ValueError):
+    """Text nests arrays or objects deeper than its format needs (and a parser's recursion can take)."""
+
+
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_JSON_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def json_nesting(text: str) -> int:
+    """How deep the arrays and objects of JSON ``text`` nest (brackets in strings skipped), counted
+    without recursion; for text that is not JSON, at least as deep as a parser would get."""
+    depth = deepest = 0
+    for match in _JSON_BRACKET.finditer(_JSON_STRING.sub('""', text)):
+        if match.group() in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
+def load_json_bounded(text: str, limit: int = MAX_SPEC_NESTING) -> Any:
+    """``json.loads(text)``, refusing text that nests more than ``limit`` levels with
+    :class:`NestingError` before the parser recurses into it."""
+    depth = json_nesting(text)
+    if depth > limit:
+        raise NestingError(f"arrays and objects nest {depth} levels deep; at most {limit}")
+    try:
+        return json.loads(text)
+    except RecursionError as exc:  # a caller already deep in its own stack
+        raise NestingError(f"arrays and objects nest too deeply to parse; at most {limit}") from exc
+
+
+def _nesting(data: Any, limit: int) -> str | None:
+    """The dotted key of the first place where ``data`` nests deeper than ``limit`` levels, walked
+    without recursion; None when it does not."""
+    stack: list[tuple[Any, str, int]] = [(data, "", 1)]
+    while stack:
+        value, where, depth = stack.pop()
+        items: Iterator[tuple[str, Any]]
+        if isinstance(value, dict):
+            items = ((f"{where}.{k}" if where else str(k), v) for k, v in value.items())
+        elif isinstance(value, list):
+            items = ((f"{where}[{i}]", v) for i, v in enumerate(value))
+        else:
+            continue
+        if depth > limit:
+            return where or "<top level>"
+        stack.extend((v, w, depth + 1) for w, v in items)
+    return None
+
+
+_FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
+
+
+def _not_regular(path: Path) -> str | None:
+    """What ``path`` is when it is there and is not a regular file (``stat``, following links; never
+    opened), else None (a regular file, or nothing there)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot be looked at ({exc.strerror or exc})"
+    return None if stat.S_ISREG(mode) else _kind(mode)
+
+
+def checkpoint_path_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be a checkpoint (a directory, a FIFO, a device, ...: anything there but a
+    regular file), found with ``stat`` alone, so a FIFO is never opened; None when it may be one."""
+    kind = _not_regular(path)
+    if kind is None:
+        return None
+    if kind.startswith("cannot"):
+        return f"{path}: {kind}"
+    if kind == "a directory":
+        return f"{path}: is a directory; the harness reads and writes one .safetensors file"
+    return f"{path}: is {kind}, not a regular file; the harness reads and writes one .safetensors file"
+
+
+def _read_spec(path: Path) -> Any:
+    """A weight spec's JSON; ``OSError``, ``UnicodeDecodeError``, ``json.JSONDecodeError`` or
+    :class:`NestingError` when it cannot be read as one."""
+    kind = _not_regular(path)
+    if kind is not None and not kind.startswith("cannot"):
+        raise OSError(f"it is {kind}, not a regular file")
+    return load_json_bounded(path.read_text(encoding="utf-8"))
+
+
+def validate_scenario(scenario: Scenario) -> None:
+    """Check what :func:`load_scenario` checks of numbers and files on a scenario however it was
+    made (one built in code never went through the loader): every setting of :data:`LIMITS`, the
+    model's weight bytes, the checkpoint path's type. Raises :class:`ScenarioError` naming
+    ``scenario.where(key)``; reads the spec, opens nothing else."""
+    m, b, r = scenario.model, scenario.build, scenario.run
+    values: dict[str, Any] = {
+        "checkpoint.seed": scenario.checkpoint.seed, "build.engines": b.engines,
+        "build.engine_cap_mib": b.engine_cap_mib, "build.tokens": b.tokens,
+        "run.sample_interval_ms": r.sample_interval_ms, "run.residency_every": r.residency_every,
+        "run.memory_limit_gib": r.memory_limit_gib, "run.timeout_s": r.timeout_s, "run.repeats": r.repeats,
+        "run.warmup": r.warmup,
+    }
+    if m.source == "synthetic":
+        for key in ("layers", "width", "vocab"):
+            if getattr(m, key) is None:
+                raise ScenarioError(f"{scenario.where('model.' + key)}: required for a synthetic model")
+        values |= {"model.layers": m.layers, "model.width": m.width, "model.heads": m.heads,
+                   "model.vocab": m.vocab, "model.ffn_mult": m.ffn_mult}
+    checks = [(key, key, value) for key, value in values.items()]
+    for i, ref in enumerate(scenario.references):
+        for name in ("host_at_partitioning_gib", "host_gpu_peak_gib", "host_peak_gib"):
+            checks.append((f"reference[{i}].{name}", f"reference.{name}", getattr(ref, name)))
+    for shown, key, value in checks:
+        limit = LIMITS[key]
+        if value is not None and not limit.accepts(value):
+            raise ScenarioError(f"{scenario.where(shown)}: {limit.expected()}, got {_describe(value)}")
+    if b.engine_cap_mib is not None and int(b.engine_cap_mib * 2**20) < 1:
+        raise ScenarioError(f"{scenario.where('build.engine_cap_mib')}: {b.engine_cap_mib:g} MiB is less than one "
+                            "byte")
+    if m.source == "synthetic":
+        assert m.layers is not None and m.width is not None and m.vocab is not None
+        problem = _synthetic_problem(m.layers, m.width, m.vocab, m.ffn_mult, m.dtype)
+        if problem:
+            raise ScenarioError(f"{scenario.where('model')}: {problem}")
+    elif m.spec is not None:
+        try:
+            data = _read_spec(m.spec)
+        except (OSError, ValueError) as exc:
+            raise ScenarioError(f"{scenario.where('model.spec')}: cannot read {m.spec} ({exc})") from exc
+        problem = _spec_problem(data if isinstance(data, dict) else {}, m.trim)
+        if problem:
+            raise ScenarioError(f"{scenario.where('model.spec')}: {m.spec} {problem}")
+    problem = checkpoint_path_problem(scenario.checkpoint.path)
+    if problem:
+        raise ScenarioError(f"{scenario.where('checkpoint.path')}: {problem}")
+
+
 # --------------------------------------------------------------------------- validation
 
 _REQUIRED: Any = object()
@@ -320,7 +658,8 @@ class _Table:
     """One TOML table being validated: typed getters that raise :class:`ScenarioError`.
 
     ``allowed`` keys are checked on construction, so a misspelt key is reported as
-    unknown before any other problem in the table.
+    unknown before any other problem in the table. Numbers are checked against
+    :data:`LIMITS` under their dotted key (or ``limit``, for a key of an array of tables).
     """
 
     def __init__(self, data: Any, file: Path, prefix: str, allowed: frozenset[str]) -> None:
@@ -361,23 +700,20 @@ class _Table:
             raise self.error(key, f"expected one of {', '.join(map(repr, choices))}, got {value!r}")
         return value
 
-    def integer(self, key: str, default: Any = _REQUIRED, minimum: int = 1) -> Any:
-        value = self._get(key, default)
-        if key not in self.data:
-            return value
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise self.error(key, f"expected an integer >= {minimum}, got {_describe(value)}")
+    def _in_limits(self, key: str, limit: str | None) -> Any:
+        value = self.data[key]
+        rule = LIMITS[limit or self.where(key)]
+        if not rule.accepts(value):
+            raise self.error(key, f"{rule.expected()}, got {_describe(value)}")
         return value
 
-    def number(self, key: str, default: Any = _REQUIRED, *, allow_zero: bool = False) -> Any:
+    def integer(self, key: str, default: Any = _REQUIRED, *, limit: str | None = None) -> Any:
         value = self._get(key, default)
-        if key not in self.data:
-            return value
-        bound = ">= 0" if allow_zero else "> 0"
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-        if not ok or value < 0 or (value == 0 and not allow_zero):
-            raise self.error(key, f"expected a number {bound}, got {_describe(value)}")
-        return float(value)
+        return self._in_limits(key, limit) if key in self.data else value
+
+    def number(self, key: str, default: Any = _REQUIRED, *, limit: str | None = None) -> Any:
+        value = self._get(key, default)
+        return float(self._in_limits(key, limit)) if key in self.data else value
 
     def boolean(self, key: str, default: Any = _REQUIRED) -> Any:
         value = self._get(key, default)
@@ -403,10 +739,18 @@ class _Table:
 
 
 def _describe(value: Any) -> str:
-    text = json.dumps(value, default=str)
+    """A short rendering of a value from the file and its type, for a message; never fails (a
+    huge integer is described by its size, a value that cannot be rendered by its type)."""
+    kind = type(value).__name__
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
+        return f"an integer of about {int((value.bit_length() - 1) * math.log10(2)) + 1} digits ({kind})"
+    try:
+        text = json.dumps(value, default=str)
+    except (ValueError, RecursionError):
+        return f"a {kind} that cannot be shown ({kind})"
     if len(text) > 60:
         text = text[:57] + "..."
-    return f"{text} ({type(value).__name__})"
+    return f"{text} ({kind})"
 
 
 def _suggest(key: str, allowed: frozenset[str]) -> str:
@@ -415,24 +759,30 @@ def _suggest(key: str, allowed: frozenset[str]) -> str:
     return f" (did you mean {close[0]!r}?; known: {known})" if close else f" (known: {known})"
 
 
-def _resolve_spec(raw: str, scenario_dir: Path) -> Path | None:
-    """The spec file, looked for beside the scenario first, then under the root."""
+def _resolve_spec(raw: str, scenario_dir: Path, model: _Table) -> Path | None:
+    """The spec file, looked for beside the scenario first, then under the root; a path there that
+    is not a regular file (a FIFO, say) is refused rather than opened."""
     given = Path(raw).expanduser()
     for base in (scenario_dir, Path.cwd()):
         candidate = given if given.is_absolute() else base / given
+        kind = _not_regular(candidate)
+        if kind is not None and kind != "a directory":
+            raise model.error("spec", f"{candidate} is {kind}, not a regular file")
         if candidate.is_file():
             return candidate.resolve()
     return None
 
 
-def _spec_tensor_names(path: Path, model: _Table) -> set[str]:
-    """Names of the tensors in a weight-spec JSON; raises naming ``model.spec`` when it is not one."""
+def _read_spec_data(path: Path, model: _Table) -> dict[str, Any]:
+    """A weight-spec JSON with a list of named tensors; raises naming ``model.spec`` when it is not one."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = _read_spec(path)
     except UnicodeDecodeError as exc:
         raise model.error("spec", f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
     except json.JSONDecodeError as exc:
         raise model.error("spec", f"{path} is not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from exc
+    except NestingError as exc:
+        raise model.error("spec", f"{path} is not a weight spec: {exc} (a weight spec needs 4)") from exc
     except OSError as exc:
         raise model.error("spec", f"cannot read {path} ({exc.strerror or exc})") from exc
     tensors = data.get("tensors") if isinstance(data, dict) else None
@@ -440,7 +790,8 @@ def _spec_tensor_names(path: Path, model: _Table) -> set[str]:
                                                 for t in tensors):
         raise model.error("spec", f"{path} is not a weight spec: expected an object whose \"tensors\" "
                                   "is a list of objects with a \"name\"")
-    return {t["name"] for t in tensors}
+    assert isinstance(data, dict)
+    return data
 
 
 def _load_model(top: _Table, scenario_dir: Path) -> ModelConfig:
@@ -460,18 +811,25 @@ def _load_model(top: _Table, scenario_dir: Path) -> ModelConfig:
         dtype = model.string("dtype", "float32", MODEL_DTYPES)
         if width % heads or (width // heads) % 2:
             raise model.error("width", f"{width} must split into {heads} heads of an even size")
+        problem = _synthetic_problem(layers, width, vocab, ffn_mult, dtype)
+        if problem:
+            raise model.error(None, problem)
         return ModelConfig(source, layers, width, heads, vocab, ffn_mult, dtype)
     spec_raw = model.string("spec")
-    spec = _resolve_spec(spec_raw, scenario_dir)
+    spec = _resolve_spec(spec_raw, scenario_dir, model)
     if spec is None:
         raise model.error("spec", f"file {spec_raw!r} not found (looked in {scenario_dir} and {Path.cwd()})")
     trim = model.strings("trim", ())
     fallback = model.string("fallback", None, FALLBACKS) if source == "lerobot" else None
-    names = _spec_tensor_names(spec, model)
+    data = _read_spec_data(spec, model)
+    names = {t["name"] for t in data["tensors"]}
     if trim:
         for name in trim:
             if name not in names:
                 raise model.error("trim", f"{name!r} is not a tensor of {spec}")
+    problem = _spec_problem(data, trim)
+    if problem:
+        raise model.error("spec", f"{spec} {problem}")
     return ModelConfig(source, spec=spec, fallback=fallback, trim=trim)
 
 
@@ -514,7 +872,7 @@ def _load_run(top: _Table) -> RunConfig:
         prefetch=run.string("prefetch", DEFAULT_PREFETCH, PREFETCH),
         drop_cache=run.boolean("drop_cache", False),
         repeats=run.integer("repeats", 1),
-        warmup=run.integer("warmup", 0, minimum=0),
+        warmup=run.integer("warmup", 0),
     )
 
 
@@ -529,9 +887,10 @@ def _load_references(top: _Table) -> tuple[Reference, ...]:
         out.append(
             Reference(
                 label=ref.string("label"),
-                host_at_partitioning_gib=ref.number("host_at_partitioning_gib", None, allow_zero=True),
-                host_gpu_peak_gib=ref.number("host_gpu_peak_gib", None, allow_zero=True),
-                host_peak_gib=ref.number("host_peak_gib", None, allow_zero=True),
+                host_at_partitioning_gib=ref.number("host_at_partitioning_gib", None,
+                                                    limit="reference.host_at_partitioning_gib"),
+                host_gpu_peak_gib=ref.number("host_gpu_peak_gib", None, limit="reference.host_gpu_peak_gib"),
+                host_peak_gib=ref.number("host_peak_gib", None, limit="reference.host_peak_gib"),
                 note=ref.string("note", ""),
             )
         )
@@ -540,6 +899,10 @@ def _load_references(top: _Table) -> tuple[Reference, ...]:
 
 def _parse(data: Mapping[str, Any], path: Path, shown: Path) -> Scenario:
     """Validate parsed TOML; ``path`` is the absolute file, ``shown`` the name used in errors."""
+    deep = _nesting(dict(data), MAX_NESTING)
+    if deep is not None:
+        raise ScenarioError(f"{shown}: {deep}: arrays and tables nest more than {MAX_NESTING} levels deep "
+                            "(a scenario needs 3)")
     top_keys = frozenset(
         {"name", "description", "strategies", "model", "checkpoint", "build", "run", "reference"}
     )
@@ -561,9 +924,12 @@ def _parse(data: Mapping[str, Any], path: Path, shown: Path) -> Scenario:
         raise ckpt.error("path", "expected a file path, got an empty string")
     checkpoint = CheckpointConfig(
         path=(Path.cwd() / Path(raw_path).expanduser()) if raw_path else default_checkpoint_for(model),
-        seed=ckpt.integer("seed", 0, minimum=0),
+        seed=ckpt.integer("seed", 0),
         generate=ckpt.boolean("generate", raw_path is None),
     )
+    problem = checkpoint_path_problem(checkpoint.path)
+    if problem:
+        raise ckpt.error("path", problem)
     build = _load_build(top)
     if build.compiler and model.source == "spec":
         raise top.error("build.backend", f"backend {build.backend!r} exports the model, and a spec model has "
@@ -585,10 +951,17 @@ def _parse(data: Mapping[str, Any], path: Path, shown: Path) -> Scenario:
 
 
 def load_scenario(path: str | Path) -> Scenario:
-    """Read and validate the scenario at ``path``; raises :class:`ScenarioError`, never runs anything."""
+    """Read and validate the scenario at ``path``; raises :class:`ScenarioError`, never runs anything.
+
+    A path that is not a regular file (a FIFO, a directory) is refused before it is opened.
+    """
     file = Path(path)
     shown = file
     file = file if file.is_absolute() else Path.cwd() / file
+    kind = _not_regular(file)
+    if kind is not None:
+        raise ScenarioError(f"{shown}: {kind}" if kind.startswith("cannot")
+                            else f"{shown}: is {kind}, not a regular file; a scenario is a TOML file")
     try:
         with open(file, "rb") as handle:
             data = tomllib.load(handle)
@@ -601,4 +974,9 @@ def load_scenario(path: str | Path) -> Scenario:
                             "scenario files are UTF-8 TOML") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{shown}: not valid TOML: {exc}") from exc
+    except RecursionError as exc:
+        raise ScenarioError(f"{shown}: not valid TOML here: arrays or tables nest too deeply to parse "
+                            f"(a scenario nests at most {MAX_NESTING} levels)") from exc
+    except ValueError as exc:  # an integer literal of more digits than Python converts
+        raise ScenarioError(f"{shown}: not valid TOML here: {exc}") from exc
     return _parse(data, file.resolve(), shown)

@@ -47,14 +47,22 @@ How the command joins its group (no race, no ``preexec_fn``)
     ``preexec_fn`` would do it in the child between fork and exec, but is not
     safe in a parent with threads (the harness runs a stderr pump), and an
     error there surfaces as an opaque ``SubprocessError``; here an error
-    joining the group is raised in the parent, naming the file.
+    joining the group is raised in the parent, naming the file. Before it
+    waits, the wrapper sets ``PR_SET_PDEATHSIG`` (see Cleanup) and exits if its
+    parent is already gone; a parent that dies while it waits closes the pipe,
+    and the wrapper exits without running the command.
 
 Cleanup
     :meth:`MemoryGroup.create` is a context manager: on the way out, however it
-    is left (an exception, ``KeyboardInterrupt``), every task still in the group
+    is left (an exception, ``KeyboardInterrupt``, a caught signal raised as
+    :class:`~harness.budget.signals.Interrupted`), every task still in the group
     is killed, the processes it started are reaped, and the directory is
-    removed. A run killed before it could clean up (``SIGKILL``, a power cut)
-    leaves its group behind; group names carry the owner's pid and start time,
+    removed; making the group, starting a process in it and removing it are
+    never cut short by a caught signal (:func:`~harness.budget.signals.deferred`).
+    The wrapper asks the kernel to SIGKILL it, and so the command it becomes, when
+    the parent dies (``PR_SET_PDEATHSIG``), so a parent killed outright (``SIGKILL``)
+    leaves no command running. It leaves its group behind (and anything the command
+    started); group names carry the owner's pid and start time,
     and each :meth:`MemoryGroup.create` removes groups with its prefix whose owner
     is gone (killing what is left in them), never those of a live owner.
 
@@ -82,6 +90,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from harness.budget.signals import deferred
 from harness.coldcache import prepare_cold
 
 __all__ = [
@@ -100,18 +109,27 @@ DEFAULT_PREFIX = "weightmap-bench"
 
 _PROCS = "cgroup.procs"
 
-# The wrapper that waits, inside its group, for the parent's go-ahead before exec.
-# argv: [python, -I, -S, -c, CODE, fd, command...]
+# The wrapper that waits, inside its group, for the parent's go-ahead before exec. It first
+# asks to be SIGKILLed when its parent dies (PR_SET_PDEATHSIG = 1, kept across exec), then
+# checks the parent is still the one that started it (it may have died before the request).
+# argv: [python, -I, -S, -c, CODE, fd, parent pid, command...]
 _WRAPPER = (
     "import os, sys\n"
+    "try:\n"
+    "    import ctypes, signal\n"
+    "    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)\n"
+    "except (OSError, AttributeError):\n"
+    "    pass\n"
+    "if os.getppid() != int(sys.argv[2]):\n"
+    "    os._exit(125)\n"
     "fd = int(sys.argv[1])\n"
     "if os.read(fd, 1) != b'1':\n"
     "    os._exit(125)\n"
     "os.close(fd)\n"
     "try:\n"
-    "    os.execvp(sys.argv[2], sys.argv[2:])\n"
+    "    os.execvp(sys.argv[3], sys.argv[3:])\n"
     "except OSError as exc:\n"
-    "    sys.stderr.write(f'cannot run {sys.argv[2]!r}: {exc.strerror}\\n')\n"
+    "    sys.stderr.write(f'cannot run {sys.argv[3]!r}: {exc.strerror}\\n')\n"
     "    os._exit(127)\n"
 )
 
@@ -446,12 +464,16 @@ class MemoryGroup:
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", name_prefix):
             raise ValueError(f"group name prefix {name_prefix!r} must be letters, digits, '_', '.' or '-'")
         controller = controller or find_controller()
-        remove_stale_groups(controller, name_prefix)
-        group = cls._make(controller, limit_bytes, name_prefix)
+        group: MemoryGroup | None = None
         try:
+            with deferred():  # a caught signal waits until the group is made and will be removed
+                remove_stale_groups(controller, name_prefix)
+                group = cls._make(controller, limit_bytes, name_prefix)
             yield group
         finally:
-            group.remove()
+            if group is not None:
+                with deferred():
+                    group.remove()
 
     @classmethod
     def _make(cls, controller: MemoryController, limit_bytes: int, prefix: str) -> MemoryGroup:
@@ -498,24 +520,25 @@ class MemoryGroup:
             raise ValueError("empty command")
         read_fd, write_fd = os.pipe()
         pass_fds = tuple(kwargs.pop("pass_fds", ())) + (read_fd,)
-        argv = [sys.executable, "-I", "-S", "-c", _WRAPPER, str(read_fd), *command]
-        try:
-            process = subprocess.Popen(argv, pass_fds=pass_fds, **kwargs)
-        except BaseException:
+        argv = [sys.executable, "-I", "-S", "-c", _WRAPPER, str(read_fd), str(os.getpid()), *command]
+        with deferred():  # a caught signal waits until the process is in the group and in _children
+            try:
+                process = subprocess.Popen(argv, pass_fds=pass_fds, **kwargs)
+            except BaseException:
+                os.close(read_fd)
+                os.close(write_fd)
+                raise
             os.close(read_fd)
-            os.close(write_fd)
-            raise
-        os.close(read_fd)
-        self._children.append(process)
-        try:
-            self._join(process.pid)
-            os.write(write_fd, b"1")
-        except BaseException:
-            process.kill()
-            process.wait()
-            raise
-        finally:
-            os.close(write_fd)
+            self._children.append(process)
+            try:
+                self._join(process.pid)
+                os.write(write_fd, b"1")
+            except BaseException:
+                process.kill()
+                process.wait()
+                raise
+            finally:
+                os.close(write_fd)
         return process
 
     def _join(self, pid: int) -> None:

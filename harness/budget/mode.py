@@ -30,6 +30,13 @@ the report and figure (:mod:`harness.report.budget`) go beside it.
 
 Without a usable memory cgroup the mode refuses to start (:class:`BudgetUnavailable`), before
 anything is written.
+
+From the cgroup check to the last strategy's record, SIGINT, SIGTERM and SIGHUP end the sweep
+through its cleanup (:mod:`harness.budget.signals`): the running attempt's process is killed,
+its group removed, the staged results left where they are, and
+:class:`~harness.run.RunInterrupted` raised (``python -m harness budget``: one ``error:`` line,
+exit status 128 + the signal's number). Killed outright (SIGKILL), the parent takes its
+running worker with it, and the next sweep removes the group it left.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import datetime
 import io
 import math
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -49,6 +57,7 @@ import psutil
 
 from harness import machine
 from harness.atomic import write_atomic
+from harness.budget import signals
 from harness.budget.cgroup import (
     DEFAULT_PREFIX,
     Attempt,
@@ -71,12 +80,12 @@ from harness.record import (
     read_strategy_file,
     samples_file,
 )
-from harness.run import WorkerCommand, _publish, check_results_root
-from harness.scenario import Scenario
+from harness.run import RunInterrupted, WorkerCommand, _publish, check_results_root
+from harness.scenario import LIMITS, Limit, Scenario
 from harness.strategies import STRATEGIES
 from harness.worker import worker_command
 
-__all__ = ["ATTEMPTS_FILE", "BudgetUnavailable", "check_cgroup", "run_budget"]
+__all__ = ["ATTEMPTS_FILE", "PRECISION_MIB", "TIMEOUT_FACTOR", "BudgetUnavailable", "check_cgroup", "run_budget"]
 
 MIB = 1 << 20
 ATTEMPTS_FILE = "attempts.csv"
@@ -249,6 +258,29 @@ def write_attempts_csv(directory: Path, record: BudgetRecord) -> Path:
     return path
 
 
+PRECISION_MIB = Limit(1, 1 << 20, unit="MiB", note="1 TiB")
+"""The range of ``--precision-mib``: no finer than the sweep's 1 MiB granularity."""
+TIMEOUT_FACTOR = Limit(1, 1000, low_open=True)
+"""The range of ``--timeout-factor``: an attempt must be given longer than the unconstrained run took."""
+
+
+def _check_settings(precision_bytes: int | None, timeout_factor: float, min_timeout_s: float) -> None:
+    """Refuse settings outside their range before anything runs (``ValueError``; the command line
+    says it in its own terms first)."""
+    if precision_bytes is not None and not PRECISION_MIB.accepts(precision_bytes / MIB):
+        raise ValueError(f"precision_bytes {precision_bytes}: {PRECISION_MIB.expected()} when in MiB")
+    if not TIMEOUT_FACTOR.accepts(timeout_factor):
+        raise ValueError(f"timeout_factor {timeout_factor}: {TIMEOUT_FACTOR.expected()}")
+    if not LIMITS["run.timeout_s"].accepts(min_timeout_s):
+        raise ValueError(f"min_timeout_s {min_timeout_s}: {LIMITS['run.timeout_s'].expected()}")
+
+
+def _interrupted(signum: int, out: Path, staging: Path | None) -> RunInterrupted:
+    where = f"{out} is unchanged" + (f", what finished is in {staging}" if staging is not None else "")
+    return RunInterrupted(f"interrupted by {signal.Signals(signum).name}; every attempt's process was stopped "
+                          f"and its memory cgroup removed; {where}", signum)
+
+
 def run_budget(scenario: Scenario, *, name: str | None = None, results: Path = Path("results"),
                precision_bytes: int | None = None, timeout_factor: float = 4.0, min_timeout_s: float = 60.0,
                command: WorkerCommand | None = None, workdir: Path | None = None,
@@ -256,14 +288,42 @@ def run_budget(scenario: Scenario, *, name: str | None = None, results: Path = P
                progress: Callable[[str], None] = _progress) -> BudgetRecord:
     """Sweep every strategy of ``scenario`` for its smallest memory limit; returns the record.
 
-    See the module docstring. Raises :class:`BudgetUnavailable` without a usable memory
+    See the module docstring. Raises ``ValueError`` for ``precision_bytes``, ``timeout_factor``
+    or ``min_timeout_s`` out of range, :class:`BudgetUnavailable` without a usable memory
     cgroup and the :func:`~harness.run.run_scenario` errors for the results root and the plan,
-    all before any strategy runs.
+    all before any strategy runs. SIGINT, SIGTERM or SIGHUP (in the main thread) stop the
+    running attempt, remove its group and raise :class:`~harness.run.RunInterrupted`
+    (:mod:`harness.budget.signals`).
     """
-    controller = check_cgroup(controller)
+    _check_settings(precision_bytes, timeout_factor, min_timeout_s)
     name = f"{scenario.name}-budget" if name is None else name
     results = Path(results)
+    staged: list[Path] = []
+    try:
+        with signals.raising():
+            record, staging = _sweep_all(scenario, name, results, precision_bytes, timeout_factor, min_timeout_s,
+                                         command, workdir, controller, progress, staged)
+    except signals.Interrupted as exc:
+        raise _interrupted(exc.signum, results / name, staged[0] if staged else None) from None
+    progress(f"sweep done in {record.sweep_wall_s / 60:.1f} min")
+    out = results / name
+    _publish(staging, out)
+    if plots:
+        from harness.report.budget import render_budget
+
+        for path in render_budget(out):
+            progress(f"wrote {path}")
+    return record
+
+
+def _sweep_all(scenario: Scenario, name: str, results: Path, precision_bytes: int | None, timeout_factor: float,
+               min_timeout_s: float, command: WorkerCommand | None, workdir: Path | None,
+               controller: MemoryController | None, progress: Callable[[str], None],
+               staged: list[Path]) -> tuple[BudgetRecord, Path]:
+    """Everything up to the record of the last strategy, staged (``staged`` gets the staging directory)."""
+    controller = check_cgroup(controller)
     staging = check_results_root(results, name)
+    staged.append(staging)
     plan = make_plan(scenario, name=name, workdir=workdir or Path.cwd() / "data" / "engines", progress=progress)
     plan_path = write_plan(staging / PLAN, plan)
     unconstrained = plan.memory_limit_bytes or psutil.virtual_memory().total
@@ -285,12 +345,4 @@ def run_budget(scenario: Scenario, *, name: str | None = None, results: Path = P
         record = record.with_strategy(strategy, swept, time.monotonic() - started)
         write_budget(staging, record)
         write_attempts_csv(staging, record)
-    progress(f"sweep done in {record.sweep_wall_s / 60:.1f} min")
-    out = results / name
-    _publish(staging, out)
-    if plots:
-        from harness.report.budget import render_budget
-
-        for path in render_budget(out):
-            progress(f"wrote {path}")
-    return record
+    return record, staging

@@ -8,7 +8,6 @@ run); :func:`spec_of` writes one for any module and :func:`spec_differences` com
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from itertools import chain
 from pathlib import Path
@@ -27,7 +26,7 @@ from harness.models.base import (
     pattern,
     show_path,
 )
-from harness.scenario import ModelConfig
+from harness.scenario import ModelConfig, load_json_bounded
 
 __all__ = ["SpecModel", "build_from_spec", "load_spec", "spec_differences", "spec_of"]
 
@@ -40,12 +39,16 @@ def load_spec(path: str | Path) -> dict[str, Any]:
     Requires ``tensors``: a list of ``{name, shape, dtype, kind}`` with unique names,
     non-negative integer shapes, torch dtype names and kind ``param``/``buffer``;
     optional ``tied`` (lists of tensor names) and ``non_persistent_buffers``
-    (``{name, shape, dtype}``). Raises :class:`ModelError` naming the file and the entry.
+    (``{name, shape, dtype}``). Raises :class:`ModelError` naming the file and the entry; a
+    path that is not a regular file is refused before it is opened, and JSON nested deeper than
+    :data:`~harness.scenario.MAX_SPEC_NESTING` before it is parsed.
     """
     where = Path(path)
     try:
-        data = json.loads(where.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        if not where.is_file() and where.exists():  # a FIFO would block the read below
+            raise OSError(f"{where} is not a regular file")
+        data = load_json_bounded(where.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # ValueError: not UTF-8, not JSON, nested too deeply
         raise ModelError(f"{where}: cannot read weight spec: {exc}") from exc
     if not isinstance(data, dict) or not isinstance(data.get("tensors"), list):
         raise ModelError(f"{where}: a weight spec is an object with a 'tensors' list")

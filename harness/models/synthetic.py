@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from harness.models.base import ModelError, ModelInfo, describe
-from harness.scenario import ModelConfig
+from harness.scenario import ModelConfig, synthetic_numel
 
 __all__ = ["SyntheticTransformer", "build_synthetic"]
 
@@ -119,9 +119,9 @@ class SyntheticTransformer(nn.Module):
 
     @staticmethod
     def expected_numel(*, layers: int, width: int, vocab: int, ffn_mult: int = 4, **_: Any) -> int:
-        """Elements in the state dict with the tied weight counted once."""
-        per_layer = 2 * width + 4 * width * width + 2 * ffn_mult * width * width
-        return vocab * width + layers * per_layer + width
+        """Elements in the state dict with the tied weight counted once (:func:`harness.scenario.synthetic_numel`,
+        which the scenario's size check uses)."""
+        return synthetic_numel(layers=layers, width=width, vocab=vocab, ffn_mult=ffn_mult)
 
     def reset_non_persistent_buffers(self) -> None:
         """Give ``inv_freq`` its real rotary values, on the CPU."""

@@ -1,0 +1,204 @@
+"""A budget sweep ended by a signal leaves no process and no memory cgroup behind.
+
+The end-to-end tests start a real ``python -m harness budget`` parent (through
+:func:`harness.cli.main`) whose worker is a stand-in that records its pid and sleeps, and
+signal it while that worker runs in its memory cgroup. Skipped, with the reason, where no
+memory cgroup is writable. The unit tests of :mod:`harness.budget.signals` need none.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from harness.budget import signals
+from harness.budget.cgroup import (
+    DEFAULT_PREFIX,
+    CgroupUnavailable,
+    MemoryController,
+    MemoryGroup,
+    find_controller,
+    remove_stale_groups,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+MIB = 1 << 20
+
+SCENARIO = """
+name = "tiny"
+strategies = ["map"]
+[model]
+source = "synthetic"
+layers = 1
+width = 64
+heads = 4
+vocab = 64
+[checkpoint]
+path = "{checkpoint}"
+generate = true
+[build]
+engines = 2
+device = "cpu"
+[run]
+memory_limit_gib = 1.0
+"""
+
+# The parent: the command line with a stand-in worker. SIGINT and SIGHUP as a terminal leaves them,
+# whatever the test runner inherited (a background job starts with SIGINT ignored).
+PARENT = """
+import pathlib, signal, sys
+import harness.budget.mode as mode
+from harness.cli import main
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
+tmp, behaviour = pathlib.Path(sys.argv[1]), sys.argv[2]
+SLEEP = "import os, pathlib, time; pathlib.Path(%r).write_text(str(os.getpid())); time.sleep(120)"
+def worker(plan, strategy, out):
+    code = SLEEP % str(tmp / "worker.pid") if behaviour == "sleep" else "raise SystemExit(3)"
+    return [sys.executable, "-c", code]
+mode.worker_command = worker
+sys.exit(main(["budget", str(tmp / "s.toml"), "--results", str(tmp / "results")]))
+"""
+
+
+@pytest.fixture(scope="module")
+def controller() -> MemoryController:
+    try:
+        found = find_controller()
+        with MemoryGroup.create(64 * MIB, controller=found):
+            pass
+    except CgroupUnavailable as exc:
+        pytest.skip(str(exc))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not _alive(pid)
+
+
+def _groups_of(controller: MemoryController, pid: int) -> list[Path]:
+    mark = f"{DEFAULT_PREFIX}-{pid}-"
+    return sorted(p for p in controller.parent.iterdir() if p.name.startswith(mark) and p.is_dir())
+
+
+def _parent(tmp_path: Path, behaviour: str) -> subprocess.Popen[str]:
+    (tmp_path / "s.toml").write_text(SCENARIO.format(checkpoint=tmp_path / "c.safetensors"))
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(PARENT), str(tmp_path), behaviour],
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+
+@pytest.fixture
+def sweep(tmp_path: Path, controller: MemoryController) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """A budget parent whose first attempt's worker is running (its pid), in a group of the parent's."""
+    parent = _parent(tmp_path, "sleep")
+    pid_file = tmp_path / "worker.pid"
+    deadline = time.monotonic() + 180
+    worker = None
+    try:
+        while not (pid_file.exists() and pid_file.read_text()):
+            assert parent.poll() is None, parent.communicate()[1]
+            assert time.monotonic() < deadline, "the worker never started"
+            time.sleep(0.1)
+        worker = int(pid_file.read_text())
+        yield parent, worker
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        parent.communicate()
+        if worker is not None and _alive(worker):
+            os.kill(worker, signal.SIGKILL)  # a regression's orphan: not left for two minutes
+        remove_stale_groups(controller)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_a_caught_signal_stops_the_attempt_removes_its_group_and_says_so(
+    sweep: tuple[subprocess.Popen[str], int], controller: MemoryController, signum: signal.Signals
+) -> None:
+    parent, worker = sweep
+    assert _groups_of(controller, parent.pid), "the attempt runs in a memory cgroup named after the parent"
+    parent.send_signal(signum)
+    _, err = parent.communicate(timeout=60)
+    assert parent.returncode == 128 + signum, err
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith(f"error: interrupted by {signum.name}; every attempt's process was stopped and its "
+                                "memory cgroup removed; "), err
+    assert "results/tiny-budget is unchanged" in lines[-1]
+    assert sum(line.startswith("error:") for line in lines) == 1 and "Traceback" not in err, err
+    assert not _alive(worker), "the worker outlived its parent"
+    assert _groups_of(controller, parent.pid) == [], "the parent left its memory cgroup behind"
+
+
+def test_a_killed_sweep_takes_its_worker_along_and_the_next_start_removes_its_group(
+    sweep: tuple[subprocess.Popen[str], int], controller: MemoryController, tmp_path: Path
+) -> None:
+    parent, worker = sweep
+    parent.kill()
+    parent.wait()
+    assert _gone_within(worker, 10), "the worker outlived its SIGKILLed parent"
+    left = _groups_of(controller, parent.pid)
+    assert len(left) == 1, "nothing could run to remove the group of a SIGKILLed parent"
+    again = _parent(tmp_path, "fail")  # a sweep whose only attempt fails at once
+    _, err = again.communicate(timeout=300)
+    assert again.returncode == 1, err
+    assert not left[0].exists(), "the next start removes the group of the dead run"
+    assert _groups_of(controller, again.pid) == []
+
+
+# --------------------------------------------------------------------------- the mechanism
+
+
+def test_a_signal_raises_interrupted_and_the_handlers_come_back() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(signals.Interrupted) as info, signals.raising():
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):  # the handler runs between two bytecodes of the main thread
+            time.sleep(0.001)
+        pytest.fail("SIGTERM was not raised")
+    assert info.value.signum == signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_signal_in_a_deferred_section_is_raised_when_the_section_ends() -> None:
+    done = []
+    with pytest.raises(signals.Interrupted) as info, signals.raising():
+        with signals.deferred():
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(0.05)
+            with signals.deferred():
+                time.sleep(0.05)
+            done.append("the section ran to its end")
+            os.kill(os.getpid(), signal.SIGTERM)  # a second signal while the first waits: not raised again
+            time.sleep(0.05)
+        done.append("not reached")
+    assert done == ["the section ran to its end"]
+    assert info.value.signum == signal.SIGHUP
+
+
+def test_an_ignored_signal_stays_ignored() -> None:
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with signals.raising():
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(0.05)
+    finally:
+        signal.signal(signal.SIGHUP, before)
