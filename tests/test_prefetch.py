@@ -116,11 +116,14 @@ def test_plan_warms_the_next_partition_when_one_is_built(cold_file: tuple[Path, 
         assert settled_fraction(path, ranges[0]) >= 0.95
         assert cached_fraction(path, ranges[1]) < 0.5, "prefetch ran ahead of what was asked"
         model.w0.sum()
+        # Reading w0 may map a few of w1's pages (the page they share, and the rest of a page-cache
+        # folio that holds both: Linux maps a whole folio on a fault). Warming maps none.
+        mapped_by_reading_w0 = tensor_present_pages(model.w1)
         plan.built(0)
         assert plan.wait_for_prefetch(60)
         assert settled_fraction(path, ranges[1]) >= 0.95, "built(0) did not warm partition 1"
         assert cached_fraction(path, ranges[2]) < 0.5
-        assert tensor_present_pages(model.w1) <= 1  # only the page it shares with w0, which was read
+        assert tensor_present_pages(model.w1) == mapped_by_reading_w0, "warming faulted pages into the process"
         stats = plan.prefetch_stats
         assert stats is not None and stats.requested_bytes == 2 * nbytes
 
