@@ -80,7 +80,6 @@ import difflib
 import json
 import math
 import re
-import stat
 import tomllib
 import zlib
 from collections.abc import Iterator, Mapping
@@ -93,6 +92,7 @@ import torch
 from harness.errors import HarnessError
 from harness.strategies import STRATEGIES
 from weightmap import PREFETCH_METHODS
+from weightmap.filekinds import non_regular_kind
 
 __all__ = [
     "BACKENDS",
@@ -554,19 +554,6 @@ def _nesting(data: Any, limit: int) -> str | None:
     return None
 
 
-_FILE_KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a FIFO (named pipe)"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-)
-
-
-def _kind(mode: int) -> str:
-    return next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
-
-
 def _not_regular(path: Path) -> str | None:
     """What ``path`` is when it is there and is not a regular file (``stat``, following links; never
     opened), else None (a regular file, or nothing there)."""
@@ -576,7 +563,7 @@ def _not_regular(path: Path) -> str | None:
         return None
     except OSError as exc:
         return f"cannot be looked at ({exc.strerror or exc})"
-    return None if stat.S_ISREG(mode) else _kind(mode)
+    return non_regular_kind(mode)
 
 
 def checkpoint_path_problem(path: Path) -> str | None:

@@ -85,7 +85,7 @@ def _scenario_file(tmp_path: Path, checkpoint: Path, generate: bool = False) -> 
     return path
 
 
-FIFO_TEXT = "is a FIFO (named pipe), not a regular file; the harness reads and writes one .safetensors file"
+FIFO_TEXT = "is a named pipe (FIFO), not a regular file; the harness reads and writes one .safetensors file"
 
 
 @pytest.mark.parametrize("generate", [False, True])
@@ -143,7 +143,7 @@ def test_a_scenario_file_that_is_a_fifo_is_refused(tmp_path: Path) -> None:
     os.mkfifo(path)
     raised = within(path, lambda: load_scenario(path))
     assert isinstance(raised, ScenarioError), raised
-    assert str(raised) == f"{path}: is a FIFO (named pipe), not a regular file; a scenario is a TOML file"
+    assert str(raised) == f"{path}: is a named pipe (FIFO), not a regular file; a scenario is a TOML file"
 
 
 def test_a_spec_that_is_a_fifo_is_refused(tmp_path: Path) -> None:
@@ -153,7 +153,7 @@ def test_a_spec_that_is_a_fifo_is_refused(tmp_path: Path) -> None:
     path.write_text(f'name = "t"\n[model]\nsource = "spec"\nspec = "{spec}"\n[build]\nengines = 1\n')
     raised = within(spec, lambda: load_scenario(path))
     assert isinstance(raised, ScenarioError), raised
-    assert str(raised) == f"{path}: model.spec: {spec} is a FIFO (named pipe), not a regular file"
+    assert str(raised) == f"{path}: model.spec: {spec} is a named pipe (FIFO), not a regular file"
     raised = within(spec, lambda: load_spec(spec))
     assert isinstance(raised, ModelError), raised
     assert "is not a regular file" in str(raised)
