@@ -3,7 +3,9 @@
 Every file the harness writes (records, samples, events, plans, figures, reports) goes
 through :func:`write_atomic`, so a reader never sees half a file, an interrupted or
 failed write leaves the previous file as it was, and a written file survives a crash.
-Checkpoints are written by :func:`weightmap.format.write_checkpoint`, which does the same.
+Files that belong together (a report and its figures) go through a :class:`FileBatch`:
+all of them are put in place, or none. Checkpoints are written by
+:func:`weightmap.format.write_checkpoint`, which does the same.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 from harness.errors import OutputError
 
-__all__ = ["write_atomic", "write_json"]
+__all__ = ["FileBatch", "write_atomic", "write_json"]
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -30,24 +32,39 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> Path:
-    """Write ``data`` (``str`` as UTF-8) to ``path`` atomically and durably; returns the path.
-
-    Parent directories are created. Raises :class:`~harness.errors.OutputError` naming the
-    path and the system's reason (read-only, no space left, ...); the previous file, if any,
-    is then unchanged and no temporary file is left behind.
-    """
-    target = Path(path)
-    payload = data.encode("utf-8") if isinstance(data, str) else data
-    tmp: str | None = None
+def _write_temporary(target: Path, payload: bytes) -> str:
+    """``payload`` in a new temporary file beside ``target``, flushed to disk; returns the temporary's path."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
         with os.fdopen(fd, "wb") as handle:
             handle.write(payload)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp, 0o644)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return tmp
+
+
+def _payload(data: bytes | str) -> bytes:
+    return data.encode("utf-8") if isinstance(data, str) else data
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> Path:
+    """Write ``data`` (``str`` as UTF-8) to ``path`` atomically and durably; returns the path.
+
+    Parent directories are created. Raises :class:`~harness.errors.OutputError` naming the
+    path and the system's reason (read-only, no space left, ...); the previous file, if any,
+    is then unchanged and no temporary file is left behind. A link at ``path`` is replaced,
+    not written through.
+    """
+    target = Path(path)
+    tmp: str | None = None
+    try:
+        tmp = _write_temporary(target, _payload(data))
         os.replace(tmp, target)
         tmp = None
         _fsync_directory(target.parent)
@@ -59,6 +76,60 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str) -> Path:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
     return target
+
+
+class FileBatch:
+    """Files that are put in place together, or not at all (a report and its figures, say).
+
+    :meth:`write` writes each file under a temporary name beside its target, as
+    :func:`write_atomic` does; :meth:`commit` renames them all into place once every one
+    is written. A failed write, or leaving the ``with`` block without committing, removes
+    the temporary files and leaves every earlier file as it was: ``unchanged`` says so in
+    the error, in the caller's words.
+    """
+
+    def __init__(self, unchanged: str = "the earlier files are unchanged") -> None:
+        self.unchanged = unchanged
+        self._pending: list[tuple[str, Path]] = []
+
+    def __enter__(self) -> FileBatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.discard()
+
+    def write(self, path: str | os.PathLike[str], data: bytes | str) -> Path:
+        """Write ``data`` under a temporary name beside ``path``; it goes to ``path`` on :meth:`commit`."""
+        target = Path(path)
+        try:
+            self._pending.append((_write_temporary(target, _payload(data)), target))
+        except OSError as exc:
+            self.discard()
+            raise OutputError(f"{target}: cannot write ({exc.strerror or exc}); {self.unchanged}") from exc
+        return target
+
+    def commit(self) -> list[Path]:
+        """Put every written file in place (each a rename); returns their paths in the order written."""
+        done: list[Path] = []
+        try:
+            for tmp, target in self._pending:
+                os.replace(tmp, target)
+                done.append(target)
+        except OSError as exc:
+            self.discard()
+            replaced = f"; already replaced: {', '.join(p.name for p in done)}" if done else f"; {self.unchanged}"
+            raise OutputError(f"{target}: cannot put it in place ({exc.strerror or exc}){replaced}") from exc
+        self._pending = []
+        for directory in dict.fromkeys(p.parent for p in done):
+            _fsync_directory(directory)
+        return done
+
+    def discard(self) -> None:
+        """Remove the files not yet put in place."""
+        for tmp, _ in self._pending:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        self._pending = []
 
 
 def write_json(path: str | os.PathLike[str], data: Any) -> Path:

@@ -10,6 +10,7 @@ number when SIGINT or SIGTERM stopped a run.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -75,7 +76,7 @@ def _plot(args: argparse.Namespace) -> int:
     from harness.budget.record import BUDGET_FILE
     from harness.report import render_all
 
-    if (args.results_dir / BUDGET_FILE).is_file():
+    if os.path.lexists(args.results_dir / BUDGET_FILE):  # whatever it is: its reader says what is wrong with it
         from harness.report.budget import render_budget
 
         for path in render_budget(args.results_dir, args.out):

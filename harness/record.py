@@ -49,6 +49,18 @@ A later version adds keys (each field records the version that added it in
 :data:`_SINCE`) and bumps :data:`LAYOUT_VERSION`; records of earlier versions read with
 those fields ``None``.
 
+Values are read for what they mean, not only for their JSON type (:class:`_Obj`), so that
+no hostile or corrupt file reaches the reporters: an integer is a whole number below
+:data:`MAX_INTEGER` in size and a byte count below :data:`MAX_BYTES`; neither is
+negative, nor is a number (bytes, counts, indices and times never are), unless its key is
+one of :data:`SIGNED`; a number is finite; the top-level ``name`` (of ``summary.json`` and
+``budget.json``) and every strategy's name obey :data:`NAME`, since they name files; a run
+has 1 to :data:`MAX_ENGINES` engines and a model at least one byte. Files are read by
+:func:`read_file`, which refuses anything but a regular file without blocking on it (a
+FIFO, a device); JSON nested deeper than :data:`MAX_JSON_DEPTH` is refused before it is
+parsed. A CSV row must hold every column, the file must end with a whole row, and a
+number in it must be finite and in range.
+
 What is *measured* lives here. What is *derived* from it (floors, excess, which peak is
 compared with the floor) is computed by :mod:`harness.metrics` only; ``floor_bytes`` and
 ``excess_over_floor`` are written into the summary from there for readers outside the
@@ -57,8 +69,14 @@ harness and are never read back by it.
 
 from __future__ import annotations
 
+import csv
+import errno
+import io
 import json
 import math
+import os
+import re
+import stat
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, fields, replace
@@ -74,8 +92,14 @@ if TYPE_CHECKING:
 __all__ = [
     "EVENT_COLUMNS",
     "LAYOUT_VERSION",
+    "MAX_BYTES",
+    "MAX_ENGINES",
+    "MAX_INTEGER",
+    "MAX_JSON_DEPTH",
+    "NAME",
     "PLAN",
     "SAMPLE_COLUMNS",
+    "SIGNED",
     "SUMMARY",
     "CacheRecord",
     "CheckpointInfo",
@@ -85,18 +109,22 @@ __all__ = [
     "MachineInfo",
     "ModelInfo",
     "Phases",
-    "Reference",
     "RecordError",
+    "Reference",
     "RepeatRecord",
     "RunRecord",
     "StrategyRecord",
+    "check_name",
     "empty_events",
     "empty_samples",
     "events_file",
+    "parse_json",
     "read_events",
+    "read_file",
     "read_json_file",
     "read_samples",
     "read_strategy_file",
+    "read_text_file",
     "samples_file",
     "strategy_file",
     "write_strategy_file",
@@ -108,6 +136,28 @@ LAYOUT_VERSION = 4
 
 SUMMARY = "summary.json"
 PLAN = "plan.json"
+
+NAME = re.compile(r"[a-z0-9_-]+")
+"""What a results name and a strategy name may be: they name ``results/<name>/``, the report
+and figures beside it, and the files of each strategy, so no path separator, dot or ``..``."""
+
+MAX_INTEGER = 2**63
+"""Every integer read is smaller than this in size: what a 64-bit count (the kernel's, numpy's) holds."""
+
+MAX_BYTES = 2**53
+"""Every byte count read is smaller than this (8 PiB, far above any machine's memory): the figures and
+the samples compute in float64, which holds every whole number up to it exactly."""
+
+SIGNED = frozenset({"anon_delta_bytes", "residency_read_bytes", "cache_bytes", "returncode", "excess_over_floor"})
+"""The keys whose values may be negative: growths (deltas), an exit status, an excess below the floor.
+Every other integer and number (bytes, counts, indices, times) is read as not negative."""
+
+MAX_ENGINES = 100_000
+"""The most engines a run may have: every engine holds at least one weight tensor, and no model
+a scenario names comes near this many (pi0.5 has 813 tensors)."""
+
+MAX_JSON_DEPTH = 64
+"""The deepest nesting of objects and lists a results file may have (the records need 6)."""
 
 SAMPLE_COLUMNS: tuple[str, ...] = (
     "t_s",
@@ -158,8 +208,18 @@ class RecordError(HarnessError, ValueError):
 
 
 def _describe(value: Any) -> str:
-    text = json.dumps(value, default=str)
+    try:
+        text = json.dumps(value, default=str)
+    except (ValueError, RecursionError):  # a value nested past what json.dumps walks
+        text = type(value).__name__
     return (text[:57] + "...") if len(text) > 60 else text
+
+
+def check_name(name: str, where: str, what: str) -> str:
+    """``name`` when it obeys :data:`NAME`; else a :class:`RecordError` ``<where>: expected ...``."""
+    if not NAME.fullmatch(name):
+        raise RecordError(f"{where}: expected letters a-z, digits, '_' or '-' only ({what}), got {_describe(name)}")
+    return name
 
 
 class _Obj:
@@ -196,18 +256,44 @@ class _Obj:
             raise self.error(key, f"expected {what}{' or null' if null else ''}, got {_describe(value)}")
         return value
 
+    def _in_range(self, key: str, value: Any) -> None:
+        """Refuse a value the key cannot mean (negative where only :data:`SIGNED` keys may be, a byte count
+        of :data:`MAX_BYTES` or more) or the machine cannot hold (:data:`MAX_INTEGER`); ``value`` is
+        already an int or a finite float."""
+        if "bytes" in key.split("_") and abs(value) >= MAX_BYTES:
+            raise self.error(key, f"{_describe(value)} bytes is out of range (less than 2**53, 8 PiB, expected)")
+        if abs(value) >= MAX_INTEGER:
+            raise self.error(key, f"{_describe(value)} is out of range (at most 2**63 - 1 in size)")
+        if value < 0 and key not in SIGNED:
+            raise self.error(key, f"expected a value of at least 0, got {_describe(value)}")
+
     def integer(self, key: str, *, null: bool = True) -> Any:
-        return self._typed(key, lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer", null)
+        value = self.data.get(key)
+        if isinstance(value, _LongInteger):
+            raise self.error(key, f"an integer of {value.digits} digits is out of range (at most 2**63 - 1 in size)")
+        value = self._typed(key, lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer", null)
+        if value is not None:
+            self._in_range(key, value)
+        return value
 
     def number(self, key: str, *, null: bool = True) -> Any:
         def ok(v: Any) -> bool:
             return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
+        value = self.data.get(key)
+        if isinstance(value, _LongInteger):
+            raise self.error(key, f"a number of {value.digits} digits is out of range (at most 2**63 - 1 in size)")
         value = self._typed(key, ok, "a number", null)
-        return None if value is None else float(value)
+        if value is None:
+            return None
+        self._in_range(key, value)
+        return float(value)
 
     def text(self, key: str, *, null: bool = True) -> Any:
-        return self._typed(key, lambda v: isinstance(v, str), "a string", null)
+        value = self._typed(key, lambda v: isinstance(v, str), "a string", null)
+        if key == "name" and not self.where and value is not None:  # the results' name, at the top of a record
+            check_name(value, f"{self.source}: {self.path(key)}", "it names the report and figures beside the results")
+        return value
 
     def flag(self, key: str, *, null: bool = True) -> Any:
         return self._typed(key, lambda v: isinstance(v, bool), "true or false", null)
@@ -663,9 +749,12 @@ class ModelInfo:
     @classmethod
     def from_json(cls, data: Any, source: str, where: str, version: int) -> ModelInfo:
         o = _Obj(data, source, where, _keys(cls, version))
-        return cls(o.text("name", null=False), o.text("source", null=False), o.text("source_note", null=False),
+        info = cls(o.text("name", null=False), o.text("source", null=False), o.text("source_note", null=False),
                    o.integer("tensors", null=False), o.integer("bytes", null=False),
                    o.integer("bytes_with_non_persistent_buffers", null=False))
+        if info.bytes == 0:  # every share "of the model" divides by it
+            raise o.error("bytes", "a model of 0 bytes; expected its checkpoint's size")
+        return info
 
 
 @dataclass(frozen=True)
@@ -777,9 +866,17 @@ class RunRecord:
         raw_strategies = o.raw("strategies")
         if not isinstance(raw_strategies, dict):
             raise o.error("strategies", "expected an object of strategies")
+        engines = o.integer("engines", null=False)
+        if not 1 <= engines <= MAX_ENGINES:
+            raise o.error("engines", f"expected 1 to {MAX_ENGINES} engines, got {engines}")
         strategies = {}
         for name, item in raw_strategies.items():
+            check_name(name, f"{source}: strategies.{name}", "it names the strategy's files")
             record = StrategyRecord.from_json(item, source, f"strategies.{name}", version)
+            for i, engine in enumerate(record.engines):
+                if engine.index >= engines:
+                    raise RecordError(f"{source}: strategies.{name}.engines[{i}].index: engine {engine.index} "
+                                      f"of a run of {engines} engines")
             strategies[str(name)] = _upgrade_v1_strategy(record, device) if version == 1 else record
         return cls(
             layout=version,
@@ -792,7 +889,7 @@ class RunRecord:
             versions={str(k): v for k, v in versions.items()},
             model=ModelInfo.from_json(o.raw("model"), source, "model", version),
             checkpoint=CheckpointInfo.from_json(o.raw("checkpoint"), source, "checkpoint", version),
-            engines=o.integer("engines", null=False),
+            engines=engines,
             engine_cap_bytes=o.integer("engine_cap_bytes", null=False),
             largest_engine_bytes=o.integer("largest_engine_bytes", null=False),
             backend=o.text("backend", null=False),
@@ -822,18 +919,117 @@ _SINCE["RunRecord"] = {"layout": 2, "repeats": 4, "prefetch": 4, "disk_reads": 4
 # --------------------------------------------------------------------------- files
 
 
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def read_file(path: Path) -> bytes:
+    """The bytes of ``path``, which must be a regular file (a link to one is followed).
+
+    The file is opened without blocking (``O_NONBLOCK``: a FIFO without a writer, or a
+    device, cannot hang the reader) and checked on the open descriptor (``fstat``), so
+    nothing can swap it in between. Raises :class:`FileNotFoundError` when there is no
+    such file, and a :class:`RecordError` naming the path for anything that is not a
+    regular file or cannot be read. Every reader of results and notes opens files through it.
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise RecordError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+            raise RecordError(f"{path}: {kind}, not a regular file; expected a file the harness wrote")
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise RecordError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+    finally:
+        os.close(fd)
+
+
+def read_text_file(path: Path) -> str | None:
+    """The UTF-8 text of the regular file ``path`` (:func:`read_file`); ``None`` when there is no such file."""
+    try:
+        data = read_file(path)
+    except FileNotFoundError:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecordError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
+
+
+class _LongInteger:
+    """A JSON integer too long to be any value of a record; kept as its digit count (never converted)."""
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+    def __str__(self) -> str:
+        return f"<an integer of {self.digits} digits>"
+
+
+def _parse_int(text: str) -> int | _LongInteger:
+    digits = len(text.lstrip("-"))
+    return _LongInteger(digits) if digits > 19 else int(text)  # 19 digits hold every value below 2**63
+
+
+_JSON_TOKENS = re.compile(r'\\.|["\[\]{}]')
+
+
+def _json_depth_error(text: str) -> str | None:
+    """Where ``text`` nests objects and lists deeper than :data:`MAX_JSON_DEPTH`, in words; else None.
+
+    One pass over the quotes, escapes and brackets, skipping strings, before the parser
+    (which recurses once per level) sees the text.
+    """
+    depth, in_string = 0, False
+    for match in _JSON_TOKENS.finditer(text):
+        token = match.group()
+        if in_string:
+            in_string = token != '"'
+        elif token == '"':
+            in_string = True
+        elif token in "[{":
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                line = text.count("\n", 0, match.start()) + 1
+                return f"nested deeper than {MAX_JSON_DEPTH} levels (line {line})"
+        elif token in "]}":
+            depth -= 1
+    return None
+
+
 def read_json_file(path: Path) -> Any:
-    """The JSON in ``path``; a missing, unreadable or malformed file is a :class:`RecordError` naming it."""
+    """The JSON in ``path``; a missing, unreadable or malformed file is a :class:`RecordError` naming it.
+
+    Integers too long to be any record's value read as a placeholder that every getter of
+    :class:`_Obj` refuses, naming the key; ``NaN`` and ``Infinity`` are refused there too.
+    """
+    text = read_text_file(path)
+    if text is None:
+        raise RecordError(f"{path}: not found; is {path.parent} a results directory?")
+    return parse_json(text, str(path))
+
+
+def parse_json(text: str, source: str) -> Any:
+    """The JSON ``text`` read from ``source``, as :func:`read_json_file` reads a file's."""
+    deep = _json_depth_error(text)
+    if deep is not None:
+        raise RecordError(f"{source}: not a record: {deep}")
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError as exc:
-        raise RecordError(f"{path}: not found; is {path.parent} a results directory?") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RecordError(f"{path}: cannot read ({exc})") from exc
-    try:
-        return json.loads(text)
+        return json.loads(text, parse_int=_parse_int)
     except json.JSONDecodeError as exc:
-        raise RecordError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from exc
+        raise RecordError(f"{source}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from exc
+    except (ValueError, RecursionError) as exc:
+        raise RecordError(f"{source}: not a record ({' '.join(str(exc).split())})") from exc
 
 
 def write_summary(directory: Path, run: RunRecord) -> Path:
@@ -858,28 +1054,72 @@ def read_strategy_file(directory: Path, name: str) -> StrategyRecord | None:
     return StrategyRecord.from_json(o.raw("record"), str(path), "record", LAYOUT_VERSION)
 
 
+_NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?"
+"""A number in a results CSV, as Python and pandas write them (``nan``, ``inf`` and the like are not numbers)."""
+
+
+def _csv_rows(path: Path, columns: tuple[str, ...]) -> list[list[str]]:
+    """The data rows of a results CSV, each with every column; the header must be ``columns``."""
+    text = read_text_file(path)
+    if text is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+    if not text.strip():
+        raise RecordError(f"{path}: empty; expected a header of {', '.join(columns)}")
+    if not text.endswith("\n"):
+        line = text.count("\n") + 1
+        raise RecordError(f"{path}: row {line}: the file ends inside a row (it was cut short)")
+    try:
+        reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+        header = next(reader)
+        rows = list(reader)
+    except csv.Error as exc:
+        raise RecordError(f"{path}: not a readable CSV ({exc})") from exc
+    if tuple(header) != columns:
+        raise RecordError(f"{path}: expected the columns {', '.join(columns)}; got {', '.join(header)}")
+    for i, row in enumerate(rows):
+        if len(row) != len(columns):
+            raise RecordError(f"{path}: row {i + 2}: expected {len(columns)} fields, got {len(row)}"
+                              + (" (a short or cut row)" if len(row) < len(columns) else ""))
+    return rows
+
+
 def _read_csv(path: Path, columns: tuple[str, ...], text_column: str) -> pd.DataFrame:
+    """A results CSV: numbers as float64 (an empty cell NaN), ``text_column`` as text (an empty cell NA).
+
+    A number must be finite and below :data:`MAX_BYTES` in a byte column, :data:`MAX_INTEGER`
+    elsewhere; ``t_s`` must be present and not negative, byte columns not negative, ``engine``
+    at least -1 (no engine).
+    """
     import pandas as pd
 
-    try:
-        frame = pd.read_csv(path, dtype={text_column: "string"})
-    except FileNotFoundError:
-        raise
-    except pd.errors.EmptyDataError as exc:
-        raise RecordError(f"{path}: empty; expected a header of {', '.join(columns)}") from exc
-    except (OSError, ValueError, pd.errors.ParserError) as exc:
-        raise RecordError(f"{path}: not a readable CSV ({' '.join(str(exc).split())})") from exc
-    if tuple(frame.columns) != columns:
-        got = ", ".join(map(str, frame.columns))
-        raise RecordError(f"{path}: expected the columns {', '.join(columns)}; got {got}")
+    rows = _csv_rows(path, columns)
+    frame = pd.DataFrame(rows, columns=list(columns), dtype=object)
     for column in columns:
+        cells = frame[column].astype(str)
+        empty = cells == ""
         if column == text_column:
+            frame[column] = cells.where(~empty, None).astype("string")
             continue
-        numeric = pd.to_numeric(frame[column], errors="coerce")
-        if (numeric.isna() & frame[column].notna()).any():
-            row = int((numeric.isna() & frame[column].notna()).to_numpy().nonzero()[0][0])
-            raise RecordError(f"{path}: row {row + 2}, column {column}: not a number ({frame[column].iloc[row]!r})")
-        frame[column] = numeric.astype("float64")
+        lowest = -1.0 if column == "engine" else 0.0
+
+        def fail(mask: pd.Series, problem: str, column: str = column, cells: pd.Series = cells) -> RecordError:
+            row = int(mask.to_numpy().nonzero()[0][0])
+            return RecordError(f"{path}: row {row + 2}, column {column}: {problem} ({cells.iloc[row]!r})")
+
+        if column == "t_s" and empty.any():
+            raise fail(empty, "missing")
+        bad = ~empty & ~cells.str.fullmatch(_NUMBER)
+        if bad.any():
+            raise fail(bad, "not a finite number")
+        values = pd.to_numeric(cells.where(~empty, None), errors="coerce").astype("float64")
+        bound, words = (MAX_BYTES, "less than 2**53 expected") if column.endswith("bytes") else (
+            MAX_INTEGER, "at most 2**63 - 1 in size")
+        in_range = values.abs() < bound
+        if (~empty & ~in_range).any():
+            raise fail(~empty & ~in_range, f"out of range ({words})")
+        if (values < lowest).any():
+            raise fail(values < lowest, f"expected at least {lowest:g}")
+        frame[column] = values
     return frame.sort_values("t_s", kind="stable").reset_index(drop=True)
 
 

@@ -13,6 +13,14 @@ A run writes into ``results/.<name>.partial/`` and replaces ``results/<name>/`` 
 only once every strategy has been run, so an interrupted run or a full disk leaves the
 earlier results as they were. ``summary.json`` (a :class:`~harness.record.RunRecord`)
 is rewritten after each strategy, so the partial directory always holds what finished.
+The report and figures are rendered from the partial directory before anything is
+replaced and go in place with it (:class:`~harness.atomic.FileBatch`): when they cannot
+all be written, the earlier results, report and figures all stay. A run in which no
+strategy has a result of its own (each could not write its record, a full disk say, or
+was killed by a signal the harness did not send) does not replace earlier results; the
+error says where its files are. ``results/<name>`` that is a link or a file is refused
+before anything runs, and leftovers at ``.<name>.partial`` and ``.<name>.old`` are
+removed without following links.
 A strategy that crashes, is killed or times out gets ``"status": "failed"`` with the
 reason; the others still run.
 
@@ -52,12 +60,13 @@ from typing import IO
 import psutil
 
 from harness import machine
-from harness.atomic import write_atomic
+from harness.atomic import FileBatch, write_atomic
 from harness.diskread import cold_read_bandwidth
 from harness.errors import HarnessError, OutputError
 from harness.metrics import StrategyMetrics
 from harness.plan import Plan, make_plan, write_plan
 from harness.record import (
+    NAME,
     PLAN,
     DiskRead,
     MachineInfo,
@@ -78,9 +87,6 @@ __all__ = ["RunInterrupted", "WorkerCommand", "check_results_root", "run_scenari
 WorkerCommand = Callable[[Path, str, Path], Sequence[str]]
 """``(plan file, strategy, results directory) -> command line`` of one strategy's process."""
 
-NAME = re.compile(r"[a-z0-9_-]+")
-"""What a results name may be: it names ``results/<name>/`` and the figures beside it."""
-
 GIB = 1 << 30
 
 
@@ -100,6 +106,7 @@ class Outcome:
     reason: str | None  # why it failed, when the parent knows better than the worker
     peak_rss_bytes: int
     worker_error: str | None = None  # the worker's own last word, when it could not write its record
+    stopped_by_harness: bool = False  # killed for the scenario's memory limit or timeout: a result of its own
 
 
 def _pump(stream: IO[bytes], tail: collections.deque[str]) -> None:
@@ -194,17 +201,36 @@ def watch(
         time.sleep(poll_s)
     pump.join(timeout=5)
     code = process.returncode
+    stopped_by_harness = reason is not None
     worker_error = next((line.split(FAILURE_PREFIX, 1)[1] for line in reversed(tail) if FAILURE_PREFIX in line),
                         None)
     if reason is None and code is not None and code < 0:
         reason = f"killed by signal {-code}" + (" (out of memory?)" if -code == 9 else "")
     if reason is None and code not in (0, 1):
         reason = f"exited with status {code}: " + " | ".join(list(tail)[-3:])
-    return Outcome(code, reason, peak, worker_error)
+    return Outcome(code, reason, peak, worker_error, stopped_by_harness)
 
 
 def _progress(message: str) -> None:
     print(f"[harness] {message}", file=sys.stderr, flush=True)
+
+
+def _remove(path: Path) -> None:
+    """Remove what is at ``path`` without following a link: a link or file is unlinked, a directory removed."""
+    if path.is_symlink() or (os.path.lexists(path) and not path.is_dir()):
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
+
+
+def _check_replaceable(out: Path) -> None:
+    """Refuse an ``out`` that a run could not replace as a whole: a link (it would be followed or
+    replaced by a directory) or something other than a directory."""
+    if out.is_symlink():
+        raise OutputError(f"{out}: a symbolic link (to {os.readlink(out)}); the results are replaced as a whole "
+                          f"and never through a link: remove the link, or pass --name or --results")
+    if os.path.lexists(out) and not out.is_dir():
+        raise OutputError(f"{out}: not a directory, so it cannot hold results; remove it, or pass --name or --results")
 
 
 def check_results_root(results: Path, name: str) -> Path:
@@ -212,17 +238,19 @@ def check_results_root(results: Path, name: str) -> Path:
 
     Raises :class:`~harness.errors.HarnessError` for a name that is not ``[a-z0-9_-]+`` (a
     path separator would write outside ``results``), and :class:`~harness.errors.OutputError`
-    when ``results`` is a file or cannot be written.
+    when ``results`` is a file or cannot be written, or ``results/<name>`` is a link or a file
+    (a run replaces it as a whole). Leftovers of an earlier run at the staging name are removed
+    without following a link.
     """
     if not NAME.fullmatch(name):
         raise HarnessError(f"--name {name!r}: expected letters a-z, digits, '_' or '-' only "
                            f"(it names {results}/<name>/ and the figures beside it)")
     if results.exists() and not results.is_dir():
         raise OutputError(f"{results}: the results root is a file, not a directory; pass --results DIR")
+    _check_replaceable(results / name)
     staging = results / f".{name}.partial"
     try:
-        if staging.exists():
-            shutil.rmtree(staging)
+        _remove(staging)
         staging.mkdir(parents=True)
     except OSError as exc:
         raise OutputError(f"{results}: cannot write results there ({exc.strerror or exc})") from exc
@@ -232,18 +260,26 @@ def check_results_root(results: Path, name: str) -> Path:
 
 
 def _publish(staging: Path, out: Path) -> None:
-    """Put the finished run at ``out``, replacing the earlier one only once the new one is complete."""
+    """Put the finished run at ``out``, replacing the earlier one only once the new one is complete.
+
+    The earlier one is renamed to ``.<name>.old`` beside it and removed after; neither that
+    name nor ``out`` is ever followed if it is a link (``out`` as a link is refused).
+    """
     old = out.with_name(f".{out.name}.old")
     try:
-        if old.exists():
-            shutil.rmtree(old)
-        if out.exists():
+        _check_replaceable(out)  # made at the start; checked again, as anything may have come there since
+    except OutputError as exc:
+        raise OutputError(f"{exc}; the new results are in {staging}") from exc
+    try:
+        _remove(old)
+        if os.path.lexists(out):
             os.replace(out, old)
         os.replace(staging, out)
     except OSError as exc:
         raise OutputError(f"{out}: cannot put the new results in place ({exc.strerror or exc}); "
                           f"they are in {staging}") from exc
-    shutil.rmtree(old, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        _remove(old)
 
 
 def _run_record(plan: Plan) -> RunRecord:
@@ -377,6 +413,19 @@ def _disk_line(disk: DiskRead) -> str:
             f"{disk.bytes_per_s / 1e6:.0f} MB/s ({disk.cpu_seconds:.1f} CPU-s)")
 
 
+def _no_result_of_its_own(outcome: Outcome, written: StrategyRecord | None) -> str | None:
+    """Why a strategy's process left no result of its own, for a cause outside the strategy: it could not
+    write its record (a full disk, say), or a signal the harness did not send killed it. ``None`` when it has
+    a result: it finished, or recorded why it failed, or the harness stopped it for its memory or time."""
+    if outcome.stopped_by_harness:
+        return None
+    if written is None:
+        return outcome.worker_error or outcome.reason or f"no record written (exit status {outcome.returncode})"
+    if outcome.returncode is not None and outcome.returncode < 0:
+        return outcome.reason
+    return None
+
+
 def _strategy_record(outcome: Outcome, written: StrategyRecord | None) -> StrategyRecord:
     if written is None:
         reason = outcome.reason or outcome.worker_error or f"no record written (exit status {outcome.returncode})"
@@ -414,6 +463,7 @@ def run_scenario(
     run = _run_record(plan)
     repeats = max(1, plan.repeats)
     runs: dict[str, list[StrategyRecord]] = {s: [] for s in plan.strategies}
+    no_result: dict[str, list[str | None]] = {s: [] for s in plan.strategies}
     with _Stop().installed() as stop:
         for warm in range(plan.warmup):
             _warm_up(plan, plan_path, staging / f"warmup-{warm}", command, stop, warm, results / name)
@@ -434,7 +484,9 @@ def run_scenario(
                 except RunInterrupted as exc:
                     raise RunInterrupted(f"{exc} ({strategy}); {results / name} is unchanged, what finished is in "
                                          f"{staging}", exc.signum) from exc
-                record = _strategy_record(outcome, read_strategy_file(out_dir, strategy)).replace(repeat=repeat)
+                written = read_strategy_file(out_dir, strategy)
+                no_result[strategy].append(_no_result_of_its_own(outcome, written))
+                record = _strategy_record(outcome, written).replace(repeat=repeat)
                 metrics = StrategyMetrics.of(strategy, record, run)
                 record = record.replace(floor_bytes=metrics.floor_bytes,
                                         excess_over_floor=None if metrics.excess is None else round(metrics.excess, 6))
@@ -449,11 +501,24 @@ def run_scenario(
         for strategy, done in runs.items():
             _drop_repeat_samples(staging, strategy, done)
     out = results / name
-    _publish(staging, out)
-    if plots:
-        from harness.report import render_all
+    reasons = [(s, why) for s, whys in no_result.items() for why in whys]
+    if reasons and all(why is not None for _, why in reasons) and os.path.lexists(out):
+        strategy, why = reasons[-1]
+        raise OutputError(f"{out}: kept as it was: no strategy of this run has a result of its own, every one "
+                          f"failed for a reason outside it (last: {strategy}: {why}); this run's files are in "
+                          f"{staging}")
+    with FileBatch("the earlier report and figures are unchanged") as figures:
+        rendered = None
+        if plots:  # rendered before anything is replaced: the results and their figures go in place together
+            from harness.report import render_all
 
-        rendered = render_all(out)
+            try:
+                rendered = render_all(staging, results, published_as=out, batch=figures)
+            except HarnessError as exc:
+                raise OutputError(f"{exc}; {out} is unchanged, this run's files are in {staging}") from exc
+        _publish(staging, out)
+        figures.commit()
+    if rendered is not None:
         for path in rendered.paths:
             _progress(f"wrote {path}")
         if rendered.stale_notes:

@@ -12,14 +12,16 @@ another's allocator caches or mapped pages.
 
 Times are seconds from this process's start. The exit status is 0 when the strategy
 ran to the end and 1 when it failed: the reason is in the record, or, when not even
-the record could be written (a full disk, say), on the last line of stderr after
-:data:`FAILURE_PREFIX`, where the parent picks it up.
+the record could be written (a full disk, say), on the last line of stderr,
+``error: harness worker failed: <reason>`` (after :data:`FAILURE_PREFIX`), where the parent
+picks it up; a failure of the file system is that one line, without a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import errno
 import gc
 import io
 import resource
@@ -37,6 +39,7 @@ from harness.atomic import write_atomic
 from harness.backends import Backend, make_backend, make_compiler_backend
 from harness.checkpoints import checkpoint_specs, describe_specs
 from harness.coldcache import CacheReport, prepare_cold, prepare_warm
+from harness.errors import HarnessError
 from harness.gpu import GpuMonitor
 from harness.metrics import SampleColumns, sampled_peaks
 from harness.models import build_model, fill_non_persistent
@@ -532,10 +535,28 @@ def measure(plan: Plan, strategy: str, out: Path, t0: float | None = None) -> St
             run.check(built)
         run.record.status = "ok"
     except Exception as exc:
-        traceback.print_exc(file=sys.stderr)
+        if _outside(exc):  # the machine's fault (a full disk, say), not the strategy's: its reason is enough
+            print(f"error: {strategy}: {_one_line(exc)}", file=sys.stderr, flush=True)
+        else:
+            traceback.print_exc(file=sys.stderr)
         run.record.status = "failed"
         run.record.error = f"{type(exc).__name__}: {exc}"
     return run.finish()
+
+
+_FILE_SYSTEM_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
+"""A file system that refused a write: no space left, over a quota, read-only, an I/O error."""
+
+
+def _outside(exc: BaseException) -> bool:
+    """Whether ``exc`` comes from outside the code, so that its message says all there is: a file system
+    that refused a write (:data:`_FILE_SYSTEM_ERRNOS`), or an error the harness reports as the user's
+    (:class:`~harness.errors.HarnessError`, such as a write that failed for one of those reasons)."""
+    return isinstance(exc, HarnessError) or (isinstance(exc, OSError) and exc.errno in _FILE_SYSTEM_ERRNOS)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -548,9 +569,10 @@ def main(argv: list[str] | None = None) -> int:
     sys.setswitchinterval(0.001)  # hand the GIL to the sampler thread often, so its interval holds
     try:
         record = measure(read_plan(args.plan), args.strategy, args.out, t0)
-    except Exception as exc:  # the record itself could not be written: tell the parent why
-        traceback.print_exc(file=sys.stderr)
-        print(FAILURE_PREFIX + " ".join(f"{type(exc).__name__}: {exc}".split()), file=sys.stderr, flush=True)
+    except Exception as exc:  # the record itself could not be written: tell the parent why, in one line
+        if not _outside(exc):
+            traceback.print_exc(file=sys.stderr)
+        print("error: " + FAILURE_PREFIX + _one_line(exc), file=sys.stderr, flush=True)
         return 1
     return 0 if record.ok else 1
 

@@ -15,6 +15,9 @@ the record, the samples and :mod:`harness.metrics`' figures) and writes, beside 
 * ``<name>-engine-times.png`` (:mod:`harness.report.enginetimes`): each engine's build
   time, split into waiting for pages and copying, against the disk's read time.
 
+All of them are put in place together once every one is written, so a failed render (a full
+disk) leaves the earlier report and figures as they were.
+
 Every module formats numbers through :mod:`harness.report.text` and draws through
 :mod:`harness.report.style`, and none of them opens a results file itself.
 """
@@ -22,11 +25,12 @@ Every module formats numbers through :mod:`harness.report.text` and draws throug
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from harness.atomic import FileBatch
 from harness.errors import HarnessError
 from harness.report.compiler import compiler_figure, has_compiler
 from harness.report.engines import engines_figure
@@ -35,7 +39,7 @@ from harness.report.headline import headline_figure
 from harness.report.markdown import write_report
 from harness.report.notes import notes_path, read_notes, stamp_notes
 from harness.report.peaks import peaks_figure
-from harness.report.style import save_figure
+from harness.report.style import figure_png
 from harness.report.timeline import timeline_figure
 from harness.results import Results, load_results
 
@@ -71,23 +75,41 @@ class Rendered:
     stale_notes: list[str]
 
 
-def render_all(results_dir: Path, out_dir: Path | None = None, *, notes_checked: bool = False) -> Rendered:
+def render_all(results_dir: Path, out_dir: Path | None = None, *, notes_checked: bool = False,
+               published_as: Path | None = None, batch: FileBatch | None = None) -> Rendered:
     """Render every figure and the markdown report of ``results_dir``.
 
     ``out_dir`` defaults to the results directory's parent (``results/``), where the notes
     file ``<name>.notes.md`` is looked for too. ``notes_checked`` stamps the notes with the
-    current figures first (they were re-read). Raises :class:`~harness.record.RecordError`
-    for a results directory this harness cannot read.
+    current figures first (they were re-read). The report and figures are put in place
+    together once all are written (a :class:`~harness.atomic.FileBatch`): when one cannot be
+    written (a full disk), every earlier one stays as it was. With ``batch``, they are
+    written into it and go in place when the caller commits it. ``published_as``: where the
+    results directory will be once in place (the report names it), when rendered from
+    elsewhere. Raises :class:`~harness.record.RecordError` for a results directory this
+    harness cannot read, :class:`~harness.errors.OutputError` when a file cannot be written.
     """
     results_dir = Path(results_dir)
     out = Path(out_dir) if out_dir is not None else results_dir.parent
     run = load_results(results_dir)
+    if published_as is not None:
+        run = replace(run, directory=Path(published_as))
     report = out / f"{run.name}.md"
     if notes_checked:
         notes = read_notes(notes_path(report))
         if notes is None:
             raise HarnessError(f"{notes_path(report)}: no notes to mark as checked")
         stamp_notes(notes, run)
-    written = [save_figure(FIGURES[kind](run), path) for kind, path in figure_paths(run.name, out, run).items()]
-    path, stale = write_report(run, report, [p.name for p in written])
+    if batch is not None:
+        return _render(run, out, report, batch)
+    with FileBatch("the earlier report and figures are unchanged") as own:
+        rendered = _render(run, out, report, own)
+        own.commit()
+    return rendered
+
+
+def _render(run: Results, out: Path, report: Path, batch: FileBatch) -> Rendered:
+    written = [batch.write(path, figure_png(FIGURES[kind](run)))
+               for kind, path in figure_paths(run.name, out, run).items()]
+    path, stale = write_report(run, report, [p.name for p in written], batch)
     return Rendered([*written, path], stale)

@@ -26,9 +26,10 @@ from matplotlib.figure import Figure
 from matplotlib.layout_engine import ConstrainedLayoutEngine
 from matplotlib.lines import Line2D
 
-from harness.atomic import write_atomic
+from harness.atomic import FileBatch
 from harness.budget.record import AttemptRecord, BudgetRecord, StrategyBudget, read_budget
-from harness.report.style import STYLE, save_figure
+from harness.record import read_text_file
+from harness.report.style import STYLE, figure_png
 from harness.report.text import DASH, GIB, cell, gib_decimals, short_commit
 from harness.strategies import strategy_colour
 
@@ -83,6 +84,9 @@ def budget_goals(record: BudgetRecord) -> list[Goal]:
             whole = _completed_walls(m).get(limit)
             if free is None or free.compile_s is None or at_limit is None or whole is None:
                 goals.append(Goal(title, "no completed run at that limit", None))
+            elif free.compile_s <= 0 or free.wall_s <= 0:  # times are recorded to the millisecond
+                goals.append(Goal(title, f"the unconstrained run's times ({free.compile_s:.3f} s, "
+                                         f"{free.wall_s:.3f} s) are too short to compare with", None))
             else:
                 ratio = at_limit / free.compile_s
                 goals.append(Goal(title, f"{at_limit:.1f} s against {free.compile_s:.1f} s: {ratio:.2f}x "
@@ -238,13 +242,16 @@ def wall_figure(record: BudgetRecord) -> Figure:
 
 
 def render_budget(results_dir: Path, out_dir: Path | None = None) -> list[Path]:
-    """Write ``<name>-wall.png`` and ``<name>.md`` for the budget results in ``results_dir``; returns the paths."""
+    """Write ``<name>-wall.png`` and ``<name>.md`` for the budget results in ``results_dir``; returns the paths.
+
+    Both are put in place together once both are written; when either cannot be (a full
+    disk), the earlier ones stay as they were.
+    """
     results_dir = Path(results_dir)
     out = Path(out_dir) if out_dir is not None else results_dir.parent
     record = read_budget(results_dir)
-    figure = save_figure(wall_figure(record), out / f"{record.name}-wall.png")
-    notes_file = out / f"{record.name}.notes.md"
-    notes = notes_file.read_text(encoding="utf-8") if notes_file.is_file() else None
-    report = out / f"{record.name}.md"
-    write_atomic(report, budget_markdown(record, [figure.name], notes))
-    return [figure, report]
+    notes = read_text_file(out / f"{record.name}.notes.md")
+    with FileBatch("the earlier report and figure are unchanged") as batch:
+        figure = batch.write(out / f"{record.name}-wall.png", figure_png(wall_figure(record)))
+        batch.write(out / f"{record.name}.md", budget_markdown(record, [figure.name], notes))
+        return batch.commit()

@@ -86,7 +86,7 @@ def _peaks_panel(ax: Axes, run: Results, order: list[str]) -> None:
         tick.set_color(strategy_colour(m.name, order))
     # room for the text after each bar (about 40% of the axis); an outline's label sits above its end
     ends = [max((m.compared_peak_bytes or 0) / GIB / 0.6, (m.run_host_peak_bytes or 0) / GIB * 1.04) for m in metrics]
-    ax.set_xlim(0, max(ends, default=1.0))
+    ax.set_xlim(0, max(ends, default=0.0) or 1.0)  # no peak at all (every strategy failed before one): 1 GiB
     ax.set_ylim(-0.6, len(metrics) - 0.4)
     ax.set_xlabel("GiB")
     ax.grid(axis="x", color="#E5E5E5", zorder=0)

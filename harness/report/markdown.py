@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.atomic import write_atomic
+from harness.atomic import FileBatch, write_atomic
 from harness.metrics import StrategyMetrics, floor_formula
 from harness.record import StrategyRecord
 from harness.report.compiler import compiler_lines
@@ -371,13 +371,15 @@ def render_report(run: Results, figures: Sequence[str] = (), notes: Notes | None
     return "\n".join(lines)
 
 
-def write_report(run: Results, path: Path, figures: Sequence[str] = ()) -> tuple[Path, list[str]]:
-    """Render the report to ``path`` atomically; returns it and what changed since its notes were checked.
+def write_report(run: Results, path: Path, figures: Sequence[str] = (),
+                 batch: FileBatch | None = None) -> tuple[Path, list[str]]:
+    """Render the report to ``path`` atomically (into ``batch`` when given, to go in place with it);
+    returns it and what changed since its notes were checked.
 
     The notes come from ``<name>.notes.md`` beside ``path``; notes still kept at the end of
     an earlier report are first moved into that file.
     """
     path = Path(path)
     notes = migrate_notes(path)
-    write_atomic(path, render_report(run, figures, notes))
+    (batch.write if batch is not None else write_atomic)(path, render_report(run, figures, notes))
     return path, (check_notes(notes, run) if notes is not None else [])

@@ -19,12 +19,14 @@ change below the table's precision is not flagged.
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.atomic import write_atomic
 from harness.errors import HarnessError
+from harness.record import RecordError, parse_json, read_text_file
 from harness.report.table import strategy_cells
 from harness.results import Results
 
@@ -58,26 +60,32 @@ def _figures(run: Results) -> dict[str, dict[str, str]]:
 
 def read_notes(path: Path) -> Notes | None:
     """The notes at ``path``; ``None`` when there is no such file."""
-    if not path.is_file():
+    text = read_text_file(path)
+    if text is None:
         return None
-    text = path.read_text(encoding="utf-8")
     match = _STAMP.match(text)
     if match is None:
         return Notes(path, text, None)
+    fix = "fix it or delete the line and re-check the notes"
     try:
-        checked = json.loads(match["figures"])
-    except json.JSONDecodeError as exc:
-        raise HarnessError(f"{path}: the stamp on its first line is not JSON ({exc.msg}); "
-                           "fix it or delete the line and re-check the notes") from exc
+        checked = parse_json(match["figures"], "")
+    except RecordError as exc:
+        raise HarnessError(f"{path}: the stamp on its first line is {str(exc).removeprefix(': ')}; {fix}") from exc
+    if not isinstance(checked, dict) or not all(
+        isinstance(cells, dict) and all(isinstance(v, str) for v in cells.values()) for cells in checked.values()
+    ):
+        raise HarnessError(f"{path}: the stamp on its first line is not an object of strategies' figures; {fix}")
     return Notes(path, text[match.end():], checked)
 
 
 def migrate_notes(report: Path) -> Notes | None:
     """Move notes kept at the end of a report of the old layout into their own file (unstamped)."""
     path = notes_path(report)
-    if path.exists() or not report.is_file():
+    if os.path.lexists(path):
         return read_notes(path)
-    text = report.read_text(encoding="utf-8")
+    text = read_text_file(report)
+    if text is None:
+        return None
     at = text.find(OLD_MARKER)
     tail = text[at + len(OLD_MARKER):].strip("\n") if at >= 0 else ""
     tail = re.sub(r"\A## Notes\n+", "", tail)  # the report gives the notes their heading

@@ -29,6 +29,7 @@ __all__ = [
     "SERIES_COLOURS",
     "STYLE",
     "figure_legend",
+    "figure_png",
     "gib",
     "model_label",
     "new_figure",
@@ -150,8 +151,13 @@ def gib(values: Any) -> Any:
     return np.asarray(values, dtype="float64") / GIB
 
 
-def save_figure(fig: Figure, path: Path) -> Path:
-    """Write ``fig`` as PNG to ``path`` atomically."""
+def figure_png(fig: Figure) -> bytes:
+    """``fig`` as PNG."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=_DPI)
-    return write_atomic(path, buffer.getvalue())
+    return buffer.getvalue()
+
+
+def save_figure(fig: Figure, path: Path) -> Path:
+    """Write ``fig`` as PNG to ``path`` atomically."""
+    return write_atomic(path, figure_png(fig))
