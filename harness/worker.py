@@ -414,7 +414,7 @@ class Measurement:
         self.entry = None  # nothing of the loaded model is kept
         gc.collect()
         reference = build_model(plan.model_config).module
-        map_weights(reference, Path(plan.checkpoint.path), strict=True).close()
+        map_weights(reference, Path(plan.checkpoint.path), strict=True, allow_meta_buffers=True).close()
         fill_non_persistent(reference)
         eager = export_entry(plan.model_config, reference, tokens=plan.tokens or 16, seed=plan.checkpoint.seed)
         module, args, kwargs = eager.module, eager.args, eager.kwargs
