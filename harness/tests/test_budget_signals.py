@@ -178,6 +178,15 @@ def test_a_signal_raises_interrupted_and_the_handlers_come_back() -> None:
 
 
 def test_a_signal_in_a_deferred_section_is_raised_when_the_section_ends() -> None:
+    # Not inherited ignored (pytest under nohup): raising() leaves an ignored signal ignored.
+    before = signal.signal(signal.SIGHUP, lambda signum, frame: None)
+    try:
+        _raise_the_first_signal_at_the_end_of_a_deferred_section()
+    finally:
+        signal.signal(signal.SIGHUP, before)
+
+
+def _raise_the_first_signal_at_the_end_of_a_deferred_section() -> None:
     done = []
     with pytest.raises(signals.Interrupted) as info, signals.raising():
         with signals.deferred():
