@@ -4,7 +4,7 @@
 Exit status: 0 when everything ran, 1 when a strategy failed (its reason is in the
 results), 2 for an error the user can fix (a :class:`~harness.errors.HarnessError`,
 printed as one line ``error: <message>``, or a bad command line), 128 + the signal's
-number when SIGINT or SIGTERM stopped a run.
+number when SIGINT, SIGTERM or SIGHUP stopped a run or a budget sweep.
 """
 
 from __future__ import annotations

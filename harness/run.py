@@ -6,8 +6,8 @@ directory) before anything else, resolves the scenario into a :class:`~harness.p
 ``python -m harness.worker`` for each strategy in turn. Each worker is watched from
 outside: a worker whose RSS passes the scenario's memory limit, or that outlives its
 timeout, is killed and recorded as failed, instead of taking the machine down; a
-worker dies with the parent (``PR_SET_PDEATHSIG``), and SIGINT or SIGTERM to the parent
-stops the running worker first (:class:`RunInterrupted`).
+worker dies with the parent (``PR_SET_PDEATHSIG``), and SIGINT, SIGTERM or SIGHUP to the
+parent stops the running worker first (:class:`RunInterrupted`).
 
 A run writes into ``results/.<name>.partial/`` and replaces ``results/<name>/`` with it
 only once every strategy has been run, so an interrupted run or a full disk leaves the
@@ -91,7 +91,7 @@ GIB = 1 << 30
 
 
 class RunInterrupted(HarnessError):
-    """SIGINT or SIGTERM reached the parent; the running worker was stopped. ``signum`` says which."""
+    """SIGINT, SIGTERM or SIGHUP reached the parent; the running worker was stopped. ``signum`` says which."""
 
     def __init__(self, message: str, signum: int) -> None:
         super().__init__(message)
@@ -129,8 +129,11 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
 
 
+STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""The signals that stop a run (and a budget sweep): its workers are stopped first, then one ``error:`` line."""
+
 class _Stop:
-    """Turns SIGINT and SIGTERM into a flag while a worker runs (the handler only records the signal)."""
+    """Turns SIGINT, SIGTERM and SIGHUP into a flag while a worker runs (the handler only records the signal)."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -144,7 +147,8 @@ class _Stop:
         def handler(signum: int, frame: FrameType | None) -> None:
             self.signum = signum
 
-        previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        # A signal the parent was started with ignored (SIGHUP under nohup) stays ignored.
+        previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN}
         try:
             yield self
         finally:
@@ -450,7 +454,7 @@ def run_scenario(
     ``workdir``: where engines built as files go (default ``data/engines`` under the current
     directory). Raises :class:`~harness.errors.HarnessError` for what a user can fix (see
     :func:`check_results_root` and :func:`~harness.plan.make_plan`), before any strategy runs,
-    and :class:`RunInterrupted` on SIGINT or SIGTERM.
+    and :class:`RunInterrupted` on SIGINT, SIGTERM or SIGHUP.
     """
     name = scenario.name if name is None else name
     command = command or worker_command

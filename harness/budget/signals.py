@@ -26,10 +26,12 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
+from harness.run import STOP_SIGNALS
+
 __all__ = ["CAUGHT", "Interrupted", "deferred", "raising"]
 
-CAUGHT: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-"""The signals :func:`raising` turns into :class:`Interrupted`."""
+CAUGHT: tuple[signal.Signals, ...] = STOP_SIGNALS
+"""The signals :func:`raising` turns into :class:`Interrupted` (those that stop a run too)."""
 
 
 class Interrupted(BaseException):
