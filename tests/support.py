@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
@@ -95,3 +99,29 @@ def snapshot(model: nn.Module) -> dict[str, tuple[int, torch.device, torch.dtype
     """Identity, device and dtype of every tensor: what "left unchanged" means."""
     named = list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers(remove_duplicate=False))
     return {name: (id(t), t.device, t.dtype) for name, t in named}
+
+
+def returned_or_raised(call: Callable[[], object], fifo: Path, what: str, seconds: float = 10) -> object:
+    """What ``call()`` returned or raised, run on a thread.
+
+    A call still blocked after ``seconds`` fails the test (``what`` names it), once ``fifo``
+    was opened for writing without blocking, so that a reader stuck opening it goes on and
+    the thread ends.
+    """
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as exc:  # noqa: B036 - handed to the test thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        with contextlib.suppress(OSError):  # ENXIO: nobody is reading it (any more)
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(seconds)
+        pytest.fail(f"{what} blocked on the named pipe {fifo}")
+    return outcome[0]

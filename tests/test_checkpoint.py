@@ -7,7 +7,6 @@ import json
 import os
 import socket
 import stat
-import threading
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import save_file
+from support import returned_or_raised
 
 from weightmap.checkpoint import INDEX_NAME, Checkpoint, open_checkpoint
 from weightmap.errors import HeaderError, MappingError
@@ -209,23 +209,9 @@ def test_malformed_index(content: str, pattern: str, tmp_path: Path) -> None:
 def open_in_thread(path: Path, unblock: Path | None = None) -> BaseException | Checkpoint:
     """open_checkpoint(path) on a thread: what it raised or returned. A call still blocked after 10 s fails
     the test (after the FIFO is opened for writing, so that the thread ends)."""
-    outcome: list[BaseException | Checkpoint] = []
-
-    def run() -> None:
-        try:
-            outcome.append(open_checkpoint(path))
-        except BaseException as exc:  # noqa: B036 - handed to the test thread
-            outcome.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(10)
-    if thread.is_alive():
-        fd = os.open(unblock or path, os.O_WRONLY | os.O_NONBLOCK)
-        os.close(fd)
-        thread.join(10)
-        pytest.fail(f"open_checkpoint({path}) blocked")
-    return outcome[0]
+    outcome = returned_or_raised(lambda: open_checkpoint(path), unblock or path, f"open_checkpoint({path})")
+    assert isinstance(outcome, (BaseException, Checkpoint)), outcome
+    return outcome
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")

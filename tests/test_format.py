@@ -9,7 +9,6 @@ import os
 import pickle
 import struct
 import sys
-import threading
 import weakref
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+from support import returned_or_raised
 
 from weightmap.errors import HeaderError, MappingError
 from weightmap.format import (
@@ -386,23 +386,9 @@ def test_read_header_reports_missing_files_as_os_errors(tmp_path: Path) -> None:
 def test_read_header_of_a_fifo_is_an_error_and_never_blocks(tmp_path: Path) -> None:
     fifo = tmp_path / "model.safetensors"
     os.mkfifo(fifo)
-    outcome: list[BaseException | object] = []
-
-    def read() -> None:
-        try:
-            outcome.append(read_header(fifo))
-        except BaseException as exc:  # noqa: B036 - handed to the test thread
-            outcome.append(exc)
-
-    thread = threading.Thread(target=read, daemon=True)
-    thread.start()
-    thread.join(10)
-    if thread.is_alive():
-        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # let the blocked open return, so the thread ends
-        thread.join(10)
-        pytest.fail("read_header blocked on a named pipe")
-    assert isinstance(outcome[0], MappingError), outcome
-    assert str(outcome[0]) == f"{fifo}: is a named pipe (FIFO), not a regular file"
+    outcome = returned_or_raised(lambda: read_header(fifo), fifo, "read_header")
+    assert isinstance(outcome, MappingError), outcome
+    assert str(outcome) == f"{fifo}: is a named pipe (FIFO), not a regular file"
 
 
 @pytest.mark.parametrize(

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 import os
 import subprocess
 import sys
 import textwrap
-import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 from pages import cached_pages, drop_cache, tensor_present_pages
 from safetensors.torch import save_file, save_model
-from support import TinyNet, meta_tiny, seeded
+from support import TinyNet, meta_tiny, returned_or_raised, seeded
 
 from weightmap import ReleasePlan, ReleaseStep, map_weights, registry
 
@@ -62,7 +59,7 @@ def test_default_plan_keeps_ordinary_buffers_so_the_model_still_runs() -> None:
         import sys, tempfile, torch
         sys.path.insert(0, "tests")
         from safetensors.torch import save_model
-        from support import TinyNet, meta_tiny, seeded
+        from support import TinyNet, meta_tiny, returned_or_raised, seeded
         from weightmap import ReleasePlan, map_weights
         reference = seeded(TinyNet(width=64))
         path = tempfile.mkdtemp() + "/tiny.safetensors"
@@ -247,20 +244,6 @@ def test_built_after_close_still_releases_and_drops_the_cache(tmp_path: Path) ->
     assert plan.pending_bytes == 0
 
 
-def finishes(call: Callable[[], object], seconds: float = 20) -> bool:
-    """Run ``call`` on a thread: True when it returned (or raised) within ``seconds``."""
-    thread = threading.Thread(target=call, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    return not thread.is_alive()
-
-
-def unblock(fifo: Path) -> None:
-    """Open a FIFO for writing without blocking, so that a reader stuck opening it gets through."""
-    with contextlib.suppress(OSError):
-        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-
-
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
 @pytest.mark.parametrize("method", ["read", "fadvise"])
 def test_a_checkpoint_replaced_by_a_fifo_never_blocks_prefetch_or_close(tmp_path: Path, method: str) -> None:
@@ -269,11 +252,8 @@ def test_a_checkpoint_replaced_by_a_fifo_never_blocks_prefetch_or_close(tmp_path
     os.remove(path)
     os.mkfifo(path)
     plan.prefetch(0)
-    finishes(lambda: plan.wait_for_prefetch(10))  # the thread has tried the path (on main: stuck opening it)
-    closed = finishes(plan.close)
-    if not closed:
-        unblock(path)
-    assert closed, f"close() blocked: the {method!r} prefetch thread opened a named pipe"
+    plan.wait_for_prefetch(10)  # the thread has tried the path (before the fix: stuck opening it)
+    returned_or_raised(plan.close, path, f"close() of a {method!r} prefetch")
     stats = plan.prefetch_stats
     assert stats is not None and stats.errors >= 1 and stats.warmed_bytes == 0
     assert float(model.embed.detach()[0]) == 1.0  # the mapping itself still reads the file it mapped
@@ -286,9 +266,6 @@ def test_drop_cache_never_blocks_on_a_checkpoint_replaced_by_a_fifo(tmp_path: Pa
     os.remove(path)
     os.mkfifo(path)
     steps: list[ReleaseStep] = []
-    done = finishes(lambda: steps.extend(plan.built(i) for i in range(4)))
-    if not done:
-        unblock(path)
-    assert done, "built() blocked evicting the pages of a path that is a named pipe now"
+    returned_or_raised(lambda: steps.extend(plan.built(i) for i in range(4)), path, "built() evicting")
     assert [s.index for s in steps] == [0, 1, 2, 3]
     assert (sum(s.released for s in steps), sum(s.kept for s in steps)) == (3, 1)  # inv_freq is kept

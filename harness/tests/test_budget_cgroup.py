@@ -34,20 +34,11 @@ ALLOCATE_300_MIB = (
 )
 
 
-@pytest.fixture(scope="module")
-def controller() -> MemoryController:
-    try:
-        found = find_controller()
-        with MemoryGroup.create(64 * MIB, PREFIX, found):
-            pass
-    except CgroupUnavailable as exc:
-        pytest.skip(str(exc))
-    return found
-
-
 def _children(controller: MemoryController) -> set[str]:
-    # Only the tests' own prefix: a budget run of the same user may come and go meanwhile.
-    return {p.name for p in controller.parent.iterdir() if p.is_dir() and p.name.startswith(PREFIX)}
+    # Only this process's groups (named with its pid): a budget run, or another run of these
+    # tests on the same machine, may make and remove groups meanwhile.
+    mine = f"{PREFIX}-{os.getpid()}-"
+    return {p.name for p in controller.parent.iterdir() if p.is_dir() and p.name.startswith(mine)}
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.budget.cgroup import CgroupUnavailable, MemoryController, MemoryGroup, find_controller
+from harness.budget.cgroup import CgroupUnavailable, MemoryController
 from harness.budget.mode import BudgetUnavailable, groups_of_this_process, run_budget
 from harness.budget.record import BUDGET_FILE, read_budget
 from harness.cli import main
@@ -33,17 +33,6 @@ ALLOCATE = (
     "b = bytearray(int(sys.argv[1]) << 20)\n"
     "b[::4096] = b'\\x01' * (len(b) // 4096)\n"  # touch every page: anonymous, resident
 )
-
-
-@pytest.fixture(scope="module")
-def controller() -> MemoryController:
-    try:
-        found = find_controller()
-        with MemoryGroup.create(64 * MIB, controller=found):
-            pass
-    except CgroupUnavailable as exc:
-        pytest.skip(str(exc))
-    return found
 
 
 def scenario(tmp: Path, *strategies: str) -> Scenario:

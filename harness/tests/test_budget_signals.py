@@ -23,34 +23,14 @@ import pytest
 from harness.budget import signals
 from harness.budget.cgroup import (
     DEFAULT_PREFIX,
-    CgroupUnavailable,
     MemoryController,
-    MemoryGroup,
-    find_controller,
     remove_stale_groups,
 )
+from harness.tests.tiny_scenario import tiny_scenario_text
 
 ROOT = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
 
-SCENARIO = """
-name = "tiny"
-strategies = ["map"]
-[model]
-source = "synthetic"
-layers = 1
-width = 64
-heads = 4
-vocab = 64
-[checkpoint]
-path = "{checkpoint}"
-generate = true
-[build]
-engines = 2
-device = "cpu"
-[run]
-memory_limit_gib = 1.0
-"""
 
 # The parent: the command line with a stand-in worker. SIGINT and SIGHUP as a terminal leaves them,
 # whatever the test runner inherited (a background job starts with SIGINT ignored).
@@ -68,17 +48,6 @@ def worker(plan, strategy, out):
 mode.worker_command = worker
 sys.exit(main(["budget", str(tmp / "s.toml"), "--results", str(tmp / "results")]))
 """
-
-
-@pytest.fixture(scope="module")
-def controller() -> MemoryController:
-    try:
-        found = find_controller()
-        with MemoryGroup.create(64 * MIB, controller=found):
-            pass
-    except CgroupUnavailable as exc:
-        pytest.skip(str(exc))
-    return found
 
 
 def _alive(pid: int) -> bool:
@@ -101,7 +70,8 @@ def _groups_of(controller: MemoryController, pid: int) -> list[Path]:
 
 
 def _parent(tmp_path: Path, behaviour: str) -> subprocess.Popen[str]:
-    (tmp_path / "s.toml").write_text(SCENARIO.format(checkpoint=tmp_path / "c.safetensors"))
+    (tmp_path / "s.toml").write_text(tiny_scenario_text(tmp_path / "c.safetensors",
+                                                           extra="[run]\nmemory_limit_gib = 1.0\n"))
     return subprocess.Popen([sys.executable, "-c", textwrap.dedent(PARENT), str(tmp_path), behaviour],
                             stderr=subprocess.PIPE, text=True, cwd=ROOT)
 

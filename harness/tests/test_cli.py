@@ -24,28 +24,12 @@ import torch
 
 from harness.cli import main
 from harness.tests.fixtures import make_results
-
-SCENARIO = """
-name = "tiny"
-strategies = ["map"]
-[model]
-source = "synthetic"
-layers = 1
-width = 64
-heads = 4
-vocab = 64
-[checkpoint]
-path = "{checkpoint}"
-generate = true
-[build]
-engines = 2
-device = "cpu"
-"""
+from harness.tests.tiny_scenario import tiny_scenario_text
 
 
 def scenario(tmp_path: Path, text: str | None = None, replace: dict[str, str] | None = None) -> Path:
-    """Write the scenario (default: :data:`SCENARIO`) with each ``replace`` key replaced by its value."""
-    text = text if text is not None else SCENARIO.format(checkpoint=tmp_path / "c.safetensors")
+    """Write the scenario (default: the tiny scenario) with each ``replace`` key replaced by its value."""
+    text = text if text is not None else tiny_scenario_text(tmp_path / "c.safetensors")
     for old, new in (replace or {}).items():
         assert old in text, old
         text = text.replace(old, new)
@@ -109,7 +93,7 @@ def test_spec_that_is_not_json(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 def test_checkpoint_that_is_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "ckpt").mkdir()
-    path = scenario(tmp_path, SCENARIO.format(checkpoint=tmp_path / "ckpt"))
+    path = scenario(tmp_path, tiny_scenario_text(tmp_path / "ckpt"))
     message = run_error(capsys, path)
     assert message == (f"{path}: checkpoint.path: {tmp_path / 'ckpt'}: is a directory; "
                        "the harness reads and writes one .safetensors file")
@@ -120,7 +104,7 @@ def test_checkpoint_not_written_by_the_harness(tmp_path: Path, capsys: pytest.Ca
 
     foreign = tmp_path / "real.safetensors"
     save_file({"w": torch.zeros(2)}, str(foreign))
-    path = scenario(tmp_path, SCENARIO.format(checkpoint=foreign))
+    path = scenario(tmp_path, tiny_scenario_text(foreign))
     message = run_error(capsys, path)
     assert message.startswith(f"{path}: checkpoint.path: {foreign}: exists and was not written by the harness")
     assert foreign.stat().st_size < 1000, "someone else's file is never replaced"

@@ -31,25 +31,10 @@ from harness.record import SUMMARY, StrategyRecord, read_strategy_file
 from harness.report import render_all
 from harness.scenario import load_scenario
 from harness.tests.fixtures import make_results
+from harness.tests.tiny_scenario import tiny_scenario_text
 
 ROOT = Path(__file__).resolve().parents[2]
 
-SCENARIO = """
-name = "tiny"
-strategies = [{strategies}]
-[model]
-source = "synthetic"
-layers = 1
-width = 64
-heads = 4
-vocab = 64
-[checkpoint]
-path = "{checkpoint}"
-generate = true
-[build]
-engines = 4
-device = "cpu"
-"""
 
 
 @dataclass
@@ -107,8 +92,10 @@ def snapshot(root: Path, skip: str = "\0") -> dict[str, bytes]:
 
 def scenario(tmp_path: Path, *strategies: str) -> Path:
     path = tmp_path / "s.toml"
-    path.write_text(SCENARIO.format(strategies=", ".join(f'"{s}"' for s in strategies),
-                                    checkpoint=tmp_path / "c.safetensors"))
+    path.write_text(tiny_scenario_text(tmp_path / "c.safetensors", {
+        'strategies = ["map"]': "strategies = [" + ", ".join(f'"{s}"' for s in strategies) + "]",
+        "engines = 2": "engines = 4",
+    }))
     return path
 
 

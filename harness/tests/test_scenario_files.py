@@ -23,25 +23,10 @@ from harness.cli import main
 from harness.models import ModelError, SyntheticTransformer, load_spec
 from harness.plan import make_plan
 from harness.scenario import BuildConfig, CheckpointConfig, ModelConfig, Scenario, ScenarioError, load_scenario
+from harness.tests.tiny_scenario import tiny_scenario_text
 
 DEADLINE_S = 30.0
 
-SCENARIO = """
-name = "t"
-strategies = ["map"]
-[model]
-source = "synthetic"
-layers = 1
-width = 64
-heads = 4
-vocab = 64
-[checkpoint]
-path = "{checkpoint}"
-generate = {generate}
-[build]
-engines = 2
-device = "cpu"
-"""
 
 
 def _release(fifo: Path) -> None:
@@ -81,7 +66,8 @@ def fifo(tmp_path: Path) -> Iterator[Path]:
 
 def _scenario_file(tmp_path: Path, checkpoint: Path, generate: bool = False) -> Path:
     path = tmp_path / "s.toml"
-    path.write_text(SCENARIO.format(checkpoint=checkpoint, generate=str(generate).lower()))
+    path.write_text(tiny_scenario_text(checkpoint, {"name = \"tiny\"": "name = \"t\"",
+                                                "generate = true": f"generate = {str(generate).lower()}"}))
     return path
 
 

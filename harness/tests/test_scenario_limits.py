@@ -41,33 +41,15 @@ from harness.scenario import (
     synthetic_numel,
     validate_scenario,
 )
+from harness.tests.tiny_scenario import tiny_scenario_text
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((ROOT / "scenarios").glob("*.toml"))
 
-BASE = """
-name = "t"
-strategies = ["map"]
-[model]
-source = "synthetic"
-layers = 1
-width = 64
-heads = 4
-vocab = 64
-[checkpoint]
-path = "{checkpoint}"
-generate = true
-[build]
-engines = 2
-device = "cpu"
-"""
 
 
 def write(tmp_path: Path, replace: dict[str, str] | None = None, extra: str = "") -> Path:
-    text = BASE.format(checkpoint=tmp_path / "c.safetensors") + extra
-    for old, new in (replace or {}).items():
-        assert old in text, old
-        text = text.replace(old, new, 1)
+    text = tiny_scenario_text(tmp_path / "c.safetensors", {"name = \"tiny\"": "name = \"t\"", **(replace or {})}, extra)
     path = tmp_path / "s.toml"
     path.write_text(text)
     return path
