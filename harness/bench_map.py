@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from harness.procfs import read_status
+from harness.measure.procfs import read_status
 from weightmap import map_weights
 from weightmap.format import TensorSpec, write_checkpoint
 

@@ -4,7 +4,7 @@
 ``cpu``; ``cuda`` without one is an error before anything is written), builds the model
 on the meta device, splits it into engines (each engine a list of tensor names, in
 build order: module order for the ``copy`` backend, the exported program's graph
-partitions for a compiler backend, :mod:`harness.compile.planning`), and makes sure
+partitions for a compiler backend, :mod:`harness.build.compile.planning`), and makes sure
 the checkpoint exists (generating it only where the scenario allows). The
 :class:`Plan` it returns is written to ``plan.json`` and handed to each worker
 (:mod:`harness.worker`), which rebuilds the model on meta from the plan's model
@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.atomic import write_json
-from harness.backends import BackendUnavailable, check_backend, resolve_device
-from harness.checkpoints import CheckpointError, checkpoint_specs, describe_specs, ensure_checkpoint
+from harness.build.backends import BackendUnavailable, check_backend, resolve_device
+from harness.build.partition import Engine, model_bytes, partition, split_into
 from harness.errors import PlanError
 from harness.models import build_model
-from harness.partition import Engine, model_bytes, partition, split_into
-from harness.record import CheckpointInfo, ModelInfo, RecordError, Reference, read_json_file
+from harness.models.checkpoints import CheckpointError, checkpoint_specs, describe_specs, ensure_checkpoint
+from harness.results.atomic import write_json
+from harness.results.record import CheckpointInfo, ModelInfo, RecordError, Reference, read_json_file
 from harness.scenario import ModelConfig, Scenario, validate_scenario
 from weightmap.checkpoint import open_checkpoint
 
@@ -195,7 +195,7 @@ def write_plan(path: Path, plan: Plan) -> Path:
 
 
 def read_plan(path: Path) -> Plan:
-    """The plan at ``path``; :class:`~harness.record.RecordError` when it is not one."""
+    """The plan at ``path``; :class:`~harness.results.record.RecordError` when it is not one."""
     return Plan.from_json(read_json_file(Path(path)), str(path))
 
 
@@ -212,9 +212,9 @@ def _engines(scenario: Scenario, module: Any) -> tuple[list[Engine], int]:
 
 
 def _graph_engines(scenario: Scenario, checkpoint: Path) -> tuple[list[EnginePlan], int]:
-    from harness.compile.entry import EntryError
-    from harness.compile.graph_partition import PartitionError
-    from harness.compile.planning import plan_graph_engines
+    from harness.build.compile.entry import EntryError
+    from harness.build.compile.graph_partition import PartitionError
+    from harness.build.compile.planning import plan_graph_engines
 
     try:
         planned, cap = plan_graph_engines(scenario, checkpoint)
@@ -227,7 +227,7 @@ def _graph_engines(scenario: Scenario, checkpoint: Path) -> tuple[list[EnginePla
 
 def _prepare_strategies(scenario: Scenario, path: Path, say: Any) -> None:
     """Each strategy's one-off step (a ``.pt`` conversion), before any measured run."""
-    from harness.strategies import STRATEGIES
+    from harness.load.strategies import STRATEGIES
 
     for name in scenario.strategies:
         strategy = STRATEGIES[name]

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 from tqdm import tqdm
 
-from harness.procfs import read_status
+from harness.measure.procfs import read_status
 
 __all__ = ["EngineBar", "engine_bar", "phase_ticker"]
 

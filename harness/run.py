@@ -11,10 +11,10 @@ parent stops the running worker first (:class:`RunInterrupted`).
 
 A run writes into ``results/.<name>.partial/`` and replaces ``results/<name>/`` with it
 only once every strategy has been run, so an interrupted run or a full disk leaves the
-earlier results as they were. ``summary.json`` (a :class:`~harness.record.RunRecord`)
+earlier results as they were. ``summary.json`` (a :class:`~harness.results.record.RunRecord`)
 is rewritten after each strategy, so the partial directory always holds what finished.
 The report and figures are rendered from the partial directory before anything is
-replaced and go in place with it (:class:`~harness.atomic.FileBatch`): when they cannot
+replaced and go in place with it (:class:`~harness.results.atomic.FileBatch`): when they cannot
 all be written, the earlier results, report and figures all stay. A run in which no
 strategy has a result of its own (each could not write its record, a full disk say, or
 was killed by a signal the harness did not send) does not replace earlier results; the
@@ -27,7 +27,7 @@ reason; the others still run.
 Repeats (``[run] repeats = N``): the strategies run in rounds, each strategy once per
 round, each run a fresh worker on a cache prepared again (cold: flushed and dropped), so
 that no strategy always runs right after the same other one. With a cold cache each round
-starts with a cold sequential read of the checkpoint (:func:`harness.diskread.cold_read_bandwidth`),
+starts with a cold sequential read of the checkpoint (:func:`harness.measure.diskread.cold_read_bandwidth`),
 recorded in ``disk_reads``: the disk's rate at that time. With more than one repeat, each
 round's files go to ``repeat-<r>/``; the strategy's record in ``summary.json`` is that of its
 representative run, the one whose wall time is the median (of the runs that finished), and its
@@ -59,13 +59,13 @@ from typing import IO
 
 import psutil
 
-from harness import machine
-from harness.atomic import FileBatch, write_atomic
-from harness.diskread import cold_read_bandwidth
 from harness.errors import HarnessError, OutputError
-from harness.metrics import StrategyMetrics
+from harness.measure import machine
+from harness.measure.diskread import cold_read_bandwidth
 from harness.plan import Plan, make_plan, write_plan
-from harness.record import (
+from harness.results.atomic import FileBatch, write_atomic
+from harness.results.metrics import StrategyMetrics
+from harness.results.record import (
     NAME,
     PLAN,
     DiskRead,
@@ -316,7 +316,7 @@ def _run_record(plan: Plan) -> RunRecord:
 
 
 DISK_SETTLE_TIMEOUT_S = 30.0
-"""How long the disk read waits for the machine's writeback to settle (see :mod:`harness.coldcache`)."""
+"""How long the disk read waits for the machine's writeback to settle (see :mod:`harness.measure.coldcache`)."""
 
 
 def measure_disk(plan: Plan, before: int) -> DiskRead:

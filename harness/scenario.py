@@ -15,7 +15,7 @@ Numbers
     :data:`MAX_SPEC_TENSORS` tensors and nests at most :data:`MAX_SPEC_NESTING` levels; a
     scenario file nests at most :data:`MAX_NESTING` levels. Whether the checkpoint fits on
     its disk, and its largest tensor in memory, is checked before it is generated
-    (:func:`harness.checkpoints.ensure_checkpoint`).
+    (:func:`harness.models.checkpoints.ensure_checkpoint`).
 
 Paths
     The repository root is the current working directory: run the harness from a
@@ -31,7 +31,7 @@ for examples)::
 
     name          str, [a-z0-9_-]+, required: results go under results/<name>/
     description   str [""]
-    strategies    list of strategy names (:data:`harness.strategies.STRATEGIES`: "map",
+    strategies    list of strategy names (:data:`harness.load.strategies.STRATEGIES`: "map",
                   "load", "load_file"), no duplicates, order kept [all of them]
     [model]       source: "synthetic" | "spec" | "lerobot" ["synthetic"]
       synthetic:  layers {1..1024}, width {1..65536}, vocab {1..16777216}: required;
@@ -90,7 +90,7 @@ from typing import Any
 import torch
 
 from harness.errors import HarnessError
-from harness.strategies import STRATEGIES
+from harness.load.strategies import STRATEGIES
 from weightmap import PREFETCH_METHODS
 from weightmap.filekinds import non_regular_kind
 

@@ -2,11 +2,11 @@
 
 ``python -m harness.worker PLAN STRATEGY OUT_DIR`` reads ``PLAN`` (:mod:`harness.plan`),
 rebuilds the model on the meta device from it and checks it is the planned one, loads
-it with the strategy (:data:`harness.strategies.STRATEGIES`), builds the planned
+it with the strategy (:data:`harness.load.strategies.STRATEGIES`), builds the planned
 engines one by one under the sampler, releasing each weight after its last engine,
 and writes ``samples-<strategy>.csv``, ``events-<strategy>.csv`` and
-``strategy-<strategy>.json`` (a :class:`~harness.record.StrategyRecord`, peaks derived
-by :func:`harness.metrics.sampled_peaks`) into ``OUT_DIR``. The parent
+``strategy-<strategy>.json`` (a :class:`~harness.results.record.StrategyRecord`, peaks derived
+by :func:`harness.results.metrics.sampled_peaks`) into ``OUT_DIR``. The parent
 (:mod:`harness.run`) starts one such process per strategy, so that no strategy inherits
 another's allocator caches or mapped pages.
 
@@ -35,18 +35,21 @@ from typing import TYPE_CHECKING, Any
 import psutil
 import torch
 
-from harness.atomic import write_atomic
-from harness.backends import Backend, make_backend, make_compiler_backend
-from harness.checkpoints import checkpoint_specs, describe_specs
-from harness.coldcache import CacheReport, prepare_cold, prepare_warm
+from harness.build.backends import Backend, make_backend, make_compiler_backend
 from harness.errors import HarnessError
-from harness.gpu import GpuMonitor
-from harness.metrics import SampleColumns, sampled_peaks
+from harness.load.strategies import STRATEGIES, Strategy, release_without_resizing
+from harness.measure.coldcache import CacheReport, prepare_cold, prepare_warm
+from harness.measure.gpu import GpuMonitor
+from harness.measure.procfs import PeakTracker, mapping_rss, read_peak, read_status
+from harness.measure.residency import FileResidency
+from harness.measure.sampler import Sampler
 from harness.models import build_model, fill_non_persistent
+from harness.models.checkpoints import checkpoint_specs, describe_specs
 from harness.plan import Plan, read_plan
-from harness.procfs import PeakTracker, mapping_rss, read_peak, read_status
 from harness.progress import engine_bar, phase_ticker
-from harness.record import (
+from harness.results.atomic import write_atomic
+from harness.results.metrics import SampleColumns, sampled_peaks
+from harness.results.record import (
     EVENT_COLUMNS,
     CacheRecord,
     EngineRecord,
@@ -57,14 +60,11 @@ from harness.record import (
     samples_file,
     write_strategy_file,
 )
-from harness.residency import FileResidency
-from harness.sampler import Sampler
-from harness.strategies import STRATEGIES, Strategy, release_without_resizing
 from weightmap import ReleasePlan
 
 if TYPE_CHECKING:
-    from harness.compile.backend import CompilerBackend
-    from harness.compile.entry import Entry
+    from harness.build.compile.backend import CompilerBackend
+    from harness.build.compile.entry import Entry
 
 __all__ = ["FAILURE_PREFIX", "measure", "worker_command"]
 
@@ -264,7 +264,7 @@ class Measurement:
 
     def export(self, model: torch.nn.Module) -> torch.nn.Module:
         """Compiler backends: export the loaded model (its entry) as a phase of its own; returns the entry."""
-        from harness.compile.entry import export_entry
+        from harness.build.compile.entry import export_entry
 
         assert self.sampler is not None
         plan = self.plan
@@ -299,7 +299,7 @@ class Measurement:
         For a compiler backend ``model`` is the exported entry, and its graph partitions must
         be the planned ones.
         """
-        from harness.compile.planning import same_partitions
+        from harness.build.compile.planning import same_partitions
 
         assert self.sampler is not None
         self.sampler.mark(phase="partition")
@@ -404,8 +404,8 @@ class Measurement:
         The loaded model may have been released engine by engine, so eager runs on a new
         mapping of the checkpoint (released pages are read again from the file).
         """
-        from harness.compile.compare import compare_outputs, upcast_reference
-        from harness.compile.entry import export_entry
+        from harness.build.compile.compare import compare_outputs, upcast_reference
+        from harness.build.compile.entry import export_entry
         from weightmap import map_weights
 
         assert self.compiled is not None

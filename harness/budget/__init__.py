@@ -6,7 +6,7 @@
   :class:`MemoryGroup` is the group itself, removed whatever happens.
 * :mod:`harness.budget.sweep`: :func:`smallest_limit` bisects for the smallest
   limit at which a run completes, keeping every attempt for a wall-time curve.
-* each attempt starts cold (:func:`harness.coldcache.prepare_cold`), so its
+* each attempt starts cold (:func:`harness.measure.coldcache.prepare_cold`), so its
   group is charged for what it reads.
 * :mod:`harness.budget.mode`: :func:`~harness.budget.mode.run_budget` sweeps every
   strategy of a scenario (``python -m harness budget SCENARIO``), each attempt the

@@ -91,7 +91,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from harness.budget.signals import deferred
-from harness.coldcache import prepare_cold
+from harness.measure.coldcache import prepare_cold
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -647,7 +647,7 @@ def run_in_group(command: Sequence[str], limit_bytes: int, timeout_s: float, *,
     """Run ``command`` once in a fresh memory group limited to ``limit_bytes``; never leaves the group behind.
 
     ``cold_files`` are dropped from the page cache just before the start (see
-    :func:`harness.coldcache.prepare_cold`), so that the group is charged for
+    :func:`harness.measure.coldcache.prepare_cold`), so that the group is charged for
     reading them. The command's stderr is passed through (``echo_stderr``) and its last
     lines kept for the reason of a failure. ``wall_s`` runs from the command's release
     into its group to its exit. Raises :class:`CgroupUnavailable` when no group can be

@@ -55,8 +55,6 @@ from pathlib import Path
 
 import psutil
 
-from harness import machine
-from harness.atomic import write_atomic
 from harness.budget import signals
 from harness.budget.cgroup import (
     DEFAULT_PREFIX,
@@ -70,8 +68,11 @@ from harness.budget.cgroup import (
 from harness.budget.record import AttemptRecord, BudgetRecord, StrategyBudget, goal_limit, write_budget
 from harness.budget.sweep import SweepError, default_precision, smallest_limit
 from harness.errors import HarnessError
+from harness.load.strategies import STRATEGIES
+from harness.measure import machine
 from harness.plan import Plan, make_plan, write_plan
-from harness.record import (
+from harness.results.atomic import write_atomic
+from harness.results.record import (
     PLAN,
     MachineInfo,
     RecordError,
@@ -82,7 +83,6 @@ from harness.record import (
 )
 from harness.run import RunInterrupted, WorkerCommand, _publish, check_results_root
 from harness.scenario import LIMITS, Limit, Scenario
-from harness.strategies import STRATEGIES
 from harness.worker import worker_command
 
 __all__ = ["ATTEMPTS_FILE", "PRECISION_MIB", "TIMEOUT_FACTOR", "BudgetUnavailable", "check_cgroup", "run_budget"]

@@ -4,7 +4,7 @@ One :class:`BudgetRecord` per sweep: the scenario and machine it ran on, the sea
 settings, and per strategy a :class:`StrategyBudget` with every attempt
 (:class:`AttemptRecord`) in the order it ran. :func:`read_budget` refuses a file of
 another :data:`BUDGET_VERSION`, an unknown or missing key, or a value of the wrong type,
-naming the file and the key (a :class:`~harness.record.RecordError`), so that the
+naming the file and the key (a :class:`~harness.results.record.RecordError`), so that the
 report never shows a figure it misread.
 """
 
@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.atomic import write_json
-from harness.record import LAYOUT_VERSION, MachineInfo, RecordError, _Obj, read_json_file
+from harness.results.atomic import write_json
+from harness.results.record import LAYOUT_VERSION, MachineInfo, RecordError, _Obj, read_json_file
 
 __all__ = ["BUDGET_FILE", "BUDGET_VERSION", "AttemptRecord", "BudgetRecord", "StrategyBudget", "goal_limit",
            "read_budget",
@@ -242,7 +242,7 @@ def write_budget(directory: Path, record: BudgetRecord) -> Path:
 
 
 def read_budget(directory: Path) -> BudgetRecord:
-    """The budget record of a results directory; :class:`~harness.record.RecordError` when it is not one."""
+    """The budget record of a results directory; :class:`~harness.results.record.RecordError` when it is not one."""
     path = Path(directory) / BUDGET_FILE
     data = read_json_file(path)
     try:

@@ -1,7 +1,7 @@
 """What a results directory shows reviewers: a markdown report and figures, derived from its record.
 
-:func:`render_all` reads a results directory once (:func:`harness.results.load_results`:
-the record, the samples and :mod:`harness.metrics`' figures) and writes, beside it:
+:func:`render_all` reads a results directory once (:func:`harness.results.reading.load_results`:
+the record, the samples and :mod:`harness.results.metrics`' figures) and writes, beside it:
 
 * ``<name>.md`` (:mod:`harness.report.markdown`): context, the table, observations, and
   the hand-written notes kept in ``<name>.notes.md`` (flagged when the figures they were
@@ -30,7 +30,6 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from harness.atomic import FileBatch
 from harness.errors import HarnessError
 from harness.report.compiler import compiler_figure, has_compiler
 from harness.report.engines import engines_figure
@@ -41,7 +40,8 @@ from harness.report.notes import notes_path, read_notes, stamp_notes
 from harness.report.peaks import peaks_figure
 from harness.report.style import figure_png
 from harness.report.timeline import timeline_figure
-from harness.results import Results, load_results
+from harness.results.atomic import FileBatch
+from harness.results.reading import Results, load_results
 
 __all__ = ["FIGURES", "FIGURE_APPLIES", "Rendered", "figure_paths", "render_all"]
 
@@ -82,11 +82,11 @@ def render_all(results_dir: Path, out_dir: Path | None = None, *, notes_checked:
     ``out_dir`` defaults to the results directory's parent (``results/``), where the notes
     file ``<name>.notes.md`` is looked for too. ``notes_checked`` stamps the notes with the
     current figures first (they were re-read). The report and figures are put in place
-    together once all are written (a :class:`~harness.atomic.FileBatch`): when one cannot be
+    together once all are written (a :class:`~harness.results.atomic.FileBatch`): when one cannot be
     written (a full disk), every earlier one stays as it was. With ``batch``, they are
     written into it and go in place when the caller commits it. ``published_as``: where the
     results directory will be once in place (the report names it), when rendered from
-    elsewhere. Raises :class:`~harness.record.RecordError` for a results directory this
+    elsewhere. Raises :class:`~harness.results.record.RecordError` for a results directory this
     harness cannot read, :class:`~harness.errors.OutputError` when a file cannot be written.
     """
     results_dir = Path(results_dir)

@@ -26,12 +26,12 @@ from matplotlib.figure import Figure
 from matplotlib.layout_engine import ConstrainedLayoutEngine
 from matplotlib.lines import Line2D
 
-from harness.atomic import FileBatch
 from harness.budget.record import AttemptRecord, BudgetRecord, StrategyBudget, read_budget
-from harness.record import read_text_file
+from harness.load.strategies import strategy_colour
 from harness.report.style import STYLE, figure_png
 from harness.report.text import DASH, GIB, cell, gib_decimals, short_commit
-from harness.strategies import strategy_colour
+from harness.results.atomic import FileBatch
+from harness.results.record import read_text_file
 
 __all__ = ["Goal", "budget_goals", "budget_markdown", "render_budget", "wall_figure"]
 

@@ -21,10 +21,10 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from harness.record import EngineRecord, StrategyRecord
 from harness.report.style import figure_legend, new_figure, strategy_colour, styled
 from harness.report.text import DASH, cell, format_seconds
-from harness.results import Results
+from harness.results.reading import Results
+from harness.results.record import EngineRecord, StrategyRecord
 
 __all__ = ["compiler_figure", "compiler_lines", "has_compiler"]
 

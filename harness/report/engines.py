@@ -10,7 +10,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from harness.report.style import SERIES_COLOURS, figure_legend, gib, new_figure, strategy_colour, styled
-from harness.results import Results
+from harness.results.reading import Results
 
 __all__ = ["engines_figure"]
 

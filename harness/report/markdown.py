@@ -1,6 +1,6 @@
 """Markdown report of a results directory: context, the table, generated observations, and the notes.
 
-Everything above the notes is generated from the record and :mod:`harness.metrics` on
+Everything above the notes is generated from the record and :mod:`harness.results.metrics` on
 every render, so it cannot go stale. Hand-written notes are kept in their own file,
 ``<name>.notes.md`` (:mod:`harness.report.notes`), and included under "Notes", with a
 warning above them that lists the figures that changed since they were last checked.
@@ -12,9 +12,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.atomic import FileBatch, write_atomic
-from harness.metrics import StrategyMetrics, floor_formula
-from harness.record import StrategyRecord
 from harness.report.compiler import compiler_lines
 from harness.report.notes import NEVER_CHECKED, Notes, check_notes, migrate_notes
 from harness.report.table import columns, disk_cells, reference_cells, strategy_cells
@@ -28,7 +25,10 @@ from harness.report.text import (
     status_text,
     versions_text,
 )
-from harness.results import Results
+from harness.results.atomic import FileBatch, write_atomic
+from harness.results.metrics import StrategyMetrics, floor_formula
+from harness.results.reading import Results
+from harness.results.record import StrategyRecord
 
 __all__ = ["render_report", "table_lines", "write_report"]
 

@@ -24,11 +24,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.atomic import write_atomic
 from harness.errors import HarnessError
-from harness.record import RecordError, parse_json, read_text_file
 from harness.report.table import strategy_cells
-from harness.results import Results
+from harness.results.atomic import write_atomic
+from harness.results.reading import Results
+from harness.results.record import RecordError, parse_json, read_text_file
 
 __all__ = ["Notes", "check_notes", "notes_path", "read_notes", "stamp_notes"]
 

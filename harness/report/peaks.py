@@ -3,7 +3,7 @@
 Groups, left to right: host at partitioning; the peak compared with the floor (the
 build-phase host peak, or host + GPU on a GPU), with each strategy's floor drawn over
 its bar; then the whole-run peaks, which include the load. The values are
-:mod:`harness.metrics`' and are written on the bars as the table prints them.
+:mod:`harness.results.metrics`' and are written on the bars as the table prints them.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from harness.metrics import StrategyMetrics
-from harness.record import Reference
 from harness.report.style import FLOOR_STYLE, MODEL_STYLE, model_label, new_figure, strategy_colour, styled
 from harness.report.text import GIB, gib_decimals
-from harness.results import Results
+from harness.results.metrics import StrategyMetrics
+from harness.results.reading import Results
+from harness.results.record import Reference
 
 __all__ = ["peak_groups", "peaks_figure"]
 

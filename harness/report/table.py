@@ -1,4 +1,4 @@
-"""The results table: its columns and the text of each cell, from :mod:`harness.metrics` only.
+"""The results table: its columns and the text of each cell, from :mod:`harness.results.metrics` only.
 
 One row per strategy, then the disk-read row where the run measured the disk (a cold
 sequential ``read()`` of the checkpoint in the same run: the time reading the model once
@@ -15,17 +15,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from harness.metrics import DiskMetrics, StrategyMetrics
-from harness.record import Reference
 from harness.report.text import DASH, format_gib, format_percent, format_seconds, gib_decimals, status_text
-from harness.results import Results
+from harness.results.metrics import DiskMetrics, StrategyMetrics
+from harness.results.reading import Results
+from harness.results.record import Reference
 
 __all__ = ["COMPARED", "EXCESS", "FLOOR", "Column", "columns", "disk_cells", "reference_cells", "strategy_cells"]
 
 FLOOR = "floor"
 EXCESS = "excess over floor (% of model)"
 COMPARED = "build-phase peak"
-"""Stands for the compared column, whose header is :func:`harness.metrics.compared_label`."""
+"""Stands for the compared column, whose header is :func:`harness.results.metrics.compared_label`."""
 
 _STATUS_CHARS = 160
 

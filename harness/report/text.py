@@ -8,8 +8,8 @@ always print a figure the same way.
 
 from __future__ import annotations
 
-from harness.metrics import StrategyMetrics
-from harness.results import Results
+from harness.results.metrics import StrategyMetrics
+from harness.results.reading import Results
 
 __all__ = [
     "DASH",

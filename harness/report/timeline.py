@@ -21,7 +21,6 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from harness.record import StrategyRecord
 from harness.report.style import (
     FLOOR_STYLE,
     MODEL_STYLE,
@@ -33,7 +32,8 @@ from harness.report.style import (
     styled,
 )
 from harness.report.text import GIB, status_text
-from harness.results import Results
+from harness.results.reading import Results
+from harness.results.record import StrategyRecord
 
 __all__ = ["engine_spans", "time_origin", "timeline_figure"]
 

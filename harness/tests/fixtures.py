@@ -1,11 +1,11 @@
-"""Fabricate a small results directory for the reporting tests, through :mod:`harness.record`.
+"""Fabricate a small results directory for the reporting tests, through :mod:`harness.results.record`.
 
 Test data only: it is written under a test's temporary directory and never into ``results/``.
 The figures follow the shape real runs have (a mapped loader whose file-backed pages come and go
 per engine, an eager loader holding the model in anonymous memory, a failed strategy with partial
 samples) so that the figures and the report can be looked at as well as asserted on. The records
-are the real ones (:class:`~harness.record.RunRecord`, :class:`~harness.record.StrategyRecord`),
-and the peaks are derived by :func:`harness.metrics.sampled_peaks`, as a run derives them.
+are the real ones (:class:`~harness.results.record.RunRecord`, :class:`~harness.results.record.StrategyRecord`),
+and the peaks are derived by :func:`harness.results.metrics.sampled_peaks`, as a run derives them.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.metrics import SampleColumns, StrategyMetrics, sampled_peaks
-from harness.record import (
+from harness.results.metrics import SampleColumns, StrategyMetrics, sampled_peaks
+from harness.results.record import (
     EVENT_COLUMNS,
     SAMPLE_COLUMNS,
     CheckpointInfo,

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import torch
 
-from harness.backends import ALIGN, CopyToDevice, CopyToFiles
+from harness.build.backends import ALIGN, CopyToDevice, CopyToFiles
+from harness.build.partition import split_into
+from harness.load.strategies import load_map
 from harness.models import SyntheticTransformer, fill_non_persistent
-from harness.partition import split_into
-from harness.strategies import load_map
 from weightmap import save_weights_for_mapping
 
 

@@ -21,8 +21,8 @@ from harness.budget.cgroup import CgroupUnavailable, MemoryController
 from harness.budget.mode import BudgetUnavailable, groups_of_this_process, run_budget
 from harness.budget.record import BUDGET_FILE, read_budget
 from harness.cli import main
-from harness.record import RecordError
 from harness.report.budget import budget_goals, render_budget
+from harness.results.record import RecordError
 from harness.scenario import BuildConfig, CheckpointConfig, ModelConfig, RunConfig, Scenario
 
 MIB = 1 << 20

@@ -12,7 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from harness.checkpoints import (
+from harness.models import SpecModel, SyntheticTransformer
+from harness.models.checkpoints import (
     CHUNK_ELEMENTS,
     CheckpointError,
     SeededFill,
@@ -21,7 +22,6 @@ from harness.checkpoints import (
     ensure_checkpoint,
     tied_aliases,
 )
-from harness.models import SpecModel, SyntheticTransformer
 from weightmap.format import TensorSpec, read_header
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -171,7 +171,7 @@ def test_every_dtype_fills(dtype: torch.dtype) -> None:
 _PEAK_SCRIPT = """
 import json, resource, sys, time
 import torch
-from harness.checkpoints import ensure_checkpoint
+from harness.models.checkpoints import ensure_checkpoint
 from harness.models import SpecModel
 
 MIB = 2**20

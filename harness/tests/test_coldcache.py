@@ -1,4 +1,4 @@
-"""Tests of cold and warm page-cache preparation (harness.coldcache)."""
+"""Tests of cold and warm page-cache preparation (harness.measure.coldcache)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-import harness.coldcache as coldcache
-from harness.coldcache import COLD_TOLERANCE_BYTES, file_page_counts, prepare_cold, prepare_warm
-from harness.residency import FileResidency
+import harness.measure.coldcache as coldcache
+from harness.measure.coldcache import COLD_TOLERANCE_BYTES, file_page_counts, prepare_cold, prepare_warm
+from harness.measure.residency import FileResidency
 
 MiB = 1 << 20
 SIZE = 16 * MiB

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.backends import BackendUnavailable, make_backend, make_compiler_backend
-from harness.compile.compare import MismatchError
-from harness.compile.entry import export_entry
+from harness.build.backends import BackendUnavailable, make_backend, make_compiler_backend
+from harness.build.compile.compare import MismatchError
+from harness.build.compile.entry import export_entry
 from harness.models import SyntheticTransformer, fill_non_persistent
 from harness.plan import make_plan, read_plan, write_plan
-from harness.record import SUMMARY, EngineRecord, ExportRecord, RunRecord, StrategyRecord
 from harness.report import render_all
+from harness.results.record import SUMMARY, EngineRecord, ExportRecord, RunRecord, StrategyRecord
 from harness.run import run_scenario
 from harness.scenario import ScenarioError, load_scenario
 from harness.worker import Measurement
@@ -214,8 +214,8 @@ class _WithConstant(torch.nn.Module):
 
 
 def test_engines_can_be_handed_the_programs_own_constants(tmp_path: Path) -> None:
-    from harness.compile.backend import CompilerBackend, PartitionRule
-    from harness.compile.inductor import InductorCompiler
+    from harness.build.compile.backend import CompilerBackend, PartitionRule
+    from harness.build.compile.inductor import InductorCompiler
 
     model = _WithConstant()
     backend = CompilerBackend(InductorCompiler(weights="mapped"), tmp_path, PartitionRule(count=1))

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from harness.compile.compare import REFERENCE_MULTIPLIER, compare_outputs, upcast_reference
+from harness.build.compile.compare import REFERENCE_MULTIPLIER, compare_outputs, upcast_reference
 
 
 class Mixed(nn.Module):
@@ -90,7 +90,7 @@ class _Pair(nn.Module):
 def test_upcasting_a_mapped_model_drops_its_pages_as_the_copies_come_in(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from safetensors.torch import save_file
 
-    from harness.procfs import mapping_rss
+    from harness.measure.procfs import mapping_rss
     from weightmap import map_weights
 
     path = tmp_path / "w.safetensors"

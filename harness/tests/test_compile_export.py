@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import torch
 
-from harness.checkpoints import ensure_checkpoint
-from harness.compile.export import export_mapped, shared_with_model
+from harness.build.compile.export import export_mapped, shared_with_model
 from harness.models import SyntheticTransformer, fill_non_persistent
+from harness.models.checkpoints import ensure_checkpoint
 from weightmap import map_weights
 
 # About 4.5 MiB of bfloat16 weights: a read of them would show as hundreds of pages.

@@ -17,11 +17,15 @@ from typing import Any
 import pytest
 import torch
 
-from harness.checkpoints import ensure_checkpoint
-from harness.compile.compare import compare_with_eager
-from harness.compile.export import export_mapped
-from harness.compile.graph_partition import GraphPartition, partition_program, program_weight_bytes, program_weights
-from harness.compile.inductor import (
+from harness.build.compile.compare import compare_with_eager
+from harness.build.compile.export import export_mapped
+from harness.build.compile.graph_partition import (
+    GraphPartition,
+    partition_program,
+    program_weight_bytes,
+    program_weights,
+)
+from harness.build.compile.inductor import (
     EngineBuildError,
     EngineLoadError,
     InductorCompiler,
@@ -33,9 +37,10 @@ from harness.compile.inductor import (
     inductor_cache,
     load_engine,
 )
-from harness.compile.layouts import EngineInputError, InputLayout, conform
-from harness.compile.pipeline import BuiltEngines, EngineRecord, build_engines
+from harness.build.compile.layouts import EngineInputError, InputLayout, conform
+from harness.build.compile.pipeline import BuiltEngines, EngineRecord, build_engines
 from harness.models import SyntheticTransformer, fill_non_persistent
+from harness.models.checkpoints import ensure_checkpoint
 from weightmap import ReleasePlan, ReleaseStep, map_weights
 
 # 3.5 MiB of bfloat16 weights: the tied embedding (2 MiB) and one layer (1.5 MiB).
@@ -294,7 +299,7 @@ def test_a_packaged_build_frees_the_copies_it_moved_and_the_engine_still_runs(
     # On a GPU the compiler builds from device copies of the weights; a packaged engine holds its
     # own, so the copies are freed once it is written, whoever inside torch still refers to them.
     # Here a "move" to the CPU that copies every weight stands in for the move to a GPU.
-    import harness.compile.inductor as inductor
+    import harness.build.compile.inductor as inductor
 
     made: list[torch.Tensor] = []
 

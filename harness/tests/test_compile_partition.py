@@ -11,8 +11,7 @@ import pytest
 import torch
 from torch.export import ExportedProgram
 
-from harness.checkpoints import ensure_checkpoint
-from harness.compile.graph_partition import (
+from harness.build.compile.graph_partition import (
     GraphPartition,
     PartitionError,
     cap_for_program,
@@ -22,6 +21,7 @@ from harness.compile.graph_partition import (
     subprogram,
 )
 from harness.models import SyntheticTransformer, fill_non_persistent
+from harness.models.checkpoints import ensure_checkpoint
 from weightmap import ReleasePlan, map_weights
 
 SHAPE: dict[str, Any] = {"layers": 3, "width": 128, "heads": 4, "vocab": 1024, "dtype": torch.bfloat16}

@@ -1,4 +1,4 @@
-"""Tests of the cold sequential read reference (harness.diskread)."""
+"""Tests of the cold sequential read reference (harness.measure.diskread)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-import harness.diskread as diskread
-from harness.coldcache import COLD_TOLERANCE_BYTES
-from harness.diskread import cold_read_bandwidth, cpu_times
-from harness.procfs import read_status
-from harness.residency import FileResidency
+import harness.measure.diskread as diskread
+from harness.measure.coldcache import COLD_TOLERANCE_BYTES
+from harness.measure.diskread import cold_read_bandwidth, cpu_times
+from harness.measure.procfs import read_status
+from harness.measure.residency import FileResidency
 from harness.tests.test_coldcache import _fs_type, _write
 
 MiB = 1 << 20

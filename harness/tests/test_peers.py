@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file, save_model
 
-from harness.peers import StreamLoader, converted_path, ensure_pt, load_torch_mmap
-from harness.procfs import mapping_rss, read_status
+from harness.load.peers import StreamLoader, converted_path, ensure_pt, load_torch_mmap
+from harness.measure.procfs import mapping_rss, read_status
 from weightmap.release import release_storage
 
 MIB = 1 << 20

@@ -27,8 +27,8 @@ import pytest
 import harness.worker
 from harness.cli import main
 from harness.plan import make_plan, write_plan
-from harness.record import SUMMARY, StrategyRecord, read_strategy_file
 from harness.report import render_all
+from harness.results.record import SUMMARY, StrategyRecord, read_strategy_file
 from harness.scenario import load_scenario
 from harness.tests.fixtures import make_results
 from harness.tests.tiny_scenario import tiny_scenario_text
@@ -80,7 +80,7 @@ def no_space_for(monkeypatch: pytest.MonkeyPatch, fs: SmallFs, refused: Callable
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real(*args, **kwargs)  # type: ignore[call-overload, no-any-return]
 
-    monkeypatch.setattr("harness.atomic.tempfile.mkstemp", mkstemp)
+    monkeypatch.setattr("harness.results.atomic.tempfile.mkstemp", mkstemp)
 
 
 def snapshot(root: Path, skip: str = "\0") -> dict[str, bytes]:
@@ -135,7 +135,7 @@ def earlier_results(results: Path) -> Path:
 CANNOT_WRITE = """
 import errno, os, sys, tempfile
 from pathlib import Path
-from harness.atomic import write_atomic
+from harness.results.atomic import write_atomic
 from harness.worker import FAILURE_PREFIX
 out, strategy, full = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
 if not full:  # no small file system to fill: its write fails as a full one's would
@@ -186,7 +186,7 @@ def test_a_run_whose_strategies_were_all_killed_keeps_the_earlier_results(
 RECORDS_A_FAILURE = """
 import sys
 from pathlib import Path
-from harness.record import StrategyRecord, write_strategy_file
+from harness.results.record import StrategyRecord, write_strategy_file
 write_strategy_file(Path(sys.argv[1]), sys.argv[2], StrategyRecord(status="failed", error="stand-in: no weights"))
 sys.exit(1)
 """
@@ -208,8 +208,8 @@ def test_a_strategy_that_recorded_its_own_failure_is_a_result_and_is_published(
 HANDS_IN_A_RESULT = """
 import os, shutil, sys
 from pathlib import Path
-from harness.record import events_file, samples_file, write_strategy_file
-from harness.results import load_results
+from harness.results.record import events_file, samples_file, write_strategy_file
+from harness.results.reading import load_results
 out, strategy, source, fs = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4])
 leave = int(sys.argv[5])
 for name in (samples_file(strategy), events_file(strategy)):

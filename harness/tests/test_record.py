@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from harness.metrics import SampleColumns, StrategyMetrics, sampled_peaks
-from harness.record import (
+from harness.results.metrics import SampleColumns, StrategyMetrics, sampled_peaks
+from harness.results.reading import load_results
+from harness.results.record import (
     LAYOUT_VERSION,
     SUMMARY,
     RecordError,
@@ -17,7 +18,6 @@ from harness.record import (
     read_samples,
     samples_file,
 )
-from harness.results import load_results
 from harness.tests.fixtures import make_results
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,13 @@ from matplotlib.text import Text
 
 from harness.cli import main
 from harness.errors import HarnessError
-from harness.metrics import (
+from harness.report import FIGURES, render_all
+from harness.report.headline import headline_figure
+from harness.report.markdown import render_report
+from harness.report.peaks import peaks_figure
+from harness.report.text import GIB, short_commit
+from harness.report.timeline import label_rows, timeline_figure
+from harness.results.metrics import (
     SampleColumns,
     excess_fraction,
     floor_bytes,
@@ -21,14 +27,8 @@ from harness.metrics import (
     host_floor_bytes,
     sampled_peaks,
 )
-from harness.record import EngineRecord, Phases, RecordError, StrategyRecord
-from harness.report import FIGURES, render_all
-from harness.report.headline import headline_figure
-from harness.report.markdown import render_report
-from harness.report.peaks import peaks_figure
-from harness.report.text import GIB, short_commit
-from harness.report.timeline import label_rows, timeline_figure
-from harness.results import load_results
+from harness.results.reading import load_results
+from harness.results.record import EngineRecord, Phases, RecordError, StrategyRecord
 from harness.tests.fixtures import ENGINE_GIB, FAILED_REASON, make_results
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-import harness.residency as residency
-from harness.procfs import mapping_rss
-from harness.residency import FileResidency, Method
-from harness.sampler import Sampler
+import harness.measure.residency as residency
+from harness.measure.procfs import mapping_rss
+from harness.measure.residency import FileResidency, Method
+from harness.measure.sampler import Sampler
 
 MiB = 1 << 20
 SIZE = 64 * MiB

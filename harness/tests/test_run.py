@@ -16,10 +16,10 @@ import pandas as pd
 import pytest
 import torch
 
+from harness.build.partition import split_into
 from harness.models import SyntheticTransformer
-from harness.partition import split_into
 from harness.plan import make_plan, read_plan
-from harness.record import PLAN, RunRecord
+from harness.results.record import PLAN, RunRecord
 from harness.run import run_scenario
 from harness.scenario import BuildConfig, CheckpointConfig, ModelConfig, RunConfig, Scenario, load_scenario
 from harness.worker import FAILURE_PREFIX, worker_command

@@ -13,9 +13,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.gpu import GpuMonitor, torch_reserved_bytes
-from harness.procfs import PeakTracker, mapping_rss, read_peak, read_status, reset_peak
-from harness.sampler import Sampler
+from harness.measure.gpu import GpuMonitor, torch_reserved_bytes
+from harness.measure.procfs import PeakTracker, mapping_rss, read_peak, read_status, reset_peak
+from harness.measure.sampler import Sampler
 
 MiB = 1 << 20
 COL = {name: i for i, name in enumerate(Sampler.COLUMNS)}
@@ -112,7 +112,7 @@ def test_peak_tracker_catches_a_spike_the_samples_miss() -> None:
 
 
 def test_peak_tracker_remembers_a_refused_reset(monkeypatch: pytest.MonkeyPatch) -> None:
-    import harness.procfs as procfs
+    import harness.measure.procfs as procfs
 
     monkeypatch.setattr(procfs, "CLEAR_REFS_PATH", "/nonexistent/clear_refs")
     assert procfs.reset_peak() is False
@@ -291,7 +291,7 @@ def test_torch_reserved_does_not_initialise_cuda() -> None:
 
 
 def test_visible_devices_select_the_nvml_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness.gpu import _visible_entry
+    from harness.measure.gpu import _visible_entry
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert _visible_entry(1) == "1"
@@ -325,7 +325,7 @@ class _SlowResidency:
 
 
 def test_reading_residency_stays_within_its_budget(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr("harness.sampler.FileResidency", _SlowResidency)
+    monkeypatch.setattr("harness.measure.sampler.FileResidency", _SlowResidency)
     sampler = Sampler(interval_s=0.005, files=[tmp_path / "ckpt"], residency_every=1, residency_budget=0.1)
     sampler.start()
     started = time.monotonic()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.checkpoints import default_checkpoint_path
+from harness.models.checkpoints import default_checkpoint_path
 from harness.scenario import ScenarioError, load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]

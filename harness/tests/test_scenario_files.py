@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from harness.checkpoints import CheckpointError, ensure_checkpoint
 from harness.cli import main
 from harness.models import ModelError, SyntheticTransformer, load_spec
+from harness.models.checkpoints import CheckpointError, ensure_checkpoint
 from harness.plan import make_plan
 from harness.scenario import BuildConfig, CheckpointConfig, ModelConfig, Scenario, ScenarioError, load_scenario
 from harness.tests.tiny_scenario import tiny_scenario_text

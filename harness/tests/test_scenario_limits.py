@@ -23,11 +23,11 @@ import psutil
 import pytest
 import torch
 
-from harness.checkpoints import checkpoint_metadata, checkpoint_specs, ensure_checkpoint, file_bytes
 from harness.cli import main
+from harness.measure.sampler import Sampler
 from harness.models import ModelError, SyntheticTransformer, build_model, load_spec
+from harness.models.checkpoints import checkpoint_metadata, checkpoint_specs, ensure_checkpoint, file_bytes
 from harness.plan import make_plan
-from harness.sampler import Sampler
 from harness.scenario import (
     LIMITS,
     MAX_MODEL_BYTES,

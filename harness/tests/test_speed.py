@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.backends import CopyToFiles, fault_in
-from harness.metrics import StrategyMetrics, disk_metrics
+from harness.build.backends import CopyToFiles, fault_in
+from harness.measure.procfs import read_status
 from harness.plan import make_plan
-from harness.procfs import read_status
-from harness.record import DiskRead, RunRecord, StrategyRecord
-from harness.results import load_results
+from harness.results.metrics import StrategyMetrics, disk_metrics
+from harness.results.reading import load_results
+from harness.results.record import DiskRead, RunRecord, StrategyRecord
 from harness.run import combine_repeats, representative, run_scenario
 from harness.scenario import (
     BuildConfig,

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness.load.strategies import STRATEGIES, strategy_colour
 from harness.plan import make_plan
 from harness.scenario import ScenarioError, load_scenario
-from harness.strategies import STRATEGIES, strategy_colour
 from harness.worker import measure
 
 SCENARIO = """
@@ -114,7 +114,7 @@ def _plan(tmp_path: Path, *names: str, engines: int = 3):  # noqa: ANN202
 
 
 def test_torch_mmap_is_converted_by_the_plan_and_kept_unreleased(tmp_path: Path) -> None:
-    from harness.peers import converted_path
+    from harness.load.peers import converted_path
 
     plan = _plan(tmp_path, "torch_mmap")
     pt = converted_path(tmp_path / "c.safetensors")

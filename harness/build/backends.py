@@ -13,9 +13,9 @@ The built model is a module that runs the original model's forward with
 every tensor taken from the engines, so its output can be checked against the
 eager model.
 
-``inductor`` is a real compiler (:mod:`harness.compile`): the worker exports the loaded
+``inductor`` is a real compiler (:mod:`harness.build.compile`): the worker exports the loaded
 model, cuts its graph into partitions and builds each with AOTInductor
-(:class:`harness.compile.backend.CompilerBackend`), made by :func:`make_compiler_backend`.
+(:class:`harness.build.compile.backend.CompilerBackend`), made by :func:`make_compiler_backend`.
 
 Both copy builders split an engine's build in two, timed apart (:class:`BuildSplit`,
 ``last_split``): first every page of the partition's weights is read once
@@ -47,7 +47,7 @@ from harness.errors import HarnessError
 from weightmap.format import TensorSpec, write_checkpoint
 
 if TYPE_CHECKING:
-    from harness.compile.backend import CompilerBackend
+    from harness.build.compile.backend import CompilerBackend
 
 
 class BackendUnavailable(HarnessError, RuntimeError):
@@ -249,11 +249,11 @@ def tensorrt_available() -> tuple[bool, str]:
 
 def inductor_available() -> tuple[bool, str]:
     """Whether AOTInductor can build here: ``torch._inductor`` imports, and its C++ compiler exists and links
-    engines that load (see :mod:`harness.compile.toolchain`)."""
+    engines that load (see :mod:`harness.build.compile.toolchain`)."""
     try:
         import torch._inductor  # noqa: F401
 
-        from harness.compile.toolchain import ToolchainError, check_toolchain, inductor_cxx
+        from harness.build.compile.toolchain import ToolchainError, check_toolchain, inductor_cxx
     except Exception as exc:
         return False, f"torch._inductor is not importable ({type(exc).__name__}: {exc})"
     try:
@@ -317,11 +317,11 @@ def make_compiler_backend(name: str, device: str, workdir: Path, *, weights: str
     """The compiler backend ``name`` on ``device``: engines with ``weights`` ("mapped" or "packaged"),
     partitions by ``count`` or ``cap_bytes``.
 
-    A TensorRT builder would be a second :class:`~harness.compile.pipeline.EngineCompiler`
+    A TensorRT builder would be a second :class:`~harness.build.compile.pipeline.EngineCompiler`
     made here; today ``tensorrt`` fails in :func:`check_backend`.
     """
-    from harness.compile.backend import CompilerBackend, PartitionRule
-    from harness.compile.inductor import InductorCompiler
+    from harness.build.compile.backend import CompilerBackend, PartitionRule
+    from harness.build.compile.inductor import InductorCompiler
 
     check_backend(name)
     if name != "inductor":

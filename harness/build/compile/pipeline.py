@@ -9,7 +9,7 @@ last reader that engine was there (``weightmap.ReleasePlan.built(i)``), so the n
 engine starts without them.
 
 :class:`CompiledPipeline` is the built model: the loaded engines run in order, each on the
-activations the earlier ones produced. :mod:`harness.compile.compare` judges its outputs
+activations the earlier ones produced. :mod:`harness.build.compile.compare` judges its outputs
 against eager's.
 """
 
@@ -29,10 +29,10 @@ from torch.export.graph_signature import InputKind
 from torch.export.graph_signature import TensorArgument as _TensorArgument
 from torch.utils import _pytree as pytree
 
-from harness.compile.children import ChildPeak
-from harness.compile.graph_partition import GraphPartition, subprogram
-from harness.compile.inductor import Artifact
-from harness.procfs import PeakTracker, mapping_rss, read_status
+from harness.build.compile.children import ChildPeak
+from harness.build.compile.graph_partition import GraphPartition, subprogram
+from harness.build.compile.inductor import Artifact
+from harness.measure.procfs import PeakTracker, mapping_rss, read_status
 
 __all__ = [
     "BuiltEngines",
@@ -78,7 +78,7 @@ class EngineRecord:
     ``host_hwm_bytes``: peak RSS of this process during the build (None where the kernel
     refused the reset). ``cache_bytes``: growth of the compiler's cache directory.
     ``children_peak_bytes``: the largest summed RSS of the compiler's subprocesses at one
-    sample (every 20 ms, see :class:`~harness.compile.children.ChildPeak`), and
+    sample (every 20 ms, see :class:`~harness.build.compile.children.ChildPeak`), and
     ``largest_child_bytes``/``largest_child``: the largest single one and its name; they are
     not in ``host_hwm_bytes``, which is this process alone. ``pages_read_bytes``:
     growth of this process's resident pages of the checkpoint files over the build (what the

@@ -18,7 +18,7 @@ name, dtype and shape of each weight it needs in its metadata, and :func:`load_e
 refuses to return a ``mapped`` engine unless every constant it asks for is given with the
 recorded dtype and shape, on its device; an artifact that carries no such record is refused
 too. The metadata also records the layout each input was compiled for, and a loaded engine
-lays its inputs out that way before it runs (see :mod:`harness.compile.layouts`: a GPU
+lays its inputs out that way before it runs (see :mod:`harness.build.compile.layouts`: a GPU
 engine fed a broadcast view it was not built for reads neighbouring memory).
 
 Compiling on ``cuda`` moves the partition's weights to the GPU first (the engine's weights
@@ -39,8 +39,8 @@ from typing import Any, Literal, get_args
 import torch
 from torch.export import ExportedProgram
 
-from harness.compile.layouts import InputLayout, conform, input_layouts, layouts_from_json, layouts_to_json
-from harness.compile.toolchain import ToolchainError, check_toolchain
+from harness.build.compile.layouts import InputLayout, conform, input_layouts, layouts_from_json, layouts_to_json
+from harness.build.compile.toolchain import ToolchainError, check_toolchain
 
 __all__ = [
     "WEIGHTS",
@@ -91,7 +91,7 @@ class InductorCompiler:
     ``"cpu"`` or ``"cuda[:N]"``. ``configs``: further ``torch._inductor.config`` settings, by
     their dotted names; the two this module sets itself (``aot_inductor.package_constants_in_so``
     and ``aot_inductor.metadata``) may not be given. It is the
-    :class:`~harness.compile.pipeline.EngineCompiler` that :func:`~harness.compile.pipeline.build_engines`
+    :class:`~harness.build.compile.pipeline.EngineCompiler` that :func:`~harness.build.compile.pipeline.build_engines`
     drives.
     """
 
@@ -112,7 +112,7 @@ class InductorCompiler:
         """Check the device and the C++ toolchain, and keep inductor's caches under ``cache_dir`` while the block runs.
 
         ``EngineBuildError`` where the device is missing or the compiler would link engines
-        that crash when loaded (see :mod:`harness.compile.toolchain`).
+        that crash when loaded (see :mod:`harness.build.compile.toolchain`).
         """
         check_device(self.device)
         try:
@@ -285,7 +285,7 @@ class LoadedEngine:
     For a ``mapped`` engine ``constants`` holds the tensors it runs on: the engine keeps
     only their pointers, so they stay referenced here for as long as the engine lives.
     ``inputs``: the layout each input was compiled for; a call lays its inputs out so
-    (:func:`harness.compile.layouts.conform`) and raises ``EngineInputError`` for a wrong
+    (:func:`harness.build.compile.layouts.conform`) and raises ``EngineInputError`` for a wrong
     dtype, shape or device.
     """
 

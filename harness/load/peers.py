@@ -52,7 +52,7 @@ from typing import Any
 
 import torch
 
-from harness.strategies import Loaded, _retie
+from harness.load.strategies import Loaded, _retie
 from weightmap.checkpoint import open_checkpoint
 from weightmap.targets import collect_targets
 
@@ -154,7 +154,7 @@ def load_torch_mmap(model: torch.nn.Module, path: Path) -> Loaded:
     pt = converted_path(path)
     if not pt.is_file():
         raise FileNotFoundError(f"{pt}: no .pt conversion of {path}; make it once with "
-                                "harness.peers.ensure_pt before the measured run")
+                                "harness.load.peers.ensure_pt before the measured run")
     groups = [t.names for t in collect_targets(model) if len(t.names) > 1]
     state = torch.load(pt, mmap=True, weights_only=True)
     absent = [t.names[0] for t in collect_targets(model) if t.persistent and not any(n in state for n in t.names)]

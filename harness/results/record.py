@@ -62,7 +62,7 @@ parsed. A CSV row must hold every column, the file must end with a whole row, an
 number in it must be finite and in range.
 
 What is *measured* lives here. What is *derived* from it (floors, excess, which peak is
-compared with the floor) is computed by :mod:`harness.metrics` only; ``floor_bytes`` and
+compared with the floor) is computed by :mod:`harness.results.metrics` only; ``floor_bytes`` and
 ``excess_over_floor`` are written into the summary from there for readers outside the
 harness and are never read back by it.
 """
@@ -83,8 +83,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.atomic import write_json
 from harness.errors import HarnessError
+from harness.results.atomic import write_json
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -170,7 +170,7 @@ SAMPLE_COLUMNS: tuple[str, ...] = (
     "engine",
     "phase",
 )
-"""``samples-<strategy>.csv``: one row per sample of :class:`harness.sampler.Sampler` (all versions)."""
+"""``samples-<strategy>.csv``: one row per sample of :class:`harness.measure.sampler.Sampler` (all versions)."""
 
 EVENT_COLUMNS: tuple[str, ...] = (
     "t_s",
@@ -449,7 +449,7 @@ class CacheRecord:
     """How a strategy's run found the checkpoint in the page cache (version 4).
 
     ``state`` is ``"cold"`` or ``"warm"``, ``method`` what was done in words
-    (:class:`harness.coldcache.CacheReport`); ``flushed``: the files were fsynced until
+    (:class:`harness.measure.coldcache.CacheReport`); ``flushed``: the files were fsynced until
     no page was dirty or under writeback; ``settled``: the machine's dirty and writeback
     pages fell under the threshold before the drop (None: not asked, or unknown);
     ``dropped``: the files' pages were dropped; ``resident_before_bytes`` and
@@ -527,7 +527,7 @@ class DiskRead:
     ``bytes`` read in ``seconds``: ``bytes_per_s``; ``cpu_seconds`` of the reading
     process meanwhile (close to ``seconds``: the copy on the CPU bound it, not the disk);
     ``before``: which repeat's strategies it preceded; ``method``: how it was read
-    (:func:`harness.diskread.cold_read_bandwidth`); ``resident_at_start_bytes``: the
+    (:func:`harness.measure.diskread.cold_read_bandwidth`); ``resident_at_start_bytes``: the
     checkpoint's residency once prepared cold.
     """
 
@@ -582,11 +582,11 @@ class StrategyRecord:
 
     ``status`` is ``"ok"`` when every engine was built, ``"failed"`` otherwise, with the
     reason in ``error``. Peaks are bytes and the larger of what the sampler saw and
-    what the kernel's high-water marks say (see :func:`harness.metrics.sampled_peaks`):
+    what the kernel's high-water marks say (see :func:`harness.results.metrics.sampled_peaks`):
     ``host_peak_bytes`` over the whole run, ``build_peak_bytes`` from partitioning to the
     end of the last engine, ``host_gpu_peak_bytes`` host + GPU over that build phase,
     ``anon_peak_bytes`` and ``gpu_peak_bytes`` sampled over the whole run.
-    ``floor_bytes`` and ``excess_over_floor`` are a copy of :mod:`harness.metrics`'
+    ``floor_bytes`` and ``excess_over_floor`` are a copy of :mod:`harness.results.metrics`'
     figures for readers outside the harness.
     """
 
@@ -713,7 +713,7 @@ def _upgrade_v1_strategy(record: StrategyRecord, device: str) -> StrategyRecord:
 
 @dataclass(frozen=True)
 class MachineInfo:
-    """The machine a run was made on (:func:`harness.machine.machine`)."""
+    """The machine a run was made on (:func:`harness.measure.machine.machine`)."""
 
     cpus: int | None
     mem_total_bytes: int | None

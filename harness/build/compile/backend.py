@@ -1,13 +1,13 @@
 """A compiler as a harness backend: export the loaded model, cut its graph, build one engine per partition.
 
-:class:`CompilerBackend` drives any :class:`~harness.compile.pipeline.EngineCompiler`
-(AOTInductor today, :class:`~harness.compile.inductor.InductorCompiler`; a TensorRT builder
+:class:`CompilerBackend` drives any :class:`~harness.build.compile.pipeline.EngineCompiler`
+(AOTInductor today, :class:`~harness.build.compile.inductor.InductorCompiler`; a TensorRT builder
 would be another) through the steps the worker measures:
 
 1. :meth:`~CompilerBackend.export`: ``torch.export.export`` of the entry module under
    ``torch.no_grad()`` (an inference graph, without grad-mode regions a partitioner cannot
-   cut), measured by :func:`~harness.compile.export.export_mapped`;
-2. :meth:`~CompilerBackend.partition`: :func:`~harness.compile.graph_partition.partition_program`
+   cut), measured by :func:`~harness.build.compile.export.export_mapped`;
+2. :meth:`~CompilerBackend.partition`: :func:`~harness.build.compile.graph_partition.partition_program`
    with the scenario's count or cap; these partitions are the engines, and their weight
    names what the release plan releases;
 3. :meth:`~CompilerBackend.build_engine` per partition, in order: the partition made a
@@ -34,12 +34,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from harness.compile.children import ChildPeak
-from harness.compile.export import ExportResult, export_mapped
-from harness.compile.graph_partition import GraphPartition, partition_program, subprogram
-from harness.compile.inductor import Artifact
-from harness.compile.pipeline import CompiledPipeline, EngineCompiler
-from harness.procfs import read_status
+from harness.build.compile.children import ChildPeak
+from harness.build.compile.export import ExportResult, export_mapped
+from harness.build.compile.graph_partition import GraphPartition, partition_program, subprogram
+from harness.build.compile.inductor import Artifact
+from harness.build.compile.pipeline import CompiledPipeline, EngineCompiler
+from harness.measure.procfs import read_status
 
 __all__ = ["CompilerBackend", "EngineDetails", "PartitionRule"]
 

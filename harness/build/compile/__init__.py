@@ -29,15 +29,15 @@ The steps, in the order a strategy runs them::
   must link libstdc++ dynamically (engines with a static copy crash when loaded).
 
 In the harness (``[build] backend = "inductor"``) these steps are the ``inductor`` backend:
-:class:`~harness.compile.backend.CompilerBackend` runs them for the worker,
-:mod:`harness.compile.entry` says what is exported (the model's forward, or lerobot's
-``sample_actions``) and on which inputs, and :mod:`harness.compile.planning` plans the graph
+:class:`~harness.build.compile.backend.CompilerBackend` runs them for the worker,
+:mod:`harness.build.compile.entry` says what is exported (the model's forward, or lerobot's
+``sample_actions``) and on which inputs, and :mod:`harness.build.compile.planning` plans the graph
 partitions once for every strategy.
 
-``python -m harness.compile.probe`` measures one such build of a synthetic transformer.
+``python -m harness.build.compile.probe`` measures one such build of a synthetic transformer.
 """
 
-from harness.compile.compare import (
+from harness.build.compile.compare import (
     TOLERANCES,
     Comparison,
     MismatchError,
@@ -45,8 +45,8 @@ from harness.compile.compare import (
     compare_with_eager,
     upcast_reference,
 )
-from harness.compile.export import ExportResult, export_mapped, shared_with_model
-from harness.compile.graph_partition import (
+from harness.build.compile.export import ExportResult, export_mapped, shared_with_model
+from harness.build.compile.graph_partition import (
     GraphPartition,
     PartitionError,
     cap_for_program,
@@ -55,7 +55,7 @@ from harness.compile.graph_partition import (
     program_weights,
     subprogram,
 )
-from harness.compile.inductor import (
+from harness.build.compile.inductor import (
     WEIGHTS,
     Artifact,
     EngineBuildError,
@@ -70,15 +70,15 @@ from harness.compile.inductor import (
     load_engine,
     to_device,
 )
-from harness.compile.layouts import EngineInputError, InputLayout, conform, input_layouts
-from harness.compile.pipeline import (
+from harness.build.compile.layouts import EngineInputError, InputLayout, conform, input_layouts
+from harness.build.compile.pipeline import (
     BuiltEngines,
     CompiledPipeline,
     EngineCompiler,
     EngineRecord,
     build_engines,
 )
-from harness.compile.toolchain import Toolchain, ToolchainError, check_toolchain
+from harness.build.compile.toolchain import Toolchain, ToolchainError, check_toolchain
 
 __all__ = [
     "TOLERANCES",

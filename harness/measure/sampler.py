@@ -14,7 +14,7 @@ reports the intervals achieved, and the kernel's high-water mark (:class:`PeakTr
 re-exported here) is the exact check on any peak the samples missed.
 
 Measured: a sample costs about 12 us without files (status read, appends) and adds the
-residency call with files (see :mod:`harness.residency`). At 10 ms the thread keeps a
+residency call with files (see :mod:`harness.measure.residency`). At 10 ms the thread keeps a
 10.0 ms mean (15 ms worst gap) while the main thread sleeps; against a main thread
 running pure Python the mean grows to about 15 ms (the GIL is handed over at
 ``sys.getswitchinterval()``, 5 ms), and torch's CUDA initialisation, which keeps the GIL,
@@ -35,11 +35,11 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.atomic import write_atomic
-from harness.gpu import GpuMonitor, torch_reserved_bytes
-from harness.procfs import PeakTracker, StatusReader
-from harness.record import SAMPLE_COLUMNS
-from harness.residency import FileResidency
+from harness.measure.gpu import GpuMonitor, torch_reserved_bytes
+from harness.measure.procfs import PeakTracker, StatusReader
+from harness.measure.residency import FileResidency
+from harness.results.atomic import write_atomic
+from harness.results.record import SAMPLE_COLUMNS
 
 __all__ = ["PeakTracker", "Sampler", "SamplerStats"]
 

@@ -29,8 +29,8 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from harness.procfs import PeakTracker, mapping_rss, read_status
-from harness.residency import FileResidency
+from harness.measure.procfs import PeakTracker, mapping_rss, read_status
+from harness.measure.residency import FileResidency
 from weightmap.targets import collect_targets
 
 __all__ = ["ExportResult", "export_mapped", "shared_with_model"]

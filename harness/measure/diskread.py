@@ -1,6 +1,6 @@
 """The disk's cold sequential read rate for a checkpoint, measured in the same run as the strategies.
 
-:func:`cold_read_bandwidth` prepares the files cold (:func:`harness.coldcache.prepare_cold`),
+:func:`cold_read_bandwidth` prepares the files cold (:func:`harness.measure.coldcache.prepare_cold`),
 reads them from start to end with ``read()`` into one reused, page-aligned buffer, and drops
 their pages again, so that the strategy measured next starts cold as well. The process keeps
 nothing it read: its RSS grows by the buffer only. The result, a :class:`ReadBandwidth`, is
@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.coldcache import CacheReport, drop_cached, page_aligned_buffer, prepare_cold
+from harness.measure.coldcache import CacheReport, drop_cached, page_aligned_buffer, prepare_cold
 
 __all__ = ["DEFAULT_CHUNK", "ReadBandwidth", "cold_read_bandwidth", "cpu_times"]
 
@@ -122,10 +122,10 @@ def cold_read_bandwidth(
 ) -> ReadBandwidth:
     """Read ``path`` (a file, or the files of a sharded checkpoint, in order) cold and time it.
 
-    The files are prepared with :func:`~harness.coldcache.prepare_cold` (``settle`` is passed
+    The files are prepared with :func:`~harness.measure.coldcache.prepare_cold` (``settle`` is passed
     on, and ``timeout_s`` when given), read sequentially with ``read()`` into one page-aligned
     ``chunk``-byte buffer (the whole of each file, or ``limit_bytes`` in all), and dropped from the page cache again
-    with another :func:`~harness.coldcache.prepare_cold` (without the settling).
+    with another :func:`~harness.measure.coldcache.prepare_cold` (without the settling).
 
     ``drop_behind`` (default): each range is dropped from the page cache as soon as it has
     been read (``posix_fadvise(POSIX_FADV_DONTNEED)``), so the page cache does not grow by
@@ -135,7 +135,7 @@ def cold_read_bandwidth(
     lower (medians of interleaved runs of the same file), so record both where the
     difference matters. Raises
     ``ValueError`` for a ``chunk`` or ``limit_bytes`` below 1, and as
-    :func:`~harness.coldcache.prepare_cold` does for missing files.
+    :func:`~harness.measure.coldcache.prepare_cold` does for missing files.
     """
     if chunk < 1:
         raise ValueError(f"chunk must be at least 1 byte, got {chunk}")

@@ -1,6 +1,6 @@
 """Measure one compile of a synthetic transformer: export, partition, AOTInductor per engine, check.
 
-``python -m harness.compile.probe --mib 200 --parts 4 --weights mapped --work DIR``
+``python -m harness.build.compile.probe --mib 200 --parts 4 --weights mapped --work DIR``
 
 builds a :class:`~harness.models.SyntheticTransformer` of about ``--mib`` MiB of weights
 (layers added at the given width until the size is reached), writes its seeded checkpoint
@@ -26,15 +26,15 @@ from typing import Any
 
 import torch
 
-from harness.checkpoints import ensure_checkpoint
-from harness.coldcache import prepare_cold
-from harness.compile.compare import compare_with_eager
-from harness.compile.export import export_mapped
-from harness.compile.graph_partition import partition_program, program_weight_bytes
-from harness.compile.inductor import WEIGHTS, InductorCompiler
-from harness.compile.pipeline import EngineRecord, build_engines
+from harness.build.compile.compare import compare_with_eager
+from harness.build.compile.export import export_mapped
+from harness.build.compile.graph_partition import partition_program, program_weight_bytes
+from harness.build.compile.inductor import WEIGHTS, InductorCompiler
+from harness.build.compile.pipeline import EngineRecord, build_engines
+from harness.measure.coldcache import prepare_cold
+from harness.measure.procfs import read_status
 from harness.models import SyntheticTransformer, fill_non_persistent
-from harness.procfs import read_status
+from harness.models.checkpoints import ensure_checkpoint
 from weightmap import ReleasePlan, ReleaseStep, map_weights
 
 MIB = 2**20
@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.compile.probe", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m harness.build.compile.probe", description=__doc__.split("\n")[0])
     parser.add_argument("--mib", type=float, default=200.0, help="model size in MiB (default 200)")
     parser.add_argument("--parts", type=int, default=4, help="engines to aim for (default 4)")
     parser.add_argument("--weights", choices=WEIGHTS, default="mapped")

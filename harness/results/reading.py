@@ -2,7 +2,7 @@
 
 :func:`load_results` is the only reader of a results directory. The table, the figures
 and the notes all take the :class:`Results` it returns and never open a file themselves;
-every figure they show comes from :attr:`Results.metrics` (:mod:`harness.metrics`) or,
+every figure they show comes from :attr:`Results.metrics` (:mod:`harness.results.metrics`) or,
 for the curves, from the samples.
 """
 
@@ -13,8 +13,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.metrics import DiskMetrics, StrategyMetrics, compared_label, disk_metrics, engines_accumulate, run_metrics
-from harness.record import (
+from harness.results.metrics import (
+    DiskMetrics,
+    StrategyMetrics,
+    compared_label,
+    disk_metrics,
+    engines_accumulate,
+    run_metrics,
+)
+from harness.results.record import (
     SUMMARY,
     RecordError,
     RunRecord,
@@ -78,7 +85,7 @@ class Results:
 
 
 def load_results(directory: str | Path) -> Results:
-    """Read ``directory``; raises :class:`~harness.record.RecordError` naming the file and key that are wrong.
+    """Read ``directory``; raises :class:`~harness.results.record.RecordError` naming the file and key that are wrong.
 
     A strategy that failed before writing its samples or events reads with empty frames;
     a finished one must have both files.

@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.record import DiskRead, EngineRecord, Phases, RunRecord, StrategyRecord
+from harness.results.record import DiskRead, EngineRecord, Phases, RunRecord, StrategyRecord
 
 __all__ = [
     "DiskMetrics",
@@ -104,7 +104,7 @@ def _column_max(values: np.ndarray) -> float | None:
 def sampled_peaks(record: StrategyRecord, samples: SampleColumns) -> dict[str, Any]:
     """The peaks and wall time of a strategy, from its samples and its kernel marks (see the module doc).
 
-    Returns the :class:`~harness.record.StrategyRecord` fields ``host_peak_bytes``,
+    Returns the :class:`~harness.results.record.StrategyRecord` fields ``host_peak_bytes``,
     ``build_peak_bytes``, ``host_gpu_peak_bytes``, ``anon_peak_bytes``, ``gpu_peak_bytes``
     and ``wall_s``, to be set on the record with ``record.replace(**peaks)``.
     """

@@ -38,7 +38,7 @@ def versions() -> dict[str, str | None]:
 
 def gpu_name() -> str | None:
     """The first CUDA device's name, or None without one (does not initialise CUDA)."""
-    from harness.gpu import GpuMonitor
+    from harness.measure.gpu import GpuMonitor
 
     monitor = GpuMonitor.open(0)
     if monitor is None:

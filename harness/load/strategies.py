@@ -18,7 +18,7 @@ Each loader takes the model on the meta device and returns it with its weights i
 * ``torch_mmap``: ``torch.load(mmap=True)`` of a ``.pt`` conversion of the checkpoint
   (made once by the strategy's ``prepare``, before any measured run) +
   ``load_state_dict(assign=True)``: file-backed, and never released while the model
-  holds it (:mod:`harness.peers`);
+  holds it (:mod:`harness.load.peers`);
 * ``stream``: nothing is loaded up front; per-engine hooks bring each engine's tensors
   in with ``safetensors.safe_open`` right before its build and drop them right after,
   so only one engine's weights are loaded at a time (:class:`StreamHooks`).
@@ -145,21 +145,21 @@ def _retie(model: torch.nn.Module, groups: list[list[str]]) -> None:
 
 
 def load_torch_mmap(model: torch.nn.Module, path: Path) -> Loaded:
-    """``torch.load(mmap=True)`` of the checkpoint's ``.pt`` conversion (see :func:`harness.peers.load_torch_mmap`)."""
-    from harness.peers import load_torch_mmap as load
+    """``torch.load(mmap=True)`` of the checkpoint's ``.pt`` conversion (:func:`harness.load.peers.load_torch_mmap`)."""
+    from harness.load.peers import load_torch_mmap as load
 
     return load(model, path)
 
 
 def prepare_torch_mmap(path: Path) -> bool:
     """Convert the checkpoint to its ``.pt`` once (kept while current); True when it converted."""
-    from harness.peers import converted_path, ensure_pt
+    from harness.load.peers import converted_path, ensure_pt
 
     return ensure_pt(path, converted_path(path))
 
 
 def torch_mmap_reads(path: Path) -> tuple[Path, ...]:
-    from harness.peers import converted_path
+    from harness.load.peers import converted_path
 
     return (converted_path(path),)
 
@@ -198,7 +198,7 @@ FilesRead = Callable[[Path], Sequence[Path]]
 class StreamHooks:
     """``stream``'s per-engine steps: put the engine's weights in place from ``safe_open``, then take them out.
 
-    ``before`` asks a :class:`harness.peers.StreamLoader` for the engine's tensors (views
+    ``before`` asks a :class:`harness.load.peers.StreamLoader` for the engine's tensors (views
     of safetensors' mapping of the file, not clones: a clone would add an anonymous copy
     of the engine, which no memory limit can reclaim, on top of the file pages it is
     copied from, and the builds read each weight once) and puts them into the model in
@@ -208,7 +208,7 @@ class StreamHooks:
     """
 
     def __init__(self, model: torch.nn.Module, path: Path) -> None:
-        from harness.peers import StreamLoader
+        from harness.load.peers import StreamLoader
 
         self.model = model
         self.loader = StreamLoader.for_model(model, path)

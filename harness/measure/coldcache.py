@@ -21,7 +21,7 @@
    report says what was left.
 3. **Drop.** ``posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED)`` on each file (no root
    needed).
-4. **Check.** Measure each file's page-cache residency with :class:`~harness.residency.FileResidency`.
+4. **Check.** Measure each file's page-cache residency with :class:`~harness.measure.residency.FileResidency`.
    Pages that some process still maps cannot be dropped; they show up here.
 
 Per-file dirty and writeback counts come from ``cachestat(2)`` (Linux 6.5+), which answers
@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.residency import FileResidency, PageCounts, file_page_counts
+from harness.measure.residency import FileResidency, PageCounts, file_page_counts
 
 __all__ = [
     "CacheReport",
