@@ -40,6 +40,9 @@ Public API:
 * Errors are :class:`MappingError` (a ``ValueError``); header problems are
   :class:`HeaderError`.
 
+Each name is imported on first use, so that what needs no torch (``PREFETCH_METHODS``,
+:mod:`weightmap.filekinds`, reading headers) imports without it.
+
 Example (the README's "The library" section has one that runs as written)::
 
     from weightmap import ReleasePlan, init_empty_weights, map_weights
@@ -55,15 +58,21 @@ Example (the README's "The library" section has one that runs as written)::
             plan.built(i)             # drops what partition i read; warms partition i + 2
 """
 
-from weightmap.convert import convert_checkpoint
-from weightmap.empty import init_empty_weights
-from weightmap.errors import HeaderError, MappingError
-from weightmap.inspection import CheckpointReport, inspect_checkpoint
-from weightmap.mapping import MappedWeights, MappingPreview, map_weights, preview_mapping
-from weightmap.plan import ReleasePlan, ReleaseStep
-from weightmap.prefetch import PREFETCH_METHODS, FileRange, Prefetcher, PrefetchMethod, PrefetchStats, file_ranges
-from weightmap.release import release_mapped_storage, release_storage
-from weightmap.writer import save_weights_for_mapping
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from weightmap.convert import convert_checkpoint
+    from weightmap.empty import init_empty_weights
+    from weightmap.errors import HeaderError, MappingError
+    from weightmap.inspection import CheckpointReport, inspect_checkpoint
+    from weightmap.mapping import MappedWeights, MappingPreview, map_weights, preview_mapping
+    from weightmap.plan import ReleasePlan, ReleaseStep
+    from weightmap.prefetch import PREFETCH_METHODS, FileRange, Prefetcher, PrefetchMethod, PrefetchStats, file_ranges
+    from weightmap.release import release_mapped_storage, release_storage
+    from weightmap.writer import save_weights_for_mapping
 
 __version__ = "0.1.0"
 
@@ -90,3 +99,43 @@ __all__ = [
     "release_storage",
     "save_weights_for_mapping",
 ]
+
+
+_WHERE: dict[str, str] = {
+    "convert_checkpoint": "weightmap.convert",
+    "init_empty_weights": "weightmap.empty",
+    "HeaderError": "weightmap.errors",
+    "MappingError": "weightmap.errors",
+    "CheckpointReport": "weightmap.inspection",
+    "inspect_checkpoint": "weightmap.inspection",
+    "MappedWeights": "weightmap.mapping",
+    "MappingPreview": "weightmap.mapping",
+    "map_weights": "weightmap.mapping",
+    "preview_mapping": "weightmap.mapping",
+    "ReleasePlan": "weightmap.plan",
+    "ReleaseStep": "weightmap.plan",
+    "PREFETCH_METHODS": "weightmap.prefetch",
+    "FileRange": "weightmap.prefetch",
+    "Prefetcher": "weightmap.prefetch",
+    "PrefetchMethod": "weightmap.prefetch",
+    "PrefetchStats": "weightmap.prefetch",
+    "file_ranges": "weightmap.prefetch",
+    "release_mapped_storage": "weightmap.release",
+    "release_storage": "weightmap.release",
+    "save_weights_for_mapping": "weightmap.writer",
+}
+"""The module each public name lives in."""
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name from its module on first use (then it is an ordinary attribute)."""
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'weightmap' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})

@@ -52,12 +52,13 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
-
-import torch
+from typing import TYPE_CHECKING, Literal
 
 from weightmap import registry
 from weightmap.filekinds import non_regular_kind
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["PREFETCH_METHODS", "FileRange", "Prefetcher", "PrefetchMethod", "PrefetchStats", "file_ranges",
            "evict_ranges", "open_mapped_file"]
@@ -123,6 +124,8 @@ def file_ranges(storages: Iterable[torch.UntypedStorage | torch.Tensor], *,
         ranges = file_ranges([model.layers[3].weight, model.layers[3].bias])
         sum(r.length for r in ranges)     # bytes a prefetch of them reads
     """
+    import torch  # the names of this module import without torch; ranges are asked of torch's storages
+
     by_region: dict[int, tuple[registry.Region, list[tuple[int, int]]]] = {}
     for item in storages:
         storage = item.untyped_storage() if isinstance(item, torch.Tensor) else item
