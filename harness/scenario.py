@@ -31,8 +31,8 @@ for examples)::
 
     name          str, [a-z0-9_-]+, required: results go under results/<name>/
     description   str [""]
-    strategies    list of strategy names (:data:`harness.load.strategies.STRATEGIES`: "map",
-                  "load", "load_file"), no duplicates, order kept [all of them]
+    strategies    list of strategy names (:data:`harness.catalog.STRATEGY_LISTINGS`), no
+                  duplicates, order kept [all of them, in the catalog's order]
     [model]       source: "synthetic" | "spec" | "lerobot" ["synthetic"]
       synthetic:  layers {1..1024}, width {1..65536}, vocab {1..16777216}: required;
                   heads {1..4096} [8], width a multiple of heads with an even head size;
@@ -50,7 +50,7 @@ for examples)::
     [build]       exactly one of engines {1..4096} (exactly that many engines; the model
                   needs at least as many weight units) / engine_cap_mib: number > 0 and
                   at most 16777216 (16 TiB), at least one byte;
-                  backend: "copy" | "inductor" | "tensorrt" ["copy"];
+                  backend: one of :data:`harness.catalog.BACKENDS` ["copy"];
                   weights: "mapped" | "packaged", compiler backends only ["mapped"]:
                   whether each engine runs on the model's own (mapped) tensors or holds a
                   copy of its weights; tokens {1..8192}, compiler backends only [16]: the
@@ -87,17 +87,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from harness.catalog import BACKENDS, COMPILER_BACKENDS, STRATEGY_LISTINGS
 from harness.errors import HarnessError
-from harness.load.strategies import STRATEGIES
 from weightmap import PREFETCH_METHODS
 from weightmap.filekinds import non_regular_kind
 
 __all__ = [
-    "BACKENDS",
     "CACHES",
-    "COMPILER_BACKENDS",
     "ENGINE_WEIGHTS",
     "DEVICES",
     "MODEL_DTYPES",
@@ -128,9 +124,6 @@ __all__ = [
 
 SOURCES: tuple[str, ...] = ("synthetic", "spec", "lerobot")
 MODEL_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
-BACKENDS: tuple[str, ...] = ("copy", "inductor", "tensorrt")
-COMPILER_BACKENDS: tuple[str, ...] = ("inductor", "tensorrt")
-"""Backends that export the model and build engines from graph partitions (they need a model with a forward)."""
 ENGINE_WEIGHTS: tuple[str, ...] = ("mapped", "packaged")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 CACHES: tuple[str, ...] = ("cold", "warm")
@@ -360,7 +353,7 @@ class Scenario:
     name: str
     description: str = ""
     path: Path | None = None
-    strategies: tuple[str, ...] = tuple(STRATEGIES)
+    strategies: tuple[str, ...] = tuple(STRATEGY_LISTINGS)
     model: ModelConfig
     checkpoint: CheckpointConfig
     build: BuildConfig
@@ -429,6 +422,8 @@ def synthetic_numel(*, layers: int, width: int, vocab: int, ffn_mult: int) -> in
 
 def _itemsize(name: Any) -> int | None:
     """Bytes per element of the torch dtype called ``name``; None when there is none."""
+    import torch  # only a scenario with a synthetic model or a spec asks: torch knows its dtypes
+
     dtype = getattr(torch, name, None) if isinstance(name, str) else None
     return dtype.itemsize if isinstance(dtype, torch.dtype) else None
 
@@ -898,12 +893,12 @@ def _parse(data: Mapping[str, Any], path: Path, shown: Path) -> Scenario:
     if not _NAME.fullmatch(name):
         raise top.error("name", f"expected [a-z0-9_-]+, got {name!r}")
     description = top.string("description", "")
-    strategies = top.strings("strategies", tuple(STRATEGIES))
+    strategies = top.strings("strategies", tuple(STRATEGY_LISTINGS))
     if not strategies:
         raise top.error("strategies", "expected at least one strategy")
     for strategy in strategies:
-        if strategy not in STRATEGIES:
-            raise top.error("strategies", f"unknown strategy {strategy!r} (known: {', '.join(STRATEGIES)})")
+        if strategy not in STRATEGY_LISTINGS:
+            raise top.error("strategies", f"unknown strategy {strategy!r} (known: {', '.join(STRATEGY_LISTINGS)})")
     model = _load_model(top, path.parent)
     ckpt = top.table("checkpoint", frozenset({"path", "seed", "generate"}))
     raw_path = ckpt.string("path", None)

@@ -67,6 +67,7 @@ from harness.budget.cgroup import (
 )
 from harness.budget.record import AttemptRecord, BudgetRecord, StrategyBudget, goal_limit, write_budget
 from harness.budget.sweep import SweepError, default_precision, smallest_limit
+from harness.catalog import strategy_label
 from harness.errors import HarnessError
 from harness.load.strategies import STRATEGIES
 from harness.measure import machine
@@ -200,7 +201,6 @@ class _Strategy:
 def _sweep_strategy(runner: _Strategy, plan: Plan, unconstrained_limit: int, precision: int,
                     timeout_factor: float, min_timeout_s: float) -> StrategyBudget:
     strategy = runner.strategy
-    spec = STRATEGIES[strategy]
     first = runner.attempt(unconstrained_limit, "unconstrained")
     worker = runner.runs[0][1]
     release_note = worker.release_note if worker is not None else ""
@@ -208,7 +208,7 @@ def _sweep_strategy(runner: _Strategy, plan: Plan, unconstrained_limit: int, pre
     anon = runner.runs[0][2]
 
     def failed(error: str, phases: Sequence[str], **known: int | None) -> StrategyBudget:
-        return StrategyBudget(status="failed", error=error, label=spec.label, release_note=release_note,
+        return StrategyBudget(status="failed", error=error, label=strategy_label(strategy), release_note=release_note,
                               baseline_rss_bytes=baseline, baseline_anon_bytes=anon, lower_bytes=known.get("lower"),
                               upper_bytes=known.get("upper"), timeout_s=runner.timeout_s, minimum_bytes=None,
                               largest_failing_bytes=None, at_lower_bound=False, unstable_limits=(),
@@ -237,7 +237,7 @@ def _sweep_strategy(runner: _Strategy, plan: Plan, unconstrained_limit: int, pre
         return failed(str(exc), phases, lower=lower, upper=upper)
     phases = ["unconstrained", *(p.phase for p in sweep.points)]
     runner.say(f"{strategy}: {sweep.describe()}")
-    return StrategyBudget(status="ok", error=None, label=spec.label, release_note=release_note,
+    return StrategyBudget(status="ok", error=None, label=strategy_label(strategy), release_note=release_note,
                           baseline_rss_bytes=baseline, baseline_anon_bytes=anon, lower_bytes=lower, upper_bytes=upper,
                           timeout_s=runner.timeout_s, minimum_bytes=sweep.minimum_bytes,
                           largest_failing_bytes=sweep.largest_failing_bytes, at_lower_bound=sweep.at_lower_bound,

@@ -52,21 +52,11 @@ from typing import Any
 
 import torch
 
-from harness.load.strategies import Loaded, _retie
+from harness.load.loaded import Loaded, retie
 from weightmap.checkpoint import open_checkpoint
 from weightmap.targets import collect_targets
 
-__all__ = ["PEERS", "RELEASE", "StreamLoader", "converted_path", "ensure_pt", "load_torch_mmap"]
-
-PEERS = ("torch_mmap", "stream")
-
-RELEASE = {
-    "torch_mmap": ("file-backed views of a .pt converted once (torch.load mmap=True): resident as read, never "
-                   "released while the model holds them (one mapping per file; resize_(0) fails on them)"),
-    "stream": ("per engine: safetensors safe_open views of that engine's tensors only, unmapped when they are "
-               "dropped after its build (file-backed; their page cache is left to the kernel)"),
-}
-"""One line per peer on what happens to its weights' memory, for the results."""
+__all__ = ["StreamLoader", "converted_path", "ensure_pt", "load_torch_mmap"]
 
 
 # --------------------------------------------------------------------------- torch_mmap
@@ -161,7 +151,7 @@ def load_torch_mmap(model: torch.nn.Module, path: Path) -> Loaded:
     if absent:
         raise KeyError(f"{pt}: the conversion lacks {len(absent)} tensors of the model, e.g. {absent[:5]}")
     model.load_state_dict(state, strict=False, assign=True)
-    _retie(model, groups)
+    retie(model, groups)
     return Loaded(model, "torch.load(mmap=True, weights_only=True) of a .pt converted once + "
                          "load_state_dict(assign=True)")
 

@@ -1,10 +1,11 @@
 """The strategy registry: every way of getting a checkpoint's weights into a model that the harness compares.
 
-A :class:`Strategy` is everything the harness knows about one: its name (what a scenario
-lists), a label and a colour (what tables and figures show), its loader, how its weights
-are released after their last engine, and optional per-engine hooks. Scenario validation,
-the worker, the table and the figures all read :data:`STRATEGIES`; adding a strategy is
-adding an entry here.
+A :class:`Strategy` is what the harness does for one: its name (what a scenario lists), its
+loader, how its weights are released after their last engine, and optional per-engine
+hooks. The names, with the label and colour results show them by, are declared in the
+torch-free catalog (:mod:`harness.catalog`), which scenario validation, the results and the
+figures read; the worker, the plan and budget mode read :data:`STRATEGIES`. Adding a
+strategy is adding its listing to the catalog and its entry here.
 
 Each loader takes the model on the meta device and returns it with its weights in place:
 
@@ -42,20 +43,14 @@ from typing import Protocol
 
 import torch
 
+from harness.catalog import STRATEGY_LISTINGS
+from harness.load.loaded import Loaded, retie, tensor_slot
+from harness.load.peers import StreamLoader, converted_path, ensure_pt, load_torch_mmap
 from weightmap import PrefetchMethod, ReleasePlan, map_weights
 from weightmap.checkpoint import open_checkpoint
 from weightmap.targets import collect_targets
 
-__all__ = ["STRATEGIES", "EngineHooks", "Loaded", "Strategy", "release_without_resizing", "strategy_colour",
-           "strategy_label"]
-
-
-@dataclass(frozen=True)
-class Loaded:
-    """A loaded model and what the loader had to say about it."""
-
-    model: torch.nn.Module
-    note: str
+__all__ = ["STRATEGIES", "EngineHooks", "Strategy", "release_without_resizing"]
 
 
 def load_map(model: torch.nn.Module, path: Path) -> Loaded:
@@ -91,7 +86,7 @@ def load_eager(model: torch.nn.Module, path: Path) -> Loaded:
     groups = [t.names for t in collect_targets(model) if len(t.names) > 1]
     unfilled = _meta_non_persistent(model)
     model.to_empty(device="cpu")
-    _retie(model, groups)  # to_empty allocates each name separately
+    retie(model, groups)  # to_empty allocates each name separately
     # No checkpoint fills a non-persistent buffer: put those back on meta, so that they get
     # the values every other strategy's model gets (fill_non_persistent), not to_empty's
     # uninitialised memory (an index buffer of garbage makes an engine index out of bounds).
@@ -121,46 +116,17 @@ def load_with_safetensors(model: torch.nn.Module, path: Path) -> Loaded:
     for file in open_checkpoint(path).files:
         state.update(load_file(str(file)))
     model.load_state_dict(state, strict=False, assign=True)
-    _retie(model, groups)
+    retie(model, groups)
     return Loaded(model, "safetensors load_file + load_state_dict(assign=True)")
-
-
-def _slot(model: torch.nn.Module, name: str) -> tuple[dict[str, torch.Tensor | None], str]:
-    prefix, _, key = name.rpartition(".")
-    module = model.get_submodule(prefix) if prefix else model
-    slots = module._parameters if key in module._parameters else module._buffers
-    return slots, key  # type: ignore[return-value]
-
-
-def _retie(model: torch.nn.Module, groups: list[list[str]]) -> None:
-    """``assign=True`` fills only the names the file holds: point the other tied names at them."""
-    for names in groups:
-        slots = [_slot(model, n) for n in names]
-        present = [s[k] for s, k in slots]
-        loaded = next((t for t in present if t is not None and t.device.type != "meta"), None)
-        if loaded is None:
-            continue
-        for s, k in slots:
-            s[k] = loaded
-
-
-def load_torch_mmap(model: torch.nn.Module, path: Path) -> Loaded:
-    """``torch.load(mmap=True)`` of the checkpoint's ``.pt`` conversion (:func:`harness.load.peers.load_torch_mmap`)."""
-    from harness.load.peers import load_torch_mmap as load
-
-    return load(model, path)
 
 
 def prepare_torch_mmap(path: Path) -> bool:
     """Convert the checkpoint to its ``.pt`` once (kept while current); True when it converted."""
-    from harness.load.peers import converted_path, ensure_pt
-
     return ensure_pt(path, converted_path(path))
 
 
 def torch_mmap_reads(path: Path) -> tuple[Path, ...]:
-    from harness.load.peers import converted_path
-
+    """The file ``torch_mmap`` reads instead of the checkpoint: its ``.pt`` conversion."""
     return (converted_path(path),)
 
 
@@ -208,8 +174,6 @@ class StreamHooks:
     """
 
     def __init__(self, model: torch.nn.Module, path: Path) -> None:
-        from harness.load.peers import StreamLoader
-
         self.model = model
         self.loader = StreamLoader.for_model(model, path)
         self._meta: dict[str, torch.Tensor | None] = {}
@@ -220,7 +184,7 @@ class StreamHooks:
         weights = self.loader.load(self._names)
         wrapped: dict[int, torch.Tensor] = {}  # tied names in one engine share one parameter
         for name, tensor in weights.items():
-            slots, key = _slot(self.model, name)
+            slots, key = tensor_slot(self.model, name)
             self._meta[name] = slots[key]
             if isinstance(slots[key], torch.nn.Parameter):
                 tensor = wrapped.setdefault(id(tensor), torch.nn.Parameter(tensor, requires_grad=False))
@@ -229,7 +193,7 @@ class StreamHooks:
     def after(self, index: int, names: Sequence[str]) -> int:
         before = self.loader.resident_bytes
         for name in self._names:
-            slots, key = _slot(self.model, name)
+            slots, key = tensor_slot(self.model, name)
             slots[key] = self._meta.pop(name)
         self.loader.drop(self._names)
         self._names = []
@@ -250,6 +214,8 @@ def release_without_resizing(model: torch.nn.Module, partitions: Sequence[Sequen
     """The plan for engines that run on the model's own tensors: mapped pages dropped after their last
     engine, no storage resized (whatever the strategy), so that the engines can still run on them."""
     return _release_after_last_reader(model, partitions)
+
+
 def _release_and_prefetch(model: torch.nn.Module, partitions: Sequence[Sequence[str]],
                           method: PrefetchMethod | None, drop_cache: bool) -> ReleasePlan:
     """weightmap's default plan, warming the page cache one engine ahead with ``method`` (None: not at all),
@@ -259,8 +225,9 @@ def _release_and_prefetch(model: torch.nn.Module, partitions: Sequence[Sequence[
 
 @dataclass(frozen=True)
 class Strategy:
-    """One loading strategy: what a scenario names, how it loads and releases, how results show it.
+    """One loading strategy: the name a scenario lists, how it loads and releases.
 
+    How results show it (label, colour) is the catalog's (:mod:`harness.catalog`).
     ``release_plan(model, partitions)`` makes the plan that releases each weight after the
     last engine that reads it (``partitions``: each engine's tensor names, in build order);
     this is the one place that decides how a strategy's weights are released.
@@ -276,8 +243,6 @@ class Strategy:
     """
 
     name: str
-    label: str
-    colour: str
     load: Loader
     release_plan: ReleasePlanner
     released_how: str
@@ -285,13 +250,13 @@ class Strategy:
     hooks: HooksFactory | None = None
     prepare: Preparer | None = None
     reads: FilesRead | None = None
+    prefetch_plan: PrefetchPlanner | None = None
+    prefetches: bool = True
+    drops_cache: bool = True
 
     def files_read(self, checkpoint: Path) -> tuple[Path, ...]:
         """The files this strategy's loader reads besides the checkpoint's (a cold cache drops them too)."""
         return tuple(self.reads(checkpoint)) if self.reads else ()
-    prefetch_plan: PrefetchPlanner | None = None
-    prefetches: bool = True
-    drops_cache: bool = True
 
     def release_note(self, release: bool, unreleased_bytes: int) -> str:
         """The sentence the results print about what this strategy released."""
@@ -308,8 +273,6 @@ _MAP_KEPT_WHY = ("mapped weights released; what was kept is ordinary memory the 
 
 _MAP = Strategy(
     name="map",
-    label="map_weights, pages dropped after each engine",
-    colour="#0072B2",
     load=load_map,
     release_plan=_release_after_last_reader,
     released_how="pages dropped with madvise(MADV_DONTNEED)",
@@ -323,8 +286,6 @@ STRATEGIES: dict[str, Strategy] = {
         _MAP,
         Strategy(
             name="load",
-            label="read into host memory + load_state_dict",
-            colour="#D55E00",
             load=load_eager,
             release_plan=_resize_after_last_reader,
             released_how="storages resized to 0",
@@ -332,8 +293,6 @@ STRATEGIES: dict[str, Strategy] = {
         ),
         Strategy(
             name="load_file",
-            label="safetensors load_file + assign",
-            colour="#CC79A7",
             load=load_with_safetensors,
             release_plan=_release_after_last_reader,
             released_how="released",
@@ -342,8 +301,6 @@ STRATEGIES: dict[str, Strategy] = {
         ),
         Strategy(
             name="torch_mmap",
-            label="torch.load(mmap=True) of a .pt + assign",
-            colour="#999933",
             load=load_torch_mmap,
             release_plan=_release_after_last_reader,
             released_how="released",
@@ -354,8 +311,6 @@ STRATEGIES: dict[str, Strategy] = {
         ),
         Strategy(
             name="stream",
-            label="safe_open per engine (views), dropped after it",
-            colour="#882255",
             load=load_nothing,
             release_plan=_release_after_last_reader,
             released_how="each engine's safe_open views dropped after its build, which unmaps them",
@@ -363,28 +318,12 @@ STRATEGIES: dict[str, Strategy] = {
                       "ordinary memory the model still reads (non-persistent buffers such as rotary frequencies)"),
             hooks=StreamHooks,
         ),
-        replace(_MAP, name="map_no_prefetch", label="map_weights, pages dropped after each engine, no prefetch",
-                colour="#332288", prefetches=False),
-        replace(_MAP, name="map_keep_cache",
-                label="map_weights, pages dropped after each engine, kept in the page cache",
-                colour="#44AA99", drops_cache=False),
+        replace(_MAP, name="map_no_prefetch", prefetches=False),
+        replace(_MAP, name="map_keep_cache", drops_cache=False),
     )
 }
-"""Every strategy, in the order scenarios run them by default."""
+"""Every strategy of the catalog (:data:`harness.catalog.STRATEGY_LISTINGS`), in its order."""
 
-_EXTRA_COLOURS = ("#882255", "#999933", "#332288", "#117733", "#AA4499")
-
-
-def strategy_colour(name: str, order: Sequence[str]) -> str:
-    """The colour of strategy ``name``; a name not in the registry (results of another version) takes
-    one by its position among such names in ``order``."""
-    if name in STRATEGIES:
-        return STRATEGIES[name].colour
-    others = [n for n in order if n not in STRATEGIES]
-    index = others.index(name) if name in others else len(others)
-    return _EXTRA_COLOURS[index % len(_EXTRA_COLOURS)]
-
-
-def strategy_label(name: str) -> str:
-    """The registry's label of ``name``; empty for a name it does not know."""
-    return STRATEGIES[name].label if name in STRATEGIES else ""
+if tuple(STRATEGIES) != tuple(STRATEGY_LISTINGS):
+    raise RuntimeError(f"harness/load/strategies.py: the registry's strategies {tuple(STRATEGIES)} are not the "
+                       f"catalog's {tuple(STRATEGY_LISTINGS)} (harness/catalog.py), in its order")

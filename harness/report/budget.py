@@ -27,7 +27,7 @@ from matplotlib.layout_engine import ConstrainedLayoutEngine
 from matplotlib.lines import Line2D
 
 from harness.budget.record import AttemptRecord, BudgetRecord, StrategyBudget, read_budget
-from harness.load.strategies import strategy_colour
+from harness.catalog import strategy_colour
 from harness.report.style import STYLE, figure_png
 from harness.report.text import DASH, GIB, cell, gib_decimals, short_commit
 from harness.results.atomic import FileBatch

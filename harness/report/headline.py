@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
-from harness.load.strategies import strategy_label
+from harness.catalog import strategy_label
 from harness.report.style import FLOOR_STYLE, figure_legend, new_figure, strategy_colour, styled
 from harness.report.text import GIB, format_gib, format_percent, format_seconds, gib_decimals, status_text
 from harness.results.metrics import StrategyMetrics, floor_formula

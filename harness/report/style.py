@@ -18,7 +18,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.layout_engine import ConstrainedLayoutEngine
 
-from harness.load.strategies import strategy_colour
+from harness.catalog import strategy_colour
 from harness.report.text import GIB, footer_text, gib_decimals
 from harness.results.atomic import write_atomic
 from harness.results.reading import Results

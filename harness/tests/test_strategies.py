@@ -1,4 +1,5 @@
-"""The strategy registry: one entry per strategy, read by scenario validation, the worker and the figures."""
+"""The strategy registry: one entry per strategy of the catalog, read by the worker and the plan; scenario
+validation and the figures read the catalog."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.load.strategies import STRATEGIES, strategy_colour
+from harness.catalog import STRATEGY_LISTINGS, StrategyListing, strategy_colour, strategy_label
+from harness.load.strategies import STRATEGIES
 from harness.plan import make_plan
 from harness.scenario import ScenarioError, load_scenario
 from harness.worker import measure
@@ -34,19 +36,28 @@ def write(tmp_path: Path, *names: str) -> Path:
     return path
 
 
-def test_scenarios_accept_exactly_the_registered_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_scenarios_accept_exactly_the_catalogs_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ScenarioError, match="unknown strategy 'other' .known: map, load, load_file, torch_mmap, "
                                             "stream"):
         load_scenario(write(tmp_path, "map", "other"))
-    monkeypatch.setitem(STRATEGIES, "other", dataclasses.replace(STRATEGIES["map"], name="other"))
+    monkeypatch.setitem(STRATEGY_LISTINGS, "other", StrategyListing("other", "another", "#000000"))
     assert load_scenario(write(tmp_path, "map", "other")).strategies == ("map", "other")
 
 
+def test_the_registry_has_an_entry_for_each_name_of_the_catalog_in_its_order() -> None:
+    assert list(STRATEGIES) == list(STRATEGY_LISTINGS)
+    assert all(s.name == name for name, s in STRATEGIES.items())
+    from harness.scenario import Scenario
+
+    assert Scenario.__dataclass_fields__["strategies"].default == tuple(STRATEGY_LISTINGS), "a scenario runs all"
+
+
 def test_every_strategy_has_its_own_colour_and_label() -> None:
-    colours = [s.colour for s in STRATEGIES.values()]
+    colours = [s.colour for s in STRATEGY_LISTINGS.values()]
     assert len(set(colours)) == len(colours)
-    assert all(s.label and s.name == name for name, s in STRATEGIES.items())
-    assert strategy_colour("map", ["map"]) == STRATEGIES["map"].colour
+    assert all(s.label and s.name == name for name, s in STRATEGY_LISTINGS.items())
+    assert strategy_colour("map", ["map"]) == STRATEGY_LISTINGS["map"].colour
+    assert strategy_label("map") == STRATEGY_LISTINGS["map"].label and strategy_label("old_a") == ""
     # names the registry does not know (results of another version) still get distinct colours
     order = ["map", "old_a", "old_b"]
     assert len({strategy_colour(n, order) for n in order}) == 3
@@ -87,6 +98,7 @@ def test_the_worker_calls_a_strategys_hooks_around_each_engine(
 ) -> None:
     hooked = dataclasses.replace(STRATEGIES["map"], name="hooked", hooks=_Recorder)
     monkeypatch.setitem(STRATEGIES, "hooked", hooked)
+    monkeypatch.setitem(STRATEGY_LISTINGS, "hooked", StrategyListing("hooked", "map with hooks", "#000000"))
     path = write(tmp_path, "hooked")
     path.write_text(path.read_text().replace("engines = 1", "engines = 3"))
     scenario = load_scenario(path)

@@ -1,0 +1,72 @@
+"""What the harness names, and how results show each name: strategies and backends, without torch.
+
+The strategy names, their labels and their colours are declared here once. The strategy
+registry (:data:`harness.load.strategies.STRATEGIES`) gives each name here its loader and
+release plan; scenario validation, the results and the figures need only what is here, so
+reading a scenario or rendering results imports no torch.
+
+:data:`STRATEGY_LISTINGS` is in the order scenarios run strategies by default (all of them
+when a scenario lists none), which is also the order the figures take their colours in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "BACKENDS",
+    "COMPILER_BACKENDS",
+    "STRATEGY_LISTINGS",
+    "StrategyListing",
+    "strategy_colour",
+    "strategy_label",
+]
+
+
+@dataclass(frozen=True)
+class StrategyListing:
+    """One strategy as scenarios and results name it: its name, its label in tables and figures, its colour."""
+
+    name: str
+    label: str
+    colour: str
+
+
+STRATEGY_LISTINGS: dict[str, StrategyListing] = {
+    s.name: s
+    for s in (
+        StrategyListing("map", "map_weights, pages dropped after each engine", "#0072B2"),
+        StrategyListing("load", "read into host memory + load_state_dict", "#D55E00"),
+        StrategyListing("load_file", "safetensors load_file + assign", "#CC79A7"),
+        StrategyListing("torch_mmap", "torch.load(mmap=True) of a .pt + assign", "#999933"),
+        StrategyListing("stream", "safe_open per engine (views), dropped after it", "#882255"),
+        StrategyListing("map_no_prefetch", "map_weights, pages dropped after each engine, no prefetch", "#332288"),
+        StrategyListing("map_keep_cache", "map_weights, pages dropped after each engine, kept in the page cache",
+                        "#44AA99"),
+    )
+}
+"""Every strategy, in the order scenarios run them by default."""
+
+BACKENDS: tuple[str, ...] = ("copy", "inductor", "tensorrt")
+"""The engine builders a scenario can name (``[build] backend``)."""
+
+COMPILER_BACKENDS: tuple[str, ...] = ("inductor", "tensorrt")
+"""Backends that export the model and build engines from graph partitions (they need a model with a forward)."""
+
+_EXTRA_COLOURS = ("#882255", "#999933", "#332288", "#117733", "#AA4499")
+
+
+def strategy_colour(name: str, order: Sequence[str]) -> str:
+    """The colour of strategy ``name``; a name not in the catalog (results of another version) takes
+    one by its position among such names in ``order``."""
+    if name in STRATEGY_LISTINGS:
+        return STRATEGY_LISTINGS[name].colour
+    others = [n for n in order if n not in STRATEGY_LISTINGS]
+    index = others.index(name) if name in others else len(others)
+    return _EXTRA_COLOURS[index % len(_EXTRA_COLOURS)]
+
+
+def strategy_label(name: str) -> str:
+    """The catalog's label of ``name``; empty for a name it does not know."""
+    return STRATEGY_LISTINGS[name].label if name in STRATEGY_LISTINGS else ""
