@@ -5,6 +5,10 @@ Exit status: 0 when everything ran, 1 when a strategy failed (its reason is in t
 results), 2 for an error the user can fix (a :class:`~harness.errors.HarnessError`,
 printed as one line ``error: <message>``, or a bad command line), 128 + the signal's
 number when SIGINT, SIGTERM or SIGHUP stopped a run or a budget sweep.
+
+The layers below know nothing of the report: ``run`` renders through what it is handed here
+(:func:`harness.report.render_staged`, so that results and figures go in place together), and
+``budget`` renders after the sweep is published (:func:`harness.report.budget.render_budget`).
 """
 
 from __future__ import annotations
@@ -50,16 +54,34 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _say(prefix: str, message: str) -> None:
+    print(f"[{prefix}] {message}", file=sys.stderr, flush=True)
+
+
 def _run(args: argparse.Namespace) -> int:
+    """Run the scenario; its report and figures are rendered from the staged results and go in place with them."""
+    from harness.report import Rendered, render_staged
+    from harness.results.atomic import FileBatch
     from harness.run import run_scenario
     from harness.scenario import load_scenario
 
-    record = run_scenario(load_scenario(args.scenario), name=args.name, results=args.results)
+    rendered: list[Rendered] = []
+
+    def render(staging: Path, published_as: Path, batch: FileBatch) -> None:
+        rendered.append(render_staged(staging, published_as, batch))
+
+    record = run_scenario(load_scenario(args.scenario), name=args.name, results=args.results, render=render)
+    for done in rendered:
+        for path in done.paths:
+            _say("harness", f"wrote {path}")
+        if done.stale_notes:
+            _say("harness", f"the notes on {record.name} were checked against other figures; see {done.paths[-1]}")
     return 1 if any(not s.ok for s in record.strategies.values()) else 0
 
 
 def _budget(args: argparse.Namespace) -> int:
     from harness.budget.mode import PRECISION_MIB, TIMEOUT_FACTOR, run_budget
+    from harness.report.budget import render_budget
     from harness.scenario import load_scenario
 
     for flag, value, limit in (("--precision-mib", args.precision_mib, PRECISION_MIB),
@@ -69,6 +91,8 @@ def _budget(args: argparse.Namespace) -> int:
     precision = None if args.precision_mib is None else int(args.precision_mib * 2**20)
     record = run_budget(load_scenario(args.scenario), name=args.name, results=args.results,
                         precision_bytes=precision, timeout_factor=args.timeout_factor)
+    for path in render_budget(args.results / record.name):
+        _say("budget", f"wrote {path}")
     return 1 if any(not s.ok for s in record.strategies.values()) else 0
 
 
@@ -101,7 +125,7 @@ def one_line(error: BaseException) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
     args = _parser().parse_args(argv)
-    from harness.run import RunInterrupted
+    from harness.stopping import RunInterrupted
 
     try:
         return {"run": _run, "budget": _budget, "plot": _plot}[args.command](args)

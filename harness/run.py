@@ -1,4 +1,4 @@
-"""Running a scenario: the plan once, one supervised process per strategy, the record, then the figures.
+"""Running a scenario: the plan once, one supervised process per strategy, the record, then publishing it.
 
 :func:`run_scenario` checks that the results can be written (the root is a writable
 directory) before anything else, resolves the scenario into a :class:`~harness.plan.Plan`
@@ -7,20 +7,20 @@ directory) before anything else, resolves the scenario into a :class:`~harness.p
 outside: a worker whose RSS passes the scenario's memory limit, or that outlives its
 timeout, is killed and recorded as failed, instead of taking the machine down; a
 worker dies with the parent (``PR_SET_PDEATHSIG``), and SIGINT, SIGTERM or SIGHUP to the
-parent stops the running worker first (:class:`RunInterrupted`).
+parent stops the running worker first (:class:`~harness.stopping.RunInterrupted`).
 
 A run writes into ``results/.<name>.partial/`` and replaces ``results/<name>/`` with it
-only once every strategy has been run, so an interrupted run or a full disk leaves the
-earlier results as they were. ``summary.json`` (a :class:`~harness.results.record.RunRecord`)
-is rewritten after each strategy, so the partial directory always holds what finished.
-The report and figures are rendered from the partial directory before anything is
-replaced and go in place with it (:class:`~harness.results.atomic.FileBatch`): when they cannot
-all be written, the earlier results, report and figures all stay. A run in which no
+only once every strategy has been run (:mod:`harness.results.publish`), so an interrupted
+run or a full disk leaves the earlier results as they were. ``summary.json`` (a
+:class:`~harness.results.record.RunRecord`) is rewritten after each strategy, so the partial
+directory always holds what finished. This module draws nothing: the caller that wants the
+report and figures (``python -m harness run``) passes ``render``, which writes them from the
+partial directory before anything is replaced; they go in place with it
+(:class:`~harness.results.atomic.FileBatch`): when they cannot all be written, the earlier
+results, report and figures all stay. A run in which no
 strategy has a result of its own (each could not write its record, a full disk say, or
 was killed by a signal the harness did not send) does not replace earlier results; the
-error says where its files are. ``results/<name>`` that is a link or a file is refused
-before anything runs, and leftovers at ``.<name>.partial`` and ``.<name>.old`` are
-removed without following links.
+error says where its files are.
 A strategy that crashes, is killed or times out gets ``"status": "failed"`` with the
 reason; the others still run.
 
@@ -63,10 +63,10 @@ from harness.errors import HarnessError, OutputError
 from harness.measure import machine
 from harness.measure.diskread import cold_read_bandwidth
 from harness.plan import Plan, make_plan, write_plan
-from harness.results.atomic import FileBatch, write_atomic
+from harness.results.atomic import FileBatch
 from harness.results.metrics import StrategyMetrics
+from harness.results.publish import check_results_root, publish
 from harness.results.record import (
-    NAME,
     PLAN,
     DiskRead,
     MachineInfo,
@@ -80,22 +80,20 @@ from harness.results.record import (
     write_summary,
 )
 from harness.scenario import Scenario
+from harness.stopping import STOP_SIGNALS, RunInterrupted
 from harness.worker import FAILURE_PREFIX, worker_command
 
-__all__ = ["RunInterrupted", "WorkerCommand", "check_results_root", "run_scenario", "watch"]
+__all__ = ["Render", "WorkerCommand", "run_scenario", "watch"]
 
 WorkerCommand = Callable[[Path, str, Path], Sequence[str]]
 """``(plan file, strategy, results directory) -> command line`` of one strategy's process."""
 
+Render = Callable[[Path, Path, FileBatch], object]
+"""``(staged results directory, where it will be published, batch)``: writes a finished run's report and
+figures into ``batch``, which goes in place together with the results (``python -m harness run`` passes
+:func:`harness.report.render_staged`)."""
+
 GIB = 1 << 30
-
-
-class RunInterrupted(HarnessError):
-    """SIGINT, SIGTERM or SIGHUP reached the parent; the running worker was stopped. ``signum`` says which."""
-
-    def __init__(self, message: str, signum: int) -> None:
-        super().__init__(message)
-        self.signum = signum
 
 
 @dataclass
@@ -128,9 +126,6 @@ def _die_with_parent() -> None:
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
 
-
-STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-"""The signals that stop a run (and a budget sweep): its workers are stopped first, then one ``error:`` line."""
 
 class _Stop:
     """Turns SIGINT, SIGTERM and SIGHUP into a flag while a worker runs (the handler only records the signal)."""
@@ -217,73 +212,6 @@ def watch(
 
 def _progress(message: str) -> None:
     print(f"[harness] {message}", file=sys.stderr, flush=True)
-
-
-def _remove(path: Path) -> None:
-    """Remove what is at ``path`` without following a link: a link or file is unlinked, a directory removed."""
-    if path.is_symlink() or (os.path.lexists(path) and not path.is_dir()):
-        path.unlink()
-    elif path.is_dir():
-        shutil.rmtree(path)
-
-
-def _check_replaceable(out: Path) -> None:
-    """Refuse an ``out`` that a run could not replace as a whole: a link (it would be followed or
-    replaced by a directory) or something other than a directory."""
-    if out.is_symlink():
-        raise OutputError(f"{out}: a symbolic link (to {os.readlink(out)}); the results are replaced as a whole "
-                          f"and never through a link: remove the link, or pass --name or --results")
-    if os.path.lexists(out) and not out.is_dir():
-        raise OutputError(f"{out}: not a directory, so it cannot hold results; remove it, or pass --name or --results")
-
-
-def check_results_root(results: Path, name: str) -> Path:
-    """The directory a run of ``name`` stages into, created and written once as a probe.
-
-    Raises :class:`~harness.errors.HarnessError` for a name that is not ``[a-z0-9_-]+`` (a
-    path separator would write outside ``results``), and :class:`~harness.errors.OutputError`
-    when ``results`` is a file or cannot be written, or ``results/<name>`` is a link or a file
-    (a run replaces it as a whole). Leftovers of an earlier run at the staging name are removed
-    without following a link.
-    """
-    if not NAME.fullmatch(name):
-        raise HarnessError(f"--name {name!r}: expected letters a-z, digits, '_' or '-' only "
-                           f"(it names {results}/<name>/ and the figures beside it)")
-    if results.exists() and not results.is_dir():
-        raise OutputError(f"{results}: the results root is a file, not a directory; pass --results DIR")
-    _check_replaceable(results / name)
-    staging = results / f".{name}.partial"
-    try:
-        _remove(staging)
-        staging.mkdir(parents=True)
-    except OSError as exc:
-        raise OutputError(f"{results}: cannot write results there ({exc.strerror or exc})") from exc
-    write_atomic(staging / ".probe", b"")
-    (staging / ".probe").unlink()
-    return staging
-
-
-def _publish(staging: Path, out: Path) -> None:
-    """Put the finished run at ``out``, replacing the earlier one only once the new one is complete.
-
-    The earlier one is renamed to ``.<name>.old`` beside it and removed after; neither that
-    name nor ``out`` is ever followed if it is a link (``out`` as a link is refused).
-    """
-    old = out.with_name(f".{out.name}.old")
-    try:
-        _check_replaceable(out)  # made at the start; checked again, as anything may have come there since
-    except OutputError as exc:
-        raise OutputError(f"{exc}; the new results are in {staging}") from exc
-    try:
-        _remove(old)
-        if os.path.lexists(out):
-            os.replace(out, old)
-        os.replace(staging, out)
-    except OSError as exc:
-        raise OutputError(f"{out}: cannot put the new results in place ({exc.strerror or exc}); "
-                          f"they are in {staging}") from exc
-    with contextlib.suppress(OSError):
-        _remove(old)
 
 
 def _run_record(plan: Plan) -> RunRecord:
@@ -445,16 +373,20 @@ def run_scenario(
     name: str | None = None,
     results: Path = Path("results"),
     command: WorkerCommand | None = None,
-    plots: bool = True,
+    render: Render | None = None,
     workdir: Path | None = None,
 ) -> RunRecord:
-    """Run every strategy of ``scenario`` into ``results/<name>/``, then render the figures; returns the record.
+    """Run every strategy of ``scenario`` into ``results/<name>/``; returns the record.
 
     ``command`` makes each worker's command line (default :func:`harness.worker.worker_command`).
+    ``render``, when given, writes the report and figures from the staged results before they are
+    published, into a batch that goes in place with them: when it fails (a full disk), the earlier
+    results, report and figures all stay, and :class:`~harness.errors.OutputError` says where this
+    run's files are. Without it, no report or figure is written.
     ``workdir``: where engines built as files go (default ``data/engines`` under the current
     directory). Raises :class:`~harness.errors.HarnessError` for what a user can fix (see
-    :func:`check_results_root` and :func:`~harness.plan.make_plan`), before any strategy runs,
-    and :class:`RunInterrupted` on SIGINT, SIGTERM or SIGHUP.
+    :func:`~harness.results.publish.check_results_root` and :func:`~harness.plan.make_plan`), before any strategy runs,
+    and :class:`~harness.stopping.RunInterrupted` on SIGINT, SIGTERM or SIGHUP.
     """
     name = scenario.name if name is None else name
     command = command or worker_command
@@ -512,20 +444,12 @@ def run_scenario(
                           f"failed for a reason outside it (last: {strategy}: {why}); this run's files are in "
                           f"{staging}")
     with FileBatch("the earlier report and figures are unchanged") as figures:
-        rendered = None
-        if plots:  # rendered before anything is replaced: the results and their figures go in place together
-            from harness.report import render_all
-
+        if render is not None:  # before anything is replaced: the results and their figures go in place together
             try:
-                rendered = render_all(staging, results, published_as=out, batch=figures)
+                render(staging, out, figures)
             except HarnessError as exc:
                 raise OutputError(f"{exc}; {out} is unchanged, this run's files are in {staging}") from exc
-        _publish(staging, out)
+        publish(staging, out)
         figures.commit()
-    if rendered is not None:
-        for path in rendered.paths:
-            _progress(f"wrote {path}")
-        if rendered.stale_notes:
-            _progress(f"the notes on {name} were checked against other figures; see {rendered.paths[-1]}")
     return run
 

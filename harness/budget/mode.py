@@ -25,8 +25,9 @@ After each attempt the groups of this process still present are counted (``group
 
 Results go to ``results/<name>/`` (default name ``<scenario>-budget``): ``budget.json``
 (:mod:`harness.budget.record`), ``attempts.csv`` (one row per attempt) and ``plan.json``,
-staged in ``results/.<name>.partial/`` and put in place once every strategy was swept;
-the report and figure (:mod:`harness.report.budget`) go beside it.
+staged in ``results/.<name>.partial/`` and put in place once every strategy was swept
+(:mod:`harness.results.publish`); ``python -m harness budget`` then renders the report and
+figure (:mod:`harness.report.budget`) beside it.
 
 Without a usable memory cgroup the mode refuses to start (:class:`BudgetUnavailable`), before
 anything is written.
@@ -34,7 +35,7 @@ anything is written.
 From the cgroup check to the last strategy's record, SIGINT, SIGTERM and SIGHUP end the sweep
 through its cleanup (:mod:`harness.budget.signals`): the running attempt's process is killed,
 its group removed, the staged results left where they are, and
-:class:`~harness.run.RunInterrupted` raised (``python -m harness budget``: one ``error:`` line,
+:class:`~harness.stopping.RunInterrupted` raised (``python -m harness budget``: one ``error:`` line,
 exit status 128 + the signal's number). Killed outright (SIGKILL), the parent takes its
 running worker with it, and the next sweep removes the group it left.
 """
@@ -73,6 +74,7 @@ from harness.load.strategies import STRATEGIES
 from harness.measure import machine
 from harness.plan import Plan, make_plan, write_plan
 from harness.results.atomic import write_atomic
+from harness.results.publish import check_results_root, publish
 from harness.results.record import (
     PLAN,
     MachineInfo,
@@ -82,8 +84,9 @@ from harness.results.record import (
     read_strategy_file,
     samples_file,
 )
-from harness.run import RunInterrupted, WorkerCommand, _publish, check_results_root
+from harness.run import WorkerCommand
 from harness.scenario import LIMITS, Limit, Scenario
+from harness.stopping import RunInterrupted
 from harness.worker import worker_command
 
 __all__ = ["ATTEMPTS_FILE", "PRECISION_MIB", "TIMEOUT_FACTOR", "BudgetUnavailable", "check_cgroup", "run_budget"]
@@ -284,15 +287,17 @@ def _interrupted(signum: int, out: Path, staging: Path | None) -> RunInterrupted
 def run_budget(scenario: Scenario, *, name: str | None = None, results: Path = Path("results"),
                precision_bytes: int | None = None, timeout_factor: float = 4.0, min_timeout_s: float = 60.0,
                command: WorkerCommand | None = None, workdir: Path | None = None,
-               controller: MemoryController | None = None, plots: bool = True,
+               controller: MemoryController | None = None,
                progress: Callable[[str], None] = _progress) -> BudgetRecord:
-    """Sweep every strategy of ``scenario`` for its smallest memory limit; returns the record.
+    """Sweep every strategy of ``scenario`` for its smallest memory limit into ``results/<name>/``; returns the
+    record. It draws nothing: the report and figure are :func:`harness.report.budget.render_budget`'s
+    (``python -m harness budget`` renders them after this returns).
 
     See the module docstring. Raises ``ValueError`` for ``precision_bytes``, ``timeout_factor``
     or ``min_timeout_s`` out of range, :class:`BudgetUnavailable` without a usable memory
     cgroup and the :func:`~harness.run.run_scenario` errors for the results root and the plan,
     all before any strategy runs. SIGINT, SIGTERM or SIGHUP (in the main thread) stop the
-    running attempt, remove its group and raise :class:`~harness.run.RunInterrupted`
+    running attempt, remove its group and raise :class:`~harness.stopping.RunInterrupted`
     (:mod:`harness.budget.signals`).
     """
     _check_settings(precision_bytes, timeout_factor, min_timeout_s)
@@ -306,13 +311,7 @@ def run_budget(scenario: Scenario, *, name: str | None = None, results: Path = P
     except signals.Interrupted as exc:
         raise _interrupted(exc.signum, results / name, staged[0] if staged else None) from None
     progress(f"sweep done in {record.sweep_wall_s / 60:.1f} min")
-    out = results / name
-    _publish(staging, out)
-    if plots:
-        from harness.report.budget import render_budget
-
-        for path in render_budget(out):
-            progress(f"wrote {path}")
+    publish(staging, results / name)
     return record
 
 

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
-from harness.run import STOP_SIGNALS
+from harness.stopping import STOP_SIGNALS
 
 __all__ = ["CAUGHT", "Interrupted", "deferred", "raising"]
 

@@ -43,7 +43,7 @@ from harness.report.timeline import timeline_figure
 from harness.results.atomic import FileBatch
 from harness.results.reading import Results, load_results
 
-__all__ = ["FIGURES", "FIGURE_APPLIES", "Rendered", "figure_paths", "render_all"]
+__all__ = ["FIGURES", "FIGURE_APPLIES", "Rendered", "figure_paths", "render_all", "render_staged"]
 
 FIGURES: dict[str, Callable[[Results], Figure]] = {
     "headline": headline_figure,
@@ -106,6 +106,15 @@ def render_all(results_dir: Path, out_dir: Path | None = None, *, notes_checked:
         rendered = _render(run, out, report, own)
         own.commit()
     return rendered
+
+
+def render_staged(staging: Path, published_as: Path, batch: FileBatch) -> Rendered:
+    """Render a finished run from where it was staged, beside where it will be published, into ``batch``.
+
+    The report names ``published_as``; the files go to its parent (``results/``) when the caller
+    commits ``batch``, together with the results (:func:`harness.run.run_scenario`'s ``render``).
+    """
+    return render_all(staging, Path(published_as).parent, published_as=published_as, batch=batch)
 
 
 def _render(run: Results, out: Path, report: Path, batch: FileBatch) -> Rendered:

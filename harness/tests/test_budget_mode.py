@@ -56,6 +56,7 @@ def swept(controller: MemoryController, tmp_path_factory: pytest.TempPathFactory
     record = run_budget(scenario(tmp, "map", "load"), results=tmp / "results", precision_bytes=16 * MIB,
                         command=stand_in, workdir=tmp / "engines", controller=controller, min_timeout_s=30,
                         progress=lambda line: None)
+    render_budget(tmp / "results" / "tiny-budget")  # what python -m harness budget does after the sweep
     return tmp / "results" / "tiny-budget", record
 
 

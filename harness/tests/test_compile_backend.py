@@ -20,7 +20,7 @@ from harness.build.compile.compare import MismatchError
 from harness.build.compile.entry import export_entry
 from harness.models import SyntheticTransformer, fill_non_persistent
 from harness.plan import make_plan, read_plan, write_plan
-from harness.report import render_all
+from harness.report import render_all, render_staged
 from harness.results.record import SUMMARY, EngineRecord, ExportRecord, RunRecord, StrategyRecord
 from harness.run import run_scenario
 from harness.scenario import ScenarioError, load_scenario
@@ -153,7 +153,7 @@ def test_compiler_fields_round_trip_and_v2_reads_them_as_none() -> None:
 
 def test_map_with_mapped_engines_reads_nothing_to_export_and_equals_eager(tmp_path: Path) -> None:
     run = run_scenario(load_scenario(_scenario(tmp_path)), results=tmp_path / "results",
-                       workdir=tmp_path / "engines")
+                       workdir=tmp_path / "engines", render=render_staged)
     record = run.strategies["map"]
     assert record.ok, record.error
     assert record.compiler == "inductor" and record.compiler_weights == "mapped"

@@ -19,6 +19,7 @@ import torch
 from harness.build.partition import split_into
 from harness.models import SyntheticTransformer
 from harness.plan import make_plan, read_plan
+from harness.report import render_staged
 from harness.results.record import PLAN, RunRecord
 from harness.run import run_scenario
 from harness.scenario import BuildConfig, CheckpointConfig, ModelConfig, RunConfig, Scenario, load_scenario
@@ -78,7 +79,8 @@ def tiny_run(shared: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Ru
     tmp = tmp_path_factory.mktemp("run")
     path = tmp / "tiny.toml"
     path.write_text(SCENARIO.format(checkpoint=shared / "tiny.safetensors"))
-    record = run_scenario(load_scenario(path), results=tmp / "results", workdir=tmp / "engines")
+    record = run_scenario(load_scenario(path), results=tmp / "results", workdir=tmp / "engines",
+                          render=render_staged)
     return record, tmp / "results" / "tiny", tmp / "engines"
 
 
@@ -184,7 +186,7 @@ def test_a_scenario_built_in_code_runs_and_a_dying_strategy_is_recorded(shared: 
         return worker_command(plan, strategy, out)
 
     record = run_scenario(tiny_scenario(shared, "load", "map"), results=tmp_path / "results", command=dying,
-                          plots=False, workdir=tmp_path / "engines")
+                          workdir=tmp_path / "engines")
     load = record.strategies["load"]
     assert load.status == "failed" and load.error is not None and "signal 9" in load.error
     assert record.strategies["map"].status == "ok", record.strategies["map"].error
@@ -198,7 +200,7 @@ def test_memory_limit_stops_a_strategy(shared: Path, tmp_path: Path) -> None:
         return [sys.executable, "-c", "import time; x = bytearray(3 * 2**30); time.sleep(30)"]
 
     record = run_scenario(tiny_scenario(shared, "load"), results=tmp_path / "results", command=hungry,
-                          plots=False, workdir=tmp_path / "engines")
+                          workdir=tmp_path / "engines")
     error = record.strategies["load"].error
     assert error is not None and "memory limit of 2.00 GiB" in error
 
@@ -211,7 +213,7 @@ def test_a_worker_that_cannot_write_its_record_says_why(shared: Path, tmp_path: 
         return [sys.executable, "-c", code]
 
     record = run_scenario(tiny_scenario(shared, "map"), results=tmp_path / "results", command=full_disk,
-                          plots=False, workdir=tmp_path / "engines")
+                          workdir=tmp_path / "engines")
     assert record.strategies["map"].error == message
 
 

@@ -17,6 +17,7 @@ import torch
 from harness.build.backends import CopyToFiles, fault_in
 from harness.measure.procfs import read_status
 from harness.plan import make_plan
+from harness.report import render_staged
 from harness.results.metrics import StrategyMetrics, disk_metrics
 from harness.results.reading import load_results
 from harness.results.record import DiskRead, RunRecord, StrategyRecord
@@ -50,7 +51,8 @@ def _scenario(tmp: Path, **run: object) -> Scenario:
 @pytest.fixture(scope="module")
 def repeated(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunRecord, Path]:
     tmp = tmp_path_factory.mktemp("speed")
-    record = run_scenario(_scenario(tmp, repeats=2), results=tmp / "results", workdir=tmp / "engines")
+    record = run_scenario(_scenario(tmp, repeats=2), results=tmp / "results", workdir=tmp / "engines",
+                          render=render_staged)
     return record, tmp / "results" / "speedy"
 
 
@@ -255,7 +257,8 @@ def test_warmup_rounds_run_first_and_leave_nothing(tmp_path: Path) -> None:
         from harness.worker import worker_command
         return worker_command(plan_path, strategy, out)
 
-    record = run_scenario(scenario, results=tmp_path / "results", workdir=tmp_path / "engines", command=counting)
+    record = run_scenario(scenario, results=tmp_path / "results", workdir=tmp_path / "engines", command=counting,
+                          render=render_staged)
     assert seen == ["warmup-0", "warmup-0", ".speedy.partial", ".speedy.partial"]  # warm-ups first, then the runs
     assert len(record.disk_reads) == 1  # the warm-up's disk read is not recorded
     out = tmp_path / "results" / "speedy"
