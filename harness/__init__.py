@@ -1,32 +1,31 @@
 """Memory-profiling benchmark harness: run loading strategies, sample memory, report results.
 
-A scenario goes from the command line to the figures in one direction:
+``python -m harness run|budget|plot`` (:mod:`harness.cli`); every
+:class:`~harness.errors.HarnessError` is one line ``error: ...`` and exit status 2.
 
-``cli``
-    ``python -m harness run|plot``; every :class:`~harness.errors.HarnessError` is one
-    line ``error: ...`` and exit status 2.
-``scenario``
-    The TOML file, validated into a :class:`~harness.scenario.Scenario` (or one built in code).
-``plan``
-    The scenario resolved once, in the parent: backend and device, the model on meta
-    (``models``), its engines as tensor names (``partition``), the checkpoint
-    (``checkpoints``). Written to ``plan.json``.
-``run``
-    One supervised ``worker`` process per strategy, staged results, the run's record.
-``worker``
-    One strategy (``strategies``: the registry) measured from the plan: ``sampler``,
-    ``procfs``, ``residency``, ``gpu``; engines built by ``backends``; progress by ``progress``.
-``record``
-    The results layout: version, file names, CSV columns, typed records.
-``metrics``
-    Every derived figure: peaks from samples, the floor, the compared peak, the excess.
+The folders, from the bottom up (each imports only what is below it or beside it):
+
+``catalog``
+    Strategy and backend names, the strategies' labels and colours; no torch.
+``measure``
+    The sampler, page residency, ``/proc``, the GPU, the cold cache, the disk read, the machine.
+``models``
+    The models, built on meta, and their generated checkpoints.
+``load``
+    The strategy registry (``load.strategies``) and the peers' loaders (``load.peers``).
+``build``
+    The partition into engines, the copy backends, the AOTInductor compiler (``build.compile``).
 ``results``
-    A results directory read back, with its metrics, for the reporters.
+    The results layout (``record``), derived figures (``metrics``), reading a results directory
+    back (``reading``), writing files (``atomic``), staging and publishing a run (``publish``).
 ``report``
-    The markdown report (``report.markdown``, ``report.table``, ``report.notes``) and one
-    module per figure (``headline``, ``timeline``, ``engines``, ``peaks``), sharing
-    ``report.text`` and ``report.style``.
+    The markdown report and the figures, from ``results.reading``; no torch.
+``budget``
+    Budget mode: memory cgroups, the sweep, its record and its signals.
 
-``atomic`` is the one way files are written; ``machine`` says where a result was made;
-``bench_map`` times mapping against the usual lazy loaders.
+On top: ``scenario`` (the TOML validated), ``plan`` (resolved once, in the parent),
+``worker`` (one strategy in one process), ``run`` (a scenario's supervised run, staged then
+published), ``stopping`` (the signals that stop a run or a sweep), ``progress``, ``errors``,
+and ``cli``, which runs a scenario or a sweep and then renders it; ``bench_map`` times mapping
+against the usual lazy loaders.
 """

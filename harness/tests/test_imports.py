@@ -1,0 +1,112 @@
+"""What reads scenarios, results and reports imports no torch, and the import graph has no cycle.
+
+Each module is imported in a fresh interpreter (a test process has torch loaded already), with
+the repository root on the path, and ``torch`` must not be in ``sys.modules`` afterwards.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.tests.fixtures import make_results
+
+ROOT = Path(__file__).resolve().parents[2]
+
+TORCH_FREE = (
+    "harness.catalog",
+    "harness.scenario",
+    "harness.results.record",
+    "harness.results.metrics",
+    "harness.results.reading",
+    "harness.results.atomic",
+    "harness.results.publish",
+    "harness.report",
+    "harness.report.budget",
+    "harness.stopping",
+    "harness.cli",
+)
+
+
+def _python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT, env=env,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("module", TORCH_FREE)
+def test_module_imports_without_torch(module: str) -> None:
+    done = _python(f"import sys, {module}; print('torch' in sys.modules)")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False", f"import {module} imports torch"
+
+
+def test_plot_runs_without_torch(tmp_path: Path) -> None:
+    directory = make_results(tmp_path / "results", name="tiny")
+    code = ("import sys; from harness.cli import main; code = main(['plot', sys.argv[1]]); "
+            "print('torch' in sys.modules); sys.exit(code)")
+    done = _python(code, str(directory))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "False", "python -m harness plot imports torch"
+    assert (tmp_path / "results" / "tiny.md").is_file()
+
+
+def _imports(path: Path) -> set[str]:
+    """The harness modules ``path`` imports, at its top level or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return {name for name in found if name.split(".")[0] == "harness"}
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = {}
+    for path in (ROOT / "harness").rglob("*.py"):
+        if "tests" in path.relative_to(ROOT).parts:
+            continue
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return {name: {m for m in _imports(path) if m in modules and m != name} for name, path in modules.items()}
+
+
+def test_no_import_cycle_between_harness_modules() -> None:
+    graph = _graph()
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(name: str) -> None:
+        state[name] = 1
+        stack.append(name)
+        for dep in sorted(graph[name]):
+            if state.get(dep) == 1:
+                package_edge = name.startswith(dep + ".")  # a submodule importing its own package's __init__
+                if not package_edge:
+                    cycle = stack[stack.index(dep):] + [dep]
+                    raise AssertionError(f"import cycle: {' -> '.join(cycle)}")
+            elif dep not in state:
+                visit(dep)
+        stack.pop()
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name)
+
+
+def test_nothing_below_the_command_line_imports_the_report() -> None:
+    graph = _graph()
+    importers = sorted(name for name, deps in graph.items()
+                       if any(d == "harness.report" or d.startswith("harness.report.") for d in deps)
+                       and not name.startswith("harness.report") and name != "harness.cli")
+    assert importers == [], f"modules that call up into harness.report: {importers}"
