@@ -26,9 +26,9 @@ key (a record of an older layout holds no such key and reads as the field's defa
 is not optional); ``check``: a rule of the value, ``value -> problem or None``; ``check_keys``:
 the same for each key of an object. A field marked ``version`` holds the layout version:
 written first, as its default (the layout this code writes), and read as the version the
-record is read at. A rule
-that spans fields is a class's ``after_decode(version, fail)`` method, which the codec calls
-on the record it read and whose result it returns (an upgrade of an older layout, say).
+record is read at. A rule that spans fields is a class's ``after_decode(version, fail)``
+method, which the codec calls on the record it read and whose result it returns (an upgrade
+of an older layout, say); ``fail(path, problem)`` makes the error for a key path below it.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ import math
 import re
 import types
 import typing
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
@@ -49,7 +48,6 @@ __all__ = [
     "MAX_BYTES",
     "MAX_INTEGER",
     "NAME",
-    "Check",
     "LongInteger",
     "Record",
     "RULES",
@@ -62,9 +60,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-Check = Callable[[Any], "str | None"]
-"""A rule of one value: what is wrong with it, in words, or ``None``."""
 
 NAME = re.compile(r"[a-z0-9_-]+")
 """What a results name and a strategy name may be: they name ``results/<name>/``, the report
