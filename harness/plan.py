@@ -19,8 +19,7 @@ the scenario file and key: ``scenarios/x.toml: build.engines: 12 engines asked f
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from harness.errors import PlanError
 from harness.models import build_model
 from harness.models.checkpoints import CheckpointError, checkpoint_specs, describe_specs, ensure_checkpoint
 from harness.results.atomic import write_json
+from harness.results.codec import decode, encode
 from harness.results.record import CheckpointInfo, ModelInfo, RecordError, Reference, read_json_file
 from harness.scenario import ModelConfig, Scenario, validate_scenario
 from weightmap.checkpoint import open_checkpoint
@@ -58,6 +58,10 @@ class EnginePlan:
         return cls(engine.index, engine.modules, engine.names, engine.nbytes)
 
 
+_OPTIONAL = {"absent_until": PLAN_VERSION}
+"""A key plans of version 1 were written without before it was added (read as its default)."""
+
+
 @dataclass(frozen=True)
 class Plan:
     """Everything a strategy's process needs, resolved once; see the module docstring.
@@ -65,7 +69,7 @@ class Plan:
     ``prefetch`` is the method strategies with a prefetch plan warm the page cache with
     (None: off), ``drop_cache`` whether they also evict released weights from it,
     ``repeats`` how many cold runs of each strategy the parent makes, after ``warmup`` rounds
-    it discards.
+    it discards. ``plan.json`` holds every field, written and read by :mod:`harness.results.codec`.
     """
 
     scenario: str
@@ -89,104 +93,36 @@ class Plan:
     engines: tuple[EnginePlan, ...]
     references: tuple[Reference, ...]
     workdir: str
-    partitioner: str = "modules"
-    weights: str | None = None
-    tokens: int | None = None
-    engine_count: int | None = None
+    partitioner: str = field(default="modules", metadata=_OPTIONAL)
+    weights: str | None = field(default=None, metadata=_OPTIONAL)
+    tokens: int | None = field(default=None, metadata=_OPTIONAL)
+    engine_count: int | None = field(default=None, metadata=_OPTIONAL)
 
     @property
     def compiler(self) -> bool:
         """Whether the backend exports the model and builds from its graph partitions."""
         return self.partitioner == "graph"
-    prefetch: str | None = None
-    drop_cache: bool = False
-    repeats: int = 1
-    warmup: int = 0
+    prefetch: str | None = field(default=None, metadata=_OPTIONAL)
+    drop_cache: bool = field(default=False, metadata=_OPTIONAL)
+    repeats: int = field(default=1, metadata=_OPTIONAL)
+    warmup: int = field(default=0, metadata=_OPTIONAL)
 
     @property
     def largest_engine_bytes(self) -> int:
         return max(e.weight_bytes for e in self.engines)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "plan": PLAN_VERSION,
-            "scenario": self.scenario,
-            "name": self.name,
-            "description": self.description,
-            "scenario_config": self.scenario_config,
-            "strategies": list(self.strategies),
-            "model_config": self.model_config.to_json(),
-            "model": self.model.to_json(),
-            "checkpoint": self.checkpoint.to_json(),
-            "checkpoint_files": list(self.checkpoint_files),
-            "backend": self.backend,
-            "device": self.device,
-            "cache": self.cache,
-            "release": self.release,
-            "sample_interval_ms": self.sample_interval_ms,
-            "residency_every": self.residency_every,
-            "memory_limit_bytes": self.memory_limit_bytes,
-            "timeout_s": self.timeout_s,
-            "engine_cap_bytes": self.engine_cap_bytes,
-            "engines": [
-                {"index": e.index, "modules": list(e.modules), "names": list(e.names), "weight_bytes": e.weight_bytes}
-                for e in self.engines
-            ],
-            "references": [r.to_json() for r in self.references],
-            "workdir": self.workdir,
-            "partitioner": self.partitioner,
-            "weights": self.weights,
-            "tokens": self.tokens,
-            "engine_count": self.engine_count,
-            "prefetch": self.prefetch,
-            "drop_cache": self.drop_cache,
-            "repeats": self.repeats,
-            "warmup": self.warmup,
-        }
+        """``plan.json``: ``"plan"`` (:data:`PLAN_VERSION`), then every field (:func:`~harness.results.codec.encode`).
+        """
+        return {"plan": PLAN_VERSION, **encode(self)}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any], source: str) -> Plan:
+    def from_json(cls, data: Any, source: str) -> Plan:
+        """The plan in ``data`` (:func:`~harness.results.codec.decode`); :class:`~harness.results.record.RecordError`
+        naming ``source`` and the key when it is not a plan of :data:`PLAN_VERSION`."""
         if not isinstance(data, dict) or data.get("plan") != PLAN_VERSION:
             raise RecordError(f"{source}: not a plan of version {PLAN_VERSION}")
-        try:
-            return cls(
-                scenario=data["scenario"],
-                name=data["name"],
-                description=data["description"],
-                scenario_config=data["scenario_config"],
-                strategies=tuple(data["strategies"]),
-                model_config=ModelConfig.from_json(data["model_config"]),
-                model=ModelInfo.from_json(data["model"], source, "model", 2),
-                checkpoint=CheckpointInfo.from_json(data["checkpoint"], source, "checkpoint", 2),
-                checkpoint_files=tuple(data["checkpoint_files"]),
-                backend=data["backend"],
-                device=data["device"],
-                cache=data["cache"],
-                release=data["release"],
-                sample_interval_ms=data["sample_interval_ms"],
-                residency_every=data["residency_every"],
-                memory_limit_bytes=data["memory_limit_bytes"],
-                timeout_s=data["timeout_s"],
-                engine_cap_bytes=data["engine_cap_bytes"],
-                engines=tuple(
-                    EnginePlan(e["index"], tuple(e["modules"]), tuple(e["names"]), e["weight_bytes"])
-                    for e in data["engines"]
-                ),
-                references=tuple(
-                    Reference.from_json(r, source, f"references[{i}]", 2) for i, r in enumerate(data["references"])
-                ),
-                workdir=data["workdir"],
-                partitioner=data.get("partitioner", "modules"),
-                weights=data.get("weights"),
-                tokens=data.get("tokens"),
-                engine_count=data.get("engine_count"),
-                prefetch=data.get("prefetch"),
-                drop_cache=bool(data.get("drop_cache", False)),
-                repeats=int(data.get("repeats", 1)),
-                warmup=int(data.get("warmup", 0)),
-            )
-        except (KeyError, TypeError) as exc:
-            raise RecordError(f"{source}: not a complete plan ({type(exc).__name__}: {exc})") from exc
+        return decode(cls, {k: v for k, v in data.items() if k != "plan"}, source=source, version=PLAN_VERSION)
 
 
 def write_plan(path: Path, plan: Plan) -> Path:

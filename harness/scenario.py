@@ -252,20 +252,6 @@ class ModelConfig:
     fallback: str | None = None
     trim: tuple[str, ...] = ()
 
-    def to_json(self) -> dict[str, Any]:
-        """Every field, ``spec`` as an absolute path string (what a worker process rebuilds it from)."""
-        data = _fields(self)
-        data["spec"] = None if self.spec is None else str(self.spec)
-        return data
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> ModelConfig:
-        """The inverse of :meth:`to_json`."""
-        values = dict(data)
-        values["spec"] = None if values.get("spec") is None else Path(values["spec"])
-        values["trim"] = tuple(values.get("trim") or ())
-        return cls(**values)
-
     @property
     def key(self) -> str:
         """A file-name-safe name that differs whenever the model's tensors differ.

@@ -5,17 +5,19 @@ settings, and per strategy a :class:`StrategyBudget` with every attempt
 (:class:`AttemptRecord`) in the order it ran. :func:`read_budget` refuses a file of
 another :data:`BUDGET_VERSION`, an unknown or missing key, or a value of the wrong type,
 naming the file and the key (a :class:`~harness.results.record.RecordError`), so that the
-report never shows a figure it misread.
+report never shows a figure it misread. The records are read and written by
+:mod:`harness.results.codec` from their fields; the rules of one field stand next to it.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness.results.atomic import write_json
-from harness.results.record import LAYOUT_VERSION, MachineInfo, RecordError, _Obj, read_json_file
+from harness.results.codec import Record, RecordError, decode, encode
+from harness.results.record import MachineInfo, read_json_file, results_name_problem
 
 __all__ = ["BUDGET_FILE", "BUDGET_VERSION", "AttemptRecord", "BudgetRecord", "StrategyBudget", "goal_limit",
            "read_budget",
@@ -31,8 +33,24 @@ PHASES = ("unconstrained", "upper", "lower", "bisect", "confirm", "tiebreak", "e
 """Why an attempt was run: the unconstrained run that sets the bounds, then the sweep's phases."""
 
 
+def _phase(phase: str) -> str | None:
+    return None if phase in PHASES else f"expected one of {', '.join(PHASES)}, got {phase!r}"
+
+
+def _positive_limit(limit: int) -> str | None:
+    return None if limit > 0 else f"expected a positive limit, got {limit}"
+
+
+def _status(status: str) -> str | None:
+    return None if status in ("ok", "failed") else f"expected 'ok' or 'failed', got {status!r}"
+
+
+def _some_strategy(strategies: dict[str, Any]) -> str | None:
+    return None if strategies else "expected an object with at least one strategy"
+
+
 @dataclass(frozen=True)
-class AttemptRecord:
+class AttemptRecord(Record):
     """One fresh process under one limit, on a cold cache, as the kernel and the worker saw it.
 
     ``wall_s``: from the process's release into its group to its exit. ``group_peak_bytes``:
@@ -47,10 +65,10 @@ class AttemptRecord:
     cleanup failed).
     """
 
-    phase: str
-    limit_bytes: int
+    phase: str = field(metadata={"check": _phase})
+    limit_bytes: int = field(metadata={"check": _positive_limit})
     completed: bool
-    returncode: int | None
+    returncode: int | None = field(metadata={"signed": True})
     wall_s: float
     group_peak_bytes: int | None
     oom_kills: int | None
@@ -61,29 +79,9 @@ class AttemptRecord:
     baseline_anon_bytes: int | None
     groups_left: int
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: Any, source: str, where: str) -> AttemptRecord:
-        o = _Obj(data, source, where, set(cls.__dataclass_fields__))
-        phase = o.text("phase", null=False)
-        if phase not in PHASES:
-            raise o.error("phase", f"expected one of {', '.join(PHASES)}, got {phase!r}")
-        record = cls(phase=phase, limit_bytes=o.integer("limit_bytes", null=False),
-                     completed=o.flag("completed", null=False), returncode=o.integer("returncode"),
-                     wall_s=o.number("wall_s", null=False), group_peak_bytes=o.integer("group_peak_bytes"),
-                     oom_kills=o.integer("oom_kills"), reason=o.text("reason"),
-                     worker_wall_s=o.number("worker_wall_s"), worker_error=o.text("worker_error"),
-                     compile_s=o.number("compile_s"), baseline_anon_bytes=o.integer("baseline_anon_bytes"),
-                     groups_left=o.integer("groups_left", null=False))
-        if record.limit_bytes <= 0:
-            raise o.error("limit_bytes", f"expected a positive limit, got {record.limit_bytes}")
-        return record
-
 
 @dataclass(frozen=True)
-class StrategyBudget:
+class StrategyBudget(Record):
     """One strategy's sweep.
 
     ``minimum_bytes``: the smallest limit at which it completed (None when the sweep could
@@ -94,7 +92,7 @@ class StrategyBudget:
     unconstrained run's record.
     """
 
-    status: str
+    status: str = field(metadata={"check": _status})
     error: str | None
     label: str
     release_note: str
@@ -124,38 +122,13 @@ class StrategyBudget:
         return next((a for a in self.attempts if a.limit_bytes == self.minimum_bytes and a.completed
                      and a.phase != "unconstrained"), None)
 
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["unstable_limits"] = list(self.unstable_limits)
-        data["attempts"] = [a.to_json() for a in self.attempts]
-        return data
-
-    @classmethod
-    def from_json(cls, data: Any, source: str, where: str) -> StrategyBudget:
-        o = _Obj(data, source, where, set(cls.__dataclass_fields__))
-        status = o.text("status", null=False)
-        if status not in ("ok", "failed"):
-            raise o.error("status", f"expected 'ok' or 'failed', got {status!r}")
-        unstable = o.items("unstable_limits")
-        if not all(isinstance(n, int) and not isinstance(n, bool) for n in unstable):
-            raise o.error("unstable_limits", "expected a list of integers")
-        return cls(status=status, error=o.text("error"), label=o.text("label", null=False),
-                   release_note=o.text("release_note", null=False),
-                   baseline_rss_bytes=o.integer("baseline_rss_bytes"),
-                   baseline_anon_bytes=o.integer("baseline_anon_bytes"), lower_bytes=o.integer("lower_bytes"),
-                   upper_bytes=o.integer("upper_bytes"), timeout_s=o.number("timeout_s"),
-                   minimum_bytes=o.integer("minimum_bytes"),
-                   largest_failing_bytes=o.integer("largest_failing_bytes"),
-                   at_lower_bound=o.flag("at_lower_bound", null=False), unstable_limits=tuple(unstable),
-                   attempts=tuple(AttemptRecord.from_json(a, source, f"{o.path('attempts')}[{i}]")
-                                  for i, a in enumerate(o.items("attempts"))))
-
 
 @dataclass(frozen=True)
 class BudgetRecord:
-    """A whole budget sweep; see the module docstring."""
+    """A whole budget sweep; see the module docstring. ``budget.json`` holds its fields after
+    ``"budget"``, the layout version (:data:`BUDGET_VERSION`)."""
 
-    name: str
+    name: str = field(metadata={"check": results_name_problem})
     scenario: str
     description: str
     created: str
@@ -175,48 +148,7 @@ class BudgetRecord:
     timeout_factor: float
     min_timeout_s: float
     sweep_wall_s: float
-    strategies: dict[str, StrategyBudget] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"budget": BUDGET_VERSION}
-        for key in self.__dataclass_fields__:
-            value = getattr(self, key)
-            if key == "machine":
-                value = value.to_json()
-            elif key == "strategies":
-                value = {name: s.to_json() for name, s in value.items()}
-            data[key] = value
-        return data
-
-    @classmethod
-    def from_json(cls, data: Any, source: str) -> BudgetRecord:
-        o = _Obj(data, source, "", {"budget", *cls.__dataclass_fields__})
-        version = o.raw("budget")
-        if version != BUDGET_VERSION or isinstance(version, bool):
-            raise o.error("budget", f"this harness reads budget records of version {BUDGET_VERSION}, "
-                                    f"got {version!r}")
-        versions = o.raw("versions")
-        if not isinstance(versions, dict) or not all(v is None or isinstance(v, str) for v in versions.values()):
-            raise o.error("versions", "expected an object of version strings")
-        strategies = o.raw("strategies")
-        if not isinstance(strategies, dict) or not strategies:
-            raise o.error("strategies", "expected an object with at least one strategy")
-        return cls(
-            name=o.text("name", null=False), scenario=o.text("scenario", null=False),
-            description=o.text("description", null=False), created=o.text("created", null=False),
-            commit=o.text("commit"), machine=MachineInfo.from_json(o.raw("machine"), source, "machine", LAYOUT_VERSION),
-            versions=dict(versions), model_name=o.text("model_name", null=False),
-            model_bytes=o.integer("model_bytes", null=False), checkpoint=o.text("checkpoint", null=False),
-            engines=o.integer("engines", null=False),
-            largest_engine_bytes=o.integer("largest_engine_bytes", null=False),
-            backend=o.text("backend", null=False), device=o.text("device", null=False),
-            controller=o.text("controller", null=False), precision_bytes=o.integer("precision_bytes", null=False),
-            unconstrained_limit_bytes=o.integer("unconstrained_limit_bytes", null=False),
-            timeout_factor=o.number("timeout_factor", null=False), min_timeout_s=o.number("min_timeout_s", null=False),
-            sweep_wall_s=o.number("sweep_wall_s", null=False),
-            strategies={name: StrategyBudget.from_json(s, source, f"strategies.{name}")
-                        for name, s in strategies.items()},
-        )
+    strategies: dict[str, StrategyBudget] = field(default_factory=dict, metadata={"check": _some_strategy})
 
     def with_strategy(self, name: str, strategy: StrategyBudget, sweep_wall_s: float) -> BudgetRecord:
         from dataclasses import replace
@@ -238,16 +170,17 @@ def goal_limit(baseline_rss_bytes: int, largest_engine_bytes: int) -> int:
 
 def write_budget(directory: Path, record: BudgetRecord) -> Path:
     """Write ``budget.json`` into ``directory`` (atomically)."""
-    return write_json(Path(directory) / BUDGET_FILE, record.to_json())
+    return write_json(Path(directory) / BUDGET_FILE, {"budget": BUDGET_VERSION, **encode(record)})
 
 
 def read_budget(directory: Path) -> BudgetRecord:
     """The budget record of a results directory; :class:`~harness.results.record.RecordError` when it is not one."""
     path = Path(directory) / BUDGET_FILE
     data = read_json_file(path)
-    try:
-        return BudgetRecord.from_json(data, str(path))
-    except RecordError:
-        raise
-    except (TypeError, ValueError) as exc:
-        raise RecordError(f"{path}: not a budget record ({exc})") from exc
+    if isinstance(data, dict):
+        version = data.get("budget")
+        if version != BUDGET_VERSION or isinstance(version, bool):
+            raise RecordError(f"{path}: budget: this harness reads budget records of version {BUDGET_VERSION}, "
+                              f"got {version!r}")
+        data = {key: value for key, value in data.items() if key != "budget"}
+    return decode(BudgetRecord, data, source=str(path), version=BUDGET_VERSION)

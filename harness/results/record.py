@@ -11,10 +11,11 @@ A results directory ``results/<name>/`` holds:
 ``events-<strategy>.csv``      its load, partition and engine events, :data:`EVENT_COLUMNS`
 =============================  =====================================================
 
-Every record has ``to_json`` and ``from_json``. ``from_json`` rejects a missing key, an
-unknown key and a value of the wrong type with a :class:`RecordError` naming the file
-and the key's path (``summary.json: strategies.map.engines[3]: missing key 'end_s'``),
-so a misspelt key cannot quietly read as ``None``.
+Every record is a frozen dataclass written and read by :mod:`harness.results.codec` from its
+fields alone (``to_json`` and ``from_json``); reading rejects a missing key, an unknown key
+and a value of the wrong type with a :class:`RecordError` naming the file and the key's path
+(``summary.json: strategies.map.engines[3]: missing key 'end_s'``), so a misspelt key cannot
+quietly read as ``None``.
 
 Versions (:data:`LAYOUT_VERSION` is what this code writes; ``summary.json`` says which
 it is in ``layout``):
@@ -45,17 +46,18 @@ it is in ``layout``):
    ``repeats`` (:class:`RepeatRecord`, one per cold run); per engine ``pages_s``,
    ``copy_s`` and ``major_faults``.
 
-A later version adds keys (each field records the version that added it in
-:data:`_SINCE`) and bumps :data:`LAYOUT_VERSION`; records of earlier versions read with
-those fields ``None``.
+A later version adds keys (each field says the version that added it, ``since`` in its
+:func:`~harness.results.codec.json_field`) and bumps :data:`LAYOUT_VERSION`; records of
+earlier versions read with those fields' defaults.
 
-Values are read for what they mean, not only for their JSON type (:class:`_Obj`), so that
-no hostile or corrupt file reaches the reporters: an integer is a whole number below
+Values are read for what they mean, not only for their JSON type (:mod:`harness.results.codec`),
+so that no hostile or corrupt file reaches the reporters: an integer is a whole number below
 :data:`MAX_INTEGER` in size and a byte count below :data:`MAX_BYTES`; neither is
-negative, nor is a number (bytes, counts, indices and times never are), unless its key is
-one of :data:`SIGNED`; a number is finite; the top-level ``name`` (of ``summary.json`` and
-``budget.json``) and every strategy's name obey :data:`NAME`, since they name files; a run
-has 1 to :data:`MAX_ENGINES` engines and a model at least one byte. Files are read by
+negative, nor is a number (bytes, counts, indices and times never are), unless its field is
+declared ``signed`` (growths, an exit status, an excess below the floor); a number is finite;
+the top-level ``name`` (of ``summary.json`` and ``budget.json``) and every strategy's name obey
+:data:`NAME`, since they name files; a run has 1 to :data:`MAX_ENGINES` engines and a model at
+least one byte. Files are read by
 :func:`read_file`, which refuses anything but a regular file without blocking on it (a
 FIFO, a device); JSON nested deeper than :data:`MAX_JSON_DEPTH` is refused before it is
 parsed. A CSV row must hold every column, the file must end with a whole row, and a
@@ -73,18 +75,26 @@ import csv
 import errno
 import io
 import json
-import math
 import os
 import re
 import stat
 from collections.abc import Callable
-from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.errors import HarnessError
 from harness.results.atomic import write_json
+from harness.results.codec import (
+    MAX_BYTES,
+    MAX_INTEGER,
+    NAME,
+    LongInteger,
+    Record,
+    RecordError,
+    check_name,
+    decode,
+    name_problem,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -99,7 +109,6 @@ __all__ = [
     "NAME",
     "PLAN",
     "SAMPLE_COLUMNS",
-    "SIGNED",
     "SUMMARY",
     "CacheRecord",
     "CheckpointInfo",
@@ -125,6 +134,7 @@ __all__ = [
     "read_samples",
     "read_strategy_file",
     "read_text_file",
+    "results_name_problem",
     "samples_file",
     "strategy_file",
     "write_strategy_file",
@@ -136,21 +146,6 @@ LAYOUT_VERSION = 4
 
 SUMMARY = "summary.json"
 PLAN = "plan.json"
-
-NAME = re.compile(r"[a-z0-9_-]+")
-"""What a results name and a strategy name may be: they name ``results/<name>/``, the report
-and figures beside it, and the files of each strategy, so no path separator, dot or ``..``."""
-
-MAX_INTEGER = 2**63
-"""Every integer read is smaller than this in size: what a 64-bit count (the kernel's, numpy's) holds."""
-
-MAX_BYTES = 2**53
-"""Every byte count read is smaller than this (8 PiB, far above any machine's memory): the figures and
-the samples compute in float64, which holds every whole number up to it exactly."""
-
-SIGNED = frozenset({"anon_delta_bytes", "residency_read_bytes", "cache_bytes", "returncode", "excess_over_floor"})
-"""The keys whose values may be negative: growths (deltas), an exit status, an excess below the floor.
-Every other integer and number (bytes, counts, indices, times) is read as not negative."""
 
 MAX_ENGINES = 100_000
 """The most engines a run may have: every engine holds at least one weight tensor, and no model
@@ -200,137 +195,11 @@ def strategy_file(strategy: str) -> str:
     return f"strategy-{strategy}.json"
 
 
-class RecordError(HarnessError, ValueError):
-    """A results file is not in a layout this harness reads; the message names the file and the key."""
-
-
-# --------------------------------------------------------------------------- reading helpers
-
-
-def _describe(value: Any) -> str:
-    try:
-        text = json.dumps(value, default=str)
-    except (ValueError, RecursionError):  # a value nested past what json.dumps walks
-        text = type(value).__name__
-    return (text[:57] + "...") if len(text) > 60 else text
-
-
-def check_name(name: str, where: str, what: str) -> str:
-    """``name`` when it obeys :data:`NAME`; else a :class:`RecordError` ``<where>: expected ...``."""
-    if not NAME.fullmatch(name):
-        raise RecordError(f"{where}: expected letters a-z, digits, '_' or '-' only ({what}), got {_describe(name)}")
-    return name
-
-
-class _Obj:
-    """One JSON object being read: its keys are checked on construction, values by the getters."""
-
-    def __init__(self, data: Any, source: str, where: str, required: AbstractSet[str],
-                 optional: AbstractSet[str] = frozenset()) -> None:
-        self.source, self.where = source, where
-        if not isinstance(data, dict):
-            raise self.error(None, f"expected an object, got {_describe(data)}")
-        self.data: dict[str, Any] = data
-        for problem, keys in (("unknown", set(data) - set(required) - set(optional)),
-                              ("missing", set(required) - set(data))):
-            if keys:
-                first, more = sorted(keys)[0], len(keys) - 1
-                raise self.error(None, f"{problem} key {first!r}" + (f" (and {more} more)" if more else ""))
-
-    def path(self, key: str | None) -> str:
-        if key is None:
-            return self.where or "<top level>"
-        return f"{self.where}.{key}" if self.where else key
-
-    def error(self, key: str | None, problem: str) -> RecordError:
-        return RecordError(f"{self.source}: {self.path(key)}: {problem}")
-
-    def raw(self, key: str) -> Any:
-        return self.data.get(key)
-
-    def _typed(self, key: str, ok: Callable[[Any], bool], what: str, null: bool) -> Any:
-        value = self.data.get(key)
-        if value is None and null:
-            return None
-        if not ok(value):
-            raise self.error(key, f"expected {what}{' or null' if null else ''}, got {_describe(value)}")
-        return value
-
-    def _in_range(self, key: str, value: Any) -> None:
-        """Refuse a value the key cannot mean (negative where only :data:`SIGNED` keys may be, a byte count
-        of :data:`MAX_BYTES` or more) or the machine cannot hold (:data:`MAX_INTEGER`); ``value`` is
-        already an int or a finite float."""
-        if "bytes" in key.split("_") and abs(value) >= MAX_BYTES:
-            raise self.error(key, f"{_describe(value)} bytes is out of range (less than 2**53, 8 PiB, expected)")
-        if abs(value) >= MAX_INTEGER:
-            raise self.error(key, f"{_describe(value)} is out of range (at most 2**63 - 1 in size)")
-        if value < 0 and key not in SIGNED:
-            raise self.error(key, f"expected a value of at least 0, got {_describe(value)}")
-
-    def integer(self, key: str, *, null: bool = True) -> Any:
-        value = self.data.get(key)
-        if isinstance(value, _LongInteger):
-            raise self.error(key, f"an integer of {value.digits} digits is out of range (at most 2**63 - 1 in size)")
-        value = self._typed(key, lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer", null)
-        if value is not None:
-            self._in_range(key, value)
-        return value
-
-    def number(self, key: str, *, null: bool = True) -> Any:
-        def ok(v: Any) -> bool:
-            return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-
-        value = self.data.get(key)
-        if isinstance(value, _LongInteger):
-            raise self.error(key, f"a number of {value.digits} digits is out of range (at most 2**63 - 1 in size)")
-        value = self._typed(key, ok, "a number", null)
-        if value is None:
-            return None
-        self._in_range(key, value)
-        return float(value)
-
-    def text(self, key: str, *, null: bool = True) -> Any:
-        value = self._typed(key, lambda v: isinstance(v, str), "a string", null)
-        if key == "name" and not self.where and value is not None:  # the results' name, at the top of a record
-            check_name(value, f"{self.source}: {self.path(key)}", "it names the report and figures beside the results")
-        return value
-
-    def flag(self, key: str, *, null: bool = True) -> Any:
-        return self._typed(key, lambda v: isinstance(v, bool), "true or false", null)
-
-    def items(self, key: str) -> list[Any]:
-        return self._typed(key, lambda v: isinstance(v, list), "a list", False)  # type: ignore[no-any-return]
-
-
-_SINCE: dict[str, dict[str, int]] = {}
-"""Per record class, the layout version that added each key (absent: version 1)."""
-
-
-def _keys(cls: type, version: int) -> set[str]:
-    """The keys a record of ``cls`` holds in ``version``."""
-    since = _SINCE.get(cls.__name__, {})
-    return {f.name for f in fields(cls) if since.get(f.name, 1) <= version and not f.name.startswith("_")}
-
-
-def _serialise(value: Any) -> Any:
-    if isinstance(value, tuple):
-        return [_serialise(v) for v in value]
-    if hasattr(value, "to_json"):
-        return value.to_json()
-    if isinstance(value, Path):
-        return str(value)
-    return value
-
-
-def _to_json(record: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
-    return {f.name: _serialise(getattr(record, f.name)) for f in fields(record) if f.name not in skip}
-
-
 # --------------------------------------------------------------------------- records
 
 
 @dataclass(frozen=True)
-class EngineRecord:
+class EngineRecord(Record):
     """One engine build: its weights, time span, host high-water mark and what followed it.
 
     Times are seconds from the strategy process's start. ``host_hwm_bytes`` is the
@@ -347,12 +216,12 @@ class EngineRecord:
     released_bytes: int | None
     rss_after_bytes: int | None
     gpu_used_bytes: int | None
-    tensors: int | None = None
-    compile_s: float | None = None
-    artifact_bytes: int | None = None
-    rss_before_bytes: int | None = None
-    children_peak_bytes: int | None = None
-    cache_bytes: int | None = None
+    tensors: int | None = field(default=None, metadata={"since": 2})
+    compile_s: float | None = field(default=None, metadata={"since": 3})
+    artifact_bytes: int | None = field(default=None, metadata={"since": 3})
+    rss_before_bytes: int | None = field(default=None, metadata={"since": 3})
+    children_peak_bytes: int | None = field(default=None, metadata={"since": 3})
+    cache_bytes: int | None = field(default=None, metadata={"since": 3, "signed": True})
 
     @property
     def compiler_over_floor_bytes(self) -> int | None:
@@ -363,43 +232,13 @@ class EngineRecord:
         if self.compile_s is None or self.host_hwm_bytes is None or self.rss_before_bytes is None:
             return None
         return self.host_hwm_bytes - (self.rss_before_bytes + self.weight_bytes)
-    pages_s: float | None = None
-    copy_s: float | None = None
-    major_faults: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return _to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, source: str, where: str, version: int) -> EngineRecord:
-        o = _Obj(data, source, where, _keys(cls, version))
-        return cls(
-            index=o.integer("index", null=False),
-            weight_bytes=o.integer("weight_bytes", null=False),
-            start_s=o.number("start_s"),
-            end_s=o.number("end_s"),
-            host_hwm_bytes=o.integer("host_hwm_bytes"),
-            released_bytes=o.integer("released_bytes"),
-            rss_after_bytes=o.integer("rss_after_bytes"),
-            gpu_used_bytes=o.integer("gpu_used_bytes"),
-            tensors=o.integer("tensors"),
-            compile_s=o.number("compile_s"),
-            artifact_bytes=o.integer("artifact_bytes"),
-            rss_before_bytes=o.integer("rss_before_bytes"),
-            children_peak_bytes=o.integer("children_peak_bytes"),
-            cache_bytes=o.integer("cache_bytes"),
-            pages_s=o.number("pages_s"),
-            copy_s=o.number("copy_s"),
-            major_faults=o.integer("major_faults"),
-        )
-
-
-_SINCE["EngineRecord"] = {"tensors": 2, "compile_s": 3, "artifact_bytes": 3, "rss_before_bytes": 3,
-                          "children_peak_bytes": 3, "cache_bytes": 3, "pages_s": 4, "copy_s": 4, "major_faults": 4}
+    pages_s: float | None = field(default=None, metadata={"since": 4})
+    copy_s: float | None = field(default=None, metadata={"since": 4})
+    major_faults: int | None = field(default=None, metadata={"since": 4})
 
 
 @dataclass(frozen=True)
-class ExportRecord:
+class ExportRecord(Record):
     """The export phase of a compiler backend (``torch.export.export`` of the loaded model), version 3.
 
     ``pages_read_bytes``: growth of this process's resident pages of the checkpoint files
@@ -413,11 +252,11 @@ class ExportRecord:
     seconds: float
     nodes: int
     pages_read_bytes: int | None
-    residency_read_bytes: int | None
+    residency_read_bytes: int | None = field(metadata={"signed": True})
     rss_before_bytes: int
     rss_after_bytes: int
     hwm_bytes: int | None
-    anon_delta_bytes: int
+    anon_delta_bytes: int = field(metadata={"signed": True})
     not_shared: int
 
     @property
@@ -425,27 +264,9 @@ class ExportRecord:
         """How far host memory rose above its value at the start of export, at its highest."""
         return None if self.hwm_bytes is None else self.hwm_bytes - self.rss_before_bytes
 
-    def to_json(self) -> dict[str, Any]:
-        return _to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, source: str, where: str, version: int) -> ExportRecord:
-        o = _Obj(data, source, where, _keys(cls, version))
-        return cls(
-            seconds=o.number("seconds", null=False),
-            nodes=o.integer("nodes", null=False),
-            pages_read_bytes=o.integer("pages_read_bytes"),
-            residency_read_bytes=o.integer("residency_read_bytes"),
-            rss_before_bytes=o.integer("rss_before_bytes", null=False),
-            rss_after_bytes=o.integer("rss_after_bytes", null=False),
-            hwm_bytes=o.integer("hwm_bytes"),
-            anon_delta_bytes=o.integer("anon_delta_bytes", null=False),
-            not_shared=o.integer("not_shared", null=False),
-        )
-
 
 @dataclass(frozen=True)
-class CacheRecord:
+class CacheRecord(Record):
     """How a strategy's run found the checkpoint in the page cache (version 4).
 
     ``state`` is ``"cold"`` or ``"warm"``, ``method`` what was done in words
@@ -471,28 +292,9 @@ class CacheRecord:
     seconds: float
     notes: tuple[str, ...] = ()
 
-    def to_json(self) -> dict[str, Any]:
-        return _to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, source: str, where: str, version: int) -> CacheRecord:
-        o = _Obj(data, source, where, _keys(cls, version))
-        notes = o.items("notes")
-        if not all(isinstance(n, str) for n in notes):
-            raise o.error("notes", "expected a list of strings")
-        return cls(
-            state=o.text("state", null=False), method=o.text("method", null=False),
-            flushed=o.flag("flushed", null=False), settled=o.flag("settled"), dropped=o.flag("dropped", null=False),
-            resident_before_bytes=o.integer("resident_before_bytes", null=False),
-            resident_after_bytes=o.integer("resident_after_bytes", null=False),
-            resident_at_load_bytes=o.integer("resident_at_load_bytes"),
-            total_bytes=o.integer("total_bytes", null=False), seconds=o.number("seconds", null=False),
-            notes=tuple(notes),
-        )
-
 
 @dataclass(frozen=True)
-class RepeatRecord:
+class RepeatRecord(Record):
     """One cold run of a strategy, when the scenario asks for repeats (version 4).
 
     ``repeat`` counts from 0; the times are the run's own (:class:`StrategyRecord`'s
@@ -509,19 +311,9 @@ class RepeatRecord:
     build_peak_bytes: int | None
     resident_at_load_bytes: int | None
 
-    def to_json(self) -> dict[str, Any]:
-        return _to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, source: str, where: str, version: int) -> RepeatRecord:
-        o = _Obj(data, source, where, _keys(cls, version))
-        return cls(o.integer("repeat", null=False), o.text("status", null=False), o.text("error"),
-                   o.number("wall_s"), o.number("load_s"), o.number("build_s"), o.integer("build_peak_bytes"),
-                   o.integer("resident_at_load_bytes"))
-
 
 @dataclass(frozen=True)
-class DiskRead:
+class DiskRead(Record):
     """A cold sequential ``read()`` of the checkpoint, made in the run (version 4).
 
     ``bytes`` read in ``seconds``: ``bytes_per_s``; ``cpu_seconds`` of the reading
@@ -539,45 +331,24 @@ class DiskRead:
     method: str
     resident_at_start_bytes: int
 
-    def to_json(self) -> dict[str, Any]:
-        return _to_json(self)
 
-    @classmethod
-    def from_json(cls, data: Any, source: str, where: str, version: int) -> DiskRead:
-        o = _Obj(data, source, where, _keys(cls, version))
-        return cls(o.integer("before", null=False), o.integer("bytes", null=False),
-                   o.number("seconds", null=False), o.number("bytes_per_s", null=False),
-                   o.number("cpu_seconds", null=False), o.text("method", null=False),
-                   o.integer("resident_at_start_bytes", null=False))
+@dataclass(frozen=True)
+class Phases(Record):
+    """Phase boundaries in seconds from the strategy process's start; ``None`` for a phase not reached.
+
+    Version 1 wrote only the phases a strategy reached (``absent_until=1``).
+    """
+
+    load_start_s: float | None = field(default=None, metadata={"absent_until": 1})
+    load_end_s: float | None = field(default=None, metadata={"absent_until": 1})
+    partition_s: float | None = field(default=None, metadata={"absent_until": 1})
+    build_end_s: float | None = field(default=None, metadata={"absent_until": 1})
+    export_start_s: float | None = field(default=None, metadata={"since": 3})
+    export_end_s: float | None = field(default=None, metadata={"since": 3})
 
 
 @dataclass(frozen=True)
-class Phases:
-    """Phase boundaries in seconds from the strategy process's start; ``None`` for a phase not reached."""
-
-    load_start_s: float | None = None
-    load_end_s: float | None = None
-    partition_s: float | None = None
-    build_end_s: float | None = None
-    export_start_s: float | None = None
-    export_end_s: float | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return _to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, source: str, where: str, version: int) -> Phases:
-        keys = _keys(cls, version)
-        # version 1 wrote only the phases a strategy reached
-        o = _Obj(data, source, where, set() if version == 1 else keys, keys)
-        return cls(**{k: o.number(k) for k in keys})
-
-
-_SINCE["Phases"] = {"export_start_s": 3, "export_end_s": 3}
-
-
-@dataclass(frozen=True)
-class StrategyRecord:
+class StrategyRecord(Record):
     """One strategy's measured figures (``summary.json``'s ``strategies.<name>``).
 
     ``status`` is ``"ok"`` when every engine was built, ``"failed"`` otherwise, with the
@@ -592,16 +363,16 @@ class StrategyRecord:
 
     status: str
     error: str | None = None
-    note: str = ""
+    note: str = field(default="", metadata={"null_as": ""})
     baseline_rss_bytes: int | None = None
     host_at_partitioning_bytes: int | None = None
-    load_hwm_bytes: int | None = None
-    gpu_baseline_bytes: int | None = None
+    load_hwm_bytes: int | None = field(default=None, metadata={"since": 2})
+    gpu_baseline_bytes: int | None = field(default=None, metadata={"since": 2})
     host_peak_bytes: int | None = None
     anon_peak_bytes: int | None = None
     gpu_peak_bytes: int | None = None
     host_gpu_peak_bytes: int | None = None
-    build_peak_bytes: int | None = None
+    build_peak_bytes: int | None = field(default=None, metadata={"since": 2})
     wall_s: float | None = None
     process_wall_s: float | None = None
     phases: Phases = field(default_factory=Phases)
@@ -612,22 +383,22 @@ class StrategyRecord:
     engine_cap_bytes: int | None = None
     released_bytes: int | None = None
     unreleased_bytes: int | None = None
-    release_note: str = ""
+    release_note: str = field(default="", metadata={"null_as": ""})
     engines: tuple[EngineRecord, ...] = ()
     floor_bytes: int | None = None
-    excess_over_floor: float | None = None
+    excess_over_floor: float | None = field(default=None, metadata={"signed": True})
     watched_peak_rss_bytes: int | None = None
-    compiler: str | None = None
-    compiler_weights: str | None = None
-    export: ExportRecord | None = None
-    max_abs_diff: float | None = None
-    check: str | None = None
-    cache: CacheRecord | None = None
-    prefetch: str | None = None
-    drop_cache: bool | None = None
-    prefetch_warmed_bytes: int | None = None
-    repeat: int | None = None
-    repeats: tuple[RepeatRecord, ...] = ()
+    compiler: str | None = field(default=None, metadata={"since": 3})
+    compiler_weights: str | None = field(default=None, metadata={"since": 3})
+    export: ExportRecord | None = field(default=None, metadata={"since": 3})
+    max_abs_diff: float | None = field(default=None, metadata={"since": 3})
+    check: str | None = field(default=None, metadata={"since": 3})
+    cache: CacheRecord | None = field(default=None, metadata={"since": 4})
+    prefetch: str | None = field(default=None, metadata={"since": 4})
+    drop_cache: bool | None = field(default=None, metadata={"since": 4})
+    prefetch_warmed_bytes: int | None = field(default=None, metadata={"since": 4})
+    repeat: int | None = field(default=None, metadata={"since": 4})
+    repeats: tuple[RepeatRecord, ...] = field(default=(), metadata={"since": 4})
 
     @property
     def ok(self) -> bool:
@@ -638,81 +409,17 @@ class StrategyRecord:
         """A copy with ``changes``."""
         return replace(self, **changes)
 
-    def to_json(self) -> dict[str, Any]:
-        return _to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, source: str, where: str, version: int) -> StrategyRecord:
-        o = _Obj(data, source, where, _keys(cls, version))
-        status = o.text("status", null=False)
-        engines = tuple(
-            EngineRecord.from_json(item, source, f"{o.path('engines')}[{i}]", version)
-            for i, item in enumerate(o.items("engines"))
-        )
-        build_peak = o.integer("build_peak_bytes")
-        return cls(
-            status=status,
-            error=o.text("error"),
-            note=o.text("note") or "",
-            baseline_rss_bytes=o.integer("baseline_rss_bytes"),
-            host_at_partitioning_bytes=o.integer("host_at_partitioning_bytes"),
-            load_hwm_bytes=o.integer("load_hwm_bytes"),
-            gpu_baseline_bytes=o.integer("gpu_baseline_bytes"),
-            host_peak_bytes=o.integer("host_peak_bytes"),
-            anon_peak_bytes=o.integer("anon_peak_bytes"),
-            gpu_peak_bytes=o.integer("gpu_peak_bytes"),
-            host_gpu_peak_bytes=o.integer("host_gpu_peak_bytes"),
-            build_peak_bytes=build_peak,
-            wall_s=o.number("wall_s"),
-            process_wall_s=o.number("process_wall_s"),
-            phases=Phases.from_json(o.raw("phases"), source, o.path("phases"), version),
-            samples=o.integer("samples", null=False),
-            mean_interval_ms=o.number("mean_interval_ms"),
-            max_gap_ms=o.number("max_gap_ms"),
-            peak_source=o.text("peak_source"),
-            engine_cap_bytes=o.integer("engine_cap_bytes"),
-            released_bytes=o.integer("released_bytes"),
-            unreleased_bytes=o.integer("unreleased_bytes"),
-            release_note=o.text("release_note") or "",
-            engines=engines,
-            floor_bytes=o.integer("floor_bytes"),
-            excess_over_floor=o.number("excess_over_floor"),
-            watched_peak_rss_bytes=o.integer("watched_peak_rss_bytes"),
-            compiler=o.text("compiler"),
-            compiler_weights=o.text("compiler_weights"),
-            export=None if o.raw("export") is None else ExportRecord.from_json(
-                o.raw("export"), source, o.path("export"), version),
-            max_abs_diff=o.number("max_abs_diff"),
-            check=o.text("check"),
-            cache=None if o.raw("cache") is None else CacheRecord.from_json(o.raw("cache"), source, o.path("cache"),
-                                                                             version),
-            prefetch=o.text("prefetch"),
-            drop_cache=o.flag("drop_cache"),
-            prefetch_warmed_bytes=o.integer("prefetch_warmed_bytes"),
-            repeat=o.integer("repeat"),
-            repeats=tuple(
-                RepeatRecord.from_json(item, source, f"{o.path('repeats')}[{i}]", version)
-                for i, item in enumerate(o.items("repeats") if "repeats" in o.data else [])
-            ),
-        )
-
-
-_SINCE["StrategyRecord"] = {"load_hwm_bytes": 2, "gpu_baseline_bytes": 2, "build_peak_bytes": 2,
-                            "compiler": 3, "compiler_weights": 3, "export": 3, "max_abs_diff": 3, "check": 3,
-                            **dict.fromkeys(("cache", "prefetch", "drop_cache", "prefetch_warmed_bytes", "repeat",
-                                             "repeats"), 4)}
-
-
-def _upgrade_v1_strategy(record: StrategyRecord, device: str) -> StrategyRecord:
-    """Version 1 had no build-phase host peak of its own; take the one it compared with the floor."""
-    if device.startswith("cuda"):
-        hwms = [e.host_hwm_bytes for e in record.engines if e.host_hwm_bytes is not None]
-        return record.replace(build_peak_bytes=max(hwms) if hwms else None)
-    return record.replace(build_peak_bytes=record.host_gpu_peak_bytes)
+    def upgraded_from_v1(self, device: str) -> StrategyRecord:
+        """Version 1 had no build-phase host peak of its own; take the one it compared with the floor: on a
+        GPU the largest engine high-water mark, else ``host_gpu_peak_bytes`` (no GPU memory adds to it)."""
+        if device.startswith("cuda"):
+            hwms = [e.host_hwm_bytes for e in self.engines if e.host_hwm_bytes is not None]
+            return self.replace(build_peak_bytes=max(hwms) if hwms else None)
+        return self.replace(build_peak_bytes=self.host_gpu_peak_bytes)
 
 
 @dataclass(frozen=True)
-class MachineInfo:
+class MachineInfo(Record):
     """The machine a run was made on (:func:`harness.measure.machine.machine`)."""
 
     cpus: int | None
@@ -722,43 +429,26 @@ class MachineInfo:
     hostname: str | None
     platform: str | None
 
-    def to_json(self) -> dict[str, Any]:
-        return _to_json(self)
 
-    @classmethod
-    def from_json(cls, data: Any, source: str, where: str, version: int) -> MachineInfo:
-        o = _Obj(data, source, where, _keys(cls, version))
-        return cls(o.integer("cpus"), o.integer("mem_total_bytes"), o.text("gpu"), o.text("kernel"),
-                   o.text("hostname"), o.text("platform"))
+def _some_bytes(value: int) -> str | None:
+    return "a model of 0 bytes; expected its checkpoint's size" if value == 0 else None
 
 
 @dataclass(frozen=True)
-class ModelInfo:
-    """The model that was measured; ``bytes`` are its checkpoint's (a tied tensor once)."""
+class ModelInfo(Record):
+    """The model that was measured; ``bytes`` are its checkpoint's (a tied tensor once), at least one:
+    every share "of the model" divides by it."""
 
     name: str
     source: str
     source_note: str
     tensors: int
-    bytes: int
+    bytes: int = field(metadata={"check": _some_bytes})
     bytes_with_non_persistent_buffers: int
-
-    def to_json(self) -> dict[str, Any]:
-        return _to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, source: str, where: str, version: int) -> ModelInfo:
-        o = _Obj(data, source, where, _keys(cls, version))
-        info = cls(o.text("name", null=False), o.text("source", null=False), o.text("source_note", null=False),
-                   o.integer("tensors", null=False), o.integer("bytes", null=False),
-                   o.integer("bytes_with_non_persistent_buffers", null=False))
-        if info.bytes == 0:  # every share "of the model" divides by it
-            raise o.error("bytes", "a model of 0 bytes; expected its checkpoint's size")
-        return info
 
 
 @dataclass(frozen=True)
-class CheckpointInfo:
+class CheckpointInfo(Record):
     """The checkpoint every strategy read: its path, whether this run generated it, its seed and size."""
 
     path: str
@@ -766,50 +456,49 @@ class CheckpointInfo:
     seed: int
     bytes: int
 
-    def to_json(self) -> dict[str, Any]:
-        return _to_json(self)
-
-    @classmethod
-    def from_json(cls, data: Any, source: str, where: str, version: int) -> CheckpointInfo:
-        o = _Obj(data, source, where, _keys(cls, version))
-        return cls(o.text("path", null=False), o.flag("generated", null=False), o.integer("seed", null=False),
-                   o.integer("bytes", null=False))
-
 
 @dataclass(frozen=True)
-class Reference:
+class Reference(Record):
     """A figure measured on another setup, shown beside the run's own and marked as such."""
 
     label: str
     host_at_partitioning_gib: float | None = None
     host_gpu_peak_gib: float | None = None
     host_peak_gib: float | None = None
-    note: str = ""
+    note: str = field(default="", metadata={"null_as": ""})
 
-    def to_json(self) -> dict[str, Any]:
-        return _to_json(self)
 
-    @classmethod
-    def from_json(cls, data: Any, source: str, where: str, version: int) -> Reference:
-        o = _Obj(data, source, where, _keys(cls, version))
-        return cls(o.text("label", null=False), o.number("host_at_partitioning_gib"), o.number("host_gpu_peak_gib"),
-                   o.number("host_peak_gib"), o.text("note") or "")
+def _engine_count(engines: int) -> str | None:
+    return None if 1 <= engines <= MAX_ENGINES else f"expected 1 to {MAX_ENGINES} engines, got {engines}"
+
+
+def results_name_problem(name: str) -> str | None:
+    """What is wrong with ``name`` as the name of a results directory (:data:`NAME`), or None."""
+    return name_problem(name, "it names the report and figures beside the results")
+
+
+def _strategy_name(name: str) -> str | None:
+    return name_problem(name, "it names the strategy's files")
 
 
 @dataclass(frozen=True)
-class RunRecord:
-    """``summary.json``: one scenario run and its strategies, in the order they ran."""
+class RunRecord(Record):
+    """``summary.json``: one scenario run and its strategies, in the order they ran.
+
+    ``layout`` is the layout version the record was read at (:data:`LAYOUT_VERSION` for one
+    made here); ``summary.json`` is always written at :data:`LAYOUT_VERSION`.
+    """
 
     scenario: str
-    name: str
-    description: str
+    name: str = field(metadata={"check": results_name_problem})
+    description: str = field(metadata={"null_as": ""})
     created: str
     commit: str | None
     machine: MachineInfo
     versions: dict[str, str | None]
     model: ModelInfo
     checkpoint: CheckpointInfo
-    engines: int
+    engines: int = field(metadata={"check": _engine_count})
     engine_cap_bytes: int
     largest_engine_bytes: int
     backend: str
@@ -820,11 +509,11 @@ class RunRecord:
     memory_limit_bytes: int | None
     references: tuple[Reference, ...]
     scenario_config: dict[str, Any]
-    strategies: dict[str, StrategyRecord]
-    layout: int = LAYOUT_VERSION
-    repeats: int | None = None
-    prefetch: str | None = None
-    disk_reads: tuple[DiskRead, ...] = ()
+    strategies: dict[str, StrategyRecord] = field(metadata={"check_keys": _strategy_name})
+    layout: int = field(default=LAYOUT_VERSION, metadata={"since": 2, "version": True})
+    repeats: int | None = field(default=None, metadata={"since": 4})
+    prefetch: str | None = field(default=None, metadata={"since": 4})
+    disk_reads: tuple[DiskRead, ...] = field(default=(), metadata={"since": 4})
 
     @property
     def on_gpu(self) -> bool:
@@ -839,81 +528,16 @@ class RunRecord:
         """A copy with strategy ``name`` set to ``record`` (appended when new)."""
         return replace(self, strategies={**self.strategies, name: record})
 
-    def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"layout": LAYOUT_VERSION}
-        data.update(_to_json(self, skip=("layout", "strategies")))
-        data["versions"] = dict(self.versions)
-        data["scenario_config"] = self.scenario_config
-        data["strategies"] = {name: s.to_json() for name, s in self.strategies.items()}
-        return data
-
-    @classmethod
-    def from_json(cls, data: Any, source: str) -> RunRecord:
-        if not isinstance(data, dict):
-            raise RecordError(f"{source}: expected a JSON object, got {_describe(data)}")
-        version = data.get("layout", 1)
-        if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= LAYOUT_VERSION:
-            raise RecordError(f"{source}: layout: this harness reads layout versions 1 to {LAYOUT_VERSION}, "
-                              f"got {_describe(version)}")
-        o = _Obj(data, source, "", _keys(cls, version))
-        versions = o.raw("versions")
-        if not isinstance(versions, dict) or not all(isinstance(v, str | None) for v in versions.values()):
-            raise o.error("versions", "expected an object of strings or nulls")
-        config = o.raw("scenario_config")
-        if not isinstance(config, dict):
-            raise o.error("scenario_config", "expected an object")
-        device = o.text("device", null=False)
-        raw_strategies = o.raw("strategies")
-        if not isinstance(raw_strategies, dict):
-            raise o.error("strategies", "expected an object of strategies")
-        engines = o.integer("engines", null=False)
-        if not 1 <= engines <= MAX_ENGINES:
-            raise o.error("engines", f"expected 1 to {MAX_ENGINES} engines, got {engines}")
-        strategies = {}
-        for name, item in raw_strategies.items():
-            check_name(name, f"{source}: strategies.{name}", "it names the strategy's files")
-            record = StrategyRecord.from_json(item, source, f"strategies.{name}", version)
+    def after_decode(self, version: int, fail: Callable[[str, str], RecordError]) -> RunRecord:
+        """Every engine index below the run's engines; a version-1 strategy's build-phase peak filled in."""
+        for name, record in self.strategies.items():
             for i, engine in enumerate(record.engines):
-                if engine.index >= engines:
-                    raise RecordError(f"{source}: strategies.{name}.engines[{i}].index: engine {engine.index} "
-                                      f"of a run of {engines} engines")
-            strategies[str(name)] = _upgrade_v1_strategy(record, device) if version == 1 else record
-        return cls(
-            layout=version,
-            scenario=o.text("scenario", null=False),
-            name=o.text("name", null=False),
-            description=o.text("description") or "",
-            created=o.text("created", null=False),
-            commit=o.text("commit"),
-            machine=MachineInfo.from_json(o.raw("machine"), source, "machine", version),
-            versions={str(k): v for k, v in versions.items()},
-            model=ModelInfo.from_json(o.raw("model"), source, "model", version),
-            checkpoint=CheckpointInfo.from_json(o.raw("checkpoint"), source, "checkpoint", version),
-            engines=engines,
-            engine_cap_bytes=o.integer("engine_cap_bytes", null=False),
-            largest_engine_bytes=o.integer("largest_engine_bytes", null=False),
-            backend=o.text("backend", null=False),
-            device=device,
-            cache=o.text("cache", null=False),
-            release=o.flag("release", null=False),
-            sample_interval_ms=o.number("sample_interval_ms", null=False),
-            memory_limit_bytes=o.integer("memory_limit_bytes"),
-            references=tuple(
-                Reference.from_json(item, source, f"references[{i}]", version)
-                for i, item in enumerate(o.items("references"))
-            ),
-            scenario_config=config,
-            strategies=strategies,
-            repeats=o.integer("repeats"),
-            prefetch=o.text("prefetch"),
-            disk_reads=tuple(
-                DiskRead.from_json(item, source, f"disk_reads[{i}]", version)
-                for i, item in enumerate(o.items("disk_reads") if "disk_reads" in o.data else [])
-            ),
-        )
-
-
-_SINCE["RunRecord"] = {"layout": 2, "repeats": 4, "prefetch": 4, "disk_reads": 4}
+                if engine.index >= self.engines:
+                    raise fail(f"strategies.{name}.engines[{i}].index",
+                               f"engine {engine.index} of a run of {self.engines} engines")
+        if version > 1:
+            return self
+        return self.replace(strategies={n: s.upgraded_from_v1(self.device) for n, s in self.strategies.items()})
 
 
 # --------------------------------------------------------------------------- files
@@ -966,19 +590,9 @@ def read_text_file(path: Path) -> str | None:
         raise RecordError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
 
 
-class _LongInteger:
-    """A JSON integer too long to be any value of a record; kept as its digit count (never converted)."""
-
-    def __init__(self, digits: int) -> None:
-        self.digits = digits
-
-    def __str__(self) -> str:
-        return f"<an integer of {self.digits} digits>"
-
-
-def _parse_int(text: str) -> int | _LongInteger:
+def _parse_int(text: str) -> int | LongInteger:
     digits = len(text.lstrip("-"))
-    return _LongInteger(digits) if digits > 19 else int(text)  # 19 digits hold every value below 2**63
+    return LongInteger(digits) if digits > 19 else int(text)  # 19 digits hold every value below 2**63
 
 
 _JSON_TOKENS = re.compile(r'\\.|["\[\]{}]')
@@ -1010,8 +624,9 @@ def _json_depth_error(text: str) -> str | None:
 def read_json_file(path: Path) -> Any:
     """The JSON in ``path``; a missing, unreadable or malformed file is a :class:`RecordError` naming it.
 
-    Integers too long to be any record's value read as a placeholder that every getter of
-    :class:`_Obj` refuses, naming the key; ``NaN`` and ``Infinity`` are refused there too.
+    Integers too long to be any record's value read as a placeholder
+    (:class:`~harness.results.codec.LongInteger`) that the codec refuses, naming the key;
+    ``NaN`` and ``Infinity`` are refused there too.
     """
     text = read_text_file(path)
     if text is None:
@@ -1037,9 +652,19 @@ def write_summary(directory: Path, run: RunRecord) -> Path:
     return write_json(Path(directory) / SUMMARY, run.to_json())
 
 
+@dataclass(frozen=True)
+class _StrategyFile(Record):
+    """``strategy-<name>.json``: the layout it was written at, the strategy's name and its record (read once
+    the layout is known to be :data:`LAYOUT_VERSION`)."""
+
+    layout: int
+    strategy: str
+    record: dict[str, Any]
+
+
 def write_strategy_file(directory: Path, name: str, record: StrategyRecord) -> Path:
     """Write what a strategy's process measured, ``strategy-<name>.json`` (atomically)."""
-    data = {"layout": LAYOUT_VERSION, "strategy": name, "record": record.to_json()}
+    data = _StrategyFile(LAYOUT_VERSION, name, record.to_json()).to_json()
     return write_json(Path(directory) / strategy_file(name), data)
 
 
@@ -1048,10 +673,10 @@ def read_strategy_file(directory: Path, name: str) -> StrategyRecord | None:
     path = Path(directory) / strategy_file(name)
     if not path.exists():
         return None
-    o = _Obj(read_json_file(path), str(path), "", {"layout", "strategy", "record"})
-    if o.integer("layout", null=False) != LAYOUT_VERSION or o.text("strategy", null=False) != name:
-        raise o.error("layout", f"expected layout {LAYOUT_VERSION} for strategy {name!r}")
-    return StrategyRecord.from_json(o.raw("record"), str(path), "record", LAYOUT_VERSION)
+    written = decode(_StrategyFile, read_json_file(path), source=str(path), version=LAYOUT_VERSION)
+    if written.layout != LAYOUT_VERSION or written.strategy != name:
+        raise RecordError(f"{path}: layout: expected layout {LAYOUT_VERSION} for strategy {name!r}")
+    return decode(StrategyRecord, written.record, source=str(path), where="record", version=LAYOUT_VERSION)
 
 
 _NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?"

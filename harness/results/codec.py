@@ -1,0 +1,336 @@
+"""One strict codec for every record the harness writes: JSON from a frozen dataclass's fields and back.
+
+:func:`encode` writes a record as JSON-able data; :func:`decode` reads it back into its
+class, driven by the fields and their type hints alone: ``int``, ``float``, ``str``,
+``bool``, :class:`~pathlib.Path` (a string), ``X | None``, ``tuple[X, ...]`` (a list),
+``dict[str, X]`` (an object), ``dict[str, Any]`` (any object, not checked) and nested
+dataclasses. Nothing is written out by hand per class.
+
+Reading is strict, so that no misspelt, hostile or corrupt file reaches a reader. A value
+that is not what its field means is a :class:`RecordError` naming the file, the key's path
+and what is wrong (``summary.json: strategies.map.engines[3]: missing key 'end_s'``):
+
+- an object must hold exactly its fields' keys (an unknown key is reported first, then a
+  missing one);
+- an integer is a whole number (never a bool) below :data:`MAX_INTEGER` in size, a number
+  any finite int or float (read as a float); a key whose name has the word ``bytes`` is a
+  byte count, below :data:`MAX_BYTES`; neither is negative unless the field is ``signed``
+  (bytes, counts, indices and times never are); a too-long integer reaches here as a
+  :class:`LongInteger` (:func:`harness.results.record.parse_json`) and is refused by its size.
+
+What one field adds is declared next to it, in its metadata (:data:`RULES`), e.g.
+``field(default=None, metadata={"since": 4})``: ``since``, the layout version that added the
+key (a record of an older layout holds no such key and reads as the field's default);
+``absent_until``, the last version in which the key may be left out (read as the default);
+``signed``: the value may be negative; ``null_as``: what ``null`` reads as (for a field that
+is not optional); ``check``: a rule of the value, ``value -> problem or None``; ``check_keys``:
+the same for each key of an object. A field marked ``version`` holds the layout version:
+written first, as its default (the layout this code writes), and read as the version the
+record is read at. A rule that spans fields is a class's ``after_decode(version, fail)``
+method, which the codec calls on the record it read and whose result it returns (an upgrade
+of an older layout, say); ``fail(path, problem)`` makes the error for a key path below it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, Self, TypeVar
+
+from harness.errors import HarnessError
+
+__all__ = [
+    "MAX_BYTES",
+    "MAX_INTEGER",
+    "NAME",
+    "LongInteger",
+    "Record",
+    "RULES",
+    "RecordError",
+    "check_name",
+    "decode",
+    "describe",
+    "encode",
+    "name_problem",
+]
+
+T = TypeVar("T")
+
+NAME = re.compile(r"[a-z0-9_-]+")
+"""What a results name and a strategy name may be: they name ``results/<name>/``, the report
+and figures beside it, and the files of each strategy, so no path separator, dot or ``..``."""
+
+MAX_INTEGER = 2**63
+"""Every integer read is smaller than this in size: what a 64-bit count (the kernel's, numpy's) holds."""
+
+MAX_BYTES = 2**53
+"""Every byte count read is smaller than this (8 PiB, far above any machine's memory): the figures and
+the samples compute in float64, which holds every whole number up to it exactly."""
+
+
+class RecordError(HarnessError, ValueError):
+    """A results file is not in a layout this harness reads; the message names the file and the key."""
+
+
+class LongInteger:
+    """A JSON integer too long to be any value of a record; kept as its digit count (never converted)."""
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+    def __str__(self) -> str:
+        return f"<an integer of {self.digits} digits>"
+
+
+def describe(value: Any) -> str:
+    """``value`` as JSON, cut to 60 characters, for a message; never fails."""
+    try:
+        text = json.dumps(value, default=str)
+    except (ValueError, RecursionError):  # a value nested past what json.dumps walks
+        text = type(value).__name__
+    return (text[:57] + "...") if len(text) > 60 else text
+
+
+def name_problem(name: str, what: str) -> str | None:
+    """What is wrong with ``name`` as a name of files (:data:`NAME`), ``what`` saying what it names; else None."""
+    if NAME.fullmatch(name):
+        return None
+    return f"expected letters a-z, digits, '_' or '-' only ({what}), got {describe(name)}"
+
+
+def check_name(name: str, where: str, what: str) -> str:
+    """``name`` when it obeys :data:`NAME`; else a :class:`RecordError` ``<where>: expected ...``."""
+    problem = name_problem(name, what)
+    if problem:
+        raise RecordError(f"{where}: {problem}")
+    return name
+
+
+class Record:
+    """A record's :func:`encode` and :func:`decode` as its methods, for a frozen dataclass deriving from it."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as JSON-able data (:func:`encode`)."""
+        return encode(self)  # type: ignore[no-any-return]
+
+    @classmethod
+    def from_json(cls, data: Any, source: str, where: str = "", version: int | None = None) -> Self:
+        """The record in ``data`` (:func:`decode`)."""
+        return decode(cls, data, source=source, where=where, version=version)
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def encode(value: Any) -> Any:
+    """``value`` as JSON-able data: a dataclass as an object of its fields in order (its ``version`` field
+    first, as its default), a tuple as a list, a path as a string, an object's values encoded."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(value):
+            if f.metadata.get("version"):
+                out = {f.name: f.default, **out}
+            else:
+                out[f.name] = encode(getattr(value, f.name))
+        return out
+    if isinstance(value, tuple | list):
+        return [encode(v) for v in value]
+    if isinstance(value, dict):
+        return {k: encode(v) for k, v in value.items()}
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+# --------------------------------------------------------------------------- reading
+
+
+class _Place:
+    """Where a value is being read: the file and the key's path, for messages."""
+
+    def __init__(self, source: str, path: str) -> None:
+        self.source, self.path = source, path
+
+    def key(self, key: str) -> _Place:
+        return _Place(self.source, f"{self.path}.{key}" if self.path else key)
+
+    def item(self, index: int) -> _Place:
+        return _Place(self.source, f"{self.path}[{index}]")
+
+    def error(self, problem: str) -> RecordError:
+        return RecordError(f"{self.source}: {self.path or '<top level>'}: {problem}")
+
+
+RULES = frozenset({"since", "absent_until", "signed", "null_as", "version", "check", "check_keys"})
+"""The metadata keys of a field the codec reads (see the module docstring); any other is a mistake."""
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    """The fields' types of ``cls``; a metadata key outside :data:`RULES` is refused (a misspelt rule)."""
+    if cls not in _HINTS:
+        for f in dataclasses.fields(cls):
+            unknown = set(f.metadata) - RULES
+            if unknown:
+                raise TypeError(f"{cls.__name__}.{f.name}: unknown rule {sorted(unknown)[0]!r} (known: "
+                                f"{', '.join(sorted(RULES))})")
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def _since(f: dataclasses.Field[Any]) -> int:
+    return int(f.metadata.get("since", 1))
+
+
+def _default(f: dataclasses.Field[Any], place: _Place) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    raise place.error(f"no default for a key this layout has no {f.name!r} of")  # a class declared wrongly
+
+
+def _version_field(cls: type) -> dataclasses.Field[Any] | None:
+    return next((f for f in dataclasses.fields(cls) if f.metadata.get("version")), None)
+
+
+def _read_version(cls: type, data: Any, place: _Place) -> int:
+    """The layout version ``data`` says it is in (its ``version`` field's key; absent: version 1)."""
+    f = _version_field(cls)
+    if f is None or not isinstance(data, dict):
+        return 1
+    version, current = data.get(f.name, 1), int(f.default)  # type: ignore[arg-type]
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= current:
+        raise place.key(f.name).error(f"this harness reads {f.name} versions 1 to {current}, got {describe(version)}")
+    return version
+
+
+def decode(cls: type[T], data: Any, *, source: str, where: str = "", version: int | None = None) -> T:
+    """The ``cls`` record in JSON ``data`` read from ``source`` at key path ``where``; see the module docstring.
+
+    ``version`` is the layout ``data`` is in; ``None``: what its ``version`` field's key says (absent:
+    version 1), or 1 for a class without one. Raises :class:`RecordError` naming the file and the key.
+    """
+    place = _Place(source, where)
+    if version is None:
+        version = _read_version(cls, data, place)
+    return _object(cls, data, place, version)  # type: ignore[no-any-return]
+
+
+def _object(cls: type, data: Any, place: _Place, version: int) -> Any:
+    if not isinstance(data, dict):
+        raise place.error(f"expected an object, got {describe(data)}")
+    hints = _hints(cls)
+    present = [f for f in dataclasses.fields(cls) if _since(f) <= version]
+    required = {f.name for f in present if version > f.metadata.get("absent_until", 0)}
+    for problem, keys in (("unknown", set(data) - {f.name for f in present}), ("missing", required - set(data))):
+        if keys:
+            first, more = sorted(keys)[0], len(keys) - 1
+            raise place.error(f"{problem} key {first!r}" + (f" (and {more} more)" if more else ""))
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        at = place.key(f.name)
+        if f.metadata.get("version"):
+            values[f.name] = version
+        elif f.name not in data:
+            values[f.name] = _default(f, at)
+        elif data[f.name] is None and "null_as" in f.metadata:
+            values[f.name] = f.metadata["null_as"]
+        else:
+            values[f.name] = _value(hints[f.name], data[f.name], at, f, version)
+    record = cls(**values)
+    after = getattr(record, "after_decode", None)
+    if after is not None:
+        record = after(version, lambda path, problem: place.key(path).error(problem))
+    return record
+
+
+_KINDS: dict[Any, str] = {int: "an integer", float: "a number", str: "a string", bool: "true or false",
+                          Path: "a string"}
+
+
+def _value(tp: Any, value: Any, place: _Place, f: dataclasses.Field[Any], version: int, whole: bool = True) -> Any:
+    """``value`` read as type ``tp`` for field ``f``: its range rules apply to the items of a list or an object
+    too, its ``check`` to the ``whole`` value only."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    null = False
+    if origin in (typing.Union, types.UnionType):
+        arms = [a for a in args if a is not type(None)]
+        if value is None and len(arms) < len(args):
+            return None
+        tp, null = arms[0], True
+        origin, args = typing.get_origin(tp), typing.get_args(tp)
+    result = _typed(tp, origin, args, value, place, f, version, null)
+    check = f.metadata.get("check") if whole else None
+    if check is not None and (problem := check(result)):
+        raise place.error(problem)
+    return result
+
+
+def _wrong(place: _Place, what: str, value: Any, null: bool) -> RecordError:
+    return place.error(f"expected {what}{' or null' if null else ''}, got {describe(value)}")
+
+
+def _typed(tp: Any, origin: Any, args: tuple[Any, ...], value: Any, place: _Place, f: dataclasses.Field[Any],
+           version: int, null: bool) -> Any:
+    if dataclasses.is_dataclass(tp):
+        return _object(tp, value, place, version)  # type: ignore[arg-type]
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise _wrong(place, "a list", value, null)
+        return tuple(_element(args[0], v, place.item(i), f, version) for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise _wrong(place, "an object", value, null)
+        if args[1] is Any:
+            return value
+        check_keys = f.metadata.get("check_keys")
+        out = {}
+        for key, item in value.items():
+            if check_keys is not None and (problem := check_keys(key)):
+                raise place.key(key).error(problem)
+            out[key] = _element(args[1], item, place.key(key), f, version)
+        return out
+    if tp is Any:
+        return value
+    if tp in (int, float) and isinstance(value, LongInteger):
+        kind = "an integer" if tp is int else "a number"
+        raise place.error(f"{kind} of {value.digits} digits is out of range (at most 2**63 - 1 in size)")
+    if tp is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif tp is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    elif tp in (str, Path):
+        ok = isinstance(value, str)
+    elif tp is bool:
+        ok = isinstance(value, bool)
+    else:
+        raise TypeError(f"{place.path}: the codec does not read {tp!r}")
+    if not ok:
+        raise _wrong(place, _KINDS[tp], value, null)
+    if tp in (int, float):
+        _in_range(value, place, f)
+        return float(value) if tp is float else value
+    return Path(value) if tp is Path else value
+
+
+def _element(tp: Any, value: Any, place: _Place, f: dataclasses.Field[Any], version: int) -> Any:
+    """An item of a list or a value of an object: read as ``tp`` under ``f``'s range rules, without its check."""
+    return _value(tp, value, place, f, version, whole=False)
+
+
+def _in_range(value: int | float, place: _Place, f: dataclasses.Field[Any]) -> None:
+    """Refuse a value its key cannot mean (negative unless ``signed``, a byte count of :data:`MAX_BYTES`
+    or more) or the machine cannot hold (:data:`MAX_INTEGER`); ``value`` is an int or a finite float."""
+    if "bytes" in f.name.split("_") and abs(value) >= MAX_BYTES:
+        raise place.error(f"{describe(value)} bytes is out of range (less than 2**53, 8 PiB, expected)")
+    if abs(value) >= MAX_INTEGER:
+        raise place.error(f"{describe(value)} is out of range (at most 2**63 - 1 in size)")
+    if value < 0 and not f.metadata.get("signed"):
+        raise place.error(f"expected a value of at least 0, got {describe(value)}")

@@ -1,0 +1,195 @@
+"""The codec of :mod:`harness.results.codec`: strict reading, layout versions, and a round trip of every record."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.budget.record import AttemptRecord, BudgetRecord, StrategyBudget
+from harness.plan import EnginePlan, Plan
+from harness.results.codec import LongInteger, RecordError, decode, encode
+from harness.results.record import (
+    LAYOUT_VERSION,
+    CacheRecord,
+    CheckpointInfo,
+    DiskRead,
+    EngineRecord,
+    ExportRecord,
+    MachineInfo,
+    ModelInfo,
+    Phases,
+    Reference,
+    RepeatRecord,
+    RunRecord,
+    StrategyRecord,
+)
+from harness.scenario import ModelConfig
+
+
+def _positive(value: int) -> str | None:
+    return None if value > 0 else f"expected a positive count, got {value}"
+
+
+@dataclass(frozen=True)
+class Inner:
+    count: int
+    size_bytes: int | None = None
+    delta_bytes: int = field(default=0, metadata={"signed": True})
+
+
+@dataclass(frozen=True)
+class Outer:
+    name: str
+    inner: Inner
+    items: tuple[Inner, ...]
+    table: dict[str, float]
+    free: dict[str, Any]
+    path: Path | None
+    added: int = field(default=7, metadata={"since": 2, "check": _positive})
+    note: str = field(default="", metadata={"null_as": ""})
+    layout: int = field(default=2, metadata={"since": 2, "version": True})
+
+
+def _outer() -> dict[str, Any]:
+    return {"layout": 2, "name": "x", "inner": {"count": 1, "size_bytes": None, "delta_bytes": -3},
+            "items": [{"count": 2, "size_bytes": 10, "delta_bytes": 0}], "table": {"a": 1.5}, "free": {"k": [1]},
+            "path": "/tmp/p", "added": 3, "note": "n"}
+
+
+def _read(data: Any, version: int | None = None) -> Outer:
+    return decode(Outer, data, source="f.json", version=version)
+
+
+def test_round_trip_of_a_record_with_every_kind_of_field() -> None:
+    record = _read(_outer())
+    assert record == Outer("x", Inner(1, None, -3), (Inner(2, 10, 0),), {"a": 1.5}, {"k": [1]}, Path("/tmp/p"), 3,
+                           "n", 2)
+    assert encode(record) == _outer()
+    assert list(encode(record))[0] == "layout", "the version key comes first"
+
+
+def test_an_unknown_key_is_refused_naming_its_path() -> None:
+    data = _outer()
+    data["inner"]["cuont"] = 1
+    with pytest.raises(RecordError, match=r"^f.json: inner: unknown key 'cuont'$"):
+        _read(data)
+
+
+def test_a_missing_key_is_refused_naming_its_path_and_how_many_more() -> None:
+    data = _outer()
+    del data["items"][0]["count"], data["items"][0]["size_bytes"]
+    with pytest.raises(RecordError, match=r"^f.json: items\[0\]: missing key 'count' \(and 1 more\)$"):
+        _read(data)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda d: d.update(name=5), "name: expected a string, got 5"),
+    (lambda d: d["inner"].update(count="1"), 'inner.count: expected an integer, got "1"'),
+    (lambda d: d["inner"].update(count=True), "inner.count: expected an integer, got true"),
+    (lambda d: d["inner"].update(size_bytes=1.5), "inner.size_bytes: expected an integer or null, got 1.5"),
+    (lambda d: d["table"].update(a=float("nan")), "table.a: expected a number, got NaN"),
+    (lambda d: d.update(items={}), "items: expected a list, got {}"),
+    (lambda d: d.update(inner=[]), "inner: expected an object, got []"),
+    (lambda d: d.update(path=3), "path: expected a string or null, got 3"),
+    (lambda d: d["inner"].update(count=-1), "inner.count: expected a value of at least 0, got -1"),
+    (lambda d: d["inner"].update(size_bytes=2**53), "inner.size_bytes: 9007199254740992 bytes is out of range"),
+    (lambda d: d["inner"].update(count=LongInteger(30)), "inner.count: an integer of 30 digits is out of range"),
+    (lambda d: d.update(added=0), "added: expected a positive count, got 0"),
+    (lambda d: d.update(layout=3), "layout: this harness reads layout versions 1 to 2, got 3"),
+])
+def test_a_wrong_value_is_refused_naming_its_nested_path(change: Any, message: str) -> None:
+    data = json.loads(json.dumps(_outer()))
+    change(data)
+    with pytest.raises(RecordError) as caught:
+        _read(data)
+    assert str(caught.value).startswith(f"f.json: {message}"), caught.value
+
+
+def test_null_reads_as_declared_and_a_signed_field_may_be_negative() -> None:
+    data = _outer()
+    data["note"] = None
+    assert _read(data).note == ""
+    assert _read(_outer()).inner.delta_bytes == -3
+
+
+def test_a_since_field_is_absent_in_an_older_layout_and_required_in_its_own() -> None:
+    old = _outer()
+    del old["layout"], old["added"]
+    record = _read(old)
+    assert (record.layout, record.added) == (1, 7), "version 1 read: the field's default"
+    assert encode(record)["layout"] == 2, "always written at the current layout"
+    with pytest.raises(RecordError, match="unknown key 'added'"):
+        _read({**old, "added": 3})
+    with pytest.raises(RecordError, match=r"^f.json: <top level>: missing key 'added'$"):
+        _read({**old, "layout": 2})
+
+
+def test_a_misspelt_rule_is_a_mistake_of_the_class() -> None:
+    @dataclass(frozen=True)
+    class Wrong:
+        value: int = field(default=0, metadata={"sinec": 2})
+
+    with pytest.raises(TypeError, match="Wrong.value: unknown rule 'sinec'"):
+        decode(Wrong, {"value": 1}, source="f.json")
+
+
+# --------------------------------------------------------------------------- every record type
+
+ENGINE = EngineRecord(0, 10, 0.5, 1.0, 100, 10, 90, None, 3, 2.0, 5, 80, 7, -4, 0.1, 0.2, 6)
+EXPORT = ExportRecord(1.5, 12, 100, -5, 10, 20, 30, -2, 1)
+CACHE = CacheRecord("cold", "dropped", True, None, True, 10, 0, 0, 10, 0.25, ("a note",))
+REPEAT = RepeatRecord(1, "ok", None, 2.0, 1.0, 0.5, 100, 0)
+STRATEGY = StrategyRecord(status="ok", note="n", host_peak_bytes=100, phases=Phases(0.0, 1.0, 1.0, 2.0, None, None),
+                          samples=5, engines=(ENGINE,), excess_over_floor=-0.5, export=EXPORT, cache=CACHE,
+                          repeats=(REPEAT,), drop_cache=False)
+MACHINE = MachineInfo(2, 1 << 30, None, "6.1", "host", "linux")
+MODEL = ModelInfo("m", "synthetic", "", 4, 1000, 1000)
+CHECKPOINT = CheckpointInfo("/data/m.safetensors", True, 0, 1100)
+REFERENCE = Reference("elsewhere", 1.0, None, 2.5, "measured elsewhere")
+RUN = RunRecord(scenario="s", name="smoke", description="d", created="2024-01-01T00:00:00", commit=None,
+                machine=MACHINE, versions={"torch": "2.4", "cuda": None}, model=MODEL, checkpoint=CHECKPOINT,
+                engines=1, engine_cap_bytes=10, largest_engine_bytes=10, backend="copy", device="cpu", cache="cold",
+                release=True, sample_interval_ms=10.0, memory_limit_bytes=None, references=(REFERENCE,),
+                scenario_config={"name": "smoke", "run": {"repeats": 1}}, strategies={"map": STRATEGY},
+                repeats=1, prefetch="madvise", disk_reads=(DiskRead(0, 1100, 0.5, 2200.0, 0.4, "read", 0),))
+ATTEMPT = AttemptRecord("unconstrained", 1 << 30, True, -9, 1.0, 100, 0, None, 0.9, None, 0.5, 10, 0)
+BUDGET = BudgetRecord("sweep", "s", "", "2024-01-01", "abc", MACHINE, {"torch": None}, "m", 1000, "/c", 1, 10, "copy",
+                      "cpu", "v2", 1 << 20, 1 << 32, 3.0, 60.0, 10.0,
+                      {"map": StrategyBudget("ok", None, "map", "", 10, 5, 1, 2, 60.0, 1 << 20, None, True, (1, 2),
+                                             (ATTEMPT,))})
+PLAN = Plan(scenario="s", name="smoke", description="", scenario_config={"name": "smoke"}, strategies=("map",),
+            model_config=ModelConfig("spec", spec=Path("/specs/pi05.json"), trim=("a",)), model=MODEL,
+            checkpoint=CHECKPOINT, checkpoint_files=("/c",), backend="copy", device="cpu", cache="cold", release=True,
+            sample_interval_ms=10.0, residency_every=1, memory_limit_bytes=None, timeout_s=60.0, engine_cap_bytes=10,
+            engines=(EnginePlan(0, ("a",), ("a.weight",), 10),), references=(REFERENCE,), workdir="/w",
+            prefetch="madvise", repeats=2)
+
+
+@pytest.mark.parametrize("record", [ENGINE, EXPORT, CACHE, REPEAT, STRATEGY, Phases(1.0), MACHINE, MODEL, CHECKPOINT,
+                                    REFERENCE, RUN, ATTEMPT, BUDGET, DiskRead(0, 1, 1.0, 1.0, 0.5, "read", 0),
+                                    EnginePlan(0, (), ("w",), 1), ModelConfig(layers=1, width=8, vocab=4)],
+                         ids=lambda r: type(r).__name__)
+def test_every_record_type_reads_back_as_written(record: Any) -> None:
+    data = json.loads(json.dumps(encode(record)))
+    assert set(data) == {f.name for f in fields(record)}
+    assert decode(type(record), data, source="f.json", version=LAYOUT_VERSION) == record
+
+
+def test_the_top_level_files_read_back_as_written() -> None:
+    assert RunRecord.from_json(json.loads(json.dumps(RUN.to_json())), "summary.json") == RUN
+    assert Plan.from_json(json.loads(json.dumps(PLAN.to_json())), "plan.json") == PLAN
+
+
+def test_rules_of_one_field_are_applied_where_the_field_is() -> None:
+    data = json.loads(json.dumps(RUN.to_json()))
+    data["strategies"] = {"Map": data["strategies"]["map"]}
+    with pytest.raises(RecordError, match=r"^s: strategies.Map: expected letters a-z"):
+        RunRecord.from_json(data, "s")
+    data = json.loads(json.dumps(encode(BUDGET)))
+    data["strategies"]["map"]["attempts"][0]["phase"] = "later"
+    with pytest.raises(RecordError, match=r"^b: strategies.map.attempts\[0\].phase: expected one of unconstrained"):
+        decode(BudgetRecord, data, source="b")
