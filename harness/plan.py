@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.build.backends import BackendUnavailable, check_backend, resolve_device
 from harness.build.partition import Engine, model_bytes, partition, split_into
+from harness.build.registry import BackendUnavailable, check_backend, resolve_device
 from harness.errors import PlanError
 from harness.models import build_model
 from harness.models.checkpoints import CheckpointError, checkpoint_specs, describe_specs, ensure_checkpoint

@@ -252,7 +252,7 @@ def measure_disk(plan: Plan, before: int) -> DiskRead:
     read = cold_read_bandwidth([Path(f) for f in plan.checkpoint_files], timeout_s=DISK_SETTLE_TIMEOUT_S)
     return DiskRead(before=before, bytes=read.bytes, seconds=round(read.seconds, 3),
                     bytes_per_s=round(read.bytes_per_s, 1), cpu_seconds=read.cpu_seconds, method=read.method,
-                    resident_at_start_bytes=read.cache.resident_bytes)
+                    resident_at_start_bytes=read.cache.record.resident_after_bytes)
 
 
 def _repeat_record(repeat: int, record: StrategyRecord) -> RepeatRecord:

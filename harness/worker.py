@@ -28,19 +28,22 @@ import resource
 import sys
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psutil
 import torch
 
-from harness.build.backends import Backend, make_backend, make_compiler_backend
+from harness.build.builder import EngineBuilder
+from harness.build.registry import make_builder
 from harness.errors import HarnessError
 from harness.load.strategies import STRATEGIES, Strategy, release_without_resizing
-from harness.measure.coldcache import CacheReport, prepare_cold, prepare_warm
+from harness.measure.coldcache import prepare_cold, prepare_warm
 from harness.measure.gpu import GpuMonitor
-from harness.measure.procfs import PeakTracker, mapping_rss, read_peak, read_status
+from harness.measure.procfs import PeakTracker, read_peak, read_status
 from harness.measure.residency import FileResidency
 from harness.measure.sampler import Sampler
 from harness.models import build_model, fill_non_persistent
@@ -51,20 +54,13 @@ from harness.results.atomic import write_atomic
 from harness.results.metrics import SampleColumns, sampled_peaks
 from harness.results.record import (
     EVENT_COLUMNS,
-    CacheRecord,
     EngineRecord,
-    ExportRecord,
-    Phases,
     StrategyRecord,
     events_file,
     samples_file,
     write_strategy_file,
 )
 from weightmap import ReleasePlan
-
-if TYPE_CHECKING:
-    from harness.build.compile.backend import CompilerBackend
-    from harness.build.compile.entry import Entry
 
 __all__ = ["FAILURE_PREFIX", "measure", "worker_command"]
 
@@ -101,89 +97,14 @@ class EventLog:
         write_atomic(path, text.getvalue())
 
 
-@dataclass
-class _Measured:
-    """What one strategy's run has measured so far; :meth:`record` makes it a :class:`StrategyRecord`."""
-
-    status: str = "running"
-    error: str | None = None
-    note: str = ""
-    baseline_rss_bytes: int | None = None
-    host_at_partitioning_bytes: int | None = None
-    load_hwm_bytes: int | None = None
-    gpu_baseline_bytes: int | None = None
-    phases: dict[str, float] = field(default_factory=dict)
-    engine_cap_bytes: int | None = None
-    engines: list[EngineRecord] = field(default_factory=list)
-    released_bytes: int = 0
-    unreleased_bytes: int = 0
-    release_note: str = ""
-    peak_source: str = "kernel high-water mark"
-    samples: int = 0
-    mean_interval_ms: float | None = None
-    max_gap_ms: float | None = None
-    process_wall_s: float | None = None
-    compiler: str | None = None
-    compiler_weights: str | None = None
-    export: ExportRecord | None = None
-    max_abs_diff: float | None = None
-    check: str | None = None
-    cache: CacheRecord | None = None
-    prefetch: str | None = None
-    drop_cache: bool | None = None
-    prefetch_warmed_bytes: int | None = None
-
-    def record(self) -> StrategyRecord:
-        phases = {k: round(v, 6) for k, v in self.phases.items()}
-        return StrategyRecord(
-            status=self.status, error=self.error, note=self.note,
-            baseline_rss_bytes=self.baseline_rss_bytes,
-            host_at_partitioning_bytes=self.host_at_partitioning_bytes,
-            load_hwm_bytes=self.load_hwm_bytes, gpu_baseline_bytes=self.gpu_baseline_bytes,
-            process_wall_s=None if self.process_wall_s is None else round(self.process_wall_s, 3),
-            phases=Phases(**phases), samples=self.samples, mean_interval_ms=self.mean_interval_ms,
-            max_gap_ms=self.max_gap_ms, peak_source=self.peak_source, engine_cap_bytes=self.engine_cap_bytes,
-            released_bytes=self.released_bytes, unreleased_bytes=self.unreleased_bytes,
-            release_note=self.release_note, engines=tuple(self.engines),
-            compiler=self.compiler, compiler_weights=self.compiler_weights, export=self.export,
-            max_abs_diff=self.max_abs_diff, check=self.check,
-            cache=self.cache, prefetch=self.prefetch, drop_cache=self.drop_cache,
-            prefetch_warmed_bytes=self.prefetch_warmed_bytes,
-        )
-
-
 def process_start_monotonic() -> float:
     """This process's start on the ``time.monotonic()`` clock."""
     age = time.time() - psutil.Process().create_time()
     return time.monotonic() - max(0.0, age)
 
 
-def cache_record(report: CacheReport) -> CacheRecord:
-    """What the results keep of a page-cache preparation (the residency at load start is added later)."""
-    return CacheRecord(
-        state=report.state, method=report.method,
-        flushed=any(f.flushes > 0 for f in report.files), settled=report.settled,
-        dropped=report.state == "cold", resident_before_bytes=sum(f.resident_bytes_before for f in report.files),
-        resident_after_bytes=report.resident_bytes, resident_at_load_bytes=None, total_bytes=report.total_bytes,
-        seconds=report.seconds, notes=tuple(report.notes),
-    )
-
-
 def _major_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_majflt
-
-
-def _import_compiler() -> None:
-    """Load the compiler's modules before the baseline, as torch itself is.
-
-    A function of its own: importing ``torch.<submodule>`` inside a function that also
-    uses ``torch`` would make ``torch`` a local name of that function.
-    """
-    import torch._inductor.codecache  # noqa: F401
-    import torch._inductor.compile_fx  # noqa: F401
-    import torch._inductor.graph  # noqa: F401
-    import torch._inductor.lowering  # noqa: F401
-    import torch.export  # noqa: F401
 
 
 def _named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -193,23 +114,49 @@ def _named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 class Measurement:
-    """The measured run of one strategy of a plan; every step records into ``record`` and ``events``."""
+    """The measured run of one strategy of a plan; every step records into ``record`` and ``events``.
+
+    ``record`` is the :class:`StrategyRecord` being filled: each step replaces what it measured.
+    ``builder`` is the plan's engine builder (:func:`harness.build.registry.make_builder`), made
+    before the baseline; every step of the builder is taken for every backend.
+    """
 
     def __init__(self, plan: Plan, strategy: str, out: Path, t0: float) -> None:
         self.plan, self.strategy, self.out, self.t0 = plan, strategy, out, t0
         self.spec: Strategy = STRATEGIES[strategy]
         self.workdir = Path(plan.workdir) / f"{plan.name}-{strategy}"
-        self.record = _Measured(engine_cap_bytes=plan.engine_cap_bytes)
+        self.record = StrategyRecord(status="running", engine_cap_bytes=plan.engine_cap_bytes, released_bytes=0,
+                                     unreleased_bytes=0, peak_source="kernel high-water mark")
         self.events = EventLog(t0)
         self.peak = PeakTracker()
         self.gpu: GpuMonitor | None = None
         self.sampler: Sampler | None = None
-        self.backend: Backend | None = None
-        self.compiled: CompilerBackend | None = None
-        self.entry: Entry | None = None
+        self.builder: EngineBuilder | None = None
+
+    def _set(self, **values: Any) -> None:
+        self.record = self.record.replace(**values)
+
+    def _phase(self, key: str, t: float) -> None:
+        self.record = self.record.replace(phases=replace(self.record.phases, **{key: round(t, 6)}))
+
+    @contextmanager
+    def phase(self, name: str, doing: str) -> Iterator[dict[str, int | None]]:
+        """A measured phase: ``<name>_start`` and ``<name>_end`` events and phase boundaries, the sampler's mark,
+        ``doing`` shown while it runs (see :class:`harness.build.builder.Phases`)."""
+        assert self.sampler is not None
+        self.sampler.mark(phase=name)
+        self._phase(f"{name}_start_s", self.events.add(f"{name}_start"))
+        end: dict[str, int | None] = {}
+        with phase_ticker(self.strategy, doing):
+            yield end
+        self._phase(f"{name}_end_s", self.events.add(f"{name}_end", **end))
+
+    def doing(self, what: str) -> AbstractContextManager[None]:
+        """``what`` shown while the block runs."""
+        return phase_ticker(self.strategy, what)
 
     def prepare(self) -> torch.nn.Module:
-        """Rebuild the planned model on meta, start CUDA and the sampler; take the baseline."""
+        """Rebuild the planned model on meta, make the builder, start CUDA and the sampler; take the baseline."""
         plan = self.plan
         model = build_model(plan.model_config).module
         built = describe_specs(checkpoint_specs(model))
@@ -218,13 +165,14 @@ class Measurement:
                                f"is not the planned one ({plan.model.tensors} tensors, {plan.model.bytes} bytes)")
         files = [Path(f) for f in plan.checkpoint_files]
         files += [f for f in self.spec.files_read(Path(plan.checkpoint.path)) if f not in files]
-        if plan.compiler:
-            _import_compiler()
+        # Before the baseline: what making the builder loads (a compiler's modules) is loaded as torch is.
+        self.builder = make_builder(plan, self.workdir)
+        self._set(compiler=self.builder.compiler, compiler_weights=self.builder.weights)
         # Last before the baseline, so that nothing loaded above brings the checkpoint back.
         if plan.cache == "cold":  # flushed, the machine's writeback waited for, then dropped
-            self.record.cache = cache_record(prepare_cold(files, settle=True, timeout_s=SETTLE_TIMEOUT_S))
+            self._set(cache=prepare_cold(files, settle=True, timeout_s=SETTLE_TIMEOUT_S).record)
         else:
-            self.record.cache = cache_record(prepare_warm(files))
+            self._set(cache=prepare_warm(files).record)
         if plan.device == "cuda":
             torch.empty(1, device="cuda")  # the CUDA context exists before the baseline
             self.gpu = GpuMonitor.open(torch.cuda.current_device())
@@ -237,9 +185,9 @@ class Measurement:
         )
         self.sampler.start()
         self.sampler.rebase_gpu()
-        self.record.gpu_baseline_bytes = self.sampler.gpu_baseline_bytes
+        self._set(gpu_baseline_bytes=self.sampler.gpu_baseline_bytes)
         self.sampler.mark(phase="baseline")
-        self.record.baseline_rss_bytes = read_status().rss_bytes
+        self._set(baseline_rss_bytes=read_status().rss_bytes)
         return model
 
     def _gpu_used(self) -> int | None:
@@ -252,82 +200,45 @@ class Measurement:
         if self.record.cache is not None:
             with FileResidency([Path(f) for f in self.plan.checkpoint_files]) as residency:
                 resident = residency.resident_bytes()
-            self.record.cache = replace(self.record.cache, resident_at_load_bytes=resident)
-        self.record.phases["load_start_s"] = self.events.add("load_start")
+            self._set(cache=replace(self.record.cache, resident_at_load_bytes=resident))
+        self._phase("load_start_s", self.events.add("load_start"))
         self.sampler.mark(phase="load")
         with phase_ticker(self.strategy, "loading"):
             loaded = self.spec.load(model, Path(self.plan.checkpoint.path))
             fill_non_persistent(loaded.model)
-        self.record.note = loaded.note
-        self.record.phases["load_end_s"] = self.events.add("load_end")
+        self._set(note=loaded.note)
+        self._phase("load_end_s", self.events.add("load_end"))
+        self._set(load_hwm_bytes=read_peak())  # before anything resets the high-water mark (an export does)
         return loaded.model
 
     def export(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Compiler backends: export the loaded model (its entry) as a phase of its own; returns the entry."""
-        from harness.build.compile.entry import export_entry
-
-        assert self.sampler is not None
-        plan = self.plan
-        self.record.load_hwm_bytes = read_peak()  # export resets the high-water mark: read the load's first
-        self.compiled = make_compiler_backend(
-            plan.backend, plan.device, self.workdir, weights=plan.weights or "mapped",
-            count=plan.engine_count, cap_bytes=None if plan.engine_count is not None else plan.engine_cap_bytes,
-        )
-        self.record.compiler, self.record.compiler_weights = self.compiled.name, self.compiled.weights
-        self.entry = export_entry(plan.model_config, model, tokens=plan.tokens or 16, seed=plan.checkpoint.seed)
-        self.sampler.mark(phase="export")
-        self.record.phases["export_start_s"] = self.events.add("export_start")
-        with phase_ticker(self.strategy, "exporting"):
-            result = self.compiled.export(self.entry.module, self.entry.args, self.entry.kwargs,
-                                          [Path(f) for f in plan.checkpoint_files])
-        self.record.phases["export_end_s"] = self.events.add("export_end", rss_bytes=result.rss_after_bytes)
-        before, after = result.residency_before_bytes, result.residency_after_bytes
-        self.record.export = ExportRecord(
-            seconds=round(result.seconds, 3), nodes=result.nodes, pages_read_bytes=result.pages_read_bytes,
-            residency_read_bytes=None if before is None or after is None else after - before,
-            rss_before_bytes=result.rss_before_bytes, rss_after_bytes=result.rss_after_bytes,
-            hwm_bytes=result.hwm_bytes, anon_delta_bytes=result.anon_after_bytes - result.anon_before_bytes,
-            not_shared=len(result.not_shared),
-        )
-        if result.hwm_bytes is not None and self.record.load_hwm_bytes is not None:
-            self.record.load_hwm_bytes = max(self.record.load_hwm_bytes, result.hwm_bytes)
-        return self.entry.module
+        """The builder's export phase, where it has one; returns the module whose tensors the engines read."""
+        assert self.builder is not None
+        module, export = self.builder.export(model, self)
+        self._set(export=export)
+        return module
 
     def partition(self, model: torch.nn.Module) -> None:
-        """The planned engines must name tensors of the loaded model; record the host at partitioning.
-
-        For a compiler backend ``model`` is the exported entry, and its graph partitions must
-        be the planned ones.
-        """
-        from harness.build.compile.planning import same_partitions
-
-        assert self.sampler is not None
+        """The planned engines must name tensors of ``model`` (and be the builder's own cut, where it cuts the
+        model itself); record the host at partitioning and the high-water mark since the load began."""
+        assert self.sampler is not None and self.builder is not None
         self.sampler.mark(phase="partition")
-        if self.compiled is not None:
-            why = same_partitions([e.names for e in self.plan.engines], self.compiled.partition())
-            if why is not None:
-                raise RuntimeError(f"the graph partitions of the loaded model are not the planned ones: {why}")
+        self.builder.partition([e.names for e in self.plan.engines])
         named = self._engine_tensors(model)
         for engine in self.plan.engines:
             unknown = [n for n in engine.names if n not in named]
             if unknown:
                 raise KeyError(f"engine {engine.index} reads {unknown[0]!r}, which the loaded model does not have")
-        self.record.host_at_partitioning_bytes = read_status().rss_bytes
-        if self.compiled is None:
-            self.record.load_hwm_bytes = read_peak()
-        self.record.phases["partition_s"] = self.events.add(
-            "partition", weight_bytes=self.plan.model.bytes_with_non_persistent_buffers,
-            rss_bytes=self.record.host_at_partitioning_bytes,
-        )
+        rss = read_status().rss_bytes
+        self._set(host_at_partitioning_bytes=rss, load_hwm_bytes=max(self.record.load_hwm_bytes or 0, read_peak()))
+        self._phase("partition_s", self.events.add(
+            "partition", weight_bytes=self.plan.model.bytes_with_non_persistent_buffers, rss_bytes=rss,
+        ))
 
     def build(self, model: torch.nn.Module) -> None:
-        assert self.sampler is not None
-        plan, engines = self.plan, self.plan.engines
-        builder: Backend | CompilerBackend
-        if self.compiled is not None:
-            builder = self.compiled
-        else:
-            builder = self.backend = make_backend(plan.backend, plan.device, self.workdir)
+        """Build the planned engines in order, releasing each weight after its last engine."""
+        assert self.sampler is not None and self.builder is not None
+        plan, engines, builder = self.plan, self.plan.engines, self.builder
         plan_release = self._release_plan(model) if plan.release else None
         hooks = self.spec.hooks(model, Path(plan.checkpoint.path)) if self.spec.hooks else None
         named = self._engine_tensors(model)
@@ -335,6 +246,8 @@ class Measurement:
         if plan_release is not None and self.record.prefetch is not None and engines:
             plan_release.prefetch(0)  # engines 0 and 1 start warming
         bar = engine_bar(self.strategy, len(engines), sum(e.weight_bytes for e in engines))
+        released_total = unreleased_total = 0
+        records: list[EngineRecord] = []
         try:
             for engine in engines:
                 self.peak.begin()
@@ -344,169 +257,105 @@ class Measurement:
                 if hooks is not None:
                     hooks.before(engine.index, engine.names)
                     named = self._engine_tensors(model)  # the hook may have put new tensors in place
-                builder.build_engine(engine.index, {n: named[n] for n in engine.names})
-                split = getattr(builder, "last_split", None)
+                built = builder.build_engine(engine.index, {n: named[n] for n in engine.names})
                 step = plan_release.built(engine.index) if plan_release else None
                 by_hooks = hooks.after(engine.index, engine.names) if hooks is not None else 0
                 hwm = self.peak.end()
                 self.sampler.mark(engine=None)
                 released = (step.released_bytes if step else 0) + by_hooks
-                self.record.released_bytes += released
+                released_total += released
                 if step is not None:
-                    self.record.unreleased_bytes += step.kept_bytes
+                    unreleased_total += step.kept_bytes
                 elif not by_hooks:
-                    self.record.unreleased_bytes += engine.weight_bytes
+                    unreleased_total += engine.weight_bytes
                 rss, gpu = read_status().rss_bytes, self._gpu_used()
                 end = self.events.add("engine_end", engine=engine.index, weight_bytes=engine.weight_bytes,
                                       host_hwm_bytes=hwm, released_bytes=released, rss_bytes=rss,
                                       gpu_used_bytes=gpu)
-                compiled = self.compiled.details(engine.index) if self.compiled is not None else None
-                self.record.engines.append(EngineRecord(
+                records.append(EngineRecord(
                     index=engine.index, weight_bytes=engine.weight_bytes, start_s=round(start, 6),
                     end_s=round(end, 6), host_hwm_bytes=hwm, released_bytes=released, rss_after_bytes=rss,
-                    gpu_used_bytes=gpu, tensors=len(engine.names),
-                    compile_s=None if compiled is None else round(compiled.compile_s, 3),
-                    artifact_bytes=None if compiled is None else compiled.artifact_bytes,
-                    rss_before_bytes=None if compiled is None else compiled.rss_before_bytes,
-                    children_peak_bytes=None if compiled is None else compiled.children_peak_bytes,
-                    cache_bytes=None if compiled is None else compiled.cache_bytes,
-                    pages_s=None if split is None else round(split.pages_s, 6),
-                    copy_s=None if split is None else round(split.copy_s, 6),
-                    major_faults=_major_faults() - faults,
+                    gpu_used_bytes=gpu, tensors=len(engine.names), major_faults=_major_faults() - faults,
+                    **built.columns,
                 ))
                 bar.built(engine.weight_bytes)
         finally:
             bar.close()
+            self._set(engines=tuple(records), released_bytes=released_total, unreleased_bytes=unreleased_total)
             if plan_release is not None:
                 stats = plan_release.prefetch_stats
-                self.record.prefetch_warmed_bytes = None if stats is None else stats.warmed_bytes
+                self._set(prefetch_warmed_bytes=None if stats is None else stats.warmed_bytes)
                 plan_release.close()
         if not self.peak.supported:
-            self.record.peak_source = "samples only: the kernel refused to reset VmHWM (/proc/self/clear_refs)"
-        self.record.release_note = self.spec.release_note(plan.release, self.record.unreleased_bytes)
-        if self._keeps_own_tensors and self.record.unreleased_bytes:
-            self.record.release_note = ("the engines run on the model's own tensors (weights = \"mapped\"): "
-                                        "mapped pages are dropped after each engine, other memory is kept for "
-                                        "the engines to run on")
-        self.record.phases["build_end_s"] = self.events.add("build_end")
+            self._set(peak_source="samples only: the kernel refused to reset VmHWM (/proc/self/clear_refs)")
+        self._set(release_note=builder.release_note(unreleased_total)
+                  or self.spec.release_note(plan.release, unreleased_total))
+        self._phase("build_end_s", self.events.add("build_end"))
         self.sampler.mark(phase="done", engine=None)
 
-    def built_outputs(self) -> Any:
-        """Compiler backends: the built model's output on the example inputs (after the measured phases)."""
-        assert self.compiled is not None and self.entry is not None
+    def run_built(self) -> Any:
+        """Stop the sampler (what follows is not part of the measured run); the built model's output on the
+        example inputs, where the builder has a built model to run."""
+        assert self.builder is not None
         self.stop_sampling()
-        with phase_ticker(self.strategy, "running the built model"):
-            return self.compiled.run_built(self.entry.args, self.entry.kwargs)
+        return self.builder.run_built(self)
 
-    def check(self, built: Any) -> None:
-        """Compare the built model's output with eager's, on a freshly mapped model; a mismatch fails the strategy.
-
-        The loaded model may have been released engine by engine, so eager runs on a new
-        mapping of the checkpoint (released pages are read again from the file).
-        """
-        from harness.build.compile.compare import compare_outputs, upcast_reference
-        from harness.build.compile.entry import export_entry
-        from weightmap import map_weights
-
-        assert self.compiled is not None
-        plan = self.plan
-        self.compiled.drop_program()
-        self.entry = None  # nothing of the loaded model is kept
-        gc.collect()
-        reference = build_model(plan.model_config).module
-        map_weights(reference, Path(plan.checkpoint.path), strict=True, allow_meta_buffers=True).close()
-        fill_non_persistent(reference)
-        eager = export_entry(plan.model_config, reference, tokens=plan.tokens or 16, seed=plan.checkpoint.seed)
-        module, args, kwargs = eager.module, eager.args, eager.kwargs
-        if plan.device == "cuda":  # eager runs where the engines ran
-            from torch.utils import _pytree as pytree
-
-            def move(value: Any) -> Any:
-                return value.to(self.compiled.device) if isinstance(value, torch.Tensor) else value  # type: ignore[union-attr]
-
-            module = module.to(self.compiled.device)
-            args, kwargs = pytree.tree_map(move, (args, kwargs))
-        with phase_ticker(self.strategy, "running eager"), torch.no_grad():
-            want = module(*args, **kwargs)
-        comparison = compare_outputs(built, want)
-        if not comparison.ok:  # a bfloat16 model: judge both against a float32 run of eager
-            with phase_ticker(self.strategy, "running eager in float32"):
-                reference, why = upcast_reference(module, args, kwargs, free_bytes=self._free_bytes())
-            if reference is not None:
-                comparison = compare_outputs(built, want, reference)
-            else:
-                comparison = replace(comparison, detail=f"{comparison.detail}; {why}")
+    def check(self, outputs: Any) -> None:
+        """Compare the built model's ``outputs`` with eager's, where the builder compares them; a mismatch
+        fails the strategy (after ``max_abs_diff`` and ``check`` are recorded)."""
+        assert self.builder is not None
+        comparison = self.builder.check(outputs, self)
+        if comparison is None:
+            return
         finite = comparison.max_abs_diff == comparison.max_abs_diff and comparison.max_abs_diff != float("inf")
-        self.record.max_abs_diff = comparison.max_abs_diff if finite else None
-        self.record.check = comparison.detail
+        self._set(max_abs_diff=comparison.max_abs_diff if finite else None, check=comparison.detail)
         comparison.check()
-
-    def _free_bytes(self) -> int:
-        """Memory free for new tensors where eager runs: the GPU's free bytes, or the host's
-        available memory, no more than the scenario's limit leaves above the current RSS less
-        the checkpoint's mapped pages."""
-        if self.plan.device.startswith("cuda"):
-            return int(torch.cuda.mem_get_info(torch.device(self.compiled.device))[0])  # type: ignore[union-attr]
-        free = int(psutil.virtual_memory().available)
-        limit = self.plan.memory_limit_bytes
-        if limit is not None:  # the checkpoint's mapped pages leave RSS as the copies are made
-            mapped = sum(mapping_rss(f) for f in self.plan.checkpoint_files)
-            free = min(free, limit - (read_status().rss_bytes - mapped))
-        return free
 
     def stop_sampling(self) -> None:
         """Stop the sampler (what follows is not part of the measured run)."""
         if self.sampler is not None and self.sampler.running:
             try:
                 stats = self.sampler.stop()
-                self.record.samples, self.record.max_gap_ms = stats.samples, stats.max_gap_ms
-                self.record.mean_interval_ms = stats.mean_interval_ms
-            except RuntimeError as exc:
-                self.record.status = "failed"  # the samples stop where the sampler failed
-                self.record.error = "; ".join(filter(None, [self.record.error, str(exc)]))
+                self._set(samples=stats.samples, max_gap_ms=stats.max_gap_ms, mean_interval_ms=stats.mean_interval_ms)
+            except RuntimeError as exc:  # the samples stop where the sampler failed
+                self._set(status="failed", error="; ".join(filter(None, [self.record.error, str(exc)])))
 
     def _release_plan(self, model: torch.nn.Module) -> ReleasePlan:
         """The strategy's release plan: with prefetch (and drop_cache) where the strategy and the plan ask for it."""
+        assert self.builder is not None
         held = set(_named_tensors(model))  # a program's own constants are not the model's to release
         plan, names = self.plan, [[n for n in e.names if n in held] for e in self.plan.engines]
         planner = self.spec.prefetch_plan
         method = plan.prefetch if self.spec.prefetches else None
         drop = plan.drop_cache and self.spec.drops_cache
         if planner is not None and (method is not None or drop):
-            self.record.prefetch, self.record.drop_cache = method, drop
+            self._set(prefetch=method, drop_cache=drop)
             return planner(model, names, method, drop)  # type: ignore[arg-type]
-        self.record.drop_cache = False
-        if self._keeps_own_tensors:
+        self._set(drop_cache=False)
+        if self.builder.keeps_model_tensors:
             return release_without_resizing(model, names)
         return self.spec.release_plan(model, names)
 
     def _engine_tensors(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-        """What engines may read, by name: the model's tensors and, for a compiler backend, the constants its
-        exported program made (a ``torch.tensor(...)`` in a forward becomes ``lifted_tensor_N``)."""
+        """What engines may read, by name: the model's tensors and the builder's own constants (an exported
+        program's: a ``torch.tensor(...)`` in a forward becomes ``lifted_tensor_N``)."""
+        assert self.builder is not None
         named = _named_tensors(model)
-        if self.compiled is not None:
-            named.update({k: v for k, v in self.compiled.constants().items() if k not in named})
+        named.update({k: v for k, v in self.builder.constants().items() if k not in named})
         return named
-
-    @property
-    def _keeps_own_tensors(self) -> bool:
-        """Whether the engines run on the model's own tensors, which must be kept: only mapped pages are dropped."""
-        return self.compiled is not None and self.compiled.weights == "mapped"
 
     def finish(self) -> StrategyRecord:
         """Stop the sampler and write every file, whatever happened before; returns the record."""
         columns = None
         self.stop_sampling()
-        if self.backend is not None:
-            self.backend.close()
-        if self.compiled is not None:
-            self.compiled.close()
+        if self.builder is not None:
+            self.builder.close()
         if self.sampler is not None:
             self.sampler.write_csv(self.out / samples_file(self.strategy))
             columns = self.sampler.columns()
         self.events.write_csv(self.out / events_file(self.strategy))
-        self.record.process_wall_s = time.monotonic() - self.t0
-        record = self.record.record()
+        self._set(process_wall_s=round(time.monotonic() - self.t0, 3))
+        record = self.record
         if columns is not None:
             record = record.replace(**sampled_peaks(record, SampleColumns.of(columns)))
         write_strategy_file(self.out, self.strategy, record)
@@ -524,23 +373,20 @@ def measure(plan: Plan, strategy: str, out: Path, t0: float | None = None) -> St
     try:
         model = run.prepare()
         model = run.load(model)
-        if run.plan.compiler:
-            model = run.export(model)
+        model = run.export(model)
         run.partition(model)
         run.build(model)
-        if run.plan.compiler:
-            built = run.built_outputs()
-            del model  # the engines and the check no longer need the loaded weights
-            gc.collect()
-            run.check(built)
-        run.record.status = "ok"
+        outputs = run.run_built()
+        del model  # the engines and the check no longer need the loaded weights
+        gc.collect()
+        run.check(outputs)
+        run._set(status="ok")
     except Exception as exc:
         if _outside(exc):  # the machine's fault (a full disk, say), not the strategy's: its reason is enough
             print(f"error: {strategy}: {_one_line(exc)}", file=sys.stderr, flush=True)
         else:
             traceback.print_exc(file=sys.stderr)
-        run.record.status = "failed"
-        run.record.error = f"{type(exc).__name__}: {exc}"
+        run._set(status="failed", error=f"{type(exc).__name__}: {exc}")
     return run.finish()
 
 

@@ -32,8 +32,8 @@ reported, and the report says so (``dirty_source``).
 :func:`prepare_warm` reads every byte of each file once and reports the residency that
 leaves.
 
-Both return a :class:`CacheReport`, a plain dataclass; ``to_json()`` gives a JSON-ready dict
-for the results.
+Both return a :class:`CacheReport`: the :class:`~harness.results.record.CacheRecord` the results
+keep, and the per-file detail; ``to_json()`` gives a JSON-ready dict of both.
 """
 
 from __future__ import annotations
@@ -45,11 +45,12 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from harness.measure.residency import FileResidency, PageCounts, file_page_counts
+from harness.results.record import CacheRecord
 
 __all__ = [
     "CacheReport",
@@ -124,36 +125,23 @@ class FileCacheState:
 class CacheReport:
     """How files were put in a cache state, and what the kernel reported afterwards.
 
-    ``state`` is ``"cold"`` or ``"warm"``; ``method`` says in words what was done.
-    ``resident_bytes`` is the files' page-cache residency at the end (``cold_ok``: at most
-    :data:`COLD_TOLERANCE_BYTES` per file for a cold preparation).
-    ``system_dirty_bytes_*`` are the machine's ``Dirty`` + ``Writeback`` before and after
-    (None where ``/proc/meminfo`` is not readable). ``dirty_source`` is ``"cachestat"`` when
-    every file's own dirty state was read, else ``"meminfo"``. ``notes`` lists anything
-    that kept the state from being what was asked for.
+    ``record``: what the results keep (:class:`~harness.results.record.CacheRecord`: the state,
+    what was done in words, residency before and after, ``notes`` on anything that kept the state
+    from being what was asked for; its ``resident_at_load_bytes`` is the caller's to fill). The
+    rest is detail: ``files``, each file before and after; ``system_dirty_bytes_*``, the machine's
+    ``Dirty`` + ``Writeback`` before and after (None where ``/proc/meminfo`` is not readable);
+    ``dirty_source``, ``"cachestat"`` when every file's own dirty state was read, else ``"meminfo"``.
     """
 
-    state: str
-    method: str
+    record: CacheRecord
     files: list[FileCacheState]
-    seconds: float
     flush_seconds: float = 0.0
     settle_seconds: float = 0.0
-    settled: bool | None = None
     system_dirty_bytes_before: int | None = None
     system_dirty_bytes_after: int | None = None
     dirty_source: str = "meminfo"
     residency_method: str = ""
     page_cache_visible: bool = True
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(f.size_bytes for f in self.files)
-
-    @property
-    def resident_bytes(self) -> int:
-        return sum(f.resident_bytes_after for f in self.files)
 
     @property
     def cold_ok(self) -> bool:
@@ -165,12 +153,24 @@ class CacheReport:
         )
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict: every field, plus ``total_bytes``, ``resident_bytes`` and ``cold_ok``."""
+        """A JSON-ready dict: the record's fields and the detail's, plus ``cold_ok`` (None when warm)."""
         data = asdict(self)
-        data["total_bytes"] = self.total_bytes
-        data["resident_bytes"] = self.resident_bytes
-        data["cold_ok"] = self.cold_ok if self.state == "cold" else None
+        data.update(data.pop("record"))
+        data["notes"] = list(self.record.notes)
+        data["cold_ok"] = self.cold_ok if self.record.state == "cold" else None
         return data
+
+
+def _record(state: str, method: str, states: list[FileCacheState], start: float, settled: bool | None,
+            notes: list[str]) -> CacheRecord:
+    """What the results keep of a preparation of ``states``' files that began at ``start``."""
+    return CacheRecord(
+        state=state, method=method, flushed=any(f.flushes > 0 for f in states), settled=settled,
+        dropped=state == "cold", resident_before_bytes=sum(f.resident_bytes_before for f in states),
+        resident_after_bytes=sum(f.resident_bytes_after for f in states), resident_at_load_bytes=None,
+        total_bytes=sum(f.size_bytes for f in states), seconds=round(time.monotonic() - start, 3),
+        notes=tuple(notes),
+    )
 
 
 def _paths(files: Iterable[str | os.PathLike[str]]) -> list[Path]:
@@ -315,19 +315,15 @@ def prepare_cold(
         how += f" + sync and wait for machine-wide Dirty+Writeback <= {settle_bytes} bytes"
     how += " + posix_fadvise(POSIX_FADV_DONTNEED)"
     return CacheReport(
-        state="cold",
-        method=how,
+        record=_record("cold", how, states, start, settled, notes),
         files=states,
-        seconds=round(time.monotonic() - start, 3),
         flush_seconds=round(flush_seconds, 3),
         settle_seconds=round(settle_seconds, 3),
-        settled=settled,
         system_dirty_bytes_before=system_before,
         system_dirty_bytes_after=system_dirty_bytes(),
         dirty_source="cachestat" if per_file_dirty else "meminfo",
         residency_method="+".join(methods),
         page_cache_visible=visible,
-        notes=notes,
     )
 
 
@@ -390,11 +386,9 @@ def prepare_warm(files: Iterable[str | os.PathLike[str]], *, chunk: int = _READ_
     if not visible:
         notes.append("the kernel hides the page cache of some files from this user: residency reads 0 for them")
     return CacheReport(
-        state="warm",
-        method=f"read once with read() into a reused {chunk}-byte buffer",
+        record=_record("warm", f"read once with read() into a reused {chunk}-byte buffer", states, start, None,
+                       notes),
         files=states,
-        seconds=round(time.monotonic() - start, 3),
         residency_method="+".join(methods),
         page_cache_visible=visible,
-        notes=notes,
     )

@@ -192,12 +192,12 @@ def cold_read_bandwidth(
         method=(
             f"read() into one reused page-aligned {chunk}-byte buffer"
             + (", each range dropped from the page cache once read" if drop_behind else ", pages kept cached")
-            + f", after {cache.method}"
+            + f", after {cache.record.method}"
         ),
         drop_behind=drop_behind,
         cpu_seconds=round(cpu, 3),
         cache=cache,
-        resident_bytes_after=after.resident_bytes,
+        resident_bytes_after=after.record.resident_after_bytes,
         machine_cpu=machine,
         load_average_1m=load,
         per_file=per_file,

@@ -1,15 +1,28 @@
-"""The copy backend: engines built from a partition's tensors give back the model's output."""
+"""The engine builders and their registry: the copy builders give back the model's tensors, every backend is
+one registry entry, and the worker drives every builder through the same steps."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pytest
 import torch
+from safetensors.torch import load_file
 
 from harness.build.backends import ALIGN, CopyToDevice, CopyToFiles
+from harness.build.builder import BuiltEngine, EngineBuilder, Phases
+from harness.build.compile.compare import Comparison
 from harness.build.partition import split_into
+from harness.build.registry import BACKENDS, Backend, BackendUnavailable, check_backend, make_builder
 from harness.load.strategies import load_map
 from harness.models import SyntheticTransformer, fill_non_persistent
+from harness.plan import Plan, make_plan
+from harness.results.record import ExportRecord
+from harness.scenario import load_scenario
+from harness.worker import measure
 from weightmap import save_weights_for_mapping
 
 
@@ -29,17 +42,29 @@ def eager_and_mapped(tmp_path: Path) -> tuple[torch.nn.Module, torch.nn.Module, 
     return eager, mapped, named
 
 
-def test_copy_backend_built_model_matches_eager(tmp_path: Path) -> None:
+def run_on(model: torch.nn.Module, named: dict[str, torch.Tensor], engines: list[dict[str, torch.Tensor]],
+           tokens: torch.Tensor) -> torch.Tensor:
+    """``model``'s forward with every tensor taken from ``engines``; a tied name takes the engine copy of the
+    tensor object it shares (an engine holds each object once)."""
+    built = {k: v for engine in engines for k, v in engine.items()}
+    for name, t in named.items():
+        if name not in built:
+            built[name] = next(built[other] for other, o in named.items() if o is t and other in built)
+    with torch.no_grad():
+        return torch.func.functional_call(model, built, (tokens,), tie_weights=False)  # type: ignore[no-any-return]
+
+
+def test_copy_backend_engines_give_back_the_model(tmp_path: Path) -> None:
     eager, mapped, named = eager_and_mapped(tmp_path)
     backend = CopyToFiles(tmp_path / "engines")
     engines, _ = split_into(mapped, 3)
-    for engine in engines:
-        backend.build_engine(engine.index, {n: named[n] for n in engine.names})
+    built = [backend.build_engine(e.index, {n: named[n] for n in e.names}) for e in engines]
     assert len(list((tmp_path / "engines").iterdir())) == 3
-    built = backend.built_model(mapped)
+    assert all(b.artifact is not None and b.artifact.parent == tmp_path / "engines" for b in built)
     tokens = torch.randint(0, 256, (2, 7))
+    files = [load_file(str(b.artifact)) for b in built]
     with torch.no_grad():
-        torch.testing.assert_close(built(tokens), eager(tokens))
+        torch.testing.assert_close(run_on(mapped, named, files, tokens), eager(tokens))
     backend.close()
     assert not (tmp_path / "engines").exists()
 
@@ -50,11 +75,147 @@ def test_device_backend_packs_each_engine_into_one_buffer(tmp_path: Path) -> Non
     backend = CopyToDevice(device="cpu")
     engines, _ = split_into(mapped, 3)
     for engine in engines:
-        size = backend.build_engine(engine.index, {n: named[n] for n in engine.names})
+        size = backend.build_engine(engine.index, {n: named[n] for n in engine.names}).nbytes
         assert engine.nbytes <= size <= engine.nbytes + ALIGN * len(engine.names)
     for copies in backend.engines:
         storages = {t.untyped_storage().data_ptr() for t in copies.values()}
         assert len(storages) == 1, "an engine must be one allocation"
     tokens = torch.tensor([[1, 2, 3]])
     with torch.no_grad():
-        torch.testing.assert_close(backend.built_model(mapped)(tokens), eager(tokens))
+        torch.testing.assert_close(run_on(mapped, named, backend.engines, tokens), eager(tokens))
+
+
+def test_tensorrt_fails_fast_through_its_registry_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    entry = BACKENDS["tensorrt"]
+    message = entry.why_not()
+    assert message is not None and message.startswith("backend 'tensorrt'")
+    if "not importable" in message:  # today's message, word for word
+        assert "needs Torch-TensorRT: torch_tensorrt is not importable here (" in message
+        assert message.endswith('. Use backend = "copy", or run on a machine where torch_tensorrt is installed.')
+    else:
+        assert message.endswith("is not implemented in this version of the harness; use backend = \"copy\".")
+    with pytest.raises(BackendUnavailable) as raised:
+        check_backend("tensorrt")
+    assert str(raised.value) == message
+    # the entry's check is all that refuses it: an entry whose check passes is accepted
+    monkeypatch.setitem(BACKENDS, "tensorrt", dataclasses.replace(entry, why_not=lambda: None))
+    check_backend("tensorrt")
+
+
+def test_unknown_backends_are_named_with_the_registered_ones() -> None:
+    with pytest.raises(BackendUnavailable, match=r"^unknown backend 'onnx': expected 'copy', 'inductor' or "
+                                                 r"'tensorrt'$"):
+        check_backend("onnx")
+
+
+SCENARIO = """
+name = "t"
+strategies = ["map"]
+[model]
+source = "synthetic"
+layers = 1
+width = 64
+heads = 4
+vocab = 64
+[build]
+engines = 3
+"""
+
+
+@pytest.fixture
+def plan(tmp_path: Path) -> Plan:
+    path = tmp_path / "s.toml"
+    path.write_text(SCENARIO)
+    scenario = load_scenario(path)
+    scenario = dataclasses.replace(scenario, checkpoint=dataclasses.replace(
+        scenario.checkpoint, path=tmp_path / "c.safetensors", generate=True))
+    return make_plan(scenario, name="t", workdir=tmp_path / "engines")
+
+
+def test_a_copy_plan_gets_the_copy_builder_of_its_device(plan: Plan, tmp_path: Path) -> None:
+    builder = make_builder(dataclasses.replace(plan, device="cpu"), tmp_path / "w")
+    assert isinstance(builder, CopyToFiles) and builder.workdir == tmp_path / "w"
+    assert isinstance(make_builder(dataclasses.replace(plan, device="cuda"), tmp_path / "w"), CopyToDevice)
+    builder.close()
+
+
+class _Traced(EngineBuilder):
+    """A builder that takes every step a compiler takes (an export phase, its own cut, measured columns, a
+    run of the built model and a check), around the copy builder's engines; it notes each call."""
+
+    name, device, compiler, weights = "traced", "cpu", "tracer", "mapped"
+    EXPORT = ExportRecord(seconds=0.5, nodes=7, pages_read_bytes=0, residency_read_bytes=0, rss_before_bytes=1,
+                          rss_after_bytes=2, hwm_bytes=3, anon_delta_bytes=0, not_shared=0)
+
+    def __init__(self, workdir: Path) -> None:
+        self.copy = CopyToFiles(workdir)
+        self.calls: list[Any] = []
+        BUILT.append(self)
+
+    def export(self, model: torch.nn.Module, phases: Phases) -> tuple[torch.nn.Module, ExportRecord | None]:
+        with phases.phase("export", "tracing") as end:
+            end["rss_bytes"] = 2
+            self.calls.append("export")
+        return model, self.EXPORT
+
+    def partition(self, planned: Any) -> None:
+        self.calls.append(("partition", len(planned)))
+
+    def build_engine(self, index: int, tensors: dict[str, torch.Tensor]) -> BuiltEngine:
+        built = self.copy.build_engine(index, tensors)
+        self.calls.append(("build", index))
+        return dataclasses.replace(built, columns={**built.columns, "compile_s": 1.0 + index, "cache_bytes": -5})
+
+    def run_built(self, phases: Phases) -> Any:
+        self.calls.append("run")
+        return torch.ones(2)
+
+    def check(self, outputs: Any, phases: Phases) -> Comparison | None:
+        self.calls.append("check")
+        return Comparison(ok=True, outputs=1, max_abs_diff=0.25, detail="within tolerance (traced)")
+
+    def close(self) -> None:
+        self.calls.append("close")
+        self.copy.close()
+
+
+BUILT: list[_Traced] = []
+
+
+@pytest.fixture
+def traced(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    def make(plan: Plan, workdir: Path) -> EngineBuilder:
+        return _Traced(workdir)
+
+    monkeypatch.setitem(BACKENDS, "copy", Backend("copy", lambda: None, make))
+    BUILT.clear()
+    yield
+    BUILT.clear()
+
+
+def test_the_worker_takes_every_builders_steps_the_same_way(plan: Plan, tmp_path: Path, traced: None) -> None:
+    record = measure(plan, "map", tmp_path / "out")
+    assert record.ok, record.error
+    (builder,) = BUILT
+    engines = len(plan.engines)
+    assert builder.calls == ["export", ("partition", engines), *[("build", i) for i in range(engines)],
+                             "run", "check", "close"]
+    # what the builder measured is what is stored, whatever the backend
+    assert (record.compiler, record.compiler_weights, record.export) == ("tracer", "mapped", _Traced.EXPORT)
+    assert record.phases.export_start_s is not None and record.phases.export_end_s is not None
+    assert [e.compile_s for e in record.engines] == [1.0 + i for i in range(engines)]
+    assert all(e.cache_bytes == -5 and e.pages_s is not None and e.copy_s is not None for e in record.engines)
+    assert (record.max_abs_diff, record.check) == (0.25, "within tolerance (traced)")
+    events = (tmp_path / "out" / "events-map.csv").read_text()
+    assert "export_start" in events and "export_end" in events
+
+
+def test_a_copy_builder_takes_no_compiler_step(plan: Plan, tmp_path: Path) -> None:
+    record = measure(plan, "map", tmp_path / "out")
+    assert record.ok, record.error
+    assert (record.compiler, record.compiler_weights, record.export, record.max_abs_diff, record.check) == (
+        None, None, None, None, None)
+    assert record.phases.export_start_s is None and record.phases.export_end_s is None
+    assert all(e.compile_s is None and e.pages_s is not None and e.copy_s is not None for e in record.engines)
+    assert "export" not in (tmp_path / "out" / "events-map.csv").read_text()
+

@@ -75,10 +75,10 @@ def test_cold_leaves_a_cached_file_out_of_the_page_cache(disk_dir: Path) -> None
             pass
     assert _resident(path) == SIZE
     report = prepare_cold([path], settle=False)
-    assert report.state == "cold"
+    assert report.record.state == "cold"
     assert report.files[0].resident_bytes_before == SIZE
     assert report.files[0].resident_bytes_after <= COLD_TOLERANCE_BYTES
-    assert report.resident_bytes == report.files[0].resident_bytes_after
+    assert report.record.resident_after_bytes == report.files[0].resident_bytes_after
     assert _resident(path) <= COLD_TOLERANCE_BYTES
     assert report.cold_ok
 
@@ -135,8 +135,8 @@ def test_settle_waits_for_the_machine_and_reports_it(disk_dir: Path) -> None:
     path = disk_dir / "weights.bin"
     _write(path, sync=True)
     report = prepare_cold([path], settle=True, settle_bytes=1 << 62, timeout_s=30)
-    assert report.settled is True
-    assert "sync" in report.method
+    assert report.record.settled is True
+    assert "sync" in report.record.method
     assert report.system_dirty_bytes_before is not None
 
 
@@ -145,8 +145,8 @@ def test_settle_gives_up_at_the_timeout_and_says_so(disk_dir: Path, monkeypatch:
     _write(path, sync=True)
     monkeypatch.setattr(coldcache, "system_dirty_bytes", lambda: 10 << 30)  # a machine that never settles
     report = prepare_cold([path], settle=True, timeout_s=0.3)
-    assert report.settled is False
-    assert any("dirty or under writeback" in note for note in report.notes)
+    assert report.record.settled is False
+    assert any("dirty or under writeback" in note for note in report.record.notes)
     assert report.files[0].resident_bytes_after <= COLD_TOLERANCE_BYTES  # dropped all the same
 
 
@@ -160,7 +160,7 @@ def test_cold_reports_pages_a_process_still_maps(disk_dir: Path) -> None:
         report = prepare_cold([path], settle=False)
     assert report.files[0].resident_bytes_after > COLD_TOLERANCE_BYTES
     assert not report.cold_ok
-    assert any("still in the page cache" in note for note in report.notes)
+    assert any("still in the page cache" in note for note in report.record.notes)
 
 
 def test_warm_reads_every_page_in(disk_dir: Path) -> None:
@@ -168,10 +168,10 @@ def test_warm_reads_every_page_in(disk_dir: Path) -> None:
     _write(path, sync=True)
     prepare_cold([path], settle=False)
     report = prepare_warm([path], chunk=3 * MiB)  # not a divisor of the size: the tail is read too
-    assert report.state == "warm"
+    assert report.record.state == "warm"
     assert report.files[0].resident_bytes_before <= COLD_TOLERANCE_BYTES
     assert report.files[0].resident_bytes_after == SIZE
-    assert report.resident_bytes == SIZE
+    assert report.record.resident_after_bytes == SIZE
 
 
 def test_report_is_json(disk_dir: Path) -> None:
@@ -182,7 +182,7 @@ def test_report_is_json(disk_dir: Path) -> None:
     assert data["total_bytes"] == SIZE
     assert data["files"][0]["path"] == str(path)
     assert data["cold_ok"] is True
-    assert {"method", "seconds", "flush_seconds", "settle_seconds", "resident_bytes", "notes"} <= data.keys()
+    assert {"method", "seconds", "flush_seconds", "settle_seconds", "resident_after_bytes", "notes"} <= data.keys()
 
 
 def test_bad_arguments_are_refused(tmp_path: Path) -> None:

@@ -9,15 +9,16 @@ and engines go under temporary directories.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from harness.build.backends import BackendUnavailable, make_backend, make_compiler_backend
 from harness.build.compile.compare import MismatchError
 from harness.build.compile.entry import export_entry
+from harness.build.registry import BackendUnavailable, make_builder
 from harness.models import SyntheticTransformer, fill_non_persistent
 from harness.plan import make_plan, read_plan, write_plan
 from harness.report import render_all, render_staged
@@ -98,9 +99,19 @@ def test_a_spec_model_cannot_be_compiled(tmp_path: Path) -> None:
         load_scenario(path)
 
 
-def test_the_copy_factory_refuses_a_compiler_backend(tmp_path: Path) -> None:
-    with pytest.raises(BackendUnavailable, match="compiler backend"):
-        make_backend("inductor", "cpu", tmp_path)
+def test_each_backend_makes_its_own_builder(tmp_path: Path) -> None:
+    from harness.build.backends import CopyToFiles
+    from harness.build.compile.backend import CompilerBackend
+
+    plan = make_plan(load_scenario(_scenario(tmp_path)), name="tiny-compile", workdir=tmp_path / "engines")
+    compiler = make_builder(plan, tmp_path / "inductor")
+    assert isinstance(compiler, CompilerBackend) and (compiler.compiler, compiler.weights) == ("inductor", "mapped")
+    copy = make_builder(dataclasses.replace(plan, backend="copy"), tmp_path / "copy")
+    assert isinstance(copy, CopyToFiles) and copy.compiler is None  # a copy builder is no compiler
+    with pytest.raises(BackendUnavailable, match="weights must be 'mapped' or 'packaged'"):
+        make_builder(dataclasses.replace(plan, weights="copied"), tmp_path / "inductor")
+    compiler.close()
+    copy.close()
 
 
 def test_compiler_engines_are_the_exported_graphs_partitions(tmp_path: Path) -> None:
@@ -184,7 +195,7 @@ def test_map_with_mapped_engines_reads_nothing_to_export_and_equals_eager(tmp_pa
 def test_a_built_model_that_differs_from_eager_fails_the_strategy(tmp_path: Path) -> None:
     plan = make_plan(load_scenario(_scenario(tmp_path)), name="tiny-compile", workdir=tmp_path / "engines")
     run = Measurement(plan, "map", tmp_path / "out", 0.0)
-    run.compiled = make_compiler_backend("inductor", "cpu", tmp_path / "engines", weights="mapped", count=1)
+    run.builder = make_builder(plan, tmp_path / "engines")
     eager = SyntheticTransformer(layers=2, width=256, heads=4, vocab=4096, device="cpu")
     reference = export_entry(plan.model_config, eager, tokens=8, seed=0)
     map_weights(eager, plan.checkpoint.path, strict=True, allow_meta_buffers=True).close()
@@ -197,7 +208,7 @@ def test_a_built_model_that_differs_from_eager_fails_the_strategy(tmp_path: Path
         run.check(right + 1.0)
     assert run.record.max_abs_diff is not None and abs(run.record.max_abs_diff - 1.0) < 1e-3
     assert "largest difference 1" in (run.record.check or "")
-    run.compiled.close()
+    run.builder.close()
 
 
 class _WithConstant(torch.nn.Module):
@@ -214,14 +225,15 @@ class _WithConstant(torch.nn.Module):
 
 
 def test_engines_can_be_handed_the_programs_own_constants(tmp_path: Path) -> None:
-    from harness.build.compile.backend import CompilerBackend, PartitionRule
+    from harness.build.compile.backend import CompilerBackend
+    from harness.build.compile.graph_partition import PartitionRule
     from harness.build.compile.inductor import InductorCompiler
 
     model = _WithConstant()
     backend = CompilerBackend(InductorCompiler(weights="mapped"), tmp_path, PartitionRule(count=1))
     assert backend.constants() == {}
-    backend.export(model, (torch.randn(2, 8),), {}, checkpoint=())
-    (part,) = backend.partition()
+    backend.export_program(model, (torch.randn(2, 8),), {}, checkpoint=())
+    (part,) = backend.cut()
     constants = backend.constants()
     model_names = {n for n, _ in model.named_parameters()}
     lifted = set(part.weights) - model_names

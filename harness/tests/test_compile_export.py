@@ -46,16 +46,15 @@ def test_export_of_a_mapped_model_reads_nothing_and_holds_the_views(checkpoint: 
     model = _mapped(checkpoint)
     _cold(checkpoint)
     result = export_mapped(model, (TOKENS,), checkpoint=[checkpoint])
-    assert result.pages_read_bytes == 0
-    assert result.residency_after_bytes is not None and result.residency_before_bytes is not None
-    assert result.residency_after_bytes - result.residency_before_bytes < 64 * 1024
+    assert result.record.pages_read_bytes == 0
+    assert result.record.residency_read_bytes is not None
+    assert result.record.residency_read_bytes < 64 * 1024
     names = set(model.state_dict()) | {"inv_freq"}
     assert set(result.shared) == names and result.not_shared == ()
     for name, tensor in result.program.state_dict.items():
         assert tensor.data_ptr() == model.get_parameter(name).data_ptr()
-    assert result.nodes == len(result.program.graph.nodes) > 50
-    summary = result.summary()
-    assert summary["pages_read_bytes"] == 0 and summary["shared"] == len(names)
+    assert result.record.nodes == len(result.program.graph.nodes) > 50
+    assert result.record.not_shared == 0 and len(result.shared) == len(names)
 
 
 def test_an_export_that_reads_the_weights_is_seen(checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -71,9 +70,9 @@ def test_an_export_that_reads_the_weights_is_seen(checkpoint: Path, monkeypatch:
     model = _mapped(checkpoint)
     _cold(checkpoint)
     result = export_mapped(model, (TOKENS,), checkpoint=[checkpoint])
-    assert result.pages_read_bytes is not None and result.pages_read_bytes > 4 * 2**20
-    assert result.residency_after_bytes is not None and result.residency_before_bytes is not None
-    assert result.residency_after_bytes - result.residency_before_bytes > 4 * 2**20
+    assert result.record.pages_read_bytes is not None and result.record.pages_read_bytes > 4 * 2**20
+    assert result.record.residency_read_bytes is not None
+    assert result.record.residency_read_bytes > 4 * 2**20
 
 
 def test_a_copied_weight_is_reported_as_not_shared(checkpoint: Path) -> None:

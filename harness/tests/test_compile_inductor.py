@@ -17,17 +17,17 @@ from typing import Any
 import pytest
 import torch
 
+from harness.build.builder import BuiltEngine
+from harness.build.compile.backend import CompilerBackend
 from harness.build.compile.compare import compare_with_eager
-from harness.build.compile.export import export_mapped
+from harness.build.compile.compiler import EngineBuildError, EngineLoadError
 from harness.build.compile.graph_partition import (
     GraphPartition,
-    partition_program,
+    PartitionRule,
     program_weight_bytes,
     program_weights,
 )
 from harness.build.compile.inductor import (
-    EngineBuildError,
-    EngineLoadError,
     InductorCompiler,
     LoadedEngine,
     _recorded,
@@ -38,7 +38,8 @@ from harness.build.compile.inductor import (
     load_engine,
 )
 from harness.build.compile.layouts import EngineInputError, InputLayout, conform
-from harness.build.compile.pipeline import BuiltEngines, EngineRecord, build_engines
+from harness.build.compile.pipeline import CompiledPipeline
+from harness.measure.procfs import PeakTracker
 from harness.models import SyntheticTransformer, fill_non_persistent
 from harness.models.checkpoints import ensure_checkpoint
 from weightmap import ReleasePlan, ReleaseStep, map_weights
@@ -72,29 +73,39 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 class Build:
     model: SyntheticTransformer
     parts: list[GraphPartition]
-    built: BuiltEngines
+    backend: CompilerBackend
+    built: list[BuiltEngine] = field(default_factory=list)
+    hwm: list[int | None] = field(default_factory=list)
     events: list[tuple[str, int]] = field(default_factory=list)
     steps: list[ReleaseStep] = field(default_factory=list)
     env_during: list[str | None] = field(default_factory=list)
 
+    def load(self) -> CompiledPipeline:
+        """Every artifact loaded (``mapped`` ones with their weights) into a runnable pipeline."""
+        backend = self.backend
+        assert backend.program is not None
+        engines = [backend.engine_compiler.load(backend.artifacts[p.index]) for p in self.parts]
+        return CompiledPipeline(backend.program, self.parts, engines, backend.device)
+
 
 def _build(path: Path, work: Path, cache: Path, compiler: InductorCompiler, resize: bool, **cut: int) -> Build:
+    """The builder's steps as the worker takes them: export, cut, each engine built and its weights released."""
     model = _mapped(path)
-    program = export_mapped(model, (TOKENS,), checkpoint=[path]).program
-    parts = partition_program(program, **cut)
+    backend = CompilerBackend(compiler, work, PartitionRule(**cut), cache_dir=cache)
+    program = backend.export_program(model, (TOKENS,), {}, checkpoint=[path]).program
+    parts = backend.cut()
     plan = ReleasePlan.from_names(program, [p.weights for p in parts], resize=resize)
-    build = Build(model, parts, None)  # type: ignore[arg-type]
-
-    def started(i: int, part: GraphPartition) -> None:
-        build.events.append(("start", i))
+    build = Build(model, parts, backend)
+    tensors = {**program.state_dict, **program.constants}
+    tracker = PeakTracker()
+    for part in parts:
+        build.events.append(("start", part.index))
+        tracker.begin()
+        build.built.append(backend.build_engine(part.index, {n: tensors[n] for n in part.weights}))
         build.env_during.append(os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
-
-    def done(i: int, record: EngineRecord) -> None:
-        build.events.append(("built", i))
-        build.steps.append(plan.built(i))
-
-    build.built = build_engines(program, parts, compiler, work, cache_dir=cache, on_start=started, on_built=done,
-                                checkpoint=[path])
+        build.hwm.append(tracker.end())
+        build.events.append(("built", part.index))
+        build.steps.append(plan.built(part.index))
     return build
 
 
@@ -109,33 +120,32 @@ def mapped(checkpoint: Path, cache: Path, tmp_path_factory: pytest.TempPathFacto
 def test_mapped_engines_build_in_order_releasing_after_each(mapped: Build) -> None:
     assert len(mapped.parts) == 2
     assert mapped.events == [("start", 0), ("built", 0), ("start", 1), ("built", 1)]
-    program = mapped.built.program
+    program = mapped.backend.program
+    assert program is not None
     released = sum(s.released_bytes for s in mapped.steps)
     kept = sum(s.kept_bytes for s in mapped.steps)
     assert released + kept == program_weight_bytes(program)
     assert kept == mapped.model.inv_freq.numel() * 4  # the one tensor that is not a mapped view
-    records = mapped.built.records
-    assert [r.index for r in records] == [0, 1]
-    for record, part in zip(records, mapped.parts, strict=True):
-        assert record.compiler == "inductor" and record.weights == "mapped"
-        assert record.weight_bytes == part.weight_bytes
-        assert record.artifact_bytes < part.weight_bytes  # the artifact holds none of its weights
-        assert record.compile_s > 0 and record.cache_bytes > 0
-        assert record.host_hwm_bytes is None or record.host_hwm_bytes >= record.rss_before_bytes
-        assert record.pages_read_bytes is not None
-        assert record.largest_child_bytes > 0 and record.children_peak_bytes >= record.largest_child_bytes
-        assert Path(record.path).is_file()
+    assert mapped.backend.compiler == "inductor" and mapped.backend.weights == "mapped"
+    assert [b.artifact.name for b in mapped.built if b.artifact] == ["engine-000.pt2", "engine-001.pt2"]
+    for built, hwm, part in zip(mapped.built, mapped.hwm, mapped.parts, strict=True):
+        record = built.columns
+        assert record["artifact_bytes"] == built.nbytes < part.weight_bytes  # the artifact holds none of its weights
+        assert record["compile_s"] > 0 and record["cache_bytes"] > 0
+        assert hwm is None or hwm >= record["rss_before_bytes"]
+        assert record["children_peak_bytes"] > 0  # the compiler's subprocesses, sampled
+        assert built.artifact is not None and built.artifact.is_file()
 
 
 def test_compiler_cache_lives_where_the_caller_says(mapped: Build, cache: Path) -> None:
     assert mapped.env_during == [str(cache.resolve())] * 2
-    assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") != str(cache.resolve())  # restored afterwards
     assert any(cache.iterdir())
 
 
 def test_mapped_pipeline_runs_on_the_views_and_equals_eager(mapped: Build, checkpoint: Path) -> None:
-    pipeline = mapped.built.load()
-    weights = program_weights(mapped.built.program)
+    pipeline = mapped.load()
+    assert mapped.backend.program is not None
+    weights = program_weights(mapped.backend.program)
     for engine in pipeline.engines:
         assert isinstance(engine, LoadedEngine)
         assert engine.weights == "mapped" and engine.constants
@@ -146,8 +156,8 @@ def test_mapped_pipeline_runs_on_the_views_and_equals_eager(mapped: Build, check
 
 
 def test_a_mapped_engine_is_never_run_without_its_weights(mapped: Build) -> None:
-    path = mapped.built.artifacts[1].path
-    given = dict(mapped.built.artifacts[1].constants)
+    path = mapped.backend.artifacts[1].path
+    given = dict(mapped.backend.artifacts[1].constants)
     with pytest.raises(EngineLoadError, match=r"engine-001\.pt2.*norm\.weight: not given"):
         load_engine(path)
     name = "norm.weight"
@@ -160,15 +170,19 @@ def test_a_mapped_engine_is_never_run_without_its_weights(mapped: Build) -> None
 
 
 def test_packaged_engine_holds_its_weights(checkpoint: Path, cache: Path, tmp_path: Path) -> None:
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     build = _build(checkpoint, tmp_path, cache, InductorCompiler(weights="packaged"), True, count=1)
-    (record,) = build.built.records
-    assert record.weights == "packaged"
-    assert record.artifact_bytes > record.weight_bytes  # the weights are in the artifact
-    assert [a.constants for a in build.built.artifacts] == [{}]
-    assert build.built.copy_floor_bytes == build.built.baseline_rss_bytes + record.weight_bytes
-    pipeline = build.built.load()
+    (built,) = build.built
+    (part,) = build.parts
+    assert build.backend.weights == "packaged"
+    assert built.columns["artifact_bytes"] > part.weight_bytes  # the weights are in the artifact
+    assert [a.constants for a in build.backend.artifacts.values()] == [{}]
+    pipeline = build.load()
     # The mapped weights' pages were dropped after the build; the engine does not read them.
     compare_with_eager(pipeline, _mapped(checkpoint), (TOKENS,)).check()
+    assert build.env_during == [str(cache.resolve())]
+    build.backend.close()  # the builder leaves the compiler's session: the cache's variables are restored
+    assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") == before
 
 
 def test_only_artifacts_that_record_their_weight_setting_load(tmp_path: Path) -> None:

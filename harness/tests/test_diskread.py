@@ -38,7 +38,7 @@ def test_reads_every_byte_cold_and_leaves_the_file_cold(cold_file: Path) -> None
     assert result.bytes == SIZE
     assert result.seconds > 0
     assert result.bytes_per_s == pytest.approx(SIZE / result.seconds)
-    assert result.cache.state == "cold"
+    assert result.cache.record.state == "cold"
     assert result.cache.cold_ok  # it started cold
     assert result.resident_bytes_after <= COLD_TOLERANCE_BYTES  # and the next reader starts cold too
     assert _resident(cold_file) <= COLD_TOLERANCE_BYTES
@@ -118,10 +118,10 @@ def test_cpu_times_parses_proc_stat(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 
 def test_settle_is_passed_on_to_the_preparation(cold_file: Path) -> None:
-    assert cold_read_bandwidth(cold_file, chunk=4 * MiB, settle=False).cache.settled is None
+    assert cold_read_bandwidth(cold_file, chunk=4 * MiB, settle=False).cache.record.settled is None
     settled = cold_read_bandwidth(cold_file, chunk=4 * MiB, settle=True)
-    assert settled.cache.settled is not None
-    assert "sync" in settled.cache.method
+    assert settled.cache.record.settled is not None
+    assert "sync" in settled.cache.record.method
 
 
 @pytest.mark.parametrize("drop_behind", [True, False])

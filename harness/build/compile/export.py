@@ -9,9 +9,9 @@ reads none of their bytes. The program it returns holds the model's own tensors 
 copies nothing" is a figure, not an assumption:
 
 * the checkpoint's pages this process has mapped (``/proc/self/smaps``, the ``Rss`` of the
-  checkpoint's mappings) before and after: pages export read through the views;
-* the checkpoint's page-cache residency (``mincore``/``cachestat``) before and after:
-  pages anyone brought in; meaningful on a cold cache;
+  checkpoint's mappings) before and after: their growth is what export read through the views;
+* the checkpoint's page-cache residency (``mincore``/``cachestat``) before and after: its
+  growth is what anyone brought in; meaningful on a cold cache;
 * host memory: RSS and anonymous RSS before and after, and the kernel's high-water mark
   over the phase (``VmHWM`` reset at its start);
 * whether each program tensor shares its memory with the model's tensor of that name.
@@ -31,6 +31,7 @@ from torch.export import ExportedProgram
 
 from harness.measure.procfs import PeakTracker, mapping_rss, read_status
 from harness.measure.residency import FileResidency
+from harness.results.record import ExportRecord
 from weightmap.targets import collect_targets
 
 __all__ = ["ExportResult", "export_mapped", "shared_with_model"]
@@ -40,57 +41,17 @@ __all__ = ["ExportResult", "export_mapped", "shared_with_model"]
 class ExportResult:
     """An exported program and what exporting it cost.
 
-    Byte figures are None where they could not be measured (no checkpoint given, or the
-    kernel refused the ``VmHWM`` reset). ``checkpoint_rss_*``: this process's resident pages
-    of the checkpoint files; their growth is what export read through the mapped views.
-    ``residency_*``: the files' page-cache residency. ``shared``: program tensors that are
-    the model's tensor of the same name (same memory); ``not_shared``: program tensors whose
-    memory is not the model's (copies, or tensors export made: lifted constants).
+    ``record``: the figures, as the results keep them (:class:`~harness.results.record.ExportRecord`;
+    byte figures None where they could not be measured: no checkpoint given, or the kernel refused the
+    ``VmHWM`` reset). ``shared``: program tensors that are the model's tensor of the same name (same
+    memory); ``not_shared``: program tensors whose memory is not the model's (copies, or tensors
+    export made: lifted constants).
     """
 
     program: ExportedProgram
-    seconds: float
-    nodes: int
-    rss_before_bytes: int
-    rss_after_bytes: int
-    anon_before_bytes: int
-    anon_after_bytes: int
-    hwm_bytes: int | None
-    checkpoint_rss_before_bytes: int | None
-    checkpoint_rss_after_bytes: int | None
-    residency_before_bytes: int | None
-    residency_after_bytes: int | None
+    record: ExportRecord
     shared: tuple[str, ...] = field(default_factory=tuple)
     not_shared: tuple[str, ...] = field(default_factory=tuple)
-
-    @property
-    def pages_read_bytes(self) -> int | None:
-        """Checkpoint bytes this process faulted in during export (growth of its mapped pages)."""
-        if self.checkpoint_rss_before_bytes is None or self.checkpoint_rss_after_bytes is None:
-            return None
-        return self.checkpoint_rss_after_bytes - self.checkpoint_rss_before_bytes
-
-    @property
-    def peak_over_baseline_bytes(self) -> int | None:
-        """How far RSS rose above its value at the start of export, at its highest."""
-        return None if self.hwm_bytes is None else self.hwm_bytes - self.rss_before_bytes
-
-    def summary(self) -> dict[str, Any]:
-        """The figures as a flat dict (no program), for results files."""
-        return {
-            "seconds": round(self.seconds, 3),
-            "nodes": self.nodes,
-            "rss_before_bytes": self.rss_before_bytes,
-            "rss_after_bytes": self.rss_after_bytes,
-            "anon_delta_bytes": self.anon_after_bytes - self.anon_before_bytes,
-            "hwm_bytes": self.hwm_bytes,
-            "peak_over_baseline_bytes": self.peak_over_baseline_bytes,
-            "pages_read_bytes": self.pages_read_bytes,
-            "residency_before_bytes": self.residency_before_bytes,
-            "residency_after_bytes": self.residency_after_bytes,
-            "shared": len(self.shared),
-            "not_shared": list(self.not_shared),
-        }
 
 
 def _model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -171,17 +132,18 @@ def export_mapped(
     shared, not_shared = shared_with_model(program, model)
     return ExportResult(
         program=program,
-        seconds=seconds,
-        nodes=len(program.graph.nodes),
-        rss_before_bytes=before.rss_bytes,
-        rss_after_bytes=after.rss_bytes,
-        anon_before_bytes=before.anon_bytes,
-        anon_after_bytes=after.anon_bytes,
-        hwm_bytes=hwm,
-        checkpoint_rss_before_bytes=ckpt_before,
-        checkpoint_rss_after_bytes=ckpt_after,
-        residency_before_bytes=resident_before,
-        residency_after_bytes=resident_after,
+        record=ExportRecord(
+            seconds=round(seconds, 3),
+            nodes=len(program.graph.nodes),
+            pages_read_bytes=None if ckpt_before is None or ckpt_after is None else ckpt_after - ckpt_before,
+            residency_read_bytes=(None if resident_before is None or resident_after is None
+                                  else resident_after - resident_before),
+            rss_before_bytes=before.rss_bytes,
+            rss_after_bytes=after.rss_bytes,
+            hwm_bytes=hwm,
+            anon_delta_bytes=after.anon_bytes - before.anon_bytes,
+            not_shared=len(not_shared),
+        ),
         shared=tuple(shared),
         not_shared=tuple(not_shared),
     )

@@ -56,6 +56,7 @@ from torch.utils import _pytree as pytree
 __all__ = [
     "GraphPartition",
     "PartitionError",
+    "PartitionRule",
     "cap_for_program",
     "partition_program",
     "program_weight_bytes",
@@ -296,6 +297,19 @@ def partition_program(
         groups.append(open_group)
 
     return _describe(groups, g, weights)
+
+
+
+
+@dataclass(frozen=True)
+class PartitionRule:
+    """Exactly one of ``count`` (about that many engines) or ``cap_bytes`` (per-engine weight cap)."""
+
+    count: int | None = None
+    cap_bytes: int | None = None
+
+    def apply(self, program: ExportedProgram) -> list[GraphPartition]:
+        return partition_program(program, count=self.count, cap_bytes=self.cap_bytes)
 
 
 def _describe(

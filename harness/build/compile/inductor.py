@@ -34,53 +34,41 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any
 
 import torch
 from torch.export import ExportedProgram
 
+from harness.build.compile.compiler import WEIGHTS, Artifact, EngineBuildError, EngineLoadError, WeightsMode
 from harness.build.compile.layouts import InputLayout, conform, input_layouts, layouts_from_json, layouts_to_json
 from harness.build.compile.toolchain import ToolchainError, check_toolchain
 
 __all__ = [
-    "WEIGHTS",
-    "Artifact",
-    "EngineBuildError",
-    "EngineLoadError",
     "InductorCompiler",
     "LoadedEngine",
-    "WeightsMode",
     "check_device",
     "compile_engine",
     "engine_tensors",
     "free_device_copies",
     "inductor_cache",
+    "load_compiler_modules",
     "load_engine",
     "to_device",
 ]
-
-WeightsMode = Literal["packaged", "mapped"]
-WEIGHTS: tuple[str, ...] = get_args(WeightsMode)
 
 _WEIGHTS_KEY = "weightmap_harness.weights"
 _CONSTANTS_KEY = "weightmap_harness.constants"
 _INPUTS_KEY = "weightmap_harness.inputs"
 
 
-class EngineBuildError(RuntimeError):
-    """An engine cannot be built as asked; the message names the engine and the reason."""
-
-
-class EngineLoadError(RuntimeError):
-    """An artifact cannot be loaded safely; the message names the file, the tensor and the rule."""
-
-
-@dataclass(frozen=True)
-class Artifact:
-    """One built engine: its file, and the tensors it runs on (empty when it holds its weights)."""
-
-    path: Path
-    constants: dict[str, torch.Tensor]
+def load_compiler_modules() -> None:
+    """Import the modules AOTInductor builds with, so that a builder made before the worker's baseline has
+    them loaded as torch itself is (they are not memory any engine's build adds)."""
+    import torch._inductor.codecache  # noqa: F401
+    import torch._inductor.compile_fx  # noqa: F401
+    import torch._inductor.graph  # noqa: F401
+    import torch._inductor.lowering  # noqa: F401
+    import torch.export  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -91,8 +79,8 @@ class InductorCompiler:
     ``"cpu"`` or ``"cuda[:N]"``. ``configs``: further ``torch._inductor.config`` settings, by
     their dotted names; the two this module sets itself (``aot_inductor.package_constants_in_so``
     and ``aot_inductor.metadata``) may not be given. It is the
-    :class:`~harness.build.compile.pipeline.EngineCompiler` that :func:`~harness.build.compile.pipeline.build_engines`
-    drives.
+    :class:`~harness.build.compile.compiler.EngineCompiler` that
+    :class:`~harness.build.compile.backend.CompilerBackend` drives.
     """
 
     weights: WeightsMode = "packaged"

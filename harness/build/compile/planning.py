@@ -12,14 +12,14 @@ it got the same partitions (:func:`same_partitions`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from harness.build.compile.backend import PartitionRule
 from harness.build.compile.entry import export_entry
-from harness.build.compile.graph_partition import GraphPartition, cap_for_program
+from harness.build.compile.graph_partition import GraphPartition, PartitionRule, cap_for_program
 from harness.models import build_model, fill_non_persistent
 from harness.scenario import Scenario
 from weightmap import map_weights
@@ -63,7 +63,7 @@ def _engine(part: GraphPartition) -> GraphEngine:
     return GraphEngine(part.index, ends, part.weights, part.weight_bytes)
 
 
-def same_partitions(planned: list[tuple[str, ...]], got: list[GraphPartition]) -> str | None:
+def same_partitions(planned: Sequence[Sequence[str]], got: list[GraphPartition]) -> str | None:
     """Why the worker's partitions differ from the planned ones (weight names per engine); None when equal."""
     if len(planned) != len(got):
         return f"the plan has {len(planned)} engines, the exported model cuts into {len(got)}"

@@ -1,0 +1,115 @@
+"""The engine-builder interface: what every backend does for the worker, and what it measures.
+
+An :class:`EngineBuilder` is made per strategy (:func:`harness.build.registry.make_builder`) and
+driven by the worker through the same steps for every backend:
+
+1. :meth:`~EngineBuilder.export`: a phase of its own for a builder that builds from a traced
+   program (a compiler exports the loaded model, and returns the traced module and an
+   :class:`~harness.results.record.ExportRecord`); the others have none and return the model;
+2. :meth:`~EngineBuilder.partition`: check that the builder's own cut of the model (a compiler's
+   graph partitions) is the planned one; nothing to check for the others;
+3. :meth:`~EngineBuilder.build_engine` per engine, in order: the engine built from its partition's
+   tensors; it returns a :class:`BuiltEngine`, the columns of the engine's
+   :class:`~harness.results.record.EngineRecord` the build measured and its artifact;
+4. :meth:`~EngineBuilder.run_built` and :meth:`~EngineBuilder.check`: the built model run on the
+   example inputs and compared with eager, after the measured phases; a builder whose engines
+   are the weights' own bytes has nothing to run and nothing to compare;
+5. :meth:`~EngineBuilder.close`: free the engines (GPU memory, files).
+
+The worker measures around each step (host high-water mark, events, release); what only a
+builder knows (how long its copy or compile took, what its compiler's subprocesses used) comes
+back in :attr:`BuiltEngine.columns`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from harness.results.record import ExportRecord
+
+if TYPE_CHECKING:
+    from harness.build.compile.compare import Comparison
+
+__all__ = ["BuiltEngine", "EngineBuilder", "Phases"]
+
+
+@dataclass(frozen=True)
+class BuiltEngine:
+    """One engine's build: ``columns``, the :class:`~harness.results.record.EngineRecord` fields the
+    builder measured, by name and as stored (copy builders: ``pages_s`` and ``copy_s``; a compiler:
+    ``compile_s``, ``artifact_bytes``, ``rss_before_bytes``, ``children_peak_bytes``, ``cache_bytes``);
+    ``artifact``, the engine's file (None for an engine in device memory); ``nbytes``, the engine's size."""
+
+    nbytes: int
+    artifact: Path | None = None
+    columns: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Phases(Protocol):
+    """What the worker offers a builder for the steps it measures beside the engines."""
+
+    def phase(self, name: str, doing: str) -> AbstractContextManager[dict[str, int | None]]:
+        """A measured phase ``name`` (its start and end are events and phase boundaries, the sampler marks it),
+        shown as ``doing`` while it runs; the dict it yields takes values for the end event (``rss_bytes``)."""
+        ...
+
+    def doing(self, what: str) -> AbstractContextManager[None]:
+        """Show ``what`` while the block runs (no phase: outside the measured run)."""
+        ...
+
+
+class EngineBuilder(ABC):
+    """Builds engines one at a time from partitions of a loaded model (see the module docstring).
+
+    ``name``: the backend; ``device``: where its engines live. ``compiler`` and ``weights``: the
+    compiler's name and weight setting (``StrategyRecord.compiler``, ``compiler_weights``); None
+    for a builder that is no compiler. ``keeps_model_tensors``: the engines run on the model's own
+    tensors, so a release may drop their mapped pages but must keep the tensors.
+    """
+
+    name: str
+    device: str
+    compiler: str | None = None
+    weights: str | None = None
+    keeps_model_tensors: bool = False
+
+    def export(self, model: torch.nn.Module, phases: Phases) -> tuple[torch.nn.Module, ExportRecord | None]:
+        """The module whose tensors the engines read, and what its export measured: ``model`` itself and
+        None, unless the builder builds from a traced program (then its export is a phase of ``phases``)."""
+        return model, None
+
+    def partition(self, planned: Sequence[Sequence[str]]) -> None:
+        """Raise where the builder cuts the model otherwise than ``planned`` (weight names per engine); a
+        builder that builds from the model's own tensors takes the plan's cut as it is."""
+        return None
+
+    def constants(self) -> dict[str, torch.Tensor]:
+        """Tensors engines may read that are not the model's (a traced program's own constants), by name."""
+        return {}
+
+    @abstractmethod
+    def build_engine(self, index: int, tensors: dict[str, torch.Tensor]) -> BuiltEngine:
+        """Build engine ``index`` (engines come in build order) from the tensors it reads, by name."""
+
+    def release_note(self, unreleased_bytes: int) -> str | None:
+        """Why ``unreleased_bytes`` of weights stayed after the build, where the builder is the reason."""
+        return None
+
+    def run_built(self, phases: Phases) -> Any:
+        """The built model's output on the example inputs (None: nothing to run)."""
+        return None
+
+    def check(self, outputs: Any, phases: Phases) -> Comparison | None:
+        """``outputs`` of :meth:`run_built` compared with eager's (None: nothing to compare)."""
+        return None
+
+    @abstractmethod
+    def close(self) -> None:
+        """Free the engines (GPU memory, files)."""

@@ -1,0 +1,158 @@
+"""The backends, one registry entry each: how to tell whether it can run here, and how to make its builder.
+
+=============  =================================================================================
+``copy``       :mod:`harness.build.backends`: the partition's weights copied to GPU memory
+               (``cuda``) or to one file per engine (``cpu``); runs everywhere
+``inductor``   :mod:`harness.build.compile`: the loaded model exported, its graph cut into
+               partitions and each built with AOTInductor; needs ``torch._inductor`` and a C++
+               compiler that links engines which load
+``tensorrt``   needs Torch-TensorRT; no builder in this version, so its check always refuses,
+               before anything runs
+=============  =================================================================================
+
+A new backend is a module with its :class:`~harness.build.builder.EngineBuilder` and one
+:class:`Backend` line in :data:`BACKENDS` (a TensorRT builder: its ``make``, and a ``why_not``
+that asks only whether ``torch_tensorrt`` imports). :func:`check_backend` runs the entry's check
+when the plan is made (fail fast); :func:`make_builder` runs it again in the strategy's process
+and makes the builder there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from harness.build.builder import EngineBuilder
+from harness.errors import HarnessError
+
+if TYPE_CHECKING:
+    from harness.plan import Plan
+
+__all__ = ["BACKENDS", "Backend", "BackendUnavailable", "check_backend", "make_builder", "resolve_device"]
+
+
+class BackendUnavailable(HarnessError, RuntimeError):
+    """The scenario asks for a backend or device this machine cannot provide."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One backend: ``why_not()`` is why it cannot run here (the whole message; None: it can);
+    ``make(plan, workdir)`` its builder for a plan, engines under ``workdir`` (None: no builder yet)."""
+
+    name: str
+    why_not: Callable[[], str | None]
+    make: Callable[[Plan, Path], EngineBuilder] | None
+
+
+def _copy_runs_everywhere() -> str | None:
+    return None
+
+
+def _make_copy(plan: Plan, workdir: Path) -> EngineBuilder:
+    from harness.build.backends import CopyToDevice, CopyToFiles
+
+    return CopyToDevice() if plan.device == "cuda" else CopyToFiles(workdir)
+
+
+def _inductor_why_not() -> str | None:
+    """Why AOTInductor cannot build here: ``torch._inductor`` does not import, or its C++ compiler is missing
+    or links engines that crash when loaded (see :mod:`harness.build.compile.toolchain`)."""
+    why = _inductor_missing()
+    return None if why is None else f"backend 'inductor' needs AOTInductor: {why}"
+
+
+def _inductor_missing() -> str | None:
+    try:
+        import torch._inductor  # noqa: F401
+
+        from harness.build.compile.toolchain import ToolchainError, check_toolchain, inductor_cxx
+    except Exception as exc:
+        return f"torch._inductor is not importable ({type(exc).__name__}: {exc})"
+    try:
+        cxx = inductor_cxx()
+    except Exception as exc:  # torch's InvalidCxxCompiler: none of its candidates runs
+        return f"no C++ compiler found (g++ or $CXX; {type(exc).__name__})"
+    try:
+        check_toolchain(cxx)
+    except ToolchainError as exc:
+        return str(exc)
+    return None
+
+
+def _make_inductor(plan: Plan, workdir: Path) -> EngineBuilder:
+    from harness.build.compile.backend import CompilerBackend, ModelSource, PartitionRule
+    from harness.build.compile.compiler import WEIGHTS
+    from harness.build.compile.inductor import InductorCompiler, load_compiler_modules
+
+    weights = plan.weights or "mapped"
+    if weights not in WEIGHTS:
+        raise BackendUnavailable(f"backend 'inductor': weights must be 'mapped' or 'packaged', not {weights!r}")
+    load_compiler_modules()
+    count = plan.engine_count
+    rule = PartitionRule(count=count, cap_bytes=None if count is not None else plan.engine_cap_bytes)
+    compiler = InductorCompiler(weights=weights, device=plan.device)  # type: ignore[arg-type]
+    source = ModelSource(config=plan.model_config, checkpoint=Path(plan.checkpoint.path),
+                         files=tuple(Path(f) for f in plan.checkpoint_files), tokens=plan.tokens or 16,
+                         seed=plan.checkpoint.seed, memory_limit_bytes=plan.memory_limit_bytes)
+    return CompilerBackend(compiler, workdir, rule, source)
+
+
+def _tensorrt_why_not() -> str | None:
+    """Always a reason: without ``torch_tensorrt`` it is missing; with it, this version has no TensorRT builder."""
+    try:
+        import torch_tensorrt  # noqa: F401
+    except Exception as exc:  # ImportError, or a broken install raising anything
+        why = f"torch_tensorrt is not importable here ({type(exc).__name__}: {exc})"
+        return (f"backend 'tensorrt' needs Torch-TensorRT: {why}. Use backend = \"copy\", "
+                "or run on a machine where torch_tensorrt is installed.")
+    return ("backend 'tensorrt': torch_tensorrt imports here, but building engines with it is not "
+            "implemented in this version of the harness; use backend = \"copy\".")
+
+
+BACKENDS: dict[str, Backend] = {
+    b.name: b
+    for b in (
+        Backend("copy", _copy_runs_everywhere, _make_copy),
+        Backend("inductor", _inductor_why_not, _make_inductor),
+        Backend("tensorrt", _tensorrt_why_not, None),
+    )
+}
+"""Every backend a scenario may name, by name."""
+
+
+def _entry(name: str) -> Backend:
+    backend = BACKENDS.get(name)
+    if backend is None:
+        names = [repr(n) for n in BACKENDS]
+        raise BackendUnavailable(f"unknown backend {name!r}: expected {', '.join(names[:-1])} or {names[-1]}")
+    return backend
+
+
+def check_backend(name: str) -> None:
+    """Fail fast, before any strategy runs, when the backend cannot run here (its entry's ``why_not``)."""
+    why = _entry(name).why_not()
+    if why is not None:
+        raise BackendUnavailable(why)
+
+
+def make_builder(plan: Plan, workdir: Path) -> EngineBuilder:
+    """The builder of ``plan``'s backend on its (resolved) device, engines under ``workdir``; checked first."""
+    check_backend(plan.backend)
+    make = _entry(plan.backend).make
+    if make is None:
+        raise BackendUnavailable(f"backend {plan.backend!r} has no engine builder in this version of the harness")
+    return make(plan, workdir)
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` is ``cuda`` when a GPU is usable, else ``cpu``."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise BackendUnavailable("device = \"cuda\" was asked for, but torch sees no CUDA device here")
+    return device
