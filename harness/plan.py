@@ -18,8 +18,7 @@ the scenario file and key: ``scenarios/x.toml: build.engines: 12 engines asked f
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +29,13 @@ from harness.models import build_model
 from harness.models.checkpoints import CheckpointError, checkpoint_specs, describe_specs, ensure_checkpoint
 from harness.results.atomic import write_json
 from harness.results.codec import decode, encode
-from harness.results.record import CheckpointInfo, ModelInfo, RecordError, Reference, read_json_file
-from harness.scenario import ModelConfig, Scenario, validate_scenario
+from harness.results.record import CheckpointInfo, ModelInfo, RecordError, read_json_file
+from harness.scenario import PREFETCH_OFF, Scenario, validate_scenario
 from weightmap.checkpoint import open_checkpoint
 
 __all__ = ["PLAN_VERSION", "EnginePlan", "Plan", "make_plan", "read_plan", "write_plan"]
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2
 """The layout of ``plan.json``; a worker refuses a plan of another version."""
 
 
@@ -58,54 +57,44 @@ class EnginePlan:
         return cls(engine.index, engine.modules, engine.names, engine.nbytes)
 
 
-_OPTIONAL = {"absent_until": PLAN_VERSION}
-"""A key plans of version 1 were written without before it was added (read as its default)."""
-
-
 @dataclass(frozen=True)
 class Plan:
     """Everything a strategy's process needs, resolved once; see the module docstring.
 
-    ``prefetch`` is the method strategies with a prefetch plan warm the page cache with
-    (None: off), ``drop_cache`` whether they also evict released weights from it,
-    ``repeats`` how many cold runs of each strategy the parent makes, after ``warmup`` rounds
-    it discards. ``plan.json`` holds every field, written and read by :mod:`harness.results.codec`.
+    ``scenario`` is the validated scenario, every setting as given or as its default
+    (declared in :mod:`harness.scenario` only); the other fields are what :func:`make_plan`
+    resolved from it: the results' ``name``, the ``model`` and ``checkpoint`` measured and
+    the checkpoint's files, the ``device`` engines are built on, the per-engine weight cap and
+    the ``engines`` in build order, and the ``workdir`` engines are written under.
+    ``plan.json`` holds every field, written and read by :mod:`harness.results.codec`.
     """
 
-    scenario: str
+    scenario: Scenario
     name: str
-    description: str
-    scenario_config: dict[str, Any]
-    strategies: tuple[str, ...]
-    model_config: ModelConfig
     model: ModelInfo
     checkpoint: CheckpointInfo
     checkpoint_files: tuple[str, ...]
-    backend: str
     device: str
-    cache: str
-    release: bool
-    sample_interval_ms: float
-    residency_every: int
-    memory_limit_bytes: int | None
-    timeout_s: float
     engine_cap_bytes: int
     engines: tuple[EnginePlan, ...]
-    references: tuple[Reference, ...]
     workdir: str
-    partitioner: str = field(default="modules", metadata=_OPTIONAL)
-    weights: str | None = field(default=None, metadata=_OPTIONAL)
-    tokens: int | None = field(default=None, metadata=_OPTIONAL)
-    engine_count: int | None = field(default=None, metadata=_OPTIONAL)
 
     @property
     def compiler(self) -> bool:
         """Whether the backend exports the model and builds from its graph partitions."""
-        return self.partitioner == "graph"
-    prefetch: str | None = field(default=None, metadata=_OPTIONAL)
-    drop_cache: bool = field(default=False, metadata=_OPTIONAL)
-    repeats: int = field(default=1, metadata=_OPTIONAL)
-    warmup: int = field(default=0, metadata=_OPTIONAL)
+        return self.scenario.build.compiler
+
+    @property
+    def memory_limit_bytes(self) -> int | None:
+        """The scenario's per-strategy memory limit in bytes; ``None``: no limit."""
+        limit = self.scenario.run.memory_limit_gib
+        return int(limit * 2**30) if limit else None
+
+    @property
+    def prefetch(self) -> str | None:
+        """The method strategies with a prefetch plan warm the page cache with; ``None`` when off."""
+        method = self.scenario.run.prefetch
+        return None if method == PREFETCH_OFF else method
 
     @property
     def largest_engine_bytes(self) -> int:
@@ -136,13 +125,12 @@ def read_plan(path: Path) -> Plan:
 
 
 def _engines(scenario: Scenario, module: Any) -> tuple[list[Engine], int]:
-    build = scenario.build
-    if build.engine_cap_mib is not None:
-        cap = int(build.engine_cap_mib * 2**20)
+    cap = scenario.build.engine_cap_bytes
+    if cap is not None:
         return partition(module, cap), cap
-    assert build.engines is not None
+    assert scenario.build.engines is not None
     try:
-        return split_into(module, build.engines)
+        return split_into(module, scenario.build.engines)
     except ValueError as exc:
         raise PlanError(f"{scenario.where('build.engines')}: {exc}; ask for fewer engines") from exc
 
@@ -224,38 +212,17 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
         engine_plans = [EnginePlan.of(e) for e in engines]
     _prepare_strategies(scenario, path, say)
     files = tuple(str(f) for f in open_checkpoint(path).files)
-    limit = scenario.run.memory_limit_gib
     return Plan(
-        scenario=scenario.name,
+        scenario=scenario,
         name=name,
-        description=scenario.description,
-        scenario_config=json.loads(json.dumps(scenario.to_dict())),
-        strategies=scenario.strategies,
-        model_config=scenario.model,
         model=ModelInfo(name=info.name, source=info.source, source_note=info.source_note,
                         tensors=sizes["tensors"], bytes=sizes["nbytes"],
                         bytes_with_non_persistent_buffers=model_bytes(info.module)),
         checkpoint=CheckpointInfo(path=str(path), generated=generated, seed=scenario.checkpoint.seed,
                                   bytes=path.stat().st_size),
         checkpoint_files=files,
-        backend=scenario.build.backend,
         device=device,
-        cache=scenario.run.cache,
-        release=scenario.build.release,
-        sample_interval_ms=scenario.run.sample_interval_ms,
-        residency_every=scenario.run.residency_every,
-        memory_limit_bytes=int(limit * 2**30) if limit else None,
-        timeout_s=scenario.run.timeout_s,
         engine_cap_bytes=cap,
         engines=tuple(engine_plans),
-        references=tuple(Reference(**r.__dict__) for r in scenario.references),
         workdir=str(workdir),
-        partitioner="graph" if compiler else "modules",
-        weights=scenario.build.weights if compiler else None,
-        tokens=scenario.build.tokens if compiler else None,
-        engine_count=scenario.build.engines if compiler else None,
-        prefetch=None if scenario.run.prefetch == "off" else scenario.run.prefetch,
-        drop_cache=scenario.run.drop_cache,
-        repeats=scenario.run.repeats,
-        warmup=scenario.run.warmup,
     )

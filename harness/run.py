@@ -42,6 +42,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import dataclasses
 import datetime
 import os
 import re
@@ -70,6 +71,7 @@ from harness.results.record import (
     PLAN,
     DiskRead,
     MachineInfo,
+    Reference,
     RepeatRecord,
     RunRecord,
     StrategyRecord,
@@ -216,10 +218,11 @@ def _progress(message: str) -> None:
 
 def _run_record(plan: Plan) -> RunRecord:
     """The run's record before any strategy ran: the plan, this machine, this checkout."""
+    scenario = plan.scenario
     return RunRecord(
-        scenario=plan.scenario,
+        scenario=scenario.name,
         name=plan.name,
-        description=plan.description,
+        description=scenario.description,
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         commit=machine.commit(),
         machine=MachineInfo(**machine.machine()),
@@ -229,16 +232,16 @@ def _run_record(plan: Plan) -> RunRecord:
         engines=len(plan.engines),
         engine_cap_bytes=plan.engine_cap_bytes,
         largest_engine_bytes=plan.largest_engine_bytes,
-        backend=plan.backend,
+        backend=scenario.build.backend,
         device=plan.device,
-        cache=plan.cache,
-        release=plan.release,
-        sample_interval_ms=plan.sample_interval_ms,
+        cache=scenario.run.cache,
+        release=scenario.build.release,
+        sample_interval_ms=scenario.run.sample_interval_ms,
         memory_limit_bytes=plan.memory_limit_bytes,
-        references=plan.references,
-        scenario_config=plan.scenario_config,
+        references=tuple(Reference(**dataclasses.asdict(r)) for r in scenario.references),
+        scenario_config=scenario.to_dict(),
         strategies={},
-        repeats=plan.repeats,
+        repeats=scenario.run.repeats,
         prefetch=plan.prefetch,
     )
 
@@ -293,15 +296,15 @@ def _warm_up(plan: Plan, plan_path: Path, out_dir: Path, command: WorkerCommand,
     cache, memory the host must back again); a warm-up round makes that alike for every
     measured round. Nothing of it is recorded; its files are removed.
     """
-    where = f"warm-up round {index + 1}/{plan.warmup} (discarded)"
-    if plan.cache == "cold":
+    where = f"warm-up round {index + 1}/{plan.scenario.run.warmup} (discarded)"
+    if plan.scenario.run.cache == "cold":
         _progress(f"{where}: {_disk_line(measure_disk(plan, index))}")
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        for strategy in plan.strategies:
+        for strategy in plan.scenario.strategies:
             try:
-                outcome = watch(command(plan_path, strategy, out_dir), plan.memory_limit_bytes, plan.timeout_s,
-                                stop=stop)
+                outcome = watch(command(plan_path, strategy, out_dir), plan.memory_limit_bytes,
+                                plan.scenario.run.timeout_s, stop=stop)
             except RunInterrupted as exc:
                 raise RunInterrupted(f"{exc} ({strategy}, {where}); {target} is unchanged", exc.signum) from exc
             _progress(f"{where}: {strategy} {'ran' if outcome.returncode == 0 else 'failed'}")
@@ -395,28 +398,28 @@ def run_scenario(
     plan = make_plan(scenario, name=name, workdir=workdir or Path.cwd() / "data" / "engines", progress=_progress)
     plan_path = write_plan(staging / PLAN, plan)
     _progress(f"{len(plan.engines)} engines, the largest {plan.largest_engine_bytes / GIB:.2f} GiB, "
-              f"on {plan.device} ({plan.backend} backend); results go to {results / name}")
+              f"on {plan.device} ({plan.scenario.build.backend} backend); results go to {results / name}")
     run = _run_record(plan)
-    repeats = max(1, plan.repeats)
-    runs: dict[str, list[StrategyRecord]] = {s: [] for s in plan.strategies}
-    no_result: dict[str, list[str | None]] = {s: [] for s in plan.strategies}
+    repeats = max(1, plan.scenario.run.repeats)
+    runs: dict[str, list[StrategyRecord]] = {s: [] for s in plan.scenario.strategies}
+    no_result: dict[str, list[str | None]] = {s: [] for s in plan.scenario.strategies}
     with _Stop().installed() as stop:
-        for warm in range(plan.warmup):
+        for warm in range(plan.scenario.run.warmup):
             _warm_up(plan, plan_path, staging / f"warmup-{warm}", command, stop, warm, results / name)
         for repeat in range(repeats):
-            if plan.cache == "cold":
+            if plan.scenario.run.cache == "cold":
                 disk = measure_disk(plan, repeat)
                 run = run.replace(disk_reads=(*run.disk_reads, disk))
                 write_summary(staging, run)
                 _progress(_disk_line(disk))
             out_dir = staging if repeats == 1 else staging / f"repeat-{repeat}"
-            for i, strategy in enumerate(plan.strategies, 1):
+            for i, strategy in enumerate(plan.scenario.strategies, 1):
                 round_text = f", repeat {repeat + 1}/{repeats}" if repeats > 1 else ""
-                _progress(f"strategy {i}/{len(plan.strategies)}: {strategy}{round_text}")
+                _progress(f"strategy {i}/{len(plan.scenario.strategies)}: {strategy}{round_text}")
                 out_dir.mkdir(parents=True, exist_ok=True)
                 try:
-                    outcome = watch(command(plan_path, strategy, out_dir), plan.memory_limit_bytes, plan.timeout_s,
-                                    stop=stop)
+                    outcome = watch(command(plan_path, strategy, out_dir), plan.memory_limit_bytes,
+                                    plan.scenario.run.timeout_s, stop=stop)
                 except RunInterrupted as exc:
                     raise RunInterrupted(f"{exc} ({strategy}); {results / name} is unchanged, what finished is in "
                                          f"{staging}", exc.signum) from exc

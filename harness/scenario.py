@@ -127,7 +127,9 @@ MODEL_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 ENGINE_WEIGHTS: tuple[str, ...] = ("mapped", "packaged")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 CACHES: tuple[str, ...] = ("cold", "warm")
-PREFETCH: tuple[str, ...] = ("off", *PREFETCH_METHODS)
+PREFETCH_OFF = "off"
+"""The ``[run] prefetch`` setting that turns prefetching off."""
+PREFETCH: tuple[str, ...] = (PREFETCH_OFF, *PREFETCH_METHODS)
 DEFAULT_PREFETCH = "madvise"
 """Measured best for mapped weights here: ``madvise`` one engine ahead (``benchmarks/prefetch.py``)."""
 FALLBACKS: tuple[str, ...] = ("spec",)
@@ -301,6 +303,11 @@ class BuildConfig:
     def compiler(self) -> bool:
         """Whether the backend exports the model and partitions its graph."""
         return self.backend in COMPILER_BACKENDS
+
+    @property
+    def engine_cap_bytes(self) -> int | None:
+        """``engine_cap_mib`` in whole bytes; ``None`` when the scenario asks for a number of engines."""
+        return None if self.engine_cap_mib is None else int(self.engine_cap_mib * 2**20)
 
 
 @dataclass(frozen=True)
@@ -596,7 +603,7 @@ def validate_scenario(scenario: Scenario) -> None:
         limit = LIMITS[key]
         if value is not None and not limit.accepts(value):
             raise ScenarioError(f"{scenario.where(shown)}: {limit.expected()}, got {_describe(value)}")
-    if b.engine_cap_mib is not None and int(b.engine_cap_mib * 2**20) < 1:
+    if b.engine_cap_bytes is not None and b.engine_cap_bytes < 1:
         raise ScenarioError(f"{scenario.where('build.engine_cap_mib')}: {b.engine_cap_mib:g} MiB is less than one "
                             "byte")
     if m.source == "synthetic":

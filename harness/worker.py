@@ -158,7 +158,7 @@ class Measurement:
     def prepare(self) -> torch.nn.Module:
         """Rebuild the planned model on meta, make the builder, start CUDA and the sampler; take the baseline."""
         plan = self.plan
-        model = build_model(plan.model_config).module
+        model = build_model(plan.scenario.model).module
         built = describe_specs(checkpoint_specs(model))
         if (built["tensors"], built["nbytes"]) != (plan.model.tensors, plan.model.bytes):
             raise RuntimeError(f"the model built here ({built['tensors']} tensors, {built['nbytes']} bytes) "
@@ -169,7 +169,7 @@ class Measurement:
         self.builder = make_builder(plan, self.workdir)
         self._set(compiler=self.builder.compiler, compiler_weights=self.builder.weights)
         # Last before the baseline, so that nothing loaded above brings the checkpoint back.
-        if plan.cache == "cold":  # flushed, the machine's writeback waited for, then dropped
+        if plan.scenario.run.cache == "cold":  # flushed, the machine's writeback waited for, then dropped
             self._set(cache=prepare_cold(files, settle=True, timeout_s=SETTLE_TIMEOUT_S).record)
         else:
             self._set(cache=prepare_warm(files).record)
@@ -177,11 +177,11 @@ class Measurement:
             torch.empty(1, device="cuda")  # the CUDA context exists before the baseline
             self.gpu = GpuMonitor.open(torch.cuda.current_device())
         self.sampler = Sampler(
-            interval_s=plan.sample_interval_ms / 1000,
+            interval_s=plan.scenario.run.sample_interval_ms / 1000,
             files=files,
             gpu=self.gpu,
             t0=self.t0,
-            residency_every=plan.residency_every,
+            residency_every=plan.scenario.run.residency_every,
         )
         self.sampler.start()
         self.sampler.rebase_gpu()
@@ -239,7 +239,7 @@ class Measurement:
         """Build the planned engines in order, releasing each weight after its last engine."""
         assert self.sampler is not None and self.builder is not None
         plan, engines, builder = self.plan, self.plan.engines, self.builder
-        plan_release = self._release_plan(model) if plan.release else None
+        plan_release = self._release_plan(model) if plan.scenario.build.release else None
         hooks = self.spec.hooks(model, Path(plan.checkpoint.path)) if self.spec.hooks else None
         named = self._engine_tensors(model)
         self.sampler.mark(phase="build")
@@ -289,7 +289,7 @@ class Measurement:
         if not self.peak.supported:
             self._set(peak_source="samples only: the kernel refused to reset VmHWM (/proc/self/clear_refs)")
         self._set(release_note=builder.release_note(unreleased_total)
-                  or self.spec.release_note(plan.release, unreleased_total))
+                  or self.spec.release_note(plan.scenario.build.release, unreleased_total))
         self._phase("build_end_s", self.events.add("build_end"))
         self.sampler.mark(phase="done", engine=None)
 
@@ -327,7 +327,7 @@ class Measurement:
         plan, names = self.plan, [[n for n in e.names if n in held] for e in self.plan.engines]
         planner = self.spec.prefetch_plan
         method = plan.prefetch if self.spec.prefetches else None
-        drop = plan.drop_cache and self.spec.drops_cache
+        drop = plan.scenario.run.drop_cache and self.spec.drops_cache
         if planner is not None and (method is not None or drop):
             self._set(prefetch=method, drop_cache=drop)
             return planner(model, names, method, drop)  # type: ignore[arg-type]

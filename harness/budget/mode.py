@@ -154,7 +154,7 @@ class _Strategy:
         files = [Path(f) for f in plan.checkpoint_files]
         files += [f for f in STRATEGIES[strategy].files_read(Path(plan.checkpoint.path)) if f not in files]
         self.cold_files = files
-        self.timeout_s = plan.timeout_s
+        self.timeout_s = plan.scenario.run.timeout_s
         self.runs: list[tuple[Attempt, StrategyRecord | None, int | None, int]] = []
 
     def attempt(self, limit: int, phase: str = "") -> Attempt:
@@ -327,18 +327,18 @@ def _sweep_all(scenario: Scenario, name: str, results: Path, precision_bytes: in
     plan_path = write_plan(staging / PLAN, plan)
     unconstrained = plan.memory_limit_bytes or psutil.virtual_memory().total
     precision = precision_bytes or default_precision(plan.model.bytes)
-    progress(f"{controller.describe()}; {len(plan.strategies)} strategies, precision {_size(precision)}, "
+    progress(f"{controller.describe()}; {len(plan.scenario.strategies)} strategies, precision {_size(precision)}, "
              f"unconstrained limit {_size(unconstrained)}; results go to {results / name}")
     record = BudgetRecord(
-        name=name, scenario=plan.scenario, description=plan.description,
+        name=name, scenario=scenario.name, description=scenario.description,
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), commit=machine.commit(),
         machine=MachineInfo(**machine.machine()), versions=machine.versions(), model_name=plan.model.name,
         model_bytes=plan.model.bytes, checkpoint=plan.checkpoint.path, engines=len(plan.engines),
-        largest_engine_bytes=plan.largest_engine_bytes, backend=plan.backend, device=plan.device,
+        largest_engine_bytes=plan.largest_engine_bytes, backend=plan.scenario.build.backend, device=plan.device,
         controller=controller.describe(), precision_bytes=precision, unconstrained_limit_bytes=unconstrained,
         timeout_factor=timeout_factor, min_timeout_s=min_timeout_s, sweep_wall_s=0.0)
     started = time.monotonic()
-    for strategy in plan.strategies:
+    for strategy in plan.scenario.strategies:
         runner = _Strategy(plan, plan_path, strategy, staging, controller, command or worker_command, progress)
         swept = _sweep_strategy(runner, plan, unconstrained, precision, timeout_factor, min_timeout_s)
         record = record.with_strategy(strategy, swept, time.monotonic() - started)

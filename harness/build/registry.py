@@ -85,19 +85,20 @@ def _inductor_missing() -> str | None:
 
 
 def _make_inductor(plan: Plan, workdir: Path) -> EngineBuilder:
-    from harness.build.compile.backend import CompilerBackend, ModelSource, PartitionRule
+    from harness.build.compile.backend import CompilerBackend, ModelSource
     from harness.build.compile.compiler import WEIGHTS
     from harness.build.compile.inductor import InductorCompiler, load_compiler_modules
+    from harness.build.compile.planning import rule_for
 
-    weights = plan.weights or "mapped"
+    build = plan.scenario.build
+    weights = build.weights
     if weights not in WEIGHTS:
         raise BackendUnavailable(f"backend 'inductor': weights must be 'mapped' or 'packaged', not {weights!r}")
     load_compiler_modules()
-    count = plan.engine_count
-    rule = PartitionRule(count=count, cap_bytes=None if count is not None else plan.engine_cap_bytes)
+    rule = rule_for(build.engines, plan.engine_cap_bytes)
     compiler = InductorCompiler(weights=weights, device=plan.device)  # type: ignore[arg-type]
-    source = ModelSource(config=plan.model_config, checkpoint=Path(plan.checkpoint.path),
-                         files=tuple(Path(f) for f in plan.checkpoint_files), tokens=plan.tokens or 16,
+    source = ModelSource(config=plan.scenario.model, checkpoint=Path(plan.checkpoint.path),
+                         files=tuple(Path(f) for f in plan.checkpoint_files), tokens=build.tokens,
                          seed=plan.checkpoint.seed, memory_limit_bytes=plan.memory_limit_bytes)
     return CompilerBackend(compiler, workdir, rule, source)
 
@@ -142,10 +143,11 @@ def check_backend(name: str) -> None:
 
 def make_builder(plan: Plan, workdir: Path) -> EngineBuilder:
     """The builder of ``plan``'s backend on its (resolved) device, engines under ``workdir``; checked first."""
-    check_backend(plan.backend)
-    make = _entry(plan.backend).make
+    backend = plan.scenario.build.backend
+    check_backend(backend)
+    make = _entry(backend).make
     if make is None:
-        raise BackendUnavailable(f"backend {plan.backend!r} has no engine builder in this version of the harness")
+        raise BackendUnavailable(f"backend {backend!r} has no engine builder in this version of the harness")
     return make(plan, workdir)
 
 

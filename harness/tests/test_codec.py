@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -27,7 +28,8 @@ from harness.results.record import (
     RunRecord,
     StrategyRecord,
 )
-from harness.scenario import ModelConfig
+from harness.scenario import BuildConfig, CheckpointConfig, ModelConfig, RunConfig, Scenario
+from harness.scenario import Reference as ScenarioReference
 
 
 def _positive(value: int) -> str | None:
@@ -161,12 +163,14 @@ BUDGET = BudgetRecord("sweep", "s", "", "2024-01-01", "abc", MACHINE, {"torch": 
                       "cpu", "v2", 1 << 20, 1 << 32, 3.0, 60.0, 10.0,
                       {"map": StrategyBudget("ok", None, "map", "", 10, 5, 1, 2, 60.0, 1 << 20, None, True, (1, 2),
                                              (ATTEMPT,))})
-PLAN = Plan(scenario="s", name="smoke", description="", scenario_config={"name": "smoke"}, strategies=("map",),
-            model_config=ModelConfig("spec", spec=Path("/specs/pi05.json"), trim=("a",)), model=MODEL,
-            checkpoint=CHECKPOINT, checkpoint_files=("/c",), backend="copy", device="cpu", cache="cold", release=True,
-            sample_interval_ms=10.0, residency_every=1, memory_limit_bytes=None, timeout_s=60.0, engine_cap_bytes=10,
-            engines=(EnginePlan(0, ("a",), ("a.weight",), 10),), references=(REFERENCE,), workdir="/w",
-            prefetch="madvise", repeats=2)
+PLAN = Plan(scenario=Scenario(name="smoke", path=Path("/scenarios/smoke.toml"), strategies=("map",),
+                              model=ModelConfig("spec", spec=Path("/specs/pi05.json"), trim=("a",)),
+                              checkpoint=CheckpointConfig(Path("/c"), seed=3),
+                              build=BuildConfig(engine_cap_mib=1.5, backend="copy"),
+                              run=RunConfig(prefetch="off", repeats=2, memory_limit_gib=2.0),
+                              references=(ScenarioReference("A40", host_peak_gib=1.0),)),
+            name="smoke", model=MODEL, checkpoint=CHECKPOINT, checkpoint_files=("/c",), device="cpu",
+            engine_cap_bytes=10, engines=(EnginePlan(0, ("a",), ("a.weight",), 10),), workdir="/w")
 
 
 @pytest.mark.parametrize("record", [ENGINE, EXPORT, CACHE, REPEAT, STRATEGY, Phases(1.0), MACHINE, MODEL, CHECKPOINT,
@@ -182,6 +186,16 @@ def test_every_record_type_reads_back_as_written(record: Any) -> None:
 def test_the_top_level_files_read_back_as_written() -> None:
     assert RunRecord.from_json(json.loads(json.dumps(RUN.to_json())), "summary.json") == RUN
     assert Plan.from_json(json.loads(json.dumps(PLAN.to_json())), "plan.json") == PLAN
+
+
+def test_the_plan_carries_the_scenario_and_derives_its_settings_from_it() -> None:
+    assert PLAN.compiler is False and PLAN.prefetch is None  # "off": no prefetch method
+    assert PLAN.memory_limit_bytes == 2 * 2**30
+    assert PLAN.scenario.build.engine_cap_bytes == int(1.5 * 2**20)
+    on = dataclasses.replace(PLAN, scenario=dataclasses.replace(PLAN.scenario, run=RunConfig()))
+    assert on.prefetch == RunConfig().prefetch and on.memory_limit_bytes is None
+    with pytest.raises(RecordError, match=r"^plan.json: not a plan of version"):
+        Plan.from_json({**PLAN.to_json(), "plan": 1}, "plan.json")
 
 
 def test_rules_of_one_field_are_applied_where_the_field_is() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ from harness.build.compile.compare import MismatchError
 from harness.build.compile.entry import export_entry
 from harness.build.registry import BackendUnavailable, make_builder
 from harness.models import SyntheticTransformer, fill_non_persistent
-from harness.plan import make_plan, read_plan, write_plan
+from harness.plan import Plan, make_plan, read_plan, write_plan
 from harness.report import render_all, render_staged
 from harness.results.record import SUMMARY, EngineRecord, ExportRecord, RunRecord, StrategyRecord
 from harness.run import run_scenario
@@ -105,11 +106,16 @@ def test_each_backend_makes_its_own_builder(tmp_path: Path) -> None:
 
     plan = make_plan(load_scenario(_scenario(tmp_path)), name="tiny-compile", workdir=tmp_path / "engines")
     compiler = make_builder(plan, tmp_path / "inductor")
+
     assert isinstance(compiler, CompilerBackend) and (compiler.compiler, compiler.weights) == ("inductor", "mapped")
-    copy = make_builder(dataclasses.replace(plan, backend="copy"), tmp_path / "copy")
+    def built_with(**build: Any) -> Plan:
+        return dataclasses.replace(plan, scenario=dataclasses.replace(
+            plan.scenario, build=dataclasses.replace(plan.scenario.build, **build)))
+
+    copy = make_builder(built_with(backend="copy"), tmp_path / "copy")
     assert isinstance(copy, CopyToFiles) and copy.compiler is None  # a copy builder is no compiler
     with pytest.raises(BackendUnavailable, match="weights must be 'mapped' or 'packaged'"):
-        make_builder(dataclasses.replace(plan, weights="copied"), tmp_path / "inductor")
+        make_builder(built_with(weights="copied"), tmp_path / "inductor")
     compiler.close()
     copy.close()
 
@@ -117,7 +123,7 @@ def test_each_backend_makes_its_own_builder(tmp_path: Path) -> None:
 def test_compiler_engines_are_the_exported_graphs_partitions(tmp_path: Path) -> None:
     scenario = load_scenario(_scenario(tmp_path, engines=2))
     plan = make_plan(scenario, name="tiny-compile", workdir=tmp_path / "engines")
-    assert plan.partitioner == "graph" and plan.weights == "mapped" and plan.engine_count == 2
+    assert plan.compiler and plan.scenario.build.weights == "mapped" and plan.scenario.build.engines == 2
     names = [n for e in plan.engines for n in e.names]
     # every weight the forward reads is in an engine; export names the tied embedding and head once
     assert "lm_head.weight" in names and "layers.1.down_proj.weight" in names and "inv_freq" in names
@@ -197,7 +203,7 @@ def test_a_built_model_that_differs_from_eager_fails_the_strategy(tmp_path: Path
     run = Measurement(plan, "map", tmp_path / "out", 0.0)
     run.builder = make_builder(plan, tmp_path / "engines")
     eager = SyntheticTransformer(layers=2, width=256, heads=4, vocab=4096, device="cpu")
-    reference = export_entry(plan.model_config, eager, tokens=8, seed=0)
+    reference = export_entry(plan.scenario.model, eager, tokens=8, seed=0)
     map_weights(eager, plan.checkpoint.path, strict=True, allow_meta_buffers=True).close()
     fill_non_persistent(eager)
     with torch.no_grad():

@@ -92,10 +92,10 @@ def test_prefetch_is_on_for_map_by_default_and_can_be_turned_off(tmp_path: Path)
 
 def test_the_plan_carries_prefetch_and_repeats(tmp_path: Path) -> None:
     plan = make_plan(_scenario(tmp_path, prefetch="off", repeats=3), name="p", workdir=tmp_path)
-    assert (plan.prefetch, plan.repeats) == (None, 3)
+    assert (plan.prefetch, plan.scenario.run.repeats) == (None, 3)
     plan = make_plan(_scenario(tmp_path), name="p", workdir=tmp_path)
-    assert (plan.prefetch, plan.repeats, plan.drop_cache) == ("madvise", 1, False)
-    assert json.loads(json.dumps(plan.to_json()))["prefetch"] == "madvise"
+    assert (plan.prefetch, plan.scenario.run.repeats, plan.scenario.run.drop_cache) == ("madvise", 1, False)
+    assert json.loads(json.dumps(plan.to_json()))["scenario"]["run"]["prefetch"] == "madvise"
 
 
 # --------------------------------------------------------------------------- the repeated run
@@ -248,7 +248,7 @@ def test_warmup_rounds_run_first_and_leave_nothing(tmp_path: Path) -> None:
     with pytest.raises(ScenarioError, match=r"run\.warmup: expected an integer >= 0"):
         load_scenario(_toml(tmp_path, "warmup = -1"))
     scenario = _scenario(tmp_path, warmup=1)
-    assert make_plan(scenario, name="p", workdir=tmp_path).warmup == 1
+    assert make_plan(scenario, name="p", workdir=tmp_path).scenario.run.warmup == 1
     seen: list[str] = []
 
     def counting(plan_path: Path, strategy: str, out: Path) -> list[str]:

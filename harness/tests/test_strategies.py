@@ -145,7 +145,7 @@ def test_stream_puts_each_engines_weights_in_place_and_takes_them_out(tmp_path: 
     from harness.models import build_model
 
     plan = _plan(tmp_path, "stream")
-    model = build_model(plan.model_config).module
+    model = build_model(plan.scenario.model).module
     hooks = STRATEGIES["stream"].hooks(model, tmp_path / "c.safetensors")  # type: ignore[misc]
     stored = load_file(str(tmp_path / "c.safetensors"))
     released = 0

@@ -45,7 +45,7 @@ def rule_for(engines: int | None, cap_bytes: int | None) -> PartitionRule:
 def plan_graph_engines(scenario: Scenario, checkpoint: Path) -> tuple[list[GraphEngine], int]:
     """The graph partitions of the scenario's exported model, and the per-engine cap they were cut at."""
     build = scenario.build
-    cap = int(build.engine_cap_mib * 2**20) if build.engine_cap_mib is not None else None
+    cap = build.engine_cap_bytes
     rule = rule_for(build.engines, cap)
     model = build_model(scenario.model).module
     map_weights(model, checkpoint, strict=True, allow_meta_buffers=True).close()
