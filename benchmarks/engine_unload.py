@@ -29,7 +29,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from harness.build.compile.inductor import WEIGHTS, InductorCompiler
+from harness.engines.compile.inductor import WEIGHTS, InductorCompiler
 
 MIB = 2**20
 

@@ -13,11 +13,13 @@ The folders, from the bottom up (each imports only what is below it or beside it
     The models, built on meta, and their generated checkpoints.
 ``load``
     The strategy registry (``load.strategies``) and the peers' loaders (``load.peers``).
-``build``
-    The partition into engines, the copy backends, the AOTInductor compiler (``build.compile``).
+``engines``
+    How engines are built: the partition, the builder interface and its registry, the copy
+    builders, the AOTInductor compiler (``engines.compile``).
 ``results``
-    The results layout (``record``), derived figures (``metrics``), reading a results directory
-    back (``reading``), writing files (``atomic``), staging and publishing a run (``publish``).
+    The results layout (``record``, read and written by ``codec``), derived figures (``metrics``),
+    reading a results directory back (``reading``), writing files (``atomic``), staging and
+    publishing a run (``publish``).
 ``report``
     The markdown report and the figures, from ``results.reading``; no torch.
 ``budget``

@@ -4,7 +4,7 @@
 ``cpu``; ``cuda`` without one is an error before anything is written), builds the model
 on the meta device, splits it into engines (each engine a list of tensor names, in
 build order: module order for the ``copy`` backend, the exported program's graph
-partitions for a compiler backend, :mod:`harness.build.compile.planning`), and makes sure
+partitions for a compiler backend, :mod:`harness.engines.compile.planning`), and makes sure
 the checkpoint exists (generating it only where the scenario allows). The
 :class:`Plan` it returns is written to ``plan.json`` and handed to each worker
 (:mod:`harness.worker`), which rebuilds the model on meta from the plan's model
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.build.partition import Engine, model_bytes, partition, split_into
-from harness.build.registry import BackendUnavailable, check_backend, resolve_device
+from harness.engines.partition import Engine, model_bytes, partition, split_into
+from harness.engines.registry import BackendUnavailable, check_backend, resolve_device
 from harness.errors import PlanError
 from harness.models import build_model
 from harness.models.checkpoints import CheckpointError, checkpoint_specs, describe_specs, ensure_checkpoint
@@ -136,9 +136,9 @@ def _engines(scenario: Scenario, module: Any) -> tuple[list[Engine], int]:
 
 
 def _graph_engines(scenario: Scenario, checkpoint: Path) -> tuple[list[EnginePlan], int]:
-    from harness.build.compile.entry import EntryError
-    from harness.build.compile.graph_partition import PartitionError
-    from harness.build.compile.planning import plan_graph_engines
+    from harness.engines.compile.entry import EntryError
+    from harness.engines.compile.graph_partition import PartitionError
+    from harness.engines.compile.planning import plan_graph_engines
 
     try:
         planned, cap = plan_graph_engines(scenario, checkpoint)

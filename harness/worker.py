@@ -37,8 +37,8 @@ from typing import Any
 import psutil
 import torch
 
-from harness.build.builder import EngineBuilder
-from harness.build.registry import make_builder
+from harness.engines.builder import EngineBuilder
+from harness.engines.registry import make_builder
 from harness.errors import HarnessError
 from harness.load.strategies import STRATEGIES, Strategy, release_without_resizing
 from harness.measure.coldcache import prepare_cold, prepare_warm
@@ -117,7 +117,7 @@ class Measurement:
     """The measured run of one strategy of a plan; every step records into ``record`` and ``events``.
 
     ``record`` is the :class:`StrategyRecord` being filled: each step replaces what it measured.
-    ``builder`` is the plan's engine builder (:func:`harness.build.registry.make_builder`), made
+    ``builder`` is the plan's engine builder (:func:`harness.engines.registry.make_builder`), made
     before the baseline; every step of the builder is taken for every backend.
     """
 
@@ -142,7 +142,7 @@ class Measurement:
     @contextmanager
     def phase(self, name: str, doing: str) -> Iterator[dict[str, int | None]]:
         """A measured phase: ``<name>_start`` and ``<name>_end`` events and phase boundaries, the sampler's mark,
-        ``doing`` shown while it runs (see :class:`harness.build.builder.Phases`)."""
+        ``doing`` shown while it runs (see :class:`harness.engines.builder.Phases`)."""
         assert self.sampler is not None
         self.sampler.mark(phase=name)
         self._phase(f"{name}_start_s", self.events.add(f"{name}_start"))

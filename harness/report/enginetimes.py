@@ -4,7 +4,7 @@ One group of bars per engine, one bar per strategy: the lower, hatched part is t
 the build spent bringing the engine's weights into memory (one read of every page:
 page faults, and disk reads for what was not in the page cache), the upper, solid part
 the time it spent copying the resident weights to the engine and flushing it (see
-:mod:`harness.build.backends`), and an outlined cap the rest of the engine's span: releasing its
+:mod:`harness.engines.backends`), and an outlined cap the rest of the engine's span: releasing its
 weights (and, with prefetch, asking for the next engine's pages) and the harness's own
 bookkeeping. Where the run measured the disk, a black tick over each group
 marks the engine's weights ÷ the disk's median cold read rate: the time reading them

@@ -12,11 +12,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from harness.build.backends import ALIGN, CopyToDevice, CopyToFiles
-from harness.build.builder import BuiltEngine, EngineBuilder, Phases
-from harness.build.compile.compare import Comparison
-from harness.build.partition import split_into
-from harness.build.registry import BACKENDS, Backend, BackendUnavailable, check_backend, make_builder
+from harness.engines.backends import ALIGN, CopyToDevice, CopyToFiles
+from harness.engines.builder import BuildTarget, BuiltEngine, EngineBuilder, Phases
+from harness.engines.compile.compare import Comparison
+from harness.engines.partition import split_into
+from harness.engines.registry import BACKENDS, Backend, BackendUnavailable, check_backend, make_builder
 from harness.load.strategies import load_map
 from harness.models import SyntheticTransformer, fill_non_persistent
 from harness.plan import Plan, make_plan
@@ -184,7 +184,7 @@ BUILT: list[_Traced] = []
 
 @pytest.fixture
 def traced(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    def make(plan: Plan, workdir: Path) -> EngineBuilder:
+    def make(plan: BuildTarget, workdir: Path) -> EngineBuilder:
         return _Traced(workdir)
 
     monkeypatch.setitem(BACKENDS, "copy", Backend("copy", lambda: None, make))

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import torch
 
-from harness.build.compile.compare import MismatchError
-from harness.build.compile.entry import export_entry
-from harness.build.registry import BackendUnavailable, make_builder
+from harness.engines.compile.compare import MismatchError
+from harness.engines.compile.entry import export_entry
+from harness.engines.registry import BackendUnavailable, make_builder
 from harness.models import SyntheticTransformer, fill_non_persistent
 from harness.plan import Plan, make_plan, read_plan, write_plan
 from harness.report import render_all, render_staged
@@ -101,8 +101,8 @@ def test_a_spec_model_cannot_be_compiled(tmp_path: Path) -> None:
 
 
 def test_each_backend_makes_its_own_builder(tmp_path: Path) -> None:
-    from harness.build.backends import CopyToFiles
-    from harness.build.compile.backend import CompilerBackend
+    from harness.engines.backends import CopyToFiles
+    from harness.engines.compile.backend import CompilerBackend
 
     plan = make_plan(load_scenario(_scenario(tmp_path)), name="tiny-compile", workdir=tmp_path / "engines")
     compiler = make_builder(plan, tmp_path / "inductor")
@@ -231,9 +231,9 @@ class _WithConstant(torch.nn.Module):
 
 
 def test_engines_can_be_handed_the_programs_own_constants(tmp_path: Path) -> None:
-    from harness.build.compile.backend import CompilerBackend
-    from harness.build.compile.graph_partition import PartitionRule
-    from harness.build.compile.inductor import InductorCompiler
+    from harness.engines.compile.backend import CompilerBackend
+    from harness.engines.compile.graph_partition import PartitionRule
+    from harness.engines.compile.inductor import InductorCompiler
 
     model = _WithConstant()
     backend = CompilerBackend(InductorCompiler(weights="mapped"), tmp_path, PartitionRule(count=1))

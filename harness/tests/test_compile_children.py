@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from harness.build.compile.children import ChildPeak
+from harness.engines.compile.children import ChildPeak
 
 # A child that holds 64 MiB of its own (touched) memory for half a second.
 HOLD = "import time; b = bytearray(64 << 20); time.sleep(0.5)"

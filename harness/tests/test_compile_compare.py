@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from harness.build.compile.compare import REFERENCE_MULTIPLIER, compare_outputs, upcast_reference
+from harness.engines.compile.compare import REFERENCE_MULTIPLIER, compare_outputs, upcast_reference
 
 
 class Mixed(nn.Module):

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from harness.build.compile.export import export_mapped, shared_with_model
+from harness.engines.compile.export import export_mapped, shared_with_model
 from harness.models import SyntheticTransformer, fill_non_persistent
 from harness.models.checkpoints import ensure_checkpoint
 from weightmap import map_weights

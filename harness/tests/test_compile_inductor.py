@@ -17,17 +17,17 @@ from typing import Any
 import pytest
 import torch
 
-from harness.build.builder import BuiltEngine
-from harness.build.compile.backend import CompilerBackend
-from harness.build.compile.compare import compare_with_eager
-from harness.build.compile.compiler import EngineBuildError, EngineLoadError
-from harness.build.compile.graph_partition import (
+from harness.engines.builder import BuiltEngine
+from harness.engines.compile.backend import CompilerBackend
+from harness.engines.compile.compare import compare_with_eager
+from harness.engines.compile.compiler import EngineBuildError, EngineLoadError
+from harness.engines.compile.graph_partition import (
     GraphPartition,
     PartitionRule,
     program_weight_bytes,
     program_weights,
 )
-from harness.build.compile.inductor import (
+from harness.engines.compile.inductor import (
     InductorCompiler,
     LoadedEngine,
     _recorded,
@@ -37,8 +37,8 @@ from harness.build.compile.inductor import (
     inductor_cache,
     load_engine,
 )
-from harness.build.compile.layouts import EngineInputError, InputLayout, conform
-from harness.build.compile.pipeline import CompiledPipeline
+from harness.engines.compile.layouts import EngineInputError, InputLayout, conform
+from harness.engines.compile.pipeline import CompiledPipeline
 from harness.measure.procfs import PeakTracker
 from harness.models import SyntheticTransformer, fill_non_persistent
 from harness.models.checkpoints import ensure_checkpoint
@@ -313,7 +313,7 @@ def test_a_packaged_build_frees_the_copies_it_moved_and_the_engine_still_runs(
     # On a GPU the compiler builds from device copies of the weights; a packaged engine holds its
     # own, so the copies are freed once it is written, whoever inside torch still refers to them.
     # Here a "move" to the CPU that copies every weight stands in for the move to a GPU.
-    import harness.build.compile.inductor as inductor
+    import harness.engines.compile.inductor as inductor
 
     made: list[torch.Tensor] = []
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.export import ExportedProgram
 
-from harness.build.compile.graph_partition import (
+from harness.engines.compile.graph_partition import (
     GraphPartition,
     PartitionError,
     cap_for_program,

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.build.compile.inductor import EngineBuildError, InductorCompiler
-from harness.build.compile.toolchain import ToolchainError, check_toolchain, inductor_cxx, linked_libstdcxx
-from harness.build.registry import BackendUnavailable, check_backend
+from harness.engines.compile.inductor import EngineBuildError, InductorCompiler
+from harness.engines.compile.toolchain import ToolchainError, check_toolchain, inductor_cxx, linked_libstdcxx
+from harness.engines.registry import BackendUnavailable, check_backend
 
 
 def _fake_compiler(tmp_path: Path, prints: str) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.build.partition import model_bytes, partition, split_into, units
+from harness.engines.partition import model_bytes, partition, split_into, units
 from harness.models import SpecModel, SyntheticTransformer, load_spec
 
 SPEC = Path(__file__).resolve().parents[1] / "specs" / "pi05.json"

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import torch
 
-from harness.build.partition import split_into
+from harness.engines.partition import split_into
 from harness.models import SyntheticTransformer
 from harness.plan import make_plan, read_plan
 from harness.report import render_staged

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.build.backends import CopyToFiles, fault_in
+from harness.engines.backends import CopyToFiles, fault_in
 from harness.measure.procfs import read_status
 from harness.plan import make_plan
 from harness.report import render_staged

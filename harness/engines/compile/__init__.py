@@ -1,7 +1,7 @@
 """A real compiler in the loop: export a mapped model, cut it into engines, build each with AOTInductor.
 
 The steps, in the order a strategy runs them (the worker, through
-:class:`~harness.build.compile.backend.CompilerBackend`, the ``inductor`` backend's builder)::
+:class:`~harness.engines.compile.backend.CompilerBackend`, the ``inductor`` backend's builder)::
 
     model = build_on_meta(); map_weights(model, checkpoint); fill_non_persistent(model)
     exported = export_mapped(model, inputs, checkpoint=paths)      # phase "export": reads nothing
@@ -35,13 +35,13 @@ The steps, in the order a strategy runs them (the worker, through
   must link libstdc++ dynamically (engines with a static copy crash when loaded).
 
 In the harness (``[build] backend = "inductor"``) these steps are the ``inductor`` backend
-(:mod:`harness.build.registry`): :class:`~harness.build.compile.backend.CompilerBackend` runs them
-for the worker and measures each engine's build, :mod:`harness.build.compile.entry` says what is
+(:mod:`harness.engines.registry`): :class:`~harness.engines.compile.backend.CompilerBackend` runs them
+for the worker and measures each engine's build, :mod:`harness.engines.compile.entry` says what is
 exported (the model's forward, or lerobot's ``sample_actions``) and on which inputs, and
-:mod:`harness.build.compile.planning` plans the graph partitions once for every strategy.
+:mod:`harness.engines.compile.planning` plans the graph partitions once for every strategy.
 """
 
-from harness.build.compile.compare import (
+from harness.engines.compile.compare import (
     TOLERANCES,
     Comparison,
     MismatchError,
@@ -49,7 +49,7 @@ from harness.build.compile.compare import (
     compare_with_eager,
     upcast_reference,
 )
-from harness.build.compile.compiler import (
+from harness.engines.compile.compiler import (
     WEIGHTS,
     Artifact,
     EngineBuildError,
@@ -57,8 +57,8 @@ from harness.build.compile.compiler import (
     EngineLoadError,
     WeightsMode,
 )
-from harness.build.compile.export import ExportResult, export_mapped, shared_with_model
-from harness.build.compile.graph_partition import (
+from harness.engines.compile.export import ExportResult, export_mapped, shared_with_model
+from harness.engines.compile.graph_partition import (
     GraphPartition,
     PartitionError,
     PartitionRule,
@@ -68,7 +68,7 @@ from harness.build.compile.graph_partition import (
     program_weights,
     subprogram,
 )
-from harness.build.compile.inductor import (
+from harness.engines.compile.inductor import (
     InductorCompiler,
     LoadedEngine,
     check_device,
@@ -78,9 +78,9 @@ from harness.build.compile.inductor import (
     load_engine,
     to_device,
 )
-from harness.build.compile.layouts import EngineInputError, InputLayout, conform, input_layouts
-from harness.build.compile.pipeline import CompiledPipeline
-from harness.build.compile.toolchain import Toolchain, ToolchainError, check_toolchain
+from harness.engines.compile.layouts import EngineInputError, InputLayout, conform, input_layouts
+from harness.engines.compile.pipeline import CompiledPipeline
+from harness.engines.compile.toolchain import Toolchain, ToolchainError, check_toolchain
 
 __all__ = [
     "TOLERANCES",

@@ -1,6 +1,6 @@
 """The engine-builder interface: what every backend does for the worker, and what it measures.
 
-An :class:`EngineBuilder` is made per strategy (:func:`harness.build.registry.make_builder`) and
+An :class:`EngineBuilder` is made per strategy (:func:`harness.engines.registry.make_builder`) and
 driven by the worker through the same steps for every backend:
 
 1. :meth:`~EngineBuilder.export`: a phase of its own for a builder that builds from a traced
@@ -32,12 +32,34 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from harness.results.record import ExportRecord
+from harness.results.record import CheckpointInfo, ExportRecord
+from harness.scenario import Scenario
 
 if TYPE_CHECKING:
-    from harness.build.compile.compare import Comparison
+    from harness.engines.compile.compare import Comparison
 
-__all__ = ["BuiltEngine", "EngineBuilder", "Phases"]
+__all__ = ["BuildTarget", "BuiltEngine", "EngineBuilder", "Phases"]
+
+
+class BuildTarget(Protocol):
+    """What a builder is made for: a scenario resolved on this machine (:class:`harness.plan.Plan` is one).
+
+    ``device`` is the resolved one (``cuda`` or ``cpu``), ``engine_cap_bytes`` the per-engine
+    weight cap the engines were cut at, ``checkpoint_files`` every file of the checkpoint.
+    """
+
+    @property
+    def scenario(self) -> Scenario: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def engine_cap_bytes(self) -> int: ...
+    @property
+    def checkpoint(self) -> CheckpointInfo: ...
+    @property
+    def checkpoint_files(self) -> tuple[str, ...]: ...
+    @property
+    def memory_limit_bytes(self) -> int | None: ...
 
 
 @dataclass(frozen=True)

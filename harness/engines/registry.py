@@ -1,16 +1,16 @@
 """The backends, one registry entry each: how to tell whether it can run here, and how to make its builder.
 
 =============  =================================================================================
-``copy``       :mod:`harness.build.backends`: the partition's weights copied to GPU memory
+``copy``       :mod:`harness.engines.backends`: the partition's weights copied to GPU memory
                (``cuda``) or to one file per engine (``cpu``); runs everywhere
-``inductor``   :mod:`harness.build.compile`: the loaded model exported, its graph cut into
+``inductor``   :mod:`harness.engines.compile`: the loaded model exported, its graph cut into
                partitions and each built with AOTInductor; needs ``torch._inductor`` and a C++
                compiler that links engines which load
 ``tensorrt``   needs Torch-TensorRT; no builder in this version, so its check always refuses,
                before anything runs
 =============  =================================================================================
 
-A new backend is a module with its :class:`~harness.build.builder.EngineBuilder` and one
+A new backend is a module with its :class:`~harness.engines.builder.EngineBuilder` and one
 :class:`Backend` line in :data:`BACKENDS` (a TensorRT builder: its ``make``, and a ``why_not``
 that asks only whether ``torch_tensorrt`` imports). :func:`check_backend` runs the entry's check
 when the plan is made (fail fast); :func:`make_builder` runs it again in the strategy's process
@@ -22,15 +22,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
-from harness.build.builder import EngineBuilder
+from harness.engines.builder import BuildTarget, EngineBuilder
 from harness.errors import HarnessError
-
-if TYPE_CHECKING:
-    from harness.plan import Plan
 
 __all__ = ["BACKENDS", "Backend", "BackendUnavailable", "check_backend", "make_builder", "resolve_device"]
 
@@ -46,22 +42,22 @@ class Backend:
 
     name: str
     why_not: Callable[[], str | None]
-    make: Callable[[Plan, Path], EngineBuilder] | None
+    make: Callable[[BuildTarget, Path], EngineBuilder] | None
 
 
 def _copy_runs_everywhere() -> str | None:
     return None
 
 
-def _make_copy(plan: Plan, workdir: Path) -> EngineBuilder:
-    from harness.build.backends import CopyToDevice, CopyToFiles
+def _make_copy(plan: BuildTarget, workdir: Path) -> EngineBuilder:
+    from harness.engines.backends import CopyToDevice, CopyToFiles
 
     return CopyToDevice() if plan.device == "cuda" else CopyToFiles(workdir)
 
 
 def _inductor_why_not() -> str | None:
     """Why AOTInductor cannot build here: ``torch._inductor`` does not import, or its C++ compiler is missing
-    or links engines that crash when loaded (see :mod:`harness.build.compile.toolchain`)."""
+    or links engines that crash when loaded (see :mod:`harness.engines.compile.toolchain`)."""
     why = _inductor_missing()
     return None if why is None else f"backend 'inductor' needs AOTInductor: {why}"
 
@@ -70,7 +66,7 @@ def _inductor_missing() -> str | None:
     try:
         import torch._inductor  # noqa: F401
 
-        from harness.build.compile.toolchain import ToolchainError, check_toolchain, inductor_cxx
+        from harness.engines.compile.toolchain import ToolchainError, check_toolchain, inductor_cxx
     except Exception as exc:
         return f"torch._inductor is not importable ({type(exc).__name__}: {exc})"
     try:
@@ -84,11 +80,11 @@ def _inductor_missing() -> str | None:
     return None
 
 
-def _make_inductor(plan: Plan, workdir: Path) -> EngineBuilder:
-    from harness.build.compile.backend import CompilerBackend, ModelSource
-    from harness.build.compile.compiler import WEIGHTS
-    from harness.build.compile.inductor import InductorCompiler, load_compiler_modules
-    from harness.build.compile.planning import rule_for
+def _make_inductor(plan: BuildTarget, workdir: Path) -> EngineBuilder:
+    from harness.engines.compile.backend import CompilerBackend, ModelSource
+    from harness.engines.compile.compiler import WEIGHTS
+    from harness.engines.compile.inductor import InductorCompiler, load_compiler_modules
+    from harness.engines.compile.planning import rule_for
 
     build = plan.scenario.build
     weights = build.weights
@@ -141,7 +137,7 @@ def check_backend(name: str) -> None:
         raise BackendUnavailable(why)
 
 
-def make_builder(plan: Plan, workdir: Path) -> EngineBuilder:
+def make_builder(plan: BuildTarget, workdir: Path) -> EngineBuilder:
     """The builder of ``plan``'s backend on its (resolved) device, engines under ``workdir``; checked first."""
     backend = plan.scenario.build.backend
     check_backend(backend)

@@ -1,8 +1,8 @@
 """What every engine compiler is and makes: the :class:`EngineCompiler` protocol, its :class:`Artifact`, its
 weight settings and its errors.
 
-AOTInductor (:class:`harness.build.compile.inductor.InductorCompiler`) is one; a TensorRT builder
-would be another. :class:`harness.build.compile.backend.CompilerBackend` drives any of them.
+AOTInductor (:class:`harness.engines.compile.inductor.InductorCompiler`) is one; a TensorRT builder
+would be another. :class:`harness.engines.compile.backend.CompilerBackend` drives any of them.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The engines of a partitioned program run as one model.
 
 :class:`CompiledPipeline` is the built model: the loaded engines run in order, each on the
-activations the earlier ones produced. :mod:`harness.build.compile.compare` judges its outputs
-against eager's; :class:`~harness.build.compile.backend.CompilerBackend` builds the engines.
+activations the earlier ones produced. :mod:`harness.engines.compile.compare` judges its outputs
+against eager's; :class:`~harness.engines.compile.backend.CompilerBackend` builds the engines.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from torch.export.graph_signature import InputKind
 from torch.export.graph_signature import TensorArgument as _TensorArgument
 from torch.utils import _pytree as pytree
 
-from harness.build.compile.graph_partition import GraphPartition
+from harness.engines.compile.graph_partition import GraphPartition
 
 __all__ = ["CompiledPipeline"]
 

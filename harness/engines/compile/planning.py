@@ -1,9 +1,9 @@
 """The engines of a compiler backend, planned once: graph partitions of the exported model.
 
 For the ``copy`` backend the plan cuts the model in module order
-(:mod:`harness.build.partition`). A compiler backend builds from the exported program instead,
+(:mod:`harness.engines.partition`). A compiler backend builds from the exported program instead,
 so its engines are the program's graph partitions
-(:func:`~harness.build.compile.graph_partition.partition_program`): :func:`plan_graph_engines`
+(:func:`~harness.engines.compile.graph_partition.partition_program`): :func:`plan_graph_engines`
 maps the checkpoint into a fresh model on meta (nothing is read), exports the scenario's
 entry on its example inputs and partitions the program by the scenario's count or cap.
 Every strategy's worker exports and partitions its own loaded model again and checks that
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from harness.build.compile.entry import export_entry
-from harness.build.compile.graph_partition import GraphPartition, PartitionRule, cap_for_program
+from harness.engines.compile.entry import export_entry
+from harness.engines.compile.graph_partition import GraphPartition, PartitionRule, cap_for_program
 from harness.models import build_model, fill_non_persistent
 from harness.scenario import Scenario
 from weightmap import map_weights

@@ -18,7 +18,7 @@ name, dtype and shape of each weight it needs in its metadata, and :func:`load_e
 refuses to return a ``mapped`` engine unless every constant it asks for is given with the
 recorded dtype and shape, on its device; an artifact that carries no such record is refused
 too. The metadata also records the layout each input was compiled for, and a loaded engine
-lays its inputs out that way before it runs (see :mod:`harness.build.compile.layouts`: a GPU
+lays its inputs out that way before it runs (see :mod:`harness.engines.compile.layouts`: a GPU
 engine fed a broadcast view it was not built for reads neighbouring memory).
 
 Compiling on ``cuda`` moves the partition's weights to the GPU first (the engine's weights
@@ -39,9 +39,9 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from harness.build.compile.compiler import WEIGHTS, Artifact, EngineBuildError, EngineLoadError, WeightsMode
-from harness.build.compile.layouts import InputLayout, conform, input_layouts, layouts_from_json, layouts_to_json
-from harness.build.compile.toolchain import ToolchainError, check_toolchain
+from harness.engines.compile.compiler import WEIGHTS, Artifact, EngineBuildError, EngineLoadError, WeightsMode
+from harness.engines.compile.layouts import InputLayout, conform, input_layouts, layouts_from_json, layouts_to_json
+from harness.engines.compile.toolchain import ToolchainError, check_toolchain
 
 __all__ = [
     "InductorCompiler",
@@ -79,8 +79,8 @@ class InductorCompiler:
     ``"cpu"`` or ``"cuda[:N]"``. ``configs``: further ``torch._inductor.config`` settings, by
     their dotted names; the two this module sets itself (``aot_inductor.package_constants_in_so``
     and ``aot_inductor.metadata``) may not be given. It is the
-    :class:`~harness.build.compile.compiler.EngineCompiler` that
-    :class:`~harness.build.compile.backend.CompilerBackend` drives.
+    :class:`~harness.engines.compile.compiler.EngineCompiler` that
+    :class:`~harness.engines.compile.backend.CompilerBackend` drives.
     """
 
     weights: WeightsMode = "packaged"
@@ -100,7 +100,7 @@ class InductorCompiler:
         """Check the device and the C++ toolchain, and keep inductor's caches under ``cache_dir`` while the block runs.
 
         ``EngineBuildError`` where the device is missing or the compiler would link engines
-        that crash when loaded (see :mod:`harness.build.compile.toolchain`).
+        that crash when loaded (see :mod:`harness.engines.compile.toolchain`).
         """
         check_device(self.device)
         try:
@@ -273,7 +273,7 @@ class LoadedEngine:
     For a ``mapped`` engine ``constants`` holds the tensors it runs on: the engine keeps
     only their pointers, so they stay referenced here for as long as the engine lives.
     ``inputs``: the layout each input was compiled for; a call lays its inputs out so
-    (:func:`harness.build.compile.layouts.conform`) and raises ``EngineInputError`` for a wrong
+    (:func:`harness.engines.compile.layouts.conform`) and raises ``EngineInputError`` for a wrong
     dtype, shape or device.
     """
 

@@ -7,7 +7,7 @@ Each engine is its partition's tensors copied
   (:class:`CopyToFiles`), written, flushed and dropped from the page cache, so that it stands
   for memory that is not the host's and host figures mean the same on both.
 
-Both are :class:`~harness.build.builder.EngineBuilder` s and split an engine's build in two,
+Both are :class:`~harness.engines.builder.EngineBuilder` s and split an engine's build in two,
 timed apart (the ``pages_s`` and ``copy_s`` columns of its record): first every page of the
 partition's weights is read once (:func:`fault_in`: one byte per page, which faults in what is
 not resident and waits for the disk for what is not in the page cache), then the weights,
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from harness.build.builder import BuiltEngine, EngineBuilder
+from harness.engines.builder import BuiltEngine, EngineBuilder
 from weightmap.format import TensorSpec, write_checkpoint
 
 __all__ = ["ALIGN", "CopyToDevice", "CopyToFiles", "fault_in", "packed_layout"]

@@ -13,7 +13,7 @@ only ``libstdc++.a``.
 :func:`check_toolchain` asks the compiler where ``libstdc++.so`` is (``-print-file-name``)
 and raises :class:`ToolchainError`, naming the compiler and the fix, when it has none.
 The harness checks before any strategy runs (``check_backend``) and again when a compiler
-session opens (:meth:`~harness.build.compile.inductor.InductorCompiler.session`).
+session opens (:meth:`~harness.engines.compile.inductor.InductorCompiler.session`).
 """
 
 from __future__ import annotations

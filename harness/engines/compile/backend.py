@@ -1,15 +1,15 @@
 """A compiler as an engine builder: export the loaded model, cut its graph, build one engine per partition.
 
-:class:`CompilerBackend` is the :class:`~harness.build.builder.EngineBuilder` of any
-:class:`~harness.build.compile.compiler.EngineCompiler` (AOTInductor today,
-:class:`~harness.build.compile.inductor.InductorCompiler`; a TensorRT builder would be another),
+:class:`CompilerBackend` is the :class:`~harness.engines.builder.EngineBuilder` of any
+:class:`~harness.engines.compile.compiler.EngineCompiler` (AOTInductor today,
+:class:`~harness.engines.compile.inductor.InductorCompiler`; a TensorRT builder would be another),
 through the steps the worker measures:
 
 1. :meth:`~CompilerBackend.export`: ``torch.export.export`` of the model's entry
-   (:mod:`harness.build.compile.entry`) under ``torch.no_grad()`` (an inference graph, without
+   (:mod:`harness.engines.compile.entry`) under ``torch.no_grad()`` (an inference graph, without
    grad-mode regions a partitioner cannot cut), measured by
-   :func:`~harness.build.compile.export.export_mapped`, as a phase of its own;
-2. :meth:`~CompilerBackend.partition`: :func:`~harness.build.compile.graph_partition.partition_program`
+   :func:`~harness.engines.compile.export.export_mapped`, as a phase of its own;
+2. :meth:`~CompilerBackend.partition`: :func:`~harness.engines.compile.graph_partition.partition_program`
    with the scenario's count or cap (:meth:`~CompilerBackend.cut`), which must give the planned
    engines; their weight names are what the release plan releases;
 3. :meth:`~CompilerBackend.build_engine` per partition, in order: the partition made a
@@ -39,15 +39,15 @@ import psutil
 import torch
 from torch import nn
 
-from harness.build.builder import BuiltEngine, EngineBuilder, Phases
-from harness.build.compile.children import ChildPeak
-from harness.build.compile.compare import Comparison, compare_outputs, upcast_reference
-from harness.build.compile.compiler import Artifact, EngineCompiler
-from harness.build.compile.entry import Entry, export_entry
-from harness.build.compile.export import ExportResult, export_mapped
-from harness.build.compile.graph_partition import GraphPartition, PartitionRule, subprogram
-from harness.build.compile.pipeline import CompiledPipeline
-from harness.build.compile.planning import same_partitions
+from harness.engines.builder import BuiltEngine, EngineBuilder, Phases
+from harness.engines.compile.children import ChildPeak
+from harness.engines.compile.compare import Comparison, compare_outputs, upcast_reference
+from harness.engines.compile.compiler import Artifact, EngineCompiler
+from harness.engines.compile.entry import Entry, export_entry
+from harness.engines.compile.export import ExportResult, export_mapped
+from harness.engines.compile.graph_partition import GraphPartition, PartitionRule, subprogram
+from harness.engines.compile.pipeline import CompiledPipeline
+from harness.engines.compile.planning import same_partitions
 from harness.measure.procfs import mapping_rss, read_status
 from harness.models import build_model, fill_non_persistent
 from harness.results.record import ExportRecord
