@@ -76,19 +76,20 @@ for examples)::
 
 from __future__ import annotations
 
-import difflib
+import dataclasses
 import json
 import math
 import re
 import tomllib
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness.catalog import BACKENDS, COMPILER_BACKENDS, STRATEGY_LISTINGS
 from harness.errors import HarnessError
+from harness.results.codec import NAME, TABLE_STYLE, Limit, decode, decode_fields, describe_typed
 from weightmap import PREFETCH_METHODS
 from weightmap.filekinds import non_regular_kind
 
@@ -150,43 +151,6 @@ MAX_SPEC_NESTING = 16
 """How deep a weight-spec JSON may nest arrays and objects (the format needs 4)."""
 
 
-def _show_number(value: float) -> str:
-    return str(value) if isinstance(value, int) else f"{value:.12g}"
-
-
-@dataclass(frozen=True)
-class Limit:
-    """The range a numeric setting must lie in: ``low`` to ``high``, both included unless
-    ``low_open`` (then ``> low``); ``integer`` settings take integers only (never a bool),
-    others any finite number. ``unit`` and ``note`` go into the message."""
-
-    low: float
-    high: float
-    integer: bool = False
-    low_open: bool = False
-    unit: str = ""
-    note: str = ""
-
-    def expected(self) -> str:
-        """``expected an integer >= 1 and <= 1024`` / ``expected a number > 0 and <= 604800 (s, a week)``."""
-        kind = "an integer" if self.integer else "a number"
-        span = f"{'>' if self.low_open else '>='} {_show_number(self.low)} and <= {_show_number(self.high)}"
-        extra = ", ".join(part for part in (self.unit, self.note) if part)
-        return f"expected {kind} {span}" + (f" ({extra})" if extra else "")
-
-    def accepts(self, value: Any) -> bool:
-        """Whether ``value`` is of the right kind and in range; compared exactly, so an integer too
-        large for a float is refused rather than overflowing."""
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            return False
-        if self.integer and not isinstance(value, int):
-            return False
-        if isinstance(value, float) and not math.isfinite(value):
-            return False
-        above = value > self.low if self.low_open else value >= self.low
-        return above and value <= self.high
-
-
 def _int(low: int, high: int) -> Limit:
     return Limit(low, high, integer=True)
 
@@ -213,7 +177,6 @@ LIMITS: dict[str, Limit] = {
 }
 """Every numeric setting's range, by dotted key (``reference.*`` for each ``[[reference]]``)."""
 
-_NAME = re.compile(r"[a-z0-9_-]+")
 _SYNTHETIC_KEYS = frozenset({"layers", "width", "heads", "vocab", "ffn_mult", "dtype"})
 _SPEC_KEYS = frozenset({"spec", "trim"})
 _MODEL_KEYS = {
@@ -230,6 +193,47 @@ class ScenarioError(HarnessError, ValueError):
     """
 
 
+_STYLE = dataclasses.replace(TABLE_STYLE, error=ScenarioError)
+"""How :func:`harness.results.codec.decode` reports a scenario table's errors."""
+
+
+def _one_of(choices: tuple[str, ...]) -> dict[str, Callable[[Any], str | None]]:
+    """A field's metadata: its value must be one of ``choices``."""
+    def check(value: Any) -> str | None:
+        return None if value in choices else f"expected one of {', '.join(map(repr, choices))}, got {value!r}"
+    return {"check": check}
+
+
+def _limit(key: str) -> dict[str, Limit]:
+    """A field's metadata: its number must lie in ``LIMITS[key]``."""
+    return {"limit": LIMITS[key]}
+
+
+def _repeats(values: tuple[str, ...]) -> str | None:
+    """What a list lists twice, or None."""
+    seen: set[str] = set()
+    for item in values:
+        if item in seen:
+            return f"{item!r} is listed twice"
+        seen.add(item)
+    return None
+
+
+def _strategies_problem(strategies: tuple[str, ...]) -> str | None:
+    if problem := _repeats(strategies):
+        return problem
+    if not strategies:
+        return "expected at least one strategy"
+    unknown = next((s for s in strategies if s not in STRATEGY_LISTINGS), None)
+    if unknown is not None:
+        return f"unknown strategy {unknown!r} (known: {', '.join(STRATEGY_LISTINGS)})"
+    return None
+
+
+def _name_problem(name: str) -> str | None:
+    return None if NAME.fullmatch(name) else f"expected [a-z0-9_-]+, got {name!r}"
+
+
 # --------------------------------------------------------------------------- dataclasses
 
 
@@ -243,16 +247,16 @@ class ModelConfig:
     ``spec`` is an absolute path after :func:`load_scenario`.
     """
 
-    source: str = "synthetic"
-    layers: int | None = None
-    width: int | None = None
-    heads: int = 8
-    vocab: int | None = None
-    ffn_mult: int = 4
-    dtype: str = "float32"
+    source: str = field(default="synthetic", metadata=_one_of(SOURCES))
+    layers: int | None = field(default=None, metadata=_limit("model.layers"))
+    width: int | None = field(default=None, metadata=_limit("model.width"))
+    heads: int = field(default=8, metadata=_limit("model.heads"))
+    vocab: int | None = field(default=None, metadata=_limit("model.vocab"))
+    ffn_mult: int = field(default=4, metadata=_limit("model.ffn_mult"))
+    dtype: str = field(default="float32", metadata=_one_of(MODEL_DTYPES))
     spec: Path | None = None
-    fallback: str | None = None
-    trim: tuple[str, ...] = ()
+    fallback: str | None = field(default=None, metadata=_one_of(FALLBACKS))
+    trim: tuple[str, ...] = field(default=(), metadata={"check": _repeats})
 
     @property
     def key(self) -> str:
@@ -280,7 +284,7 @@ class CheckpointConfig:
     the harness may write it (``generate``)."""
 
     path: Path
-    seed: int = 0
+    seed: int = field(default=0, metadata=_limit("checkpoint.seed"))
     generate: bool = False
 
 
@@ -291,13 +295,13 @@ class BuildConfig:
     ``weights`` and ``tokens`` apply to compiler backends (:data:`COMPILER_BACKENDS`) only.
     """
 
-    engines: int | None = None
-    engine_cap_mib: float | None = None
-    backend: str = "copy"
-    device: str = "auto"
+    engines: int | None = field(default=None, metadata=_limit("build.engines"))
+    engine_cap_mib: float | None = field(default=None, metadata=_limit("build.engine_cap_mib"))
+    backend: str = field(default="copy", metadata=_one_of(BACKENDS))
+    device: str = field(default="auto", metadata=_one_of(DEVICES))
     release: bool = True
-    weights: str = "mapped"
-    tokens: int = 16
+    weights: str = field(default="mapped", metadata=_one_of(ENGINE_WEIGHTS))
+    tokens: int = field(default=16, metadata=_limit("build.tokens"))
 
     @property
     def compiler(self) -> bool:
@@ -314,15 +318,15 @@ class BuildConfig:
 class RunConfig:
     """How a strategy run is sampled and bounded. ``memory_limit_gib=None``: no limit."""
 
-    cache: str = "cold"
-    sample_interval_ms: float = 10.0
-    residency_every: int = 1
-    memory_limit_gib: float | None = None
-    timeout_s: float = 1800.0
-    prefetch: str = DEFAULT_PREFETCH
+    cache: str = field(default="cold", metadata=_one_of(CACHES))
+    sample_interval_ms: float = field(default=10.0, metadata=_limit("run.sample_interval_ms"))
+    residency_every: int = field(default=1, metadata=_limit("run.residency_every"))
+    memory_limit_gib: float | None = field(default=None, metadata=_limit("run.memory_limit_gib"))
+    timeout_s: float = field(default=1800.0, metadata=_limit("run.timeout_s"))
+    prefetch: str = field(default=DEFAULT_PREFETCH, metadata=_one_of(PREFETCH))
     drop_cache: bool = False
-    repeats: int = 1
-    warmup: int = 0
+    repeats: int = field(default=1, metadata=_limit("run.repeats"))
+    warmup: int = field(default=0, metadata=_limit("run.warmup"))
 
 
 @dataclass(frozen=True)
@@ -330,9 +334,9 @@ class Reference:
     """Figures measured on another setup, shown beside ours and marked as such."""
 
     label: str
-    host_at_partitioning_gib: float | None = None
-    host_gpu_peak_gib: float | None = None
-    host_peak_gib: float | None = None
+    host_at_partitioning_gib: float | None = field(default=None, metadata=_limit("reference.host_at_partitioning_gib"))
+    host_gpu_peak_gib: float | None = field(default=None, metadata=_limit("reference.host_gpu_peak_gib"))
+    host_peak_gib: float | None = field(default=None, metadata=_limit("reference.host_peak_gib"))
     note: str = ""
 
 
@@ -343,10 +347,10 @@ class Scenario:
     ``path`` is the file it was read from, ``None`` for one built in code.
     """
 
-    name: str
+    name: str = field(metadata={"check": _name_problem})
     description: str = ""
     path: Path | None = None
-    strategies: tuple[str, ...] = tuple(STRATEGY_LISTINGS)
+    strategies: tuple[str, ...] = field(default=tuple(STRATEGY_LISTINGS), metadata={"check": _strategies_problem})
     model: ModelConfig
     checkpoint: CheckpointConfig
     build: BuildConfig
@@ -602,7 +606,7 @@ def validate_scenario(scenario: Scenario) -> None:
     for shown, key, value in checks:
         limit = LIMITS[key]
         if value is not None and not limit.accepts(value):
-            raise ScenarioError(f"{scenario.where(shown)}: {limit.expected()}, got {_describe(value)}")
+            raise ScenarioError(f"{scenario.where(shown)}: {limit.expected()}, got {describe_typed(value)}")
     if b.engine_cap_bytes is not None and b.engine_cap_bytes < 1:
         raise ScenarioError(f"{scenario.where('build.engine_cap_mib')}: {b.engine_cap_mib:g} MiB is less than one "
                             "byte")
@@ -624,117 +628,25 @@ def validate_scenario(scenario: Scenario) -> None:
         raise ScenarioError(f"{scenario.where('checkpoint.path')}: {problem}")
 
 
-# --------------------------------------------------------------------------- validation
+# --------------------------------------------------------------------------- reading
 
-_REQUIRED: Any = object()
-
-
-class _Table:
-    """One TOML table being validated: typed getters that raise :class:`ScenarioError`.
-
-    ``allowed`` keys are checked on construction, so a misspelt key is reported as
-    unknown before any other problem in the table. Numbers are checked against
-    :data:`LIMITS` under their dotted key (or ``limit``, for a key of an array of tables).
-    """
-
-    def __init__(self, data: Any, file: Path, prefix: str, allowed: frozenset[str]) -> None:
-        self.file = file
-        self.prefix = prefix
-        if not isinstance(data, dict):
-            raise self.error(None, f"expected a table, got {_describe(data)}")
-        self.data: dict[str, Any] = data
-        for key in data:
-            if key not in allowed:
-                raise self.error(key, f"unknown key{_suggest(key, allowed)}")
-
-    def where(self, key: str | None) -> str:
-        if key is None:
-            return self.prefix or "<top level>"
-        return f"{self.prefix}.{key}" if self.prefix else key
-
-    def error(self, key: str | None, problem: str) -> ScenarioError:
-        return ScenarioError(f"{self.file}: {self.where(key)}: {problem}")
-
-    def has(self, key: str) -> bool:
-        return key in self.data
-
-    def _get(self, key: str, default: Any) -> Any:
-        if key in self.data:
-            return self.data[key]
-        if default is _REQUIRED:
-            raise self.error(key, "required key is missing")
-        return default
-
-    def string(self, key: str, default: Any = _REQUIRED, choices: tuple[str, ...] | None = None) -> Any:
-        value = self._get(key, default)
-        if key not in self.data:
-            return value
-        if not isinstance(value, str):
-            raise self.error(key, f"expected a string, got {_describe(value)}")
-        if choices is not None and value not in choices:
-            raise self.error(key, f"expected one of {', '.join(map(repr, choices))}, got {value!r}")
-        return value
-
-    def _in_limits(self, key: str, limit: str | None) -> Any:
-        value = self.data[key]
-        rule = LIMITS[limit or self.where(key)]
-        if not rule.accepts(value):
-            raise self.error(key, f"{rule.expected()}, got {_describe(value)}")
-        return value
-
-    def integer(self, key: str, default: Any = _REQUIRED, *, limit: str | None = None) -> Any:
-        value = self._get(key, default)
-        return self._in_limits(key, limit) if key in self.data else value
-
-    def number(self, key: str, default: Any = _REQUIRED, *, limit: str | None = None) -> Any:
-        value = self._get(key, default)
-        return float(self._in_limits(key, limit)) if key in self.data else value
-
-    def boolean(self, key: str, default: Any = _REQUIRED) -> Any:
-        value = self._get(key, default)
-        if key in self.data and not isinstance(value, bool):
-            raise self.error(key, f"expected true or false, got {_describe(value)}")
-        return value
-
-    def strings(self, key: str, default: Any = _REQUIRED) -> Any:
-        value = self._get(key, default)
-        if key not in self.data:
-            return value
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise self.error(key, f"expected a list of strings, got {_describe(value)}")
-        seen: set[str] = set()
-        for item in value:
-            if item in seen:
-                raise self.error(key, f"{item!r} is listed twice")
-            seen.add(item)
-        return tuple(value)
-
-    def table(self, key: str, allowed: frozenset[str]) -> _Table:
-        return _Table(self.data.get(key, {}), self.file, self.where(key), allowed)
+_Fail = Callable[[str | None, str], ScenarioError]
+"""Makes the error ``<file>: <table>.<key>: <problem>`` (the table itself for key None)."""
 
 
-def _describe(value: Any) -> str:
-    """A short rendering of a value from the file and its type, for a message; never fails (a
-    huge integer is described by its size, a value that cannot be rendered by its type)."""
-    kind = type(value).__name__
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
-        return f"an integer of about {int((value.bit_length() - 1) * math.log10(2)) + 1} digits ({kind})"
-    try:
-        text = json.dumps(value, default=str)
-    except (ValueError, RecursionError):
-        return f"a {kind} that cannot be shown ({kind})"
-    if len(text) > 60:
-        text = text[:57] + "..."
-    return f"{text} ({kind})"
+def _failer(file: Path, table: str) -> _Fail:
+    def fail(key: str | None, problem: str) -> ScenarioError:
+        where = (f"{table}.{key}" if table else key) if key is not None else (table or "<top level>")
+        return ScenarioError(f"{file}: {where}: {problem}")
+    return fail
 
 
-def _suggest(key: str, allowed: frozenset[str]) -> str:
-    close = difflib.get_close_matches(key, sorted(allowed), n=1)
-    known = ", ".join(sorted(allowed))
-    return f" (did you mean {close[0]!r}?; known: {known})" if close else f" (known: {known})"
+def _table(cls: type[Any], data: Any, file: Path, where: str, required: Collection[str] = ()) -> Any:
+    """The ``cls`` settings in the table ``data`` at ``where``: strict, a key left out reads as its default."""
+    return decode(cls, data, source=str(file), where=where, style=_STYLE, optional=True, required=required)
 
 
-def _resolve_spec(raw: str, scenario_dir: Path, model: _Table) -> Path | None:
+def _resolve_spec(raw: str, scenario_dir: Path, fail: _Fail) -> Path | None:
     """The spec file, looked for beside the scenario first, then under the root; a path there that
     is not a regular file (a FIFO, say) is refused rather than opened."""
     given = Path(raw).expanduser()
@@ -742,134 +654,111 @@ def _resolve_spec(raw: str, scenario_dir: Path, model: _Table) -> Path | None:
         candidate = given if given.is_absolute() else base / given
         kind = _not_regular(candidate)
         if kind is not None and kind != "a directory":
-            raise model.error("spec", f"{candidate} is {kind}, not a regular file")
+            raise fail("spec", f"{candidate} is {kind}, not a regular file")
         if candidate.is_file():
             return candidate.resolve()
     return None
 
 
-def _read_spec_data(path: Path, model: _Table) -> dict[str, Any]:
+def _read_spec_data(path: Path, fail: _Fail) -> dict[str, Any]:
     """A weight-spec JSON with a list of named tensors; raises naming ``model.spec`` when it is not one."""
     try:
         data = _read_spec(path)
     except UnicodeDecodeError as exc:
-        raise model.error("spec", f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+        raise fail("spec", f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
     except json.JSONDecodeError as exc:
-        raise model.error("spec", f"{path} is not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from exc
+        raise fail("spec", f"{path} is not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from exc
     except NestingError as exc:
-        raise model.error("spec", f"{path} is not a weight spec: {exc} (a weight spec needs 4)") from exc
+        raise fail("spec", f"{path} is not a weight spec: {exc} (a weight spec needs 4)") from exc
     except OSError as exc:
-        raise model.error("spec", f"cannot read {path} ({exc.strerror or exc})") from exc
+        raise fail("spec", f"cannot read {path} ({exc.strerror or exc})") from exc
     tensors = data.get("tensors") if isinstance(data, dict) else None
     if not isinstance(tensors, list) or not all(isinstance(t, dict) and isinstance(t.get("name"), str)
                                                 for t in tensors):
-        raise model.error("spec", f"{path} is not a weight spec: expected an object whose \"tensors\" "
-                                  "is a list of objects with a \"name\"")
+        raise fail("spec", f"{path} is not a weight spec: expected an object whose \"tensors\" "
+                           "is a list of objects with a \"name\"")
     assert isinstance(data, dict)
     return data
 
 
-def _load_model(top: _Table, scenario_dir: Path) -> ModelConfig:
-    raw = top.data.get("model", {})
-    everything = frozenset().union(*_MODEL_KEYS.values())
-    model = _Table(raw, top.file, "model", everything)
-    source = model.string("source", "synthetic", SOURCES)
-    for key in model.data:
-        if key not in _MODEL_KEYS[source]:
-            raise model.error(key, f"does not apply to source {source!r}")
-    if source == "synthetic":
-        layers = model.integer("layers")
-        width = model.integer("width")
-        heads = model.integer("heads", 8)
-        vocab = model.integer("vocab")
-        ffn_mult = model.integer("ffn_mult", 4)
-        dtype = model.string("dtype", "float32", MODEL_DTYPES)
-        if width % heads or (width // heads) % 2:
-            raise model.error("width", f"{width} must split into {heads} heads of an even size")
-        problem = _synthetic_problem(layers, width, vocab, ffn_mult, dtype)
+_REQUIRED_MODEL_KEYS: dict[str, tuple[str, ...]] = {
+    "synthetic": ("layers", "width", "vocab"), "spec": ("spec",), "lerobot": ("spec",),
+}
+"""The model keys a scenario must give for each source (their fields' default, None, means "not this source")."""
+
+
+def _load_model(raw: Any, file: Path, scenario_dir: Path) -> ModelConfig:
+    source = raw.get("source", ModelConfig.source) if isinstance(raw, dict) else None
+    required = _REQUIRED_MODEL_KEYS.get(source, ()) if isinstance(source, str) else ()
+    model: ModelConfig = _table(ModelConfig, raw, file, "model", required)
+    fail = _failer(file, "model")
+    for key in raw:
+        if key not in _MODEL_KEYS[model.source]:
+            raise fail(key, f"does not apply to source {model.source!r}")
+    if model.source == "synthetic":
+        assert model.layers is not None and model.width is not None and model.vocab is not None
+        if model.width % model.heads or (model.width // model.heads) % 2:
+            raise fail("width", f"{model.width} must split into {model.heads} heads of an even size")
+        problem = _synthetic_problem(model.layers, model.width, model.vocab, model.ffn_mult, model.dtype)
         if problem:
-            raise model.error(None, problem)
-        return ModelConfig(source, layers, width, heads, vocab, ffn_mult, dtype)
-    spec_raw = model.string("spec")
-    spec = _resolve_spec(spec_raw, scenario_dir, model)
+            raise fail(None, problem)
+        return model
+    spec = _resolve_spec(raw["spec"], scenario_dir, fail)
     if spec is None:
-        raise model.error("spec", f"file {spec_raw!r} not found (looked in {scenario_dir} and {Path.cwd()})")
-    trim = model.strings("trim", ())
-    fallback = model.string("fallback", None, FALLBACKS) if source == "lerobot" else None
-    data = _read_spec_data(spec, model)
+        raise fail("spec", f"file {raw['spec']!r} not found (looked in {scenario_dir} and {Path.cwd()})")
+    data = _read_spec_data(spec, fail)
     names = {t["name"] for t in data["tensors"]}
-    if trim:
-        for name in trim:
-            if name not in names:
-                raise model.error("trim", f"{name!r} is not a tensor of {spec}")
-    problem = _spec_problem(data, trim)
+    for name in model.trim:
+        if name not in names:
+            raise fail("trim", f"{name!r} is not a tensor of {spec}")
+    problem = _spec_problem(data, model.trim)
     if problem:
-        raise model.error("spec", f"{spec} {problem}")
-    return ModelConfig(source, spec=spec, fallback=fallback, trim=trim)
+        raise fail("spec", f"{spec} {problem}")
+    return dataclasses.replace(model, spec=spec)
 
 
-def _load_build(top: _Table) -> BuildConfig:
-    keys = frozenset({"engines", "engine_cap_mib", "backend", "device", "release", "weights", "tokens"})
-    build = top.table("build", keys)
-    if build.has("engines") == build.has("engine_cap_mib"):
-        which = "both are" if build.has("engines") else "neither is"
-        raise build.error("engines", f"give exactly one of engines / engine_cap_mib ({which} given)")
-    cap = build.number("engine_cap_mib", None)
+def _load_checkpoint(raw: Any, file: Path, model: ModelConfig) -> CheckpointConfig:
+    """The checkpoint settings; without a path, the model's default checkpoint, which the harness may write."""
+    given = isinstance(raw, dict) and "path" in raw
+    if isinstance(raw, dict):
+        raw = {"path": str(default_checkpoint_for(model)), "generate": not given, **raw}
+    checkpoint: CheckpointConfig = _table(CheckpointConfig, raw, file, "checkpoint")
+    fail = _failer(file, "checkpoint")
+    if given:
+        if not raw["path"].strip():
+            raise fail("path", "expected a file path, got an empty string")
+        checkpoint = dataclasses.replace(checkpoint, path=Path.cwd() / checkpoint.path.expanduser())
+    problem = checkpoint_path_problem(checkpoint.path)
+    if problem:
+        raise fail("path", problem)
+    return checkpoint
+
+
+def _load_build(raw: Any, file: Path) -> BuildConfig:
+    build: BuildConfig = _table(BuildConfig, raw, file, "build")
+    fail = _failer(file, "build")
+    if (build.engines is None) == (build.engine_cap_mib is None):
+        which = "neither is" if build.engines is None else "both are"
+        raise fail("engines", f"give exactly one of engines / engine_cap_mib ({which} given)")
+    cap = build.engine_cap_mib
     if cap is not None and int(cap * 2**20) < 1:
-        raise build.error("engine_cap_mib", f"{cap:g} MiB is less than one byte ({cap * 2**20:.3g} bytes)")
-    backend = build.string("backend", "copy", BACKENDS)
-    if backend not in COMPILER_BACKENDS:
+        raise fail("engine_cap_mib", f"{cap:g} MiB is less than one byte ({cap * 2**20:.3g} bytes)")
+    if not build.compiler:
         for key in ("weights", "tokens"):
-            if build.has(key):
-                raise build.error(key, f"applies to compiler backends only ({', '.join(COMPILER_BACKENDS)}), "
-                                       f"not backend {backend!r}")
-    return BuildConfig(
-        engines=build.integer("engines", None),
-        engine_cap_mib=cap,
-        backend=backend,
-        device=build.string("device", "auto", DEVICES),
-        release=build.boolean("release", True),
-        weights=build.string("weights", "mapped", ENGINE_WEIGHTS),
-        tokens=build.integer("tokens", 16),
-    )
+            if key in raw:
+                raise fail(key, f"applies to compiler backends only ({', '.join(COMPILER_BACKENDS)}), "
+                                f"not backend {build.backend!r}")
+    return build
 
 
-def _load_run(top: _Table) -> RunConfig:
-    keys = frozenset({"cache", "sample_interval_ms", "residency_every", "memory_limit_gib", "timeout_s",
-                      "prefetch", "drop_cache", "repeats", "warmup"})
-    run = top.table("run", keys)
-    return RunConfig(
-        cache=run.string("cache", "cold", CACHES),
-        sample_interval_ms=run.number("sample_interval_ms", 10.0),
-        residency_every=run.integer("residency_every", 1),
-        memory_limit_gib=run.number("memory_limit_gib", None),
-        timeout_s=run.number("timeout_s", 1800.0),
-        prefetch=run.string("prefetch", DEFAULT_PREFETCH, PREFETCH),
-        drop_cache=run.boolean("drop_cache", False),
-        repeats=run.integer("repeats", 1),
-        warmup=run.integer("warmup", 0),
-    )
-
-
-def _load_references(top: _Table) -> tuple[Reference, ...]:
-    raw = top.data.get("reference", [])
+def _load_references(raw: Any, file: Path) -> tuple[Reference, ...]:
     if not isinstance(raw, list):
-        raise top.error("reference", f"expected [[reference]] tables, got {_describe(raw)}")
-    keys = frozenset({"label", "host_at_partitioning_gib", "host_gpu_peak_gib", "host_peak_gib", "note"})
-    out = []
-    for i, item in enumerate(raw):
-        ref = _Table(item, top.file, f"reference[{i}]", keys)
-        out.append(
-            Reference(
-                label=ref.string("label"),
-                host_at_partitioning_gib=ref.number("host_at_partitioning_gib", None,
-                                                    limit="reference.host_at_partitioning_gib"),
-                host_gpu_peak_gib=ref.number("host_gpu_peak_gib", None, limit="reference.host_gpu_peak_gib"),
-                host_peak_gib=ref.number("host_peak_gib", None, limit="reference.host_peak_gib"),
-                note=ref.string("note", ""),
-            )
-        )
-    return tuple(out)
+        raise _failer(file, "")("reference", f"expected [[reference]] tables, got {describe_typed(raw)}")
+    return tuple(_table(Reference, item, file, f"reference[{i}]") for i, item in enumerate(raw))
+
+
+_TABLES = ("model", "checkpoint", "build", "run", "reference")
+"""The tables of a scenario file, read one by one after its top-level settings."""
 
 
 def _parse(data: Mapping[str, Any], path: Path, shown: Path) -> Scenario:
@@ -878,50 +767,26 @@ def _parse(data: Mapping[str, Any], path: Path, shown: Path) -> Scenario:
     if deep is not None:
         raise ScenarioError(f"{shown}: {deep}: arrays and tables nest more than {MAX_NESTING} levels deep "
                             "(a scenario needs 3)")
-    top_keys = frozenset(
-        {"name", "description", "strategies", "model", "checkpoint", "build", "run", "reference"}
-    )
-    top = _Table(dict(data), shown, "", top_keys)
-    name = top.string("name")
-    if not _NAME.fullmatch(name):
-        raise top.error("name", f"expected [a-z0-9_-]+, got {name!r}")
-    description = top.string("description", "")
-    strategies = top.strings("strategies", tuple(STRATEGY_LISTINGS))
-    if not strategies:
-        raise top.error("strategies", "expected at least one strategy")
-    for strategy in strategies:
-        if strategy not in STRATEGY_LISTINGS:
-            raise top.error("strategies", f"unknown strategy {strategy!r} (known: {', '.join(STRATEGY_LISTINGS)})")
-    model = _load_model(top, path.parent)
-    ckpt = top.table("checkpoint", frozenset({"path", "seed", "generate"}))
-    raw_path = ckpt.string("path", None)
-    if raw_path is not None and not raw_path.strip():
-        raise ckpt.error("path", "expected a file path, got an empty string")
-    checkpoint = CheckpointConfig(
-        path=(Path.cwd() / Path(raw_path).expanduser()) if raw_path else default_checkpoint_for(model),
-        seed=ckpt.integer("seed", 0),
-        generate=ckpt.boolean("generate", raw_path is None),
-    )
-    problem = checkpoint_path_problem(checkpoint.path)
-    if problem:
-        raise ckpt.error("path", problem)
-    build = _load_build(top)
+    top = decode_fields(Scenario, dict(data), ("name", "description", "strategies"), others=_TABLES,
+                        source=str(shown), style=_STYLE, optional=True)
+    model = _load_model(data.get("model", {}), shown, path.parent)
+    checkpoint = _load_checkpoint(data.get("checkpoint", {}), shown, model)
+    build = _load_build(data.get("build", {}), shown)
+    fail = _failer(shown, "")
     if build.compiler and model.source == "spec":
-        raise top.error("build.backend", f"backend {build.backend!r} exports the model, and a spec model has "
-                                         "no forward: use model.source = \"synthetic\" or \"lerobot\"")
+        raise fail("build.backend", f"backend {build.backend!r} exports the model, and a spec model has "
+                                    "no forward: use model.source = \"synthetic\" or \"lerobot\"")
     if build.compiler and model.fallback is not None:
-        raise top.error("model.fallback", f"backend {build.backend!r} exports the model, and the spec model "
-                                          "it would fall back to has no forward: remove the fallback")
+        raise fail("model.fallback", f"backend {build.backend!r} exports the model, and the spec model "
+                                     "it would fall back to has no forward: remove the fallback")
     return Scenario(
-        name=name,
+        **top,
         path=path,
         model=model,
         checkpoint=checkpoint,
         build=build,
-        description=description,
-        strategies=strategies,
-        run=_load_run(top),
-        references=_load_references(top),
+        run=_table(RunConfig, data.get("run", {}), shown, "run"),
+        references=_load_references(data.get("reference", []), shown),
     )
 
 

@@ -24,21 +24,31 @@ key (a record of an older layout holds no such key and reads as the field's defa
 ``absent_until``, the last version in which the key may be left out (read as the default);
 ``signed``: the value may be negative; ``null_as``: what ``null`` reads as (for a field that
 is not optional); ``check``: a rule of the value, ``value -> problem or None``; ``check_keys``:
-the same for each key of an object. A field marked ``version`` holds the layout version:
-written first, as its default (the layout this code writes), and read as the version the
-record is read at. A rule that spans fields is a class's ``after_decode(version, fail)``
-method, which the codec calls on the record it read and whose result it returns (an upgrade
-of an older layout, say); ``fail(path, problem)`` makes the error for a key path below it.
+the same for each key of an object; ``limit``: the :class:`Limit` range a number must lie in (it
+replaces the kind and range tests above, and its own words say what is expected). A field
+marked ``version`` holds the layout version: written first, as its default (the layout this code
+writes), and read as the version the record is read at. A rule that spans fields is a class's
+``after_decode(version, fail)`` method, which the codec calls on the record it read and whose
+result it returns (an upgrade of an older layout, say); ``fail(path, problem)`` makes the error for a key path below it.
+
+The same reader serves another strict format, a TOML scenario (:mod:`harness.scenario`): its caller
+passes ``optional=True`` (a key whose field has a default may be left out; ``required`` names keys
+that may not although their field has one) and a :class:`Style`, which chooses the error class and
+how the messages read (:data:`TABLE_STYLE`'s: ``<file>: build.engine: unknown key (did you mean
+'engines'?; known: ...)``, ``... got "8" (str)``). :func:`decode_fields` reads some fields of a class
+from an object that also holds keys its caller reads itself.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import re
 import types
 import typing
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
@@ -48,15 +58,22 @@ __all__ = [
     "MAX_BYTES",
     "MAX_INTEGER",
     "NAME",
+    "RECORD_STYLE",
+    "TABLE_STYLE",
+    "Limit",
     "LongInteger",
     "Record",
     "RULES",
     "RecordError",
+    "Style",
     "check_name",
     "decode",
+    "decode_fields",
     "describe",
+    "describe_typed",
     "encode",
     "name_problem",
+    "suggestion",
 ]
 
 T = TypeVar("T")
@@ -94,6 +111,92 @@ def describe(value: Any) -> str:
     except (ValueError, RecursionError):  # a value nested past what json.dumps walks
         text = type(value).__name__
     return (text[:57] + "...") if len(text) > 60 else text
+
+
+def describe_typed(value: Any) -> str:
+    """``value`` as JSON cut to 60 characters and its type (``"8" (str)``), for a message; never fails (a
+    huge integer is described by its size, a value that cannot be rendered by its type)."""
+    kind = type(value).__name__
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
+        return f"an integer of about {int((value.bit_length() - 1) * math.log10(2)) + 1} digits ({kind})"
+    try:
+        text = json.dumps(value, default=str)
+    except (ValueError, RecursionError):
+        return f"a {kind} that cannot be shown ({kind})"
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{text} ({kind})"
+
+
+def suggestion(key: str, known: Collection[str]) -> str:
+    """`` (did you mean 'cache'?; known: a, b)`` for an unknown ``key``, or `` (known: a, b)`` when none is close."""
+    close = difflib.get_close_matches(key, sorted(known), n=1)
+    names = ", ".join(sorted(known))
+    return f" (did you mean {close[0]!r}?; known: {names})" if close else f" (known: {names})"
+
+
+def _show_number(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:.12g}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Limit:
+    """The range a number must lie in: ``low`` to ``high``, both included unless ``low_open`` (then
+    ``> low``); an ``integer`` limit takes integers only (never a bool), others any finite number.
+    ``unit`` and ``note`` go into the message. A field's ``limit`` rule (see the module docstring)."""
+
+    low: float
+    high: float
+    integer: bool = False
+    low_open: bool = False
+    unit: str = ""
+    note: str = ""
+
+    def expected(self) -> str:
+        """``expected an integer >= 1 and <= 1024`` / ``expected a number > 0 and <= 604800 (s, a week)``."""
+        kind = "an integer" if self.integer else "a number"
+        span = f"{'>' if self.low_open else '>='} {_show_number(self.low)} and <= {_show_number(self.high)}"
+        extra = ", ".join(part for part in (self.unit, self.note) if part)
+        return f"expected {kind} {span}" + (f" ({extra})" if extra else "")
+
+    def accepts(self, value: Any) -> bool:
+        """Whether ``value`` is of the right kind and in range; compared exactly, so an integer too
+        large for a float is refused rather than overflowing."""
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return False
+        if self.integer and not isinstance(value, int):
+            return False
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        above = value > self.low if self.low_open else value >= self.low
+        return above and value <= self.high
+
+
+@dataclasses.dataclass(frozen=True)
+class Style:
+    """How :func:`decode` words and raises its errors; :data:`RECORD_STYLE` (a JSON record's) unless told.
+
+    ``error`` makes the exception from the whole message; ``describe`` shows a value read;
+    ``null``: the format has null (a wrong value of an optional field is then ``expected X or null``);
+    ``object``: what the format calls an object; ``by_key``: an unknown or a missing key is reported at
+    the key, the first unknown one in the data's order with a :func:`suggestion`, the first missing one
+    in the fields' order (``required key is missing``), and a list of plain values that is not one is
+    reported as a whole (``expected a list of strings``); else at the object, the first of each in sorted
+    order with how many more, and a list's item at its index.
+    """
+
+    error: Callable[[str], Exception] = RecordError
+    describe: Callable[[Any], str] = describe
+    null: bool = True
+    object: str = "an object"
+    by_key: bool = False
+
+
+RECORD_STYLE = Style()
+"""How a results record's errors read: ``summary.json: strategies.map: missing key 'wall_s'``."""
+
+TABLE_STYLE = Style(describe=describe_typed, null=False, object="a table", by_key=True)
+"""How a TOML table's errors read (its caller passes its own ``error`` class with :func:`dataclasses.replace`)."""
 
 
 def name_problem(name: str, what: str) -> str | None:
@@ -153,20 +256,20 @@ def encode(value: Any) -> Any:
 class _Place:
     """Where a value is being read: the file and the key's path, for messages."""
 
-    def __init__(self, source: str, path: str) -> None:
-        self.source, self.path = source, path
+    def __init__(self, source: str, path: str, style: Style) -> None:
+        self.source, self.path, self.style = source, path, style
 
     def key(self, key: str) -> _Place:
-        return _Place(self.source, f"{self.path}.{key}" if self.path else key)
+        return _Place(self.source, f"{self.path}.{key}" if self.path else key, self.style)
 
     def item(self, index: int) -> _Place:
-        return _Place(self.source, f"{self.path}[{index}]")
+        return _Place(self.source, f"{self.path}[{index}]", self.style)
 
-    def error(self, problem: str) -> RecordError:
-        return RecordError(f"{self.source}: {self.path or '<top level>'}: {problem}")
+    def error(self, problem: str) -> Exception:
+        return self.style.error(f"{self.source}: {self.path or '<top level>'}: {problem}")
 
 
-RULES = frozenset({"since", "absent_until", "signed", "null_as", "version", "check", "check_keys"})
+RULES = frozenset({"since", "absent_until", "signed", "null_as", "version", "check", "check_keys", "limit"})
 """The metadata keys of a field the codec reads (see the module docstring); any other is a mistake."""
 
 _HINTS: dict[type, dict[str, Any]] = {}
@@ -207,34 +310,73 @@ def _read_version(cls: type, data: Any, place: _Place) -> int:
         return 1
     version, current = data.get(f.name, 1), int(f.default)  # type: ignore[arg-type]
     if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= current:
-        raise place.key(f.name).error(f"this harness reads {f.name} versions 1 to {current}, got {describe(version)}")
+        raise place.key(f.name).error(f"this harness reads {f.name} versions 1 to {current}, got "
+                                      f"{place.style.describe(version)}")
     return version
 
 
-def decode(cls: type[T], data: Any, *, source: str, where: str = "", version: int | None = None) -> T:
+def decode(cls: type[T], data: Any, *, source: str, where: str = "", version: int | None = None,
+           style: Style = RECORD_STYLE, optional: bool = False, required: Collection[str] = ()) -> T:
     """The ``cls`` record in JSON ``data`` read from ``source`` at key path ``where``; see the module docstring.
 
     ``version`` is the layout ``data`` is in; ``None``: what its ``version`` field's key says (absent:
-    version 1), or 1 for a class without one. Raises :class:`RecordError` naming the file and the key.
+    version 1), or 1 for a class without one. ``optional``: a key whose field has a default may be left
+    out, unless it is one of ``required``. Raises ``style``'s error (:class:`RecordError`) naming the
+    file and the key.
     """
-    place = _Place(source, where)
+    place = _Place(source, where, style)
     if version is None:
         version = _read_version(cls, data, place)
-    return _object(cls, data, place, version)  # type: ignore[no-any-return]
+    return _object(cls, data, place, version, _Keys(optional, frozenset(required)))  # type: ignore[no-any-return]
 
 
-def _object(cls: type, data: Any, place: _Place, version: int) -> Any:
+def decode_fields(cls: type, data: Any, names: Collection[str], *, source: str, where: str = "",
+                  others: Collection[str] = (), style: Style = RECORD_STYLE, optional: bool = False) -> dict[str, Any]:
+    """The values of ``cls``'s fields ``names`` read from the object ``data`` as :func:`decode` reads them
+    (version 1, no ``after_decode``), for a caller that reads the object's ``others`` keys itself: ``data``
+    may hold those too (left unread), and no other key."""
+    place = _Place(source, where, style)
+    fields = [f for f in dataclasses.fields(cls) if f.name in names]
+    return _values(cls, fields, data, place, 1, _Keys(optional, frozenset(), frozenset(others)))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Keys:
+    """Which keys an object may leave out (``optional``: those of fields with a default, but ``required``)
+    and which others it may hold (read by the caller)."""
+
+    optional: bool = False
+    required: frozenset[str] = frozenset()
+    others: frozenset[str] = frozenset()
+
+
+_STRICT = _Keys()
+
+
+def _has_default(f: dataclasses.Field[Any]) -> bool:
+    return f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+
+
+def _object(cls: type, data: Any, place: _Place, version: int, keys: _Keys = _STRICT) -> Any:
+    record = cls(**_values(cls, list(dataclasses.fields(cls)), data, place, version, keys))
+    after = getattr(record, "after_decode", None)
+    if after is not None:
+        record = after(version, lambda path, problem: place.key(path).error(problem))
+    return record
+
+
+def _values(cls: type, fields: list[dataclasses.Field[Any]], data: Any, place: _Place, version: int,
+            keys: _Keys) -> dict[str, Any]:
+    """The values of ``fields`` read from the object ``data``: its keys checked first (unknown, then missing)."""
     if not isinstance(data, dict):
-        raise place.error(f"expected an object, got {describe(data)}")
+        raise place.error(f"expected {place.style.object}, got {place.style.describe(data)}")
     hints = _hints(cls)
-    present = [f for f in dataclasses.fields(cls) if _since(f) <= version]
-    required = {f.name for f in present if version > f.metadata.get("absent_until", 0)}
-    for problem, keys in (("unknown", set(data) - {f.name for f in present}), ("missing", required - set(data))):
-        if keys:
-            first, more = sorted(keys)[0], len(keys) - 1
-            raise place.error(f"{problem} key {first!r}" + (f" (and {more} more)" if more else ""))
+    present = [f for f in fields if _since(f) <= version]
+    required = [f.name for f in present if version > f.metadata.get("absent_until", 0)
+                and not (keys.optional and _has_default(f) and f.name not in keys.required)]
+    _check_keys(data, [f.name for f in present] + sorted(keys.others), required, place)
     values: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
+    for f in fields:
         at = place.key(f.name)
         if f.metadata.get("version"):
             values[f.name] = version
@@ -244,11 +386,23 @@ def _object(cls: type, data: Any, place: _Place, version: int) -> Any:
             values[f.name] = f.metadata["null_as"]
         else:
             values[f.name] = _value(hints[f.name], data[f.name], at, f, version)
-    record = cls(**values)
-    after = getattr(record, "after_decode", None)
-    if after is not None:
-        record = after(version, lambda path, problem: place.key(path).error(problem))
-    return record
+    return values
+
+
+def _check_keys(data: dict[Any, Any], known: list[str], required: list[str], place: _Place) -> None:
+    """Refuse a key of ``data`` not ``known``, then a ``required`` one it lacks, as ``place``'s style says."""
+    if place.style.by_key:
+        for key in data:
+            if key not in known:
+                raise place.key(key).error(f"unknown key{suggestion(key, known)}")
+        for key in required:
+            if key not in data:
+                raise place.key(key).error("required key is missing")
+        return
+    for problem, keys in (("unknown", set(data) - set(known)), ("missing", set(required) - set(data))):
+        if keys:
+            first, more = sorted(keys)[0], len(keys) - 1
+            raise place.error(f"{problem} key {first!r}" + (f" (and {more} more)" if more else ""))
 
 
 _KINDS: dict[Any, str] = {int: "an integer", float: "a number", str: "a string", bool: "true or false",
@@ -273,8 +427,25 @@ def _value(tp: Any, value: Any, place: _Place, f: dataclasses.Field[Any], versio
     return result
 
 
-def _wrong(place: _Place, what: str, value: Any, null: bool) -> RecordError:
-    return place.error(f"expected {what}{' or null' if null else ''}, got {describe(value)}")
+_PLURALS: dict[Any, str] = {int: "integers", float: "numbers", str: "strings", bool: "true or false values",
+                            Path: "strings"}
+
+
+def _wrong(place: _Place, what: str, value: Any, null: bool) -> Exception:
+    """``expected <what>, got <value>`` (``<what> or null`` where the value may be null and the format has null)."""
+    either = " or null" if null and place.style.null else ""
+    return place.error(f"{what}{either}, got {place.style.describe(value)}")
+
+
+def _is_kind(tp: Any, value: Any) -> bool:
+    """Whether ``value`` is of the plain kind ``tp`` (:data:`_KINDS`): an int never a bool, a float finite."""
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if tp in (str, Path):
+        return isinstance(value, str)
+    return tp is bool and isinstance(value, bool)
 
 
 def _typed(tp: Any, origin: Any, args: tuple[Any, ...], value: Any, place: _Place, f: dataclasses.Field[Any],
@@ -282,12 +453,15 @@ def _typed(tp: Any, origin: Any, args: tuple[Any, ...], value: Any, place: _Plac
     if dataclasses.is_dataclass(tp):
         return _object(tp, value, place, version)  # type: ignore[arg-type]
     if origin is tuple:
+        if place.style.by_key and args[0] in _PLURALS and not (
+                isinstance(value, list) and all(_is_kind(args[0], v) for v in value)):
+            raise _wrong(place, f"expected a list of {_PLURALS[args[0]]}", value, null)
         if not isinstance(value, list):
-            raise _wrong(place, "a list", value, null)
+            raise _wrong(place, "expected a list", value, null)
         return tuple(_element(args[0], v, place.item(i), f, version) for i, v in enumerate(value))
     if origin is dict:
         if not isinstance(value, dict):
-            raise _wrong(place, "an object", value, null)
+            raise _wrong(place, f"expected {place.style.object}", value, null)
         if args[1] is Any:
             return value
         check_keys = f.metadata.get("check_keys")
@@ -299,21 +473,18 @@ def _typed(tp: Any, origin: Any, args: tuple[Any, ...], value: Any, place: _Plac
         return out
     if tp is Any:
         return value
+    limit = f.metadata.get("limit")
+    if tp in (int, float) and limit is not None:
+        if isinstance(value, LongInteger) or not limit.accepts(value):
+            raise _wrong(place, limit.expected(), value, null)
+        return float(value) if tp is float else value
     if tp in (int, float) and isinstance(value, LongInteger):
         kind = "an integer" if tp is int else "a number"
         raise place.error(f"{kind} of {value.digits} digits is out of range (at most 2**63 - 1 in size)")
-    if tp is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif tp is float:
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    elif tp in (str, Path):
-        ok = isinstance(value, str)
-    elif tp is bool:
-        ok = isinstance(value, bool)
-    else:
+    if tp not in _KINDS:
         raise TypeError(f"{place.path}: the codec does not read {tp!r}")
-    if not ok:
-        raise _wrong(place, _KINDS[tp], value, null)
+    if not _is_kind(tp, value):
+        raise _wrong(place, f"expected {_KINDS[tp]}", value, null)
     if tp in (int, float):
         _in_range(value, place, f)
         return float(value) if tp is float else value
@@ -329,8 +500,8 @@ def _in_range(value: int | float, place: _Place, f: dataclasses.Field[Any]) -> N
     """Refuse a value its key cannot mean (negative unless ``signed``, a byte count of :data:`MAX_BYTES`
     or more) or the machine cannot hold (:data:`MAX_INTEGER`); ``value`` is an int or a finite float."""
     if "bytes" in f.name.split("_") and abs(value) >= MAX_BYTES:
-        raise place.error(f"{describe(value)} bytes is out of range (less than 2**53, 8 PiB, expected)")
+        raise place.error(f"{place.style.describe(value)} bytes is out of range (less than 2**53, 8 PiB, expected)")
     if abs(value) >= MAX_INTEGER:
-        raise place.error(f"{describe(value)} is out of range (at most 2**63 - 1 in size)")
+        raise place.error(f"{place.style.describe(value)} is out of range (at most 2**63 - 1 in size)")
     if value < 0 and not f.metadata.get("signed"):
-        raise place.error(f"expected a value of at least 0, got {describe(value)}")
+        raise place.error(f"expected a value of at least 0, got {place.style.describe(value)}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +12,7 @@ import pytest
 
 from harness.budget.record import AttemptRecord, BudgetRecord, StrategyBudget
 from harness.plan import EnginePlan, Plan
-from harness.results.codec import LongInteger, RecordError, decode, encode
+from harness.results.codec import TABLE_STYLE, Limit, LongInteger, RecordError, decode, decode_fields, encode
 from harness.results.record import (
     LAYOUT_VERSION,
     CacheRecord,
@@ -207,3 +207,65 @@ def test_rules_of_one_field_are_applied_where_the_field_is() -> None:
     data["strategies"]["map"]["attempts"][0]["phase"] = "later"
     with pytest.raises(RecordError, match=r"^b: strategies.map.attempts\[0\].phase: expected one of unconstrained"):
         decode(BudgetRecord, data, source="b")
+
+
+# --------------------------------------------------------------------------- the table style (a TOML scenario's)
+
+
+class TableError(ValueError):
+    """The error class a caller of the table style chooses."""
+
+
+TABLE = replace(TABLE_STYLE, error=TableError)
+
+
+@dataclass(frozen=True)
+class Settings:
+    label: str
+    count: int = field(default=2, metadata={"limit": Limit(1, 10, integer=True)})
+    rate: float | None = field(default=None, metadata={"limit": Limit(0, 5, low_open=True, unit="Hz")})
+    names: tuple[str, ...] = ()
+    extra: int | None = None
+
+
+def _table_error(data: Any, **kwargs: Any) -> str:
+    with pytest.raises(TableError) as info:
+        decode(Settings, data, source="s.toml", where="t", style=TABLE, optional=True, **kwargs)
+    return str(info.value)
+
+
+def test_the_table_style_leaves_out_keys_with_a_default_and_checks_limits() -> None:
+    read = decode(Settings, {"label": "x", "rate": 2}, source="s.toml", style=TABLE, optional=True)
+    assert read == Settings("x", rate=2.0) and isinstance(read.rate, float)
+    assert _table_error({"label": "x", "count": "8"}) == \
+        's.toml: t.count: expected an integer >= 1 and <= 10, got "8" (str)'
+    assert _table_error({"label": "x", "rate": 0}) == "s.toml: t.rate: expected a number > 0 and <= 5 (Hz), got 0 (int)"
+    assert _table_error({"label": "x", "count": 2**900}).endswith("got an integer of about 271 digits (int)")
+    assert _table_error([]) == "s.toml: t: expected a table, got [] (list)"
+
+
+def test_the_table_style_reports_keys_at_the_key_in_order() -> None:
+    assert _table_error({"label": "x", "cuont": 1, "zz": 2}) == \
+        "s.toml: t.cuont: unknown key (did you mean 'count'?; known: count, extra, label, names, rate)"
+    assert _table_error({"zz": 2}) == "s.toml: t.zz: unknown key (known: count, extra, label, names, rate)"
+    assert _table_error({}) == "s.toml: t.label: required key is missing"
+    assert _table_error({"label": "x"}, required=("extra",)) == "s.toml: t.extra: required key is missing"
+    assert _table_error({"label": "x", "names": ["a", 3]}) == \
+        's.toml: t.names: expected a list of strings, got ["a", 3] (list)'
+    assert _table_error({"label": "x", "extra": "1"}) == 's.toml: t.extra: expected an integer, got "1" (str)'
+
+
+def test_decode_fields_reads_some_fields_beside_keys_its_caller_reads() -> None:
+    data = {"label": "x", "other": {"any": 1}}
+    assert decode_fields(Settings, data, ("label", "count"), others=("other",), source="s.toml", style=TABLE,
+                         optional=True) == {"label": "x", "count": 2}
+    with pytest.raises(TableError, match=r"^s.toml: rate: unknown key \(known: count, label, other\)$"):
+        decode_fields(Settings, {**data, "rate": 1}, ("label", "count"), others=("other",), source="s.toml",
+                      style=TABLE, optional=True)
+
+
+def test_a_record_still_needs_every_key_and_words_errors_as_a_record() -> None:
+    with pytest.raises(RecordError, match=r"^r.json: <top level>: missing key 'count' \(and 3 more\)$"):
+        decode(Settings, {"label": "x"}, source="r.json")
+    with pytest.raises(RecordError, match=r"^r.json: rate: expected a number > 0 and <= 5 \(Hz\) or null, got 9$"):
+        decode(Settings, {"label": "x", "count": 1, "rate": 9, "names": [], "extra": None}, source="r.json")
