@@ -201,9 +201,12 @@ class StrategyMetrics:
 
     Bytes are ``None`` where nothing was measured (a failed strategy's floor, the GPU
     figures of a run without one); seconds are ``None`` for a phase not reached.
-    ``engine_s`` holds ``(index, seconds)`` per engine built, in build order.
+    ``engine_s`` holds ``(index, seconds)`` per engine built, in build order. ``record`` is
+    the measured record they were derived from: a report column of a measured value reads
+    it there, with nothing to add here.
     """
 
+    record: StrategyRecord
     name: str
     ok: bool
     status: str
@@ -312,6 +315,7 @@ class StrategyMetrics:
                                 if e.copy_s is not None),
             prefetch=record.prefetch,
             resident_at_load_bytes=None if record.cache is None else record.cache.resident_at_load_bytes,
+            record=record,
         )
 
 
