@@ -22,6 +22,7 @@ from harness.models import SyntheticTransformer, fill_non_persistent
 from harness.plan import Plan, make_plan
 from harness.results.record import ExportRecord
 from harness.scenario import load_scenario
+from harness.tests.tiny_scenario import tiny_scenario_text
 from harness.worker import measure
 from weightmap import save_weights_for_mapping
 
@@ -108,28 +109,11 @@ def test_unknown_backends_are_named_with_the_registered_ones() -> None:
         check_backend("onnx")
 
 
-SCENARIO = """
-name = "t"
-strategies = ["map"]
-[model]
-source = "synthetic"
-layers = 1
-width = 64
-heads = 4
-vocab = 64
-[build]
-engines = 3
-"""
-
-
 @pytest.fixture
 def plan(tmp_path: Path) -> Plan:
     path = tmp_path / "s.toml"
-    path.write_text(SCENARIO)
-    scenario = load_scenario(path)
-    scenario = dataclasses.replace(scenario, checkpoint=dataclasses.replace(
-        scenario.checkpoint, path=tmp_path / "c.safetensors", generate=True))
-    return make_plan(scenario, name="t", workdir=tmp_path / "engines")
+    path.write_text(tiny_scenario_text(tmp_path / "c.safetensors", {"engines = 2": "engines = 3"}))
+    return make_plan(load_scenario(path), name="t", workdir=tmp_path / "engines")
 
 
 def test_a_copy_plan_gets_the_copy_builder_of_its_device(plan: Plan, tmp_path: Path) -> None:
