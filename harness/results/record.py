@@ -77,7 +77,6 @@ import io
 import json
 import os
 import re
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -95,6 +94,7 @@ from harness.results.codec import (
     decode,
     name_problem,
 )
+from weightmap.filekinds import non_regular_kind
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -543,10 +543,6 @@ class RunRecord(Record):
 # --------------------------------------------------------------------------- files
 
 
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"),
-          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
-
-
 def read_file(path: Path) -> bytes:
     """The bytes of ``path``, which must be a regular file (a link to one is followed).
 
@@ -564,9 +560,8 @@ def read_file(path: Path) -> bytes:
     except OSError as exc:
         raise RecordError(f"{path}: cannot read ({exc.strerror or exc})") from exc
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+        kind = non_regular_kind(os.fstat(fd).st_mode)
+        if kind is not None:
             raise RecordError(f"{path}: {kind}, not a regular file; expected a file the harness wrote")
         chunks = []
         while chunk := os.read(fd, 1 << 20):
