@@ -48,6 +48,9 @@ STRATEGY_LISTINGS: dict[str, StrategyListing] = {
 }
 """Every strategy, in the order scenarios run them by default."""
 
+HEADLINE_STRATEGY = "map"
+"""The strategy the project is about: budget mode sweeps it more finely and holds it to the goal limit."""
+
 BACKENDS: tuple[str, ...] = ("copy", "inductor", "tensorrt")
 """The engine builders a scenario can name (``[build] backend``)."""
 

@@ -68,7 +68,7 @@ from harness.budget.cgroup import (
 )
 from harness.budget.record import AttemptRecord, BudgetRecord, StrategyBudget, goal_limit, write_budget
 from harness.budget.sweep import SweepError, default_precision, smallest_limit
-from harness.catalog import strategy_label
+from harness.catalog import HEADLINE_STRATEGY, strategy_label
 from harness.errors import HarnessError
 from harness.load.strategies import STRATEGIES
 from harness.measure import machine
@@ -229,7 +229,7 @@ def _sweep_strategy(runner: _Strategy, plan: Plan, unconstrained_limit: int, pre
                       f"({_size(peak)}): nothing to sweep", ["unconstrained"], lower=lower, upper=upper)
     extra_factors: Sequence[float] = ()
     extra_limits: Sequence[int] = ()
-    if strategy == "map":
+    if strategy == HEADLINE_STRATEGY:
         extra_factors = MAP_EXTRA_FACTORS
         extra_limits = () if baseline is None else (goal_limit(baseline, plan.largest_engine_bytes),)
     try:

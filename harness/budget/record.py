@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.catalog import HEADLINE_STRATEGY
 from harness.results.atomic import write_json
 from harness.results.codec import Record, RecordError, decode, encode
 from harness.results.record import MachineInfo, read_json_file, results_name_problem
@@ -155,7 +156,7 @@ class BudgetRecord:
 
         return replace(self, strategies={**self.strategies, name: strategy}, sweep_wall_s=round(sweep_wall_s, 3))
 
-    def goal_limit_bytes(self, strategy: str = "map") -> int | None:
+    def goal_limit_bytes(self, strategy: str = HEADLINE_STRATEGY) -> int | None:
         """Baseline RSS + 2 x the largest engine (:func:`goal_limit`): the limit ``map`` should complete under."""
         s = self.strategies.get(strategy)
         if s is None or s.baseline_rss_bytes is None:

@@ -27,7 +27,7 @@ from matplotlib.layout_engine import ConstrainedLayoutEngine
 from matplotlib.lines import Line2D
 
 from harness.budget.record import AttemptRecord, BudgetRecord, StrategyBudget, read_budget
-from harness.catalog import strategy_colour
+from harness.catalog import HEADLINE_STRATEGY, strategy_colour
 from harness.report.style import STYLE, figure_png
 from harness.report.text import DASH, GIB, cell, gib_decimals, short_commit
 from harness.results.atomic import FileBatch
@@ -69,9 +69,9 @@ def budget_goals(record: BudgetRecord) -> list[Goal]:
     no group left behind, killed attempts recorded with the OOM reason."""
     d = gib_decimals(record.model_bytes)
     goals = []
-    m = record.strategies.get("map")
+    m = record.strategies.get(HEADLINE_STRATEGY)
     if m is not None:
-        limit = record.goal_limit_bytes("map")
+        limit = record.goal_limit_bytes(HEADLINE_STRATEGY)
         title = "map completes under baseline + 2 x the largest engine"
         if m.minimum_bytes is None or limit is None:
             goals.append(Goal(title, "no minimum found", False))
@@ -189,8 +189,8 @@ def wall_figure(record: BudgetRecord) -> Figure:
         order = list(record.strategies)
         handles = []
         d = gib_decimals(record.model_bytes)
-        goal = record.goal_limit_bytes("map")
-        m = record.strategies.get("map")
+        goal = record.goal_limit_bytes(HEADLINE_STRATEGY)
+        m = record.strategies.get(HEADLINE_STRATEGY)
         for name, s in record.strategies.items():
             colour = strategy_colour(name, order)
             for ax, compile_only in ((whole, False), (compile_ax, True)):
