@@ -288,6 +288,11 @@ def combine_repeats(runs: Sequence[StrategyRecord]) -> StrategyRecord:
     return chosen.replace(repeats=tuple(_repeat_record(r.repeat or 0, r) for r in runs))
 
 
+def _watch_worker(plan: Plan, command: Sequence[str], stop: _Stop) -> Outcome:
+    """One strategy's worker, watched under the plan's memory limit and timeout (:func:`watch`)."""
+    return watch(command, plan.memory_limit_bytes, plan.scenario.run.timeout_s, stop=stop)
+
+
 def _warm_up(plan: Plan, plan_path: Path, out_dir: Path, command: WorkerCommand, stop: _Stop, index: int,
              target: Path) -> None:
     """One discarded round: the disk read and each strategy once, for what the machine keeps of them.
@@ -303,8 +308,7 @@ def _warm_up(plan: Plan, plan_path: Path, out_dir: Path, command: WorkerCommand,
     try:
         for strategy in plan.scenario.strategies:
             try:
-                outcome = watch(command(plan_path, strategy, out_dir), plan.memory_limit_bytes,
-                                plan.scenario.run.timeout_s, stop=stop)
+                outcome = _watch_worker(plan, command(plan_path, strategy, out_dir), stop)
             except RunInterrupted as exc:
                 raise RunInterrupted(f"{exc} ({strategy}, {where}); {target} is unchanged", exc.signum) from exc
             _progress(f"{where}: {strategy} {'ran' if outcome.returncode == 0 else 'failed'}")
@@ -418,8 +422,7 @@ def run_scenario(
                 _progress(f"strategy {i}/{len(plan.scenario.strategies)}: {strategy}{round_text}")
                 out_dir.mkdir(parents=True, exist_ok=True)
                 try:
-                    outcome = watch(command(plan_path, strategy, out_dir), plan.memory_limit_bytes,
-                                    plan.scenario.run.timeout_s, stop=stop)
+                    outcome = _watch_worker(plan, command(plan_path, strategy, out_dir), stop)
                 except RunInterrupted as exc:
                     raise RunInterrupted(f"{exc} ({strategy}); {results / name} is unchanged, what finished is in "
                                          f"{staging}", exc.signum) from exc
