@@ -332,18 +332,18 @@ def _drop_repeat_samples(staging: Path, strategy: str, runs: Sequence[StrategyRe
 
 def _result_line(name: str, metrics: StrategyMetrics) -> str:
     """``map: ok; build-phase host peak 1.21 GiB, floor 1.20 GiB (+0.1% of the model); ...``."""
-    if not metrics.ok:
-        return f"{name}: FAILED ({metrics.error})"
+    if not metrics.record.ok:
+        return f"{name}: FAILED ({metrics.record.error})"
     parts = [f"{name}: ok"]
     if metrics.compared_peak_bytes is not None:
         text = f"{metrics.compared_label} {metrics.compared_peak_bytes / GIB:.2f} GiB"
         if metrics.floor_bytes is not None and metrics.excess is not None:
             text += f", floor {metrics.floor_bytes / GIB:.2f} GiB ({metrics.excess * 100:+.1f}% of the model)"
         parts.append(text)
-    if metrics.run_host_peak_bytes is not None:
-        parts.append(f"whole-run host peak {metrics.run_host_peak_bytes / GIB:.2f} GiB")
-    if metrics.wall_s is not None:
-        parts.append(f"wall {metrics.wall_s:.1f} s")
+    if metrics.record.host_peak_bytes is not None:
+        parts.append(f"whole-run host peak {metrics.record.host_peak_bytes / GIB:.2f} GiB")
+    if metrics.record.wall_s is not None:
+        parts.append(f"wall {metrics.record.wall_s:.1f} s")
     return "; ".join(parts)
 
 

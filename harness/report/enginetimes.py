@@ -64,7 +64,7 @@ def engine_times_figure(run: Results) -> Figure:
         if metrics.pages_s is not None and metrics.copy_s is not None:
             label += (f" ({format_seconds(metrics.pages_s)} pages, {format_seconds(metrics.copy_s)} copy, "
                       f"{format_seconds(float(rest.sum()))} rest)")
-        if not metrics.ok:
+        if not metrics.record.ok:
             label += " (FAILED, partial)"
         handles.append(Patch(color=colour, label=label))
     handles += [

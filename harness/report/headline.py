@@ -41,7 +41,7 @@ def _failure(m: StrategyMetrics, planned: int) -> str:
 def _peaks_panel(ax: Axes, run: Results, order: list[str]) -> None:
     decimals = gib_decimals(run.record.model.bytes)
     metrics = list(run.metrics.values())
-    values = [v for m in metrics for v in (m.compared_peak_bytes, m.run_host_peak_bytes, m.floor_bytes) if v]
+    values = [v for m in metrics for v in (m.compared_peak_bytes, m.record.host_peak_bytes, m.floor_bytes) if v]
     right = max(values, default=GIB) / GIB
     for row, m in enumerate(metrics):
         y = len(metrics) - 1 - row
@@ -50,12 +50,12 @@ def _peaks_panel(ax: Axes, run: Results, order: list[str]) -> None:
         if peak is None:
             ax.text(0.01, y, status_text(m, 90), va="center", color="#B00000", transform=ax.get_yaxis_transform())
             continue
-        base = min(m.baseline_bytes or 0, peak)
+        base = min(m.record.baseline_rss_bytes or 0, peak)
         ax.barh(y, base / GIB, _BAR, color=BASELINE_COLOUR, zorder=2)
-        bar = ax.barh(y, (peak - base) / GIB, _BAR, left=base / GIB, color=colour, alpha=1.0 if m.ok else 0.45,
+        bar = ax.barh(y, (peak - base) / GIB, _BAR, left=base / GIB, color=colour, alpha=1.0 if m.record.ok else 0.45,
                       zorder=2)
         bar.patches[0].set_gid(f"compared:{m.name}")
-        whole = m.run_host_peak_bytes
+        whole = m.record.host_peak_bytes
         if whole is not None and (whole - peak) / GIB > 0.03 * right:
             outline = Rectangle((peak / GIB, y - _BAR / 2), (whole - peak) / GIB, _BAR, fill=False,
                                 edgecolor=colour, linestyle=(0, (4, 2)), linewidth=1.4, zorder=2)
@@ -67,7 +67,7 @@ def _peaks_panel(ax: Axes, run: Results, order: list[str]) -> None:
         if m.floor_bytes is not None:
             line = ax.vlines(m.floor_bytes / GIB, y - _BAR / 2 - 0.08, y + _BAR / 2 + 0.08, zorder=4, **FLOOR_STYLE)
             line.set_gid(f"floor:{m.name}")
-        if m.ok and m.excess is not None:
+        if m.record.ok and m.excess is not None:
             text = (f"{format_gib(peak, decimals)}: {format_percent(m.excess)} of the model above the floor"
                     if m.excess >= 0 else
                     f"{format_gib(peak, decimals)}: {format_percent(-m.excess).lstrip('+')} of the model "
@@ -75,7 +75,7 @@ def _peaks_panel(ax: Axes, run: Results, order: list[str]) -> None:
         else:
             text = f"{format_gib(peak, decimals)}, {_failure(m, run.record.engines)}"
         label = ax.text(peak / GIB + right * 0.01, y + 0.02, text, va="center", ha="left", fontsize=10,
-                        fontweight="bold", color="#000000" if m.ok else "#B00000", zorder=5,
+                        fontweight="bold", color="#000000" if m.record.ok else "#B00000", zorder=5,
                         bbox={"boxstyle": "square,pad=0.15", "facecolor": "white", "edgecolor": "none",
                               "alpha": 0.85})
         label.set_gid(f"excess:{m.name}")
@@ -85,7 +85,8 @@ def _peaks_panel(ax: Axes, run: Results, order: list[str]) -> None:
     for tick, m in zip(ax.get_yticklabels(), metrics, strict=True):
         tick.set_color(strategy_colour(m.name, order))
     # room for the text after each bar (about 40% of the axis); an outline's label sits above its end
-    ends = [max((m.compared_peak_bytes or 0) / GIB / 0.6, (m.run_host_peak_bytes or 0) / GIB * 1.04) for m in metrics]
+    ends = [max((m.compared_peak_bytes or 0) / GIB / 0.6, (m.record.host_peak_bytes or 0) / GIB * 1.04)
+            for m in metrics]
     ax.set_xlim(0, max(ends, default=0.0) or 1.0)  # no peak at all (every strategy failed before one): 1 GiB
     ax.set_ylim(-0.6, len(metrics) - 0.4)
     ax.set_xlabel("GiB")
@@ -104,7 +105,7 @@ def _times_panel(ax: Axes, run: Results, order: list[str]) -> None:
         seconds = dict(m.engine_s)
         heights = [m.load_s if m.load_s is not None else np.nan] + [seconds.get(e, np.nan) for e in engines]
         ax.bar(x - 0.4 + width * (i + 0.5), heights, width, color=strategy_colour(m.name, order),
-               alpha=1.0 if m.ok else 0.45, zorder=2, gid=f"times:{m.name}")
+               alpha=1.0 if m.record.ok else 0.45, zorder=2, gid=f"times:{m.name}")
     ax.set_xticks(x, labels, rotation=90 if len(labels) > 40 else 0)
     ax.set_xlim(-0.6, len(labels) - 0.4)
     ax.set_ylabel("seconds")
@@ -116,12 +117,12 @@ def _times_panel(ax: Axes, run: Results, order: list[str]) -> None:
 def _legend(run: Results, order: list[str]) -> list[Any]:
     handles: list[Any] = []
     for m in run.metrics.values():
-        wall = f"wall {format_seconds(m.wall_s)}" if m.wall_s is not None else "no wall time"
+        wall = f"wall {format_seconds(m.record.wall_s)}" if m.record.wall_s is not None else "no wall time"
         parts = [wall]
         if m.load_s is not None and m.build_s is not None:
             parts.append(f"load {format_seconds(m.load_s)} + build {format_seconds(m.build_s)}")
-        label = f"{m.name}: {', '.join(parts)}" + ("" if m.ok else " (FAILED)")
-        handles.append(Patch(color=strategy_colour(m.name, order), alpha=1.0 if m.ok else 0.45, label=label))
+        label = f"{m.name}: {', '.join(parts)}" + ("" if m.record.ok else " (FAILED)")
+        handles.append(Patch(color=strategy_colour(m.name, order), alpha=1.0 if m.record.ok else 0.45, label=label))
     handles += [
         Patch(color=BASELINE_COLOUR, label="baseline (before the load)"),
         Line2D([], [], label="floor", **FLOOR_STYLE),

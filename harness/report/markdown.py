@@ -119,10 +119,10 @@ def disk_observation(run: Results) -> list[str]:
             f"{format_seconds(read_s)}.")
     lines = [text]
     for s in run.metrics.values():
-        if not s.ok or s.build_s is None or s.wall_s is None:
+        if not s.record.ok or s.build_s is None or s.record.wall_s is None:
             continue
         lines.append(f"  - {s.name}: build phase {format_seconds(s.build_s)} = {s.build_s / read_s:.2f} × the "
-                     f"model's read time; wall {format_seconds(s.wall_s)} = {s.wall_s / read_s:.2f} ×.")
+                     f"model's read time; wall {format_seconds(s.record.wall_s)} = {s.record.wall_s / read_s:.2f} ×.")
     return lines
 
 
@@ -223,13 +223,13 @@ def strategy_observations(run: Results, s: StrategyMetrics) -> list[str]:
     model = s.model_bytes
     r = run.record.strategies[s.name]
     headline: list[str] = []
-    if not s.ok:
+    if not s.record.ok:
         headline.append(status_text(s))
-    if s.host_at_partitioning_bytes is not None and s.baseline_bytes is not None:
-        above = s.host_at_partitioning_bytes - s.baseline_bytes
+    if s.record.host_at_partitioning_bytes is not None and s.record.baseline_rss_bytes is not None:
+        above = s.record.host_at_partitioning_bytes - s.record.baseline_rss_bytes
         headline.append(
             f"host at partitioning {format_gib(above, decimals)} above the baseline of "
-            f"{format_gib(s.baseline_bytes, decimals)}"
+            f"{format_gib(s.record.baseline_rss_bytes, decimals)}"
         )
     mapped_engines = r.compiler_weights == "mapped" and not run.on_gpu
     floor_fact = _above_floor(s, decimals, mapped_engines)
@@ -237,29 +237,30 @@ def strategy_observations(run: Results, s: StrategyMetrics) -> list[str]:
         headline.append(floor_fact)
     details: list[str] = []
     memory = []
-    whole, build = s.run_host_peak_bytes, s.build_host_peak_bytes
+    whole, build = s.record.host_peak_bytes, s.record.build_peak_bytes
     if whole is not None and build is not None and format_gib(whole, decimals) != format_gib(build, decimals):
         memory.append(f"whole-run host peak {format_gib(whole, decimals)}, above the build phase's, reached "
                       f"{_when_whole_run_peak(run, s.name, whole)}")
-    if s.run_anon_peak_bytes is not None and model > 0:
-        share = s.run_anon_peak_bytes / model * 100
-        memory.append(f"anonymous peak {format_gib(s.run_anon_peak_bytes, decimals)} ({share:.0f}% of the model)")
-    if s.run_gpu_peak_bytes is not None:
-        memory.append(f"GPU peak {format_gib(s.run_gpu_peak_bytes, decimals)}")
+    if s.record.anon_peak_bytes is not None and model > 0:
+        share = s.record.anon_peak_bytes / model * 100
+        memory.append(f"anonymous peak {format_gib(s.record.anon_peak_bytes, decimals)} ({share:.0f}% of the model)")
+    if s.record.gpu_peak_bytes is not None:
+        memory.append(f"GPU peak {format_gib(s.record.gpu_peak_bytes, decimals)}")
     if memory:
         details.append("; ".join(memory))
     release = []
-    if s.released_bytes is not None and model > 0:
-        share = s.released_bytes / model * 100
-        release.append(f"released {format_gib(s.released_bytes, decimals)} ({share:.0f}% of the model)")
-    if s.unreleased_bytes is not None:
-        release.append(f"{format_gib(s.unreleased_bytes, decimals)} never released")
+    if s.record.released_bytes is not None and model > 0:
+        share = s.record.released_bytes / model * 100
+        release.append(f"released {format_gib(s.record.released_bytes, decimals)} ({share:.0f}% of the model)")
+    if s.record.unreleased_bytes is not None:
+        release.append(f"{format_gib(s.record.unreleased_bytes, decimals)} never released")
     if r.release_note:
         release.append(r.release_note.rstrip("."))
     if release:
         details.append("; ".join(release))
-    if s.wall_s is not None:
-        timing = f"wall {format_seconds(s.wall_s)}: load {format_seconds(s.load_s)}, build {format_seconds(s.build_s)}"
+    if s.record.wall_s is not None:
+        timing = (f"wall {format_seconds(s.record.wall_s)}: load {format_seconds(s.load_s)}, "
+                  f"build {format_seconds(s.build_s)}")
         if s.pages_s is not None and s.copy_s is not None:
             timing += (f" (engines: {format_seconds(s.pages_s)} bringing weights' pages in, "
                        f"{format_seconds(s.copy_s)} copying and flushing)")
@@ -291,7 +292,7 @@ def strategy_observations(run: Results, s: StrategyMetrics) -> list[str]:
     details.append(", ".join(sampling))
     if r.note:
         details.append(r.note.rstrip("."))
-    if not s.ok:
+    if not s.record.ok:
         samples = run.samples[s.name]
         last = f" up to {samples['t_s'].max():.1f} s" if len(samples) else ""
         details.append(f"partial data: {len(samples)} samples{last}; {s.engines_built} of {run.record.engines} "
@@ -302,13 +303,13 @@ def strategy_observations(run: Results, s: StrategyMetrics) -> list[str]:
 
 def comparison_observations(run: Results) -> list[str]:
     """Which finished strategy is lowest on host at partitioning and on the compared peak."""
-    finished = [s for s in run.metrics.values() if s.ok]
+    finished = [s for s in run.metrics.values() if s.record.ok]
     if len(finished) < 2:
         return []
     decimals = gib_decimals(run.record.model.bytes)
     lines = []
     figures = {
-        "host at partitioning": {s.name: s.host_at_partitioning_bytes for s in finished},
+        "host at partitioning": {s.name: s.record.host_at_partitioning_bytes for s in finished},
         finished[0].compared_label: {s.name: s.compared_peak_bytes for s in finished},
     }
     for title, by_name in figures.items():

@@ -34,14 +34,14 @@ Group = tuple[str, Callable[[StrategyMetrics], int | None], Callable[[Reference]
 def peak_groups(run: Results) -> list[Group]:
     """(label, strategy value in bytes, reference value in GiB) of each bar group."""
     groups: list[Group] = [
-        ("host at\npartitioning", lambda m: m.host_at_partitioning_bytes, lambda r: r.host_at_partitioning_gib),
+        ("host at\npartitioning", lambda m: m.record.host_at_partitioning_bytes, lambda r: r.host_at_partitioning_gib),
         ("\n".join(textwrap.wrap(run.compared_label, 16)) + "\n(floor drawn)", lambda m: m.compared_peak_bytes,
          lambda r: r.host_gpu_peak_gib if run.on_gpu else None),
-        ("whole-run\nhost peak", lambda m: m.run_host_peak_bytes, lambda r: r.host_peak_gib),
-        ("whole-run\nanonymous peak", lambda m: m.run_anon_peak_bytes, lambda r: None),
+        ("whole-run\nhost peak", lambda m: m.record.host_peak_bytes, lambda r: r.host_peak_gib),
+        ("whole-run\nanonymous peak", lambda m: m.record.anon_peak_bytes, lambda r: None),
     ]
     if run.gpu_measured:
-        groups.append(("whole-run\nGPU peak", lambda m: m.run_gpu_peak_bytes, lambda r: None))
+        groups.append(("whole-run\nGPU peak", lambda m: m.record.gpu_peak_bytes, lambda r: None))
     return groups
 
 
@@ -75,7 +75,7 @@ def peaks_figure(run: Results) -> Figure:
             raw = value_of(s)
             value = None if raw is None else raw / GIB
             if value is not None:
-                ax.bar(offset, value, width, color=colour, alpha=1.0 if s.ok else 0.45, edgecolor="white",
+                ax.bar(offset, value, width, color=colour, alpha=1.0 if s.record.ok else 0.45, edgecolor="white",
                        gid=f"peak:{g}:{s.name}")
                 values.append(value)
             bars.append((offset, value, "" if value is None else f"{value:.{decimals}f}"))
@@ -84,8 +84,8 @@ def peaks_figure(run: Results) -> Figure:
                           gid=f"floor:{s.name}", **FLOOR_STYLE)
                 values.append(s.floor_bytes / GIB)
                 floor_drawn = True
-        handles.append(Patch(color=colour, alpha=1.0 if s.ok else 0.45,
-                             label=s.name if s.ok else f"{s.name} (FAILED, partial)"))
+        handles.append(Patch(color=colour, alpha=1.0 if s.record.ok else 0.45,
+                             label=s.name if s.record.ok else f"{s.name} (FAILED, partial)"))
     for j, ref in enumerate(record.references):
         hatch = _REFERENCE_HATCHES[j % len(_REFERENCE_HATCHES)]
         offsets = x - 0.4 + width * (len(strategies) + j + 0.5)

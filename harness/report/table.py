@@ -52,7 +52,7 @@ def _reference_compared(reference: Reference, on_gpu: bool) -> str:
 
 def _status(m: StrategyMetrics, decimals: int) -> str:
     text = status_text(m, _STATUS_CHARS)
-    return text if m.ok else f"**{text}**"
+    return text if m.record.ok else f"**{text}**"
 
 
 def _runs(m: StrategyMetrics) -> str:
@@ -75,28 +75,28 @@ def columns(run: Results) -> list[Column]:
     on_gpu = run.on_gpu
     cols = [
         Column("strategy", lambda m, d: m.name, lambda r, g: f"reference: {r.label} (reference, different setup)"),
-        Column("host at partitioning", lambda m, d: format_gib(m.host_at_partitioning_bytes, d),
+        Column("host at partitioning", lambda m, d: format_gib(m.record.host_at_partitioning_bytes, d),
                lambda r, g: _gib(r.host_at_partitioning_gib)),
         Column(run.compared_label, lambda m, d: format_gib(m.compared_peak_bytes, d), _reference_compared),
         Column(FLOOR, lambda m, d: format_gib(m.floor_bytes, d)),
         Column(EXCESS, lambda m, d: format_percent(m.excess)),
     ]
     if on_gpu:
-        cols.append(Column("build-phase host peak", lambda m, d: format_gib(m.build_host_peak_bytes, d)))
+        cols.append(Column("build-phase host peak", lambda m, d: format_gib(m.record.build_peak_bytes, d)))
     cols += [
-        Column("whole-run host peak", lambda m, d: format_gib(m.run_host_peak_bytes, d),
+        Column("whole-run host peak", lambda m, d: format_gib(m.record.host_peak_bytes, d),
                lambda r, g: _gib(r.host_peak_gib)),
-        Column("whole-run anonymous peak", lambda m, d: format_gib(m.run_anon_peak_bytes, d)),
+        Column("whole-run anonymous peak", lambda m, d: format_gib(m.record.anon_peak_bytes, d)),
     ]
     if on_gpu:
-        cols.append(Column("whole-run GPU peak", lambda m, d: format_gib(m.run_gpu_peak_bytes, d)))
+        cols.append(Column("whole-run GPU peak", lambda m, d: format_gib(m.record.gpu_peak_bytes, d)))
     cols += [
-        Column("released", lambda m, d: format_gib(m.released_bytes, d)),
-        Column("prefetch", lambda m, d: m.prefetch or "off"),
+        Column("released", lambda m, d: format_gib(m.record.released_bytes, d)),
+        Column("prefetch", lambda m, d: m.record.prefetch or "off"),
         Column("resident at load start", lambda m, d: format_gib(m.resident_at_load_bytes, d)),
         Column("load time", lambda m, d: format_seconds(m.load_s), disk=lambda k: format_seconds(k.median_seconds)),
         Column("build time", lambda m, d: format_seconds(m.build_s)),
-        Column("wall time", lambda m, d: format_seconds(m.wall_median_s if m.runs > 1 else m.wall_s),
+        Column("wall time", lambda m, d: format_seconds(m.wall_median_s if m.runs > 1 else m.record.wall_s),
                disk=lambda k: format_seconds(k.median_seconds)),
         Column("runs", lambda m, d: _runs(m), disk=_disk_runs),
         Column("status", _status, lambda r, g: "reference",

@@ -71,12 +71,12 @@ def shorten(text: str, limit: int) -> str:
 
 def status_text(strategy: StrategyMetrics, limit: int | None = None) -> str:
     """``ok``, or ``FAILED: <reason>`` (shortened to ``limit`` characters when given)."""
-    if strategy.ok:
-        return strategy.status
-    reason = strategy.error or "no reason recorded"
+    if strategy.record.ok:
+        return strategy.record.status
+    reason = strategy.record.error or "no reason recorded"
     if limit is not None:
         reason = shorten(reason, limit)
-    return f"FAILED: {reason}" if strategy.status == "failed" else f"{strategy.status}: {reason}"
+    return f"FAILED: {reason}" if strategy.record.status == "failed" else f"{strategy.record.status}: {reason}"
 
 
 def short_commit(commit: str | None, length: int = 12) -> str:

@@ -89,7 +89,7 @@ def _panel_top(run: Results, name: str) -> float:
         if np.isfinite(host_gpu).any():
             tops.append(float(np.nanmax(host_gpu)))
     m = run.metrics[name]
-    tops += [v / GIB for v in (m.floor_bytes, m.compared_peak_bytes, m.run_host_peak_bytes) if v is not None]
+    tops += [v / GIB for v in (m.floor_bytes, m.compared_peak_bytes, m.record.host_peak_bytes) if v is not None]
     finite = [t for t in tops if np.isfinite(t)]
     return max(finite) if finite else 1.0
 
@@ -162,8 +162,8 @@ def _timeline_panel(ax: Axes, run: Results, name: str, seconds_per_inch: float) 
     residency.set_ylabel("page cache\n(% of checkpoint)", color=SERIES_COLOURS["resident"])
     residency.tick_params(axis="y", colors=SERIES_COLOURS["resident"])
     title = f"{name}: {'ok' if s.ok else 'FAILED'}"
-    if m.wall_s is not None:
-        title += f", wall {m.wall_s:.1f} s"
+    if m.record.wall_s is not None:
+        title += f", wall {m.record.wall_s:.1f} s"
     if origin > 0:
         title += f", load began {origin:.1f} s after process start"
     if model > top:

@@ -208,25 +208,12 @@ class StrategyMetrics:
 
     record: StrategyRecord
     name: str
-    ok: bool
-    status: str
-    error: str | None
     on_gpu: bool
     model_bytes: int
-    baseline_bytes: int | None
-    host_at_partitioning_bytes: int | None
-    build_host_peak_bytes: int | None
-    build_host_gpu_peak_bytes: int | None
-    run_host_peak_bytes: int | None
-    run_anon_peak_bytes: int | None
-    run_gpu_peak_bytes: int | None
     compared_label: str
     compared_peak_bytes: int | None
     floor_bytes: int | None
     excess: float | None
-    released_bytes: int | None
-    unreleased_bytes: int | None
-    wall_s: float | None
     load_s: float | None
     build_s: float | None
     engine_s: tuple[tuple[int, float], ...]
@@ -240,8 +227,6 @@ class StrategyMetrics:
     build_median_s: float | None = None
     engine_pages_s: tuple[tuple[int, float], ...] = ()
     engine_copy_s: tuple[tuple[int, float], ...] = ()
-    prefetch: str | None = None
-    resident_at_load_bytes: int | None = None
 
     @property
     def wall_spread(self) -> float | None:
@@ -263,13 +248,17 @@ class StrategyMetrics:
     @property
     def gpu_measured(self) -> bool:
         """Whether this strategy has GPU figures."""
-        return self.run_gpu_peak_bytes is not None
+        return self.record.gpu_peak_bytes is not None
+
+    @property
+    def resident_at_load_bytes(self) -> int | None:
+        """The checkpoint's bytes in the page cache when the load began (None where not measured)."""
+        return None if self.record.cache is None else self.record.cache.resident_at_load_bytes
 
     @classmethod
     def of(cls, name: str, record: StrategyRecord, run: RunRecord) -> StrategyMetrics:
         """The metrics of strategy ``name`` of ``run``."""
         on_gpu = run.on_gpu
-        gpu_measured = record.gpu_peak_bytes is not None
         compared = record.host_gpu_peak_bytes if on_gpu else record.build_peak_bytes
         floor = None
         if record.ok and record.engines and record.baseline_rss_bytes is not None:
@@ -278,44 +267,26 @@ class StrategyMetrics:
         if floor is not None and compared is not None and run.model.bytes > 0:
             excess = excess_fraction(compared, floor, run.model.bytes)
         phases = record.phases
+        engines = sorted(record.engines, key=lambda e: e.index)
         engine_s = tuple(
-            (e.index, e.end_s - e.start_s)
-            for e in sorted(record.engines, key=lambda e: e.index)
-            if e.start_s is not None and e.end_s is not None
+            (e.index, e.end_s - e.start_s) for e in engines if e.start_s is not None and e.end_s is not None
         )
         return cls(
+            record=record,
             name=name,
-            ok=record.ok,
-            status=record.status,
-            error=record.error,
             on_gpu=on_gpu,
             model_bytes=run.model.bytes,
-            baseline_bytes=record.baseline_rss_bytes,
-            host_at_partitioning_bytes=record.host_at_partitioning_bytes,
-            build_host_peak_bytes=record.build_peak_bytes,
-            build_host_gpu_peak_bytes=record.host_gpu_peak_bytes if gpu_measured else None,
-            run_host_peak_bytes=record.host_peak_bytes,
-            run_anon_peak_bytes=record.anon_peak_bytes,
-            run_gpu_peak_bytes=record.gpu_peak_bytes,
             compared_label=compared_label(on_gpu),
             compared_peak_bytes=compared,
             floor_bytes=floor,
             excess=excess,
-            released_bytes=record.released_bytes,
-            unreleased_bytes=record.unreleased_bytes,
-            wall_s=record.wall_s,
             load_s=_span(phases.load_start_s, phases.load_end_s),
             build_s=_span(phases.partition_s, phases.build_end_s),
             engine_s=engine_s,
             engines_built=len(engine_s),
             **_repeat_figures(record),
-            engine_pages_s=tuple((e.index, e.pages_s) for e in sorted(record.engines, key=lambda e: e.index)
-                                 if e.pages_s is not None),
-            engine_copy_s=tuple((e.index, e.copy_s) for e in sorted(record.engines, key=lambda e: e.index)
-                                if e.copy_s is not None),
-            prefetch=record.prefetch,
-            resident_at_load_bytes=None if record.cache is None else record.cache.resident_at_load_bytes,
-            record=record,
+            engine_pages_s=tuple((e.index, e.pages_s) for e in engines if e.pages_s is not None),
+            engine_copy_s=tuple((e.index, e.copy_s) for e in engines if e.copy_s is not None),
         )
 
 
