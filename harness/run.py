@@ -42,7 +42,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
-import dataclasses
 import datetime
 import os
 import re
@@ -71,7 +70,6 @@ from harness.results.record import (
     PLAN,
     DiskRead,
     MachineInfo,
-    Reference,
     RepeatRecord,
     RunRecord,
     StrategyRecord,
@@ -238,7 +236,7 @@ def _run_record(plan: Plan) -> RunRecord:
         release=scenario.build.release,
         sample_interval_ms=scenario.run.sample_interval_ms,
         memory_limit_bytes=plan.memory_limit_bytes,
-        references=tuple(Reference(**dataclasses.asdict(r)) for r in scenario.references),
+        references=scenario.references,
         scenario_config=scenario.to_dict(),
         strategies={},
         repeats=scenario.run.repeats,

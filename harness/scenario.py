@@ -89,7 +89,8 @@ from typing import Any
 
 from harness.catalog import BACKENDS, COMPILER_BACKENDS, STRATEGY_LISTINGS
 from harness.errors import HarnessError
-from harness.results.codec import NAME, TABLE_STYLE, Limit, decode, decode_fields, describe_typed
+from harness.results.codec import NAME, TABLE_STYLE, Limit, decode, decode_fields, describe_typed, encode
+from harness.results.record import Reference
 from weightmap import PREFETCH_METHODS
 from weightmap.filekinds import non_regular_kind
 
@@ -171,11 +172,8 @@ LIMITS: dict[str, Limit] = {
     "run.timeout_s": Limit(0, 7 * 24 * 3600, low_open=True, unit="s", note="a week"),
     "run.repeats": _int(1, 100),
     "run.warmup": _int(0, 100),
-    "reference.host_at_partitioning_gib": Limit(0, 2**20, unit="GiB"),
-    "reference.host_gpu_peak_gib": Limit(0, 2**20, unit="GiB"),
-    "reference.host_peak_gib": Limit(0, 2**20, unit="GiB"),
 }
-"""Every numeric setting's range, by dotted key (``reference.*`` for each ``[[reference]]``)."""
+"""Every numeric setting's range, by dotted key (a ``[[reference]]``'s are on :class:`Reference`)."""
 
 _SYNTHETIC_KEYS = frozenset({"layers", "width", "heads", "vocab", "ffn_mult", "dtype"})
 _SPEC_KEYS = frozenset({"spec", "trim"})
@@ -329,17 +327,6 @@ class RunConfig:
     warmup: int = field(default=0, metadata=_limit("run.warmup"))
 
 
-@dataclass(frozen=True)
-class Reference:
-    """Figures measured on another setup, shown beside ours and marked as such."""
-
-    label: str
-    host_at_partitioning_gib: float | None = field(default=None, metadata=_limit("reference.host_at_partitioning_gib"))
-    host_gpu_peak_gib: float | None = field(default=None, metadata=_limit("reference.host_gpu_peak_gib"))
-    host_peak_gib: float | None = field(default=None, metadata=_limit("reference.host_peak_gib"))
-    note: str = ""
-
-
 @dataclass(frozen=True, kw_only=True)
 class Scenario:
     """A validated scenario: from :func:`load_scenario`, or built in code (fields are keyword-only).
@@ -357,9 +344,14 @@ class Scenario:
     run: RunConfig = field(default_factory=RunConfig)
     references: tuple[Reference, ...] = ()
 
+    @property
+    def source(self) -> str:
+        """What errors name this scenario by: its file, or ``scenario '<name>'`` for one built in code."""
+        return _show_path(self.path) if self.path else f"scenario {self.name!r}"
+
     def where(self, key: str) -> str:
         """``<file>: <key>``, how an error about ``key`` of this scenario starts."""
-        return f"{_show_path(self.path) if self.path else f'scenario {self.name!r}'}: {key}"
+        return f"{self.source}: {key}"
 
     def to_dict(self) -> dict[str, Any]:
         """The scenario as JSON-able data, for the results.
@@ -585,28 +577,13 @@ def validate_scenario(scenario: Scenario) -> None:
     made (one built in code never went through the loader): every setting of :data:`LIMITS`, the
     model's weight bytes, the checkpoint path's type. Raises :class:`ScenarioError` naming
     ``scenario.where(key)``; reads the spec, opens nothing else."""
-    m, b, r = scenario.model, scenario.build, scenario.run
-    values: dict[str, Any] = {
-        "checkpoint.seed": scenario.checkpoint.seed, "build.engines": b.engines,
-        "build.engine_cap_mib": b.engine_cap_mib, "build.tokens": b.tokens,
-        "run.sample_interval_ms": r.sample_interval_ms, "run.residency_every": r.residency_every,
-        "run.memory_limit_gib": r.memory_limit_gib, "run.timeout_s": r.timeout_s, "run.repeats": r.repeats,
-        "run.warmup": r.warmup,
-    }
+    m, b = scenario.model, scenario.build
+    # every field's rules (ranges, choices, names), read by the codec as the loader reads a file
+    decode(Scenario, encode(scenario), source=scenario.source, style=_STYLE)
     if m.source == "synthetic":
-        for key in ("layers", "width", "vocab"):
+        for key in _REQUIRED_MODEL_KEYS["synthetic"]:
             if getattr(m, key) is None:
                 raise ScenarioError(f"{scenario.where('model.' + key)}: required for a synthetic model")
-        values |= {"model.layers": m.layers, "model.width": m.width, "model.heads": m.heads,
-                   "model.vocab": m.vocab, "model.ffn_mult": m.ffn_mult}
-    checks = [(key, key, value) for key, value in values.items()]
-    for i, ref in enumerate(scenario.references):
-        for name in ("host_at_partitioning_gib", "host_gpu_peak_gib", "host_peak_gib"):
-            checks.append((f"reference[{i}].{name}", f"reference.{name}", getattr(ref, name)))
-    for shown, key, value in checks:
-        limit = LIMITS[key]
-        if value is not None and not limit.accepts(value):
-            raise ScenarioError(f"{scenario.where(shown)}: {limit.expected()}, got {describe_typed(value)}")
     if b.engine_cap_bytes is not None and b.engine_cap_bytes < 1:
         raise ScenarioError(f"{scenario.where('build.engine_cap_mib')}: {b.engine_cap_mib:g} MiB is less than one "
                             "byte")

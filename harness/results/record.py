@@ -87,6 +87,7 @@ from harness.results.codec import (
     MAX_BYTES,
     MAX_INTEGER,
     NAME,
+    Limit,
     LongInteger,
     Record,
     RecordError,
@@ -457,14 +458,18 @@ class CheckpointInfo(Record):
     bytes: int
 
 
+_REFERENCE_GIB = {"limit": Limit(0, 2**20, unit="GiB")}
+
+
 @dataclass(frozen=True)
 class Reference(Record):
-    """A figure measured on another setup, shown beside the run's own and marked as such."""
+    """A figure measured on another setup, shown beside the run's own and marked as such: a
+    scenario's ``[[reference]]`` table, copied into its results."""
 
     label: str
-    host_at_partitioning_gib: float | None = None
-    host_gpu_peak_gib: float | None = None
-    host_peak_gib: float | None = None
+    host_at_partitioning_gib: float | None = field(default=None, metadata=_REFERENCE_GIB)
+    host_gpu_peak_gib: float | None = field(default=None, metadata=_REFERENCE_GIB)
+    host_peak_gib: float | None = field(default=None, metadata=_REFERENCE_GIB)
     note: str = field(default="", metadata={"null_as": ""})
 
 

@@ -9,6 +9,7 @@ refused before a byte of it is written.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -34,6 +35,7 @@ from harness.scenario import (
     BuildConfig,
     CheckpointConfig,
     ModelConfig,
+    Reference,
     RunConfig,
     Scenario,
     ScenarioError,
@@ -229,6 +231,26 @@ def test_a_scenario_built_in_code_is_checked_by_the_plan(tmp_path: Path) -> None
         make_plan(scenario, name="t", workdir=tmp_path / "engines")
     assert not (tmp_path / "c.safetensors").exists()
 
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    ({"name": "../elsewhere"}, "scenario '../elsewhere': name: expected [a-z0-9_-]+"),
+    ({"strategies": ("map", "no_such")}, "scenario 't': strategies:"),
+    ({"run": RunConfig(prefetch="sometimes")}, "scenario 't': run.prefetch: expected one of 'off'"),
+    ({"build": BuildConfig(weights="copied", device="cpu")}, "scenario 't': build.weights: expected one of"),
+    ({"references": (Reference(label="r", host_peak_gib=-1.0),)},
+     "scenario 't': references[0].host_peak_gib: expected a number >= 0"),
+])
+def test_a_scenario_built_in_code_meets_every_rule_the_loader_applies(
+    tmp_path: Path, change: dict[str, Any], expected: str
+) -> None:
+    scenario = dataclasses.replace(Scenario(
+        name="t", model=ModelConfig(source="synthetic", layers=1, width=64, heads=4, vocab=64),
+        checkpoint=CheckpointConfig(path=tmp_path / "c.safetensors", generate=True),
+        build=BuildConfig(device="cpu")), **change)
+    with pytest.raises(ScenarioError) as info:
+        validate_scenario(scenario)
+    assert str(info.value).startswith(expected), info.value
 
 @pytest.mark.parametrize(("flag", "value", "expected"), [
     ("--precision-mib", "nan", "--precision-mib nan: expected a number >= 1 and <= 1048576 (MiB, 1 TiB)"),
