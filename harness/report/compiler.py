@@ -14,6 +14,7 @@ Drawn and tabled only for runs of a compiler backend (records of layout 3 with
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -22,9 +23,9 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from harness.report.style import figure_legend, new_figure, strategy_colour, styled
-from harness.report.text import DASH, cell, format_seconds
+from harness.report.text import DASH, TableColumn, format_seconds, markdown_table
 from harness.results.reading import Results
-from harness.results.record import EngineRecord, StrategyRecord
+from harness.results.record import EngineRecord, ExportRecord, StrategyRecord
 
 __all__ = ["compiler_figure", "compiler_lines", "has_compiler"]
 
@@ -120,6 +121,43 @@ def _check_text(record: StrategyRecord) -> str:
     return record.check or DASH
 
 
+def _export_cell(shown: Callable[[ExportRecord], str]) -> Callable[[tuple[str, StrategyRecord]], str]:
+    return lambda row: DASH if row[1].export is None else shown(row[1].export)
+
+
+def _compile_total(record: StrategyRecord) -> str:
+    engines = _compiled(record)
+    return format_seconds(sum(e.compile_s or 0.0 for e in engines)) if engines else DASH
+
+
+_STRATEGY_COLUMNS: list[TableColumn[tuple[str, StrategyRecord]]] = [
+    TableColumn("strategy", lambda row: row[0], text=True),
+    TableColumn("export time", _export_cell(lambda x: format_seconds(x.seconds))),
+    TableColumn("graph nodes", _export_cell(lambda x: f"{x.nodes:,}")),
+    TableColumn("checkpoint pages read", _export_cell(lambda x: _mib(x.pages_read_bytes, 2))),
+    TableColumn("page cache brought in", _export_cell(lambda x: _mib(x.residency_read_bytes, 2))),
+    TableColumn("host cost (peak over its start)", _export_cell(lambda x: _mib(x.host_cost_bytes))),
+    TableColumn("anonymous growth", _export_cell(lambda x: _mib(x.anon_delta_bytes))),
+    TableColumn("engines compiled", lambda row: str(len(_compiled(row[1])))),
+    TableColumn("compile time", lambda row: _compile_total(row[1])),
+    TableColumn("built vs eager (max abs diff)", lambda row: _check_text(row[1])),
+]
+"""The export table: a row per strategy."""
+
+_ENGINE_COLUMNS: list[TableColumn[tuple[str, EngineRecord]]] = [
+    TableColumn("strategy", lambda row: row[0], text=True),
+    TableColumn("engine", lambda row: str(row[1].index)),
+    TableColumn("weights", lambda row: _mib(row[1].weight_bytes)),
+    TableColumn("compile time", lambda row: format_seconds(row[1].compile_s)),
+    TableColumn("artifact", lambda row: _mib(row[1].artifact_bytes)),
+    TableColumn("host rise", lambda row: _mib(_growth(row[1]))),
+    TableColumn("over copy floor", lambda row: _mib(row[1].compiler_over_floor_bytes)),
+    TableColumn("compiler processes", lambda row: _mib(row[1].children_peak_bytes)),
+    TableColumn("cache growth", lambda row: _mib(row[1].cache_bytes)),
+]
+"""The per-engine table: a row per engine a compiler built, per strategy."""
+
+
 def compiler_lines(run: Results) -> list[str]:
     """The report's compiler section (empty for a run without a compiler)."""
     if not has_compiler(run):
@@ -128,22 +166,7 @@ def compiler_lines(run: Results) -> list[str]:
              f"Engines built by {_setting(run)} from the graph partitions of the exported model, "
              f"on `{run.record.device}`.", "",
              "Export phase (`torch.export.export` of the loaded model) and the built model against eager:", "",
-             "| strategy | export time | graph nodes | checkpoint pages read | page cache brought in "
-             "| host cost (peak over its start) | anonymous growth | engines compiled | compile time "
-             "| built vs eager (max abs diff) |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for name, record in run.strategies.items():
-        export = record.export
-        engines = _compiled(record)
-        total = sum(e.compile_s or 0.0 for e in engines)
-        row = [name]
-        if export is None:
-            row += [DASH] * 6
-        else:
-            row += [format_seconds(export.seconds), f"{export.nodes:,}", _mib(export.pages_read_bytes, 2),
-                    _mib(export.residency_read_bytes, 2), _mib(export.host_cost_bytes), _mib(export.anon_delta_bytes)]
-        row += [str(len(engines)), format_seconds(total) if engines else DASH, _check_text(record)]
-        lines.append("| " + " | ".join(cell(c) for c in row) + " |")
+             *markdown_table(_STRATEGY_COLUMNS, run.strategies.items())]
     checks = [f"- **{name}**: {record.check}" for name, record in run.strategies.items() if record.check]
     if checks:
         lines += ["", "The built model against eager, on the scenario's input:", "", *checks]
@@ -151,13 +174,6 @@ def compiler_lines(run: Results) -> list[str]:
               "floor = high-water mark − (RSS at its start + its weights), negative where the build did not "
               "bring its weights in; compiler processes: the largest summed RSS of the C++ compiler and "
               "linker the build started, sampled, memory outside this process):", "",
-              "| strategy | engine | weights | compile time | artifact | host rise | over copy floor "
-              "| compiler processes | cache growth |",
-              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for name, record in run.strategies.items():
-        for e in _compiled(record):
-            row = [name, str(e.index), _mib(e.weight_bytes), format_seconds(e.compile_s), _mib(e.artifact_bytes),
-                   _mib(_growth(e)), _mib(e.compiler_over_floor_bytes), _mib(e.children_peak_bytes),
-                   _mib(e.cache_bytes)]
-            lines.append("| " + " | ".join(cell(c) for c in row) + " |")
+              *markdown_table(_ENGINE_COLUMNS, ((name, e) for name, r in run.strategies.items()
+                                                for e in _compiled(r)))]
     return lines + [""]

@@ -8,12 +8,17 @@ always print a figure the same way.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
 from harness.results.metrics import StrategyMetrics
 from harness.results.reading import Results
 
 __all__ = [
     "DASH",
     "GIB",
+    "TableColumn",
     "cell",
     "footer_text",
     "format_gib",
@@ -21,6 +26,7 @@ __all__ = [
     "format_seconds",
     "gib_decimals",
     "machine_text",
+    "markdown_table",
     "short_commit",
     "shorten",
     "status_text",
@@ -115,3 +121,22 @@ def footer_text(run: Results) -> str:
         f"created {record.created or 'unknown'}",
     ]
     return "   |   ".join(p for p in parts if p)
+
+
+Row = TypeVar("Row")
+
+
+@dataclass(frozen=True)
+class TableColumn(Generic[Row]):
+    """A markdown table's column: its header and its cell of a row; numbers align right, text left."""
+
+    header: str
+    value: Callable[[Row], str]
+    text: bool = False
+
+
+def markdown_table(columns: Sequence[TableColumn[Row]], rows: Iterable[Row]) -> list[str]:
+    """The markdown lines of a table with ``columns``, a line per row, each cell made safe (:func:`cell`)."""
+    lines = ["| " + " | ".join(c.header for c in columns) + " |",
+             "| " + " | ".join("---" if c.text else "---:" for c in columns) + " |"]
+    return lines + ["| " + " | ".join(cell(c.value(row)) for c in columns) + " |" for row in rows]
