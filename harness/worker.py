@@ -132,6 +132,7 @@ class Measurement:
         self.gpu: GpuMonitor | None = None
         self.sampler: Sampler | None = None
         self.builder: EngineBuilder | None = None
+        self.check_start_s: float | None = None  # when the built model began to run, for the check phase
 
     def _set(self, **values: Any) -> None:
         self.record = self.record.replace(**values)
@@ -298,6 +299,7 @@ class Measurement:
         example inputs, where the builder has a built model to run."""
         assert self.builder is not None
         self.stop_sampling()
+        self.check_start_s = round(time.monotonic() - self.t0, 6)
         return self.builder.run_built(self)
 
     def check(self, outputs: Any) -> None:
@@ -308,7 +310,9 @@ class Measurement:
         if comparison is None:
             return
         finite = comparison.max_abs_diff == comparison.max_abs_diff and comparison.max_abs_diff != float("inf")
-        self._set(max_abs_diff=comparison.max_abs_diff if finite else None, check=comparison.detail)
+        phases = replace(self.record.phases, check_start_s=self.check_start_s,
+                         check_end_s=round(time.monotonic() - self.t0, 6))
+        self._set(max_abs_diff=comparison.max_abs_diff if finite else None, check=comparison.detail, phases=phases)
         comparison.check()
 
     def stop_sampling(self) -> None:

@@ -231,8 +231,9 @@ class StreamLoader:
         self.peak_resident_bytes = max(self.peak_resident_bytes, self.resident_bytes)
         return {name: self._tensors[stored] for name, stored in wanted.items()}
 
-    def drop(self, names: Iterable[str]) -> None:
-        """Let the named tensors go (a tied tensor once none of its loaded names is held).
+    def drop(self, names: Iterable[str]) -> dict[str, int]:
+        """Let the named tensors go (a tied tensor once none of its loaded names is held); returns the
+        stored tensors let go, by the name the checkpoint stores them under, with their bytes.
 
         Raises ``KeyError`` for a name that is not loaded, before dropping anything.
         """
@@ -240,10 +241,13 @@ class StreamLoader:
         absent = [name for name in names if name not in self._held]
         if absent:
             raise KeyError(f"{self.checkpoint.source}: {absent[0]!r} is not loaded, so it cannot be dropped")
+        dropped: dict[str, int] = {}
         for name in names:
             stored = self._held.pop(name, None)
             if stored is not None and stored not in self._held.values():
-                del self._tensors[stored]
+                tensor = self._tensors.pop(stored)
+                dropped[stored] = tensor.numel() * tensor.element_size()
+        return dropped
 
     @property
     def resident_bytes(self) -> int:

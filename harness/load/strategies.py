@@ -169,8 +169,9 @@ class StreamHooks:
     of the engine, which no memory limit can reclaim, on top of the file pages it is
     copied from, and the builds read each weight once) and puts them into the model in
     place of its meta tensors; ``after`` puts the meta tensors back and drops the views,
-    which unmaps them once nothing else holds them, and returns their bytes. A tied
-    tensor read by two engines is loaded for each.
+    which unmaps them once nothing else holds them, and returns the bytes of those not
+    released before: a tensor read by two engines (a tied one) is loaded for each, and counts
+    once among the model's released bytes, as for the other strategies.
     """
 
     def __init__(self, model: torch.nn.Module, path: Path) -> None:
@@ -178,6 +179,7 @@ class StreamHooks:
         self.loader = StreamLoader.for_model(model, path)
         self._meta: dict[str, torch.Tensor | None] = {}
         self._names: list[str] = []
+        self._released: set[str] = set()
 
     def before(self, index: int, names: Sequence[str]) -> None:
         self._names = [n for n in names if self.loader.holds(n)]
@@ -191,13 +193,14 @@ class StreamHooks:
             slots[key] = tensor
 
     def after(self, index: int, names: Sequence[str]) -> int:
-        before = self.loader.resident_bytes
         for name in self._names:
             slots, key = tensor_slot(self.model, name)
             slots[key] = self._meta.pop(name)
-        self.loader.drop(self._names)
+        dropped = self.loader.drop(self._names)
         self._names = []
-        return before - self.loader.resident_bytes
+        fresh = {stored: nbytes for stored, nbytes in dropped.items() if stored not in self._released}
+        self._released.update(fresh)
+        return sum(fresh.values())
 
 
 def _release_after_last_reader(model: torch.nn.Module, partitions: Sequence[Sequence[str]]) -> ReleasePlan:

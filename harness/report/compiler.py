@@ -24,6 +24,7 @@ from matplotlib.patches import Patch
 
 from harness.report.style import figure_legend, new_figure, strategy_colour, styled
 from harness.report.text import DASH, TableColumn, format_seconds, markdown_table
+from harness.results.metrics import StrategyMetrics
 from harness.results.reading import Results
 from harness.results.record import EngineRecord, ExportRecord, StrategyRecord
 
@@ -121,8 +122,8 @@ def _check_text(record: StrategyRecord) -> str:
     return record.check or DASH
 
 
-def _export_cell(shown: Callable[[ExportRecord], str]) -> Callable[[tuple[str, StrategyRecord]], str]:
-    return lambda row: DASH if row[1].export is None else shown(row[1].export)
+def _export_cell(shown: Callable[[ExportRecord], str]) -> Callable[[StrategyMetrics], str]:
+    return lambda m: DASH if m.record.export is None else shown(m.record.export)
 
 
 def _compile_total(record: StrategyRecord) -> str:
@@ -130,17 +131,17 @@ def _compile_total(record: StrategyRecord) -> str:
     return format_seconds(sum(e.compile_s or 0.0 for e in engines)) if engines else DASH
 
 
-_STRATEGY_COLUMNS: list[TableColumn[tuple[str, StrategyRecord]]] = [
-    TableColumn("strategy", lambda row: row[0], text=True),
-    TableColumn("export time", _export_cell(lambda x: format_seconds(x.seconds))),
+_STRATEGY_COLUMNS: list[TableColumn[StrategyMetrics]] = [
+    TableColumn("strategy", lambda m: m.name, text=True),
+    TableColumn("export time", lambda m: format_seconds(m.export_s) if m.export_s is not None else DASH),
     TableColumn("graph nodes", _export_cell(lambda x: f"{x.nodes:,}")),
     TableColumn("checkpoint pages read", _export_cell(lambda x: _mib(x.pages_read_bytes, 2))),
     TableColumn("page cache brought in", _export_cell(lambda x: _mib(x.residency_read_bytes, 2))),
     TableColumn("host cost (peak over its start)", _export_cell(lambda x: _mib(x.host_cost_bytes))),
     TableColumn("anonymous growth", _export_cell(lambda x: _mib(x.anon_delta_bytes))),
-    TableColumn("engines compiled", lambda row: str(len(_compiled(row[1])))),
-    TableColumn("compile time", lambda row: _compile_total(row[1])),
-    TableColumn("built vs eager (max abs diff)", lambda row: _check_text(row[1])),
+    TableColumn("engines compiled", lambda m: str(len(_compiled(m.record)))),
+    TableColumn("compile time", lambda m: _compile_total(m.record)),
+    TableColumn("built vs eager (max abs diff)", lambda m: _check_text(m.record)),
 ]
 """The export table: a row per strategy."""
 
@@ -166,7 +167,7 @@ def compiler_lines(run: Results) -> list[str]:
              f"Engines built by {_setting(run)} from the graph partitions of the exported model, "
              f"on `{run.record.device}`.", "",
              "Export phase (`torch.export.export` of the loaded model) and the built model against eager:", "",
-             *markdown_table(_STRATEGY_COLUMNS, run.strategies.items())]
+             *markdown_table(_STRATEGY_COLUMNS, run.metrics.values())]
     checks = [f"- **{name}**: {record.check}" for name, record in run.strategies.items() if record.check]
     if checks:
         lines += ["", "The built model against eager, on the scenario's input:", "", *checks]

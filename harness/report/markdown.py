@@ -21,6 +21,8 @@ from harness.report.text import (
     format_seconds,
     gib_decimals,
     machine_text,
+    phases_text,
+    release_sentence,
     short_commit,
     status_text,
     versions_text,
@@ -160,8 +162,12 @@ def _prefetch_detail(r: StrategyRecord, decimals: int) -> str | None:
 
 
 def _floor_note(run: Results, decimals: int) -> str:
-    formula = floor_formula(run.on_gpu, run.engines_accumulate)
-    if run.on_gpu and not run.engines_accumulate:
+    formula = floor_formula(run.on_gpu, run.engines_accumulate, run.engines_read_in_place)
+    if run.engines_read_in_place:
+        floor = ("engines compiled to run on the mapped weights where they lie are built without a copy of "
+                 f"their weights and need none of them resident, so the floor is the {formula}; every weight "
+                 "page a build brings in counts in its excess")
+    elif run.on_gpu and not run.engines_accumulate:
         floor = (
             f"on the GPU engines that hold their weights leave it once built, so the floor is {formula} "
             "(its weights on the host and their device copy), compared with the build-phase host + GPU peak"
@@ -174,7 +180,7 @@ def _floor_note(run: Results, decimals: int) -> str:
     gpu = "" if run.gpu_measured else " No GPU was measured."
     return (
         f"GiB = 2^30 bytes, rounded to {decimals} decimals; references are shown as published. "
-        f"Floor: the lowest peak any loader can reach while an engine's weights and its copy coexist; "
+        f"Floor: the lowest peak any loader can reach while every engine is built; "
         f"{floor}. The {run.compared_label} covers partitioning to the end of the last engine (the larger of "
         f"the engines' kernel high-water marks and the samples); excess = ({run.compared_label} − floor) / "
         f"model size. Whole-run peaks include the load. Failed strategies have no floor: they built only "
@@ -182,18 +188,11 @@ def _floor_note(run: Results, decimals: int) -> str:
     )
 
 
-def _above_floor(s: StrategyMetrics, decimals: int, read_no_weights: bool = False) -> str | None:
+def _above_floor(s: StrategyMetrics, decimals: int) -> str | None:
     floor, peak, fraction = s.floor_bytes, s.compared_peak_bytes, s.excess
     if floor is None or peak is None or fraction is None:
         return None
     label = s.compared_label
-    if fraction < 0 and read_no_weights:
-        return (
-            f"{label} {format_gib(peak, decimals)} is {format_gib(floor - peak, decimals)} "
-            f"({-fraction * 100:.1f}% of the model) below the copy floor of {format_gib(floor, decimals)}: "
-            "engines that hold no weights were built without reading them, so no engine's weights were "
-            "ever all resident"
-        )
     if fraction < 0:
         return (
             f"{label} {format_gib(peak, decimals)} is {format_gib(floor - peak, decimals)} below the floor "
@@ -231,8 +230,7 @@ def strategy_observations(run: Results, s: StrategyMetrics) -> list[str]:
             f"host at partitioning {format_gib(above, decimals)} above the baseline of "
             f"{format_gib(s.record.baseline_rss_bytes, decimals)}"
         )
-    mapped_engines = r.compiler_weights == "mapped" and not run.on_gpu
-    floor_fact = _above_floor(s, decimals, mapped_engines)
+    floor_fact = _above_floor(s, decimals)
     if floor_fact:
         headline.append(floor_fact)
     details: list[str] = []
@@ -241,26 +239,21 @@ def strategy_observations(run: Results, s: StrategyMetrics) -> list[str]:
     if whole is not None and build is not None and format_gib(whole, decimals) != format_gib(build, decimals):
         memory.append(f"whole-run host peak {format_gib(whole, decimals)}, above the build phase's, reached "
                       f"{_when_whole_run_peak(run, s.name, whole)}")
-    if s.record.anon_peak_bytes is not None and model > 0:
-        share = s.record.anon_peak_bytes / model * 100
-        memory.append(f"anonymous peak {format_gib(s.record.anon_peak_bytes, decimals)} ({share:.0f}% of the model)")
+    if s.anon_above_baseline_bytes is not None and model > 0:
+        share = s.anon_above_baseline_bytes / model * 100
+        memory.append(f"anonymous memory peaked {format_gib(s.anon_above_baseline_bytes, decimals)} above its "
+                      f"baseline ({share:.0f}% of the model)")
+    elif s.record.anon_peak_bytes is not None:
+        memory.append(f"anonymous peak {format_gib(s.record.anon_peak_bytes, decimals)}, the baseline's included")
     if s.record.gpu_peak_bytes is not None:
         memory.append(f"GPU peak {format_gib(s.record.gpu_peak_bytes, decimals)}")
     if memory:
         details.append("; ".join(memory))
-    release = []
-    if s.record.released_bytes is not None and model > 0:
-        share = s.record.released_bytes / model * 100
-        release.append(f"released {format_gib(s.record.released_bytes, decimals)} ({share:.0f}% of the model)")
-    if s.record.unreleased_bytes is not None:
-        release.append(f"{format_gib(s.record.unreleased_bytes, decimals)} never released")
-    if r.release_note:
-        release.append(r.release_note.rstrip("."))
+    release = release_sentence(s, run.record.model.bytes_with_non_persistent_buffers)
     if release:
-        details.append("; ".join(release))
+        details.append(release)
     if s.record.wall_s is not None:
-        timing = (f"wall {format_seconds(s.record.wall_s)}: load {format_seconds(s.load_s)}, "
-                  f"build {format_seconds(s.build_s)}")
+        timing = f"wall {format_seconds(s.record.wall_s)} = {phases_text(s)}"
         if s.pages_s is not None and s.copy_s is not None:
             timing += (f" (engines: {format_seconds(s.pages_s)} bringing weights' pages in, "
                        f"{format_seconds(s.copy_s)} copying and flushing)")

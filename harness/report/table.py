@@ -86,7 +86,7 @@ def columns(run: Results) -> list[Column]:
     cols += [
         Column("whole-run host peak", lambda m, d: format_gib(m.record.host_peak_bytes, d),
                lambda r, g: _gib(r.host_peak_gib)),
-        Column("whole-run anonymous peak", lambda m, d: format_gib(m.record.anon_peak_bytes, d)),
+        Column("anonymous peak above baseline", lambda m, d: format_gib(m.anon_above_baseline_bytes, d)),
     ]
     if on_gpu:
         cols.append(Column("whole-run GPU peak", lambda m, d: format_gib(m.record.gpu_peak_bytes, d)))

@@ -21,12 +21,15 @@ __all__ = [
     "TableColumn",
     "cell",
     "footer_text",
+    "format_bytes",
     "format_gib",
     "format_percent",
     "format_seconds",
     "gib_decimals",
     "machine_text",
     "markdown_table",
+    "phases_text",
+    "release_sentence",
     "short_commit",
     "shorten",
     "status_text",
@@ -50,6 +53,14 @@ def format_gib(value: int | float | None, decimals: int = 2) -> str:
     if value is None:
         return DASH
     return f"{value / GIB:.{decimals}f} GiB"
+
+
+def format_bytes(value: int) -> str:
+    """A byte count in the largest binary unit that keeps it at 1 or more: ``"3.0 KiB"``, ``"12 bytes"``."""
+    for unit, size in (("GiB", GIB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if value >= size:
+            return f"{value / size:.1f} {unit}"
+    return f"{value} bytes"
 
 
 def format_percent(fraction: float | None) -> str:
@@ -140,3 +151,41 @@ def markdown_table(columns: Sequence[TableColumn[Row]], rows: Iterable[Row]) -> 
     lines = ["| " + " | ".join(c.header for c in columns) + " |",
              "| " + " | ".join("---" if c.text else "---:" for c in columns) + " |"]
     return lines + ["| " + " | ".join(cell(c.value(row)) for c in columns) + " |" for row in rows]
+
+
+def release_sentence(s: StrategyMetrics, with_buffers_bytes: int) -> str | None:
+    """One sentence on what the strategy released after each weight's last engine and what it kept, from its
+    figures: each weight counts once however many engines read it, so released is at most the model. What is
+    kept beyond the checkpoint's weights (non-persistent buffers, ``with_buffers_bytes`` less the model's) is
+    named as such; the strategy's own note explains any weight kept."""
+    released, kept, share = s.record.released_bytes, s.record.unreleased_bytes, s.released_share
+    if released is None or kept is None or share is None:
+        return None
+    d = gib_decimals(s.model_bytes)
+    buffers = max(0, with_buffers_bytes - s.model_bytes)
+    note = s.record.release_note.rstrip(".")
+    if released >= s.model_bytes:
+        text = f"released every weight of the checkpoint ({format_gib(released, d)}) after its last engine"
+        if kept:
+            what = "non-persistent buffers, which the checkpoint does not hold" if kept <= buffers else note
+            text += f"; kept {format_bytes(kept)}: {what}"
+        return text
+    if released == 0:
+        return f"released nothing ({format_gib(kept, d)} kept): {note}"
+    return (f"released {format_gib(released, d)} ({share * 100:.1f}% of the model) after the last engine "
+            f"of each; kept {format_gib(kept, d)}: {note}")
+
+
+def phases_text(s: StrategyMetrics) -> str:
+    """The wall's phases, which add up to it: ``load 1.2 s + export 3.4 s + build 5.6 s (+ 0.1 s between)``,
+    and the check against eager after it where recorded."""
+    parts = [f"load {format_seconds(s.load_s)}"]
+    if s.export_s is not None:
+        parts.append(f"export {format_seconds(s.export_s)}")
+    parts.append(f"build {format_seconds(s.build_s)}")
+    text = " + ".join(parts)
+    if s.between_s is not None and s.between_s >= 0.05:
+        text += f" + {format_seconds(s.between_s)} between them"
+    if s.check_s is not None:
+        text += f"; then the check against eager {format_seconds(s.check_s)}, outside the wall"
+    return text

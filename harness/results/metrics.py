@@ -31,7 +31,9 @@ made and its weights are in host memory, so host + GPU is at least
 (never above ``baseline + model + largest engine``). Engines that hold their own weights
 (AOTInductor's ``packaged``, like a serialised TensorRT engine) need no device copy once
 written, so on a GPU they need not accumulate: the floor is ``baseline + 2 * e_k`` (engine
-``k``'s weights on the host and their device copy), the largest over ``k``. The figure compared with the floor
+``k``'s weights on the host and their device copy), the largest over ``k``. Engines compiled on the host to
+run on the mapped weights where they lie (``mapped``) are built without a copy of their weights and need none
+of them resident: their floor is the baseline. The figure compared with the floor
 is the build-phase host peak without a GPU and the build-phase host + GPU peak with one;
 **excess** is ``(compared − floor) / model bytes``. A strategy that failed built part of
 the model only: it has no floor and no excess.
@@ -57,6 +59,8 @@ __all__ = [
     "excess_fraction",
     "floor_bytes",
     "engines_accumulate",
+    "engines_read_in_place",
+    "baseline_anon_bytes",
     "floor_formula",
     "gpu_floor_bytes",
     "host_floor_bytes",
@@ -152,13 +156,21 @@ def gpu_floor_bytes(baseline_bytes: int, engine_bytes: Sequence[int], accumulate
     return int(baseline_bytes) + max(total + size for total, size in zip(accumulate(sizes), sizes, strict=True))
 
 
+def engines_read_in_place(on_gpu: bool, compiler_weights: str | None) -> bool:
+    """Whether engines are built without a copy of their weights: compiled on the host to run on the mapped
+    weights where they lie (``mapped``), so that no weight need be resident while one is built."""
+    return not on_gpu and compiler_weights == "mapped"
+
+
 def engines_accumulate(on_gpu: bool, compiler_weights: str | None) -> bool:
     """Whether built engines must stay in GPU memory: on a GPU, unless they hold their own weights (``packaged``)."""
     return on_gpu and compiler_weights != "packaged"
 
 
-def floor_formula(on_gpu: bool, accumulate_engines: bool = True) -> str:
+def floor_formula(on_gpu: bool, accumulate_engines: bool = True, in_place: bool = False) -> str:
     """The floor's formula in words, as the figures and tables name it."""
+    if in_place:
+        return "baseline"
     if not on_gpu:
         return "baseline + largest engine"
     if accumulate_engines:
@@ -172,7 +184,14 @@ def floor_bytes(
     """The floor for engines built in index order: :func:`gpu_floor_bytes` on a GPU, else :func:`host_floor_bytes`.
 
     ``compiler_weights="packaged"`` on a GPU: engines that hold their weights, which need not accumulate.
+    ``compiler_weights="mapped"`` on the host: engines compiled to read the weights where they lie need
+    none of them resident to be built (:func:`engines_read_in_place`), so the floor is the baseline; every
+    weight page a build does bring in counts in its excess.
     """
+    if not engines:
+        raise ValueError("no engines: the floor is undefined")
+    if engines_read_in_place(on_gpu, compiler_weights):
+        return int(baseline_bytes)
     sizes = [e.weight_bytes for e in sorted(engines, key=lambda e: e.index)]
     if not on_gpu:
         return host_floor_bytes(baseline_bytes, sizes)
@@ -195,6 +214,18 @@ def _span(start: float | None, end: float | None) -> float | None:
     return None if start is None or end is None else end - start
 
 
+def baseline_anon_bytes(samples: SampleColumns, phases: Phases) -> int | None:
+    """The process's anonymous memory before the load began (the interpreter, torch and the harness): the last
+    sample at or before the load's start, else the first sample; None without samples."""
+    anon = samples.anon_bytes
+    known = np.isfinite(anon)
+    if not known.any():
+        return None
+    before = known & (samples.t_s <= phases.load_start_s) if phases.load_start_s is not None else known & False
+    pick = np.flatnonzero(before)[-1] if before.any() else np.flatnonzero(known)[0]
+    return int(anon[pick])
+
+
 @dataclass(frozen=True)
 class StrategyMetrics:
     """What every reader shows of one strategy, derived once from its record.
@@ -204,6 +235,14 @@ class StrategyMetrics:
     ``engine_s`` holds ``(index, seconds)`` per engine built, in build order. ``record`` is
     the measured record they were derived from: a report column of a measured value reads
     it there, with nothing to add here.
+
+    The wall (the record's ``wall_s``, from the load's start to the end of the last engine) is the sum
+    of its phases: ``load_s`` + ``export_s`` (None without an export) + ``build_s`` (from
+    partitioning to the last engine's end) + ``between_s`` (what lies between them: making
+    the model, the release plan). ``check_s``, the built model run against eager, comes
+    after the wall and is not in it (None where not recorded). ``anon_above_baseline_bytes``
+    is the whole-run anonymous peak less the anonymous memory before the load (the
+    interpreter and its libraries): what the strategy itself held (None without samples).
     """
 
     record: StrategyRecord
@@ -216,6 +255,10 @@ class StrategyMetrics:
     excess: float | None
     load_s: float | None
     build_s: float | None
+    export_s: float | None
+    between_s: float | None
+    check_s: float | None
+    anon_above_baseline_bytes: int | None
     engine_s: tuple[tuple[int, float], ...]
     engines_built: int
     runs: int = 1
@@ -251,13 +294,21 @@ class StrategyMetrics:
         return self.record.gpu_peak_bytes is not None
 
     @property
+    def released_share(self) -> float | None:
+        """The bytes released after their last engine as a fraction of the model's (each weight counted once)."""
+        released = self.record.released_bytes
+        return None if released is None or self.model_bytes <= 0 else released / self.model_bytes
+
+    @property
     def resident_at_load_bytes(self) -> int | None:
         """The checkpoint's bytes in the page cache when the load began (None where not measured)."""
         return None if self.record.cache is None else self.record.cache.resident_at_load_bytes
 
     @classmethod
-    def of(cls, name: str, record: StrategyRecord, run: RunRecord) -> StrategyMetrics:
-        """The metrics of strategy ``name`` of ``run``."""
+    def of(cls, name: str, record: StrategyRecord, run: RunRecord,
+           samples: SampleColumns | None = None) -> StrategyMetrics:
+        """The metrics of strategy ``name`` of ``run``; ``samples``, its samples where read, give the anonymous
+        memory above the baseline."""
         on_gpu = run.on_gpu
         compared = record.host_gpu_peak_bytes if on_gpu else record.build_peak_bytes
         floor = None
@@ -271,6 +322,16 @@ class StrategyMetrics:
         engine_s = tuple(
             (e.index, e.end_s - e.start_s) for e in engines if e.start_s is not None and e.end_s is not None
         )
+        load_s = _span(phases.load_start_s, phases.load_end_s)
+        build_s = _span(phases.partition_s, phases.build_end_s)
+        export_s = _span(phases.export_start_s, phases.export_end_s)
+        between_s = None
+        if record.wall_s is not None and load_s is not None and build_s is not None:
+            between_s = max(0.0, record.wall_s - load_s - build_s - (export_s or 0.0))
+        anon_base = None if samples is None else baseline_anon_bytes(samples, phases)
+        anon_above = None
+        if anon_base is not None and record.anon_peak_bytes is not None:
+            anon_above = max(0, record.anon_peak_bytes - anon_base)
         return cls(
             record=record,
             name=name,
@@ -280,8 +341,12 @@ class StrategyMetrics:
             compared_peak_bytes=compared,
             floor_bytes=floor,
             excess=excess,
-            load_s=_span(phases.load_start_s, phases.load_end_s),
-            build_s=_span(phases.partition_s, phases.build_end_s),
+            load_s=load_s,
+            build_s=build_s,
+            export_s=export_s,
+            between_s=between_s,
+            check_s=_span(phases.check_start_s, phases.check_end_s),
+            anon_above_baseline_bytes=anon_above,
             engine_s=engine_s,
             engines_built=len(engine_s),
             **_repeat_figures(record),
@@ -345,6 +410,8 @@ def disk_metrics(reads: Sequence[DiskRead]) -> DiskMetrics | None:
     )
 
 
-def run_metrics(run: RunRecord) -> dict[str, StrategyMetrics]:
-    """:class:`StrategyMetrics` of every strategy of ``run``, in the order they ran."""
-    return {name: StrategyMetrics.of(name, record, run) for name, record in run.strategies.items()}
+def run_metrics(run: RunRecord, samples: Mapping[str, SampleColumns] | None = None) -> dict[str, StrategyMetrics]:
+    """:class:`StrategyMetrics` of every strategy of ``run``, in the order they ran (``samples``: each one's,
+    where read)."""
+    return {name: StrategyMetrics.of(name, record, run, None if samples is None else samples.get(name))
+            for name, record in run.strategies.items()}

@@ -15,10 +15,12 @@ import pandas as pd
 
 from harness.results.metrics import (
     DiskMetrics,
+    SampleColumns,
     StrategyMetrics,
     compared_label,
     disk_metrics,
     engines_accumulate,
+    engines_read_in_place,
     run_metrics,
 )
 from harness.results.record import (
@@ -69,6 +71,11 @@ class Results:
         return any(engines_accumulate(self.on_gpu, r.compiler_weights) for r in self.strategies.values())
 
     @property
+    def engines_read_in_place(self) -> bool:
+        """Whether the run's engines were compiled to read the mapped weights where they lie (floor: the baseline)."""
+        return any(engines_read_in_place(self.on_gpu, r.compiler_weights) for r in self.strategies.values())
+
+    @property
     def compared_label(self) -> str:
         """What the floor is compared with in this run (``build-phase host peak`` without a GPU)."""
         return compared_label(self.on_gpu)
@@ -108,4 +115,5 @@ def load_results(directory: str | Path) -> Results:
                 raise RecordError(f"{path}: missing, but strategy {name!r} finished")
             else:
                 into[name] = empty()
-    return Results(directory, record, samples, events, run_metrics(record))
+    columns = {name: SampleColumns.of(frame) for name, frame in samples.items()}
+    return Results(directory, record, samples, events, run_metrics(record, columns))

@@ -45,6 +45,9 @@ it is in ``layout``):
    asked to do), ``prefetch_warmed_bytes``, ``repeat`` (which repeat the record is) and
    ``repeats`` (:class:`RepeatRecord`, one per cold run); per engine ``pages_s``,
    ``copy_s`` and ``major_faults``.
+5. Adds ``phases.check_start_s`` and ``phases.check_end_s``: the built model run and compared
+   with eager, after the build (``None`` where the builder has nothing to check, and when
+   reading versions 1 to 4).
 
 A later version adds keys (each field says the version that added it, ``since`` in its
 :func:`~harness.results.codec.json_field`) and bumps :data:`LAYOUT_VERSION`; records of
@@ -142,7 +145,7 @@ __all__ = [
     "write_summary",
 ]
 
-LAYOUT_VERSION = 4
+LAYOUT_VERSION = 5
 """The layout this code writes; it reads every version from 1 to this one."""
 
 SUMMARY = "summary.json"
@@ -346,6 +349,8 @@ class Phases(Record):
     build_end_s: float | None = field(default=None, metadata={"absent_until": 1})
     export_start_s: float | None = field(default=None, metadata={"since": 3})
     export_end_s: float | None = field(default=None, metadata={"since": 3})
+    check_start_s: float | None = field(default=None, metadata={"since": 5})
+    check_end_s: float | None = field(default=None, metadata={"since": 5})
 
 
 @dataclass(frozen=True)

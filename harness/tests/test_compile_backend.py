@@ -187,6 +187,9 @@ def test_map_with_mapped_engines_reads_nothing_to_export_and_equals_eager(tmp_pa
     assert engine.compiler_over_floor_bytes is not None
     assert record.max_abs_diff is not None and record.max_abs_diff < 1e-4
     assert "within tolerance" in (record.check or "")
+    phases = record.phases  # the check runs after the build, as a phase of its own outside the wall
+    assert phases.check_start_s is not None and phases.check_end_s is not None and phases.build_end_s is not None
+    assert phases.build_end_s <= phases.check_start_s < phases.check_end_s
     assert record.released_bytes and record.released_bytes >= run.model.bytes - MiB
     again = RunRecord.from_json(json.loads((tmp_path / "results" / "tiny-compile" / SUMMARY).read_text()), "s")
     assert again.strategies["map"].export == export
@@ -194,6 +197,7 @@ def test_map_with_mapped_engines_reads_nothing_to_export_and_equals_eager(tmp_pa
     assert figure.is_file() and figure.stat().st_size > 10_000
     report = (tmp_path / "results" / "tiny-compile.md").read_text(encoding="utf-8")
     assert "## Compiler" in report and "| map | 0 |" in report
+    assert "then the check against eager" in report and "+ export " in report
     rendered = render_all(tmp_path / "results" / "tiny-compile")
     assert figure in rendered.paths
 

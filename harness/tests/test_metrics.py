@@ -1,0 +1,84 @@
+"""The derived figures: each defined once in harness.results.metrics, and adding up."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness.report.text import phases_text, release_sentence
+from harness.results.metrics import SampleColumns, StrategyMetrics, baseline_anon_bytes, floor_bytes
+from harness.results.reading import load_results
+from harness.results.record import EngineRecord, Phases, RunRecord, StrategyRecord
+from harness.tests.fixtures import make_results
+
+GIB = 1 << 30
+
+
+def _engines(*sizes: int) -> tuple[EngineRecord, ...]:
+    return tuple(EngineRecord(index=i, weight_bytes=s, start_s=None, end_s=None, host_hwm_bytes=None,
+                              released_bytes=None, rss_after_bytes=None, gpu_used_bytes=None)
+                 for i, s in enumerate(sizes))
+
+
+def test_engines_that_read_their_weights_in_place_have_the_baseline_as_their_floor() -> None:
+    engines = _engines(3 * GIB, 5 * GIB, 2 * GIB)
+    assert floor_bytes(GIB, engines, on_gpu=False, compiler_weights="mapped") == GIB
+    assert floor_bytes(GIB, engines, on_gpu=False, compiler_weights="packaged") == 6 * GIB
+    assert floor_bytes(GIB, engines, on_gpu=False) == 6 * GIB  # a copy per engine: baseline + largest
+    # on a GPU the mapped engines' device copies accumulate, as before
+    assert floor_bytes(GIB, engines, on_gpu=True, compiler_weights="mapped") == GIB + 8 * GIB + 5 * GIB
+
+
+def test_the_baseline_anonymous_memory_is_the_last_sample_before_the_load() -> None:
+    samples = SampleColumns(t_s=np.array([0.0, 0.1, 0.2, 0.3]), rss_bytes=np.full(4, np.nan),
+                            anon_bytes=np.array([10.0, 20.0, 500.0, 900.0]), gpu_used_bytes=np.full(4, np.nan))
+    assert baseline_anon_bytes(samples, Phases(load_start_s=0.15)) == 20
+    assert baseline_anon_bytes(samples, Phases(load_start_s=None)) == 10
+    empty = SampleColumns(t_s=np.array([0.0]), rss_bytes=np.array([np.nan]), anon_bytes=np.array([np.nan]),
+                          gpu_used_bytes=np.array([np.nan]))
+    assert baseline_anon_bytes(empty, Phases(load_start_s=0.0)) is None
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> RunRecord:
+    return load_results(make_results(tmp_path_factory.mktemp("run"))).record
+
+
+def _metrics(run: RunRecord, record: StrategyRecord, samples: SampleColumns | None = None) -> StrategyMetrics:
+    return StrategyMetrics.of("map", record, run, samples)
+
+
+def test_the_wall_is_the_sum_of_its_phases_and_the_check_lies_outside_it(run: RunRecord) -> None:
+    phases = Phases(load_start_s=1.0, load_end_s=3.0, export_start_s=3.5, export_end_s=8.0, partition_s=8.25,
+                    build_end_s=20.0, check_start_s=20.5, check_end_s=26.0)
+    m = _metrics(run, StrategyRecord(status="ok", phases=phases, wall_s=19.0))
+    assert (m.load_s, m.export_s, m.build_s, m.check_s) == (2.0, 4.5, 11.75, 5.5)
+    parts = (m.load_s, m.export_s, m.build_s, m.between_s)
+    assert all(p is not None for p in parts) and sum(p or 0.0 for p in parts) == pytest.approx(19.0)
+    text = phases_text(m)
+    assert text.startswith("load 2.0 s + export 4.5 s + build 11.8 s + 0.8 s between them")
+    assert "check against eager 5.5 s, outside the wall" in text
+
+
+def test_anonymous_memory_is_reported_above_the_baseline(run: RunRecord) -> None:
+    samples = SampleColumns(t_s=np.array([0.0, 2.0]), rss_bytes=np.full(2, np.nan),
+                            anon_bytes=np.array([200.0, 900.0]), gpu_used_bytes=np.full(2, np.nan))
+    m = _metrics(run, StrategyRecord(status="ok", anon_peak_bytes=1000, phases=Phases(load_start_s=1.0)), samples)
+    assert m.anon_above_baseline_bytes == 800
+    assert _metrics(run, StrategyRecord(status="ok", anon_peak_bytes=1000)).anon_above_baseline_bytes is None
+
+
+def test_released_counts_each_weight_once_and_names_what_was_kept(run: RunRecord) -> None:
+    model, buffers = run.model.bytes, run.model.bytes_with_non_persistent_buffers - run.model.bytes
+    everything = _metrics(run, StrategyRecord(status="ok", released_bytes=model, unreleased_bytes=buffers))
+    text = release_sentence(everything, run.model.bytes_with_non_persistent_buffers)
+    assert text is not None and text.startswith("released every weight of the checkpoint")
+    assert buffers and "kept 4.0 KiB: non-persistent buffers" in text
+    nothing = _metrics(run, StrategyRecord(status="ok", released_bytes=0, unreleased_bytes=model,
+                                           release_note="nothing could be released."))
+    assert release_sentence(nothing, model) == (
+        f"released nothing ({model / GIB:.2f} GiB kept): nothing could be released"
+        if model >= GIB else f"released nothing ({model / GIB:.3f} GiB kept): nothing could be released")
+    part = _metrics(run, StrategyRecord(status="ok", released_bytes=model // 2,
+                                        unreleased_bytes=model - model // 2, release_note="some could not."))
+    assert "(50.0% of the model)" in (release_sentence(part, model) or "")
