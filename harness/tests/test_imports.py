@@ -24,6 +24,7 @@ TORCH_FREE = (
     "harness.results.record",
     "harness.results.metrics",
     "harness.results.reading",
+    "harness.results.spread",
     "harness.results.atomic",
     "harness.results.publish",
     "harness.report",
