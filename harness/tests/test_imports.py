@@ -25,10 +25,12 @@ TORCH_FREE = (
     "harness.results.metrics",
     "harness.results.reading",
     "harness.results.spread",
+    "harness.results.comparison",
     "harness.results.atomic",
     "harness.results.publish",
     "harness.report",
     "harness.report.budget",
+    "harness.report.comparison",
     "harness.stopping",
     "harness.cli",
 )
