@@ -185,7 +185,7 @@ def comparison_markdown(comparison: Comparison, figure: str | None = None) -> st
         "## Memory",
         "",
         f"NEW − BASE, in GiB and in % of BASE's model ({format_gib(model, gib_decimals(model))}); figures from "
-        "each run's record (with repeats, its first round). Marked when larger than the strategy's noise "
+        "each run's record (with repeats, its representative round). Marked when larger than the strategy's noise "
         f"({_UP} up, {_DOWN} down): "
         + "; ".join(sorted({s.noise_source for s in comparison.strategies}))
         + ". Memory reproduces to the digit across reruns, so the noise is small. "
