@@ -1,8 +1,9 @@
-"""The command line: ``python -m harness run SCENARIO``, ``python -m harness budget SCENARIO`` and
-``python -m harness plot RESULTS_DIR``.
+"""The command line: ``python -m harness run SCENARIO``, ``python -m harness budget SCENARIO``,
+``python -m harness plot RESULTS_DIR`` and ``python -m harness compare BASE NEW``.
 
 Exit status: 0 when everything ran, 1 when a strategy failed (its reason is in the
-results), 2 for an error the user can fix (a :class:`~harness.errors.HarnessError`,
+results) or, for ``compare --fail-on-regression PCT``, when a regression beyond the noise is larger
+than PCT percent, 2 for an error the user can fix (a :class:`~harness.errors.HarnessError`,
 printed as one line ``error: <message>``, or a bad command line), 128 + the signal's
 number when SIGINT, SIGTERM or SIGHUP stopped a run or a budget sweep.
 
@@ -26,7 +27,7 @@ __all__ = ["main"]
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m harness", description="Memory benchmarks of loading strategies.")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{run,budget,plot}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{run,budget,plot,compare}")
     run = commands.add_parser("run", help="run every strategy of a scenario, write results and figures",
                               description="Run every strategy of a scenario; write results/<name>/ and its figures.")
     run.add_argument("scenario", type=Path, help="a scenario file, e.g. scenarios/smoke.toml")
@@ -51,6 +52,20 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("--out", type=Path, default=None, help="where to write (default: its parent)")
     plot.add_argument("--notes-checked", action="store_true",
                       help="the hand-written notes (<name>.notes.md) were re-read: stamp them with these figures")
+    compare = commands.add_parser(
+        "compare", help="compare two results directories: what moved in memory and time, beyond the noise",
+        description="Compare NEW with BASE, strategy by strategy: each memory figure's delta and each time's "
+                    "ratio NEW / BASE with an interval over the rounds, marked only when beyond the noise. "
+                    "Prints a markdown table; with --out, writes <base>-vs-<new>.md and .png.")
+    compare.add_argument("base", type=Path, help="the results directory to compare against (BASE)")
+    compare.add_argument("new", type=Path, help="the results directory compared (NEW)")
+    compare.add_argument("--scenario", action="store_true",
+                         help="compare runs of different scenarios (the report says they differ)")
+    compare.add_argument("--out", type=Path, default=None,
+                         help="write <base>-vs-<new>.md and <base>-vs-<new>.png here instead of printing")
+    compare.add_argument("--fail-on-regression", type=float, default=None, metavar="PCT",
+                         help="exit 1 when a regression beyond the noise is larger than PCT percent (memory: "
+                              "of the model; time: of BASE's median; a strategy failing in NEW: always)")
     return parser
 
 
@@ -116,6 +131,28 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from harness.report.comparison import comparison_markdown, write_comparison
+    from harness.results.comparison import compare_results
+    from harness.results.reading import load_results
+
+    pct = args.fail_on_regression
+    if pct is not None and not (pct >= 0 and pct != float("inf")):
+        raise HarnessError(f"--fail-on-regression {pct:g}: expected a percentage of at least 0")
+    comparison = compare_results(load_results(args.base), load_results(args.new), across_scenarios=args.scenario)
+    if args.out is None:
+        print(comparison_markdown(comparison), end="")
+    else:
+        for path in write_comparison(comparison, args.out):
+            print(path)
+    if pct is None:
+        return 0
+    beyond = [r for r in comparison.regressions() if r.exceeds(pct)]
+    for regression in beyond:
+        print(f"regression: {regression.describe()} (more than {pct:g}%)", file=sys.stderr)
+    return 1 if beyond else 0
+
+
 def one_line(error: BaseException) -> str:
     """An error's message on one line (a multi-line message's lines joined with ``; ``)."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
@@ -128,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from harness.stopping import RunInterrupted
 
     try:
-        return {"run": _run, "budget": _budget, "plot": _plot}[args.command](args)
+        return {"run": _run, "budget": _budget, "plot": _plot, "compare": _compare}[args.command](args)
     except RunInterrupted as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return 128 + exc.signum

@@ -24,10 +24,13 @@ TORCH_FREE = (
     "harness.results.record",
     "harness.results.metrics",
     "harness.results.reading",
+    "harness.results.spread",
+    "harness.results.comparison",
     "harness.results.atomic",
     "harness.results.publish",
     "harness.report",
     "harness.report.budget",
+    "harness.report.comparison",
     "harness.stopping",
     "harness.cli",
 )

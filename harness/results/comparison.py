@@ -1,0 +1,283 @@
+"""Two runs side by side, BASE and NEW: what moved in memory and in time, and whether it moved beyond the noise.
+
+:func:`compare_results` pairs the strategies present in both runs and gives, for each,
+
+* every memory figure's delta NEW − BASE (:class:`MemoryDelta`), in bytes and as a share of BASE's
+  model: the build-phase host peak, on a GPU the build-phase host + GPU peak, the floor, the excess
+  over the floor (the peak compared with the floor, minus the floor), the whole-run host peak, the
+  anonymous peak and the GPU peak; each read from :mod:`harness.results.metrics` and the measured record;
+* every time's ratio NEW / BASE, wall, load and build, with an interval over the rounds
+  (:func:`harness.results.spread.ratio_of_medians`).
+
+A memory delta is *flagged* when it is larger than the strategy's noise (:func:`memory_noise`); a time
+when its interval excludes 1. A *regression* is a flagged rise of memory (the floor excepted: it is the
+plan's, baseline + engines, not the strategy's doing) or a flagged slow-down, or a strategy that
+finished in BASE and failed in NEW.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.errors import HarnessError
+from harness.results.metrics import StrategyMetrics
+from harness.results.reading import Results
+from harness.results.record import SUMMARY
+from harness.results.spread import Ratio, ratio_of_medians, strategy_rounds
+
+__all__ = [
+    "MEMORY_TOLERANCE",
+    "TIMES",
+    "Comparison",
+    "ComparisonError",
+    "MemoryDelta",
+    "Regression",
+    "StrategyComparison",
+    "TimeRatio",
+    "compare_results",
+    "memory_noise",
+]
+
+MEMORY_TOLERANCE = 0.005
+"""The smallest memory change, as a share of the model, that counts as beyond the noise.
+
+Memory reproduces to the digit across reruns: the committed pi0.5 run's three rounds give build-phase
+peaks within 0.001% of the model of each other, and a rerun on a fresh clone matched its table. 0.5% is
+far above that, and far below what a loader changes when it copies (one copy of pi0.5's largest engine
+is 11% of the model). Where the rounds' build-phase peaks spread wider, their spread is the noise.
+"""
+
+TIMES: tuple[str, ...] = ("wall", "load", "build")
+"""The times compared, in the order they are shown."""
+
+
+class ComparisonError(HarnessError, ValueError):
+    """Two results directories that cannot be compared as asked (different scenarios without leave)."""
+
+
+@dataclass(frozen=True)
+class MemoryDelta:
+    """One memory figure of one strategy in BASE and NEW (bytes; ``None`` where not measured).
+
+    ``model_bytes`` is BASE's model, which the shares divide by; ``noise_bytes`` the change that
+    counts as beyond the noise (:func:`memory_noise`); ``counts`` whether a rise is a regression.
+    """
+
+    label: str
+    base_bytes: int | None
+    new_bytes: int | None
+    model_bytes: int
+    noise_bytes: float
+    counts: bool = True
+
+    @property
+    def delta_bytes(self) -> int | None:
+        """NEW − BASE; ``None`` where either is missing."""
+        return None if self.base_bytes is None or self.new_bytes is None else self.new_bytes - self.base_bytes
+
+    @property
+    def delta_fraction(self) -> float | None:
+        """NEW − BASE as a share of BASE's model."""
+        delta = self.delta_bytes
+        return None if delta is None else delta / self.model_bytes
+
+    @property
+    def flagged(self) -> bool:
+        """Whether the change is larger than the noise."""
+        delta = self.delta_bytes
+        return delta is not None and abs(delta) > self.noise_bytes
+
+    @property
+    def regression(self) -> bool:
+        """A flagged rise of a figure that counts."""
+        delta = self.delta_bytes
+        return self.counts and self.flagged and delta is not None and delta > 0
+
+
+@dataclass(frozen=True)
+class TimeRatio:
+    """One time (``wall``, ``load`` or ``build``) of one strategy: NEW / BASE, ``None`` where either side has
+    no finished round or BASE's median is 0."""
+
+    time: str
+    ratio: Ratio | None
+
+    @property
+    def flagged(self) -> bool:
+        """Whether the ratio's interval excludes 1."""
+        return self.ratio is not None and self.ratio.outside_noise
+
+    @property
+    def regression(self) -> bool:
+        """A flagged slow-down."""
+        return self.ratio is not None and self.flagged and self.ratio.value > 1.0
+
+
+@dataclass(frozen=True)
+class Regression:
+    """A flagged regression: where, and how large (a share of BASE's model or of BASE's time; ``inf`` for a
+    strategy that failed in NEW only)."""
+
+    strategy: str
+    figure: str
+    size: float
+
+    def exceeds(self, percent: float) -> bool:
+        """Whether it is larger than ``percent`` percent."""
+        return self.size * 100 > percent
+
+    def describe(self) -> str:
+        """``map: wall +27.3% of BASE`` in words."""
+        if self.figure == "status":
+            return f"{self.strategy}: finished in BASE, failed in NEW"
+        unit = "of the model" if self.figure not in TIMES else "of BASE"
+        return f"{self.strategy}: {self.figure} {self.size:+.1%} {unit}"
+
+
+@dataclass(frozen=True)
+class StrategyComparison:
+    """One strategy present in both runs: its memory deltas, its time ratios and the noise they were held to."""
+
+    name: str
+    base: StrategyMetrics
+    new: StrategyMetrics
+    memory: tuple[MemoryDelta, ...]
+    times: tuple[TimeRatio, ...]
+    noise_bytes: float
+    noise_source: str
+
+    @property
+    def failed_in_new(self) -> bool:
+        """Finished in BASE, failed in NEW."""
+        return self.base.record.ok and not self.new.record.ok
+
+    def time(self, name: str) -> TimeRatio:
+        """The ratio of time ``name`` (one of :data:`TIMES`)."""
+        return next(t for t in self.times if t.time == name)
+
+    def regressions(self) -> list[Regression]:
+        """Its flagged regressions."""
+        found = [Regression(self.name, "status", float("inf"))] if self.failed_in_new else []
+        found += [Regression(self.name, d.label, d.delta_fraction) for d in self.memory
+                  if d.regression and d.delta_fraction is not None]
+        found += [Regression(self.name, t.time, t.ratio.value - 1.0) for t in self.times
+                  if t.regression and t.ratio is not None]
+        return found
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """BASE and NEW compared: the strategies in both, in BASE's order, and what only one of them has.
+
+    ``notes`` say what differs between the two runs beyond their figures (scenario, model, device).
+    """
+
+    base: Results
+    new: Results
+    strategies: tuple[StrategyComparison, ...]
+    only_base: tuple[str, ...]
+    only_new: tuple[str, ...]
+    notes: tuple[str, ...]
+
+    @property
+    def gpu_measured(self) -> bool:
+        """Whether either run has GPU figures."""
+        return self.base.gpu_measured or self.new.gpu_measured
+
+    def regressions(self) -> list[Regression]:
+        """Every flagged regression, strategy by strategy."""
+        return [r for s in self.strategies for r in s.regressions()]
+
+    def flagged(self) -> int:
+        """How many figures moved beyond the noise, either way (a strategy failing in NEW included)."""
+        return sum(s.failed_in_new + sum(d.flagged for d in s.memory) + sum(t.flagged for t in s.times)
+                   for s in self.strategies)
+
+
+def memory_noise(base: StrategyMetrics, new: StrategyMetrics, model_bytes: int) -> tuple[float, str]:
+    """The memory change of one strategy that counts as beyond the noise, and where it comes from.
+
+    :data:`MEMORY_TOLERANCE` of the model, or the widest spread (max − min) of the build-phase peaks over
+    either run's rounds where that is wider.
+    """
+    fixed = MEMORY_TOLERANCE * model_bytes
+    spreads = [max(p) - min(p) for p in (strategy_rounds(base).build_peak_bytes,
+                                         strategy_rounds(new).build_peak_bytes) if len(p) > 1]
+    if spreads and max(spreads) > fixed:
+        return float(max(spreads)), "the spread of the build-phase peaks over the rounds"
+    return fixed, f"{MEMORY_TOLERANCE:.1%} of the model"
+
+
+def _excess_bytes(metrics: StrategyMetrics) -> int | None:
+    if metrics.compared_peak_bytes is None or metrics.floor_bytes is None:
+        return None
+    return metrics.compared_peak_bytes - metrics.floor_bytes
+
+
+def _memory(base: StrategyMetrics, new: StrategyMetrics, model_bytes: int, noise: float,
+            gpu: bool) -> tuple[MemoryDelta, ...]:
+    def delta(label: str, b: int | None, n: int | None, counts: bool = True) -> MemoryDelta:
+        return MemoryDelta(label, b, n, model_bytes, noise, counts)
+
+    rows = [delta("build-phase host peak", base.record.build_peak_bytes, new.record.build_peak_bytes)]
+    if base.on_gpu or new.on_gpu:
+        rows.append(delta("build-phase host + GPU peak", base.record.host_gpu_peak_bytes,
+                          new.record.host_gpu_peak_bytes))
+    rows += [
+        delta("floor", base.floor_bytes, new.floor_bytes, counts=False),
+        delta("excess over the floor", _excess_bytes(base), _excess_bytes(new)),
+        delta("whole-run host peak", base.record.host_peak_bytes, new.record.host_peak_bytes),
+        delta("anonymous peak", base.record.anon_peak_bytes, new.record.anon_peak_bytes),
+    ]
+    if gpu:
+        rows.append(delta("GPU peak", base.record.gpu_peak_bytes, new.record.gpu_peak_bytes))
+    return tuple(rows)
+
+
+def _times(base: StrategyMetrics, new: StrategyMetrics) -> tuple[TimeRatio, ...]:
+    before, after = strategy_rounds(base).times(), strategy_rounds(new).times()
+    return tuple(TimeRatio(name, ratio_of_medians(before[name], after[name])
+                           if before[name] and after[name] else None) for name in TIMES)
+
+
+def _differences(base: Results, new: Results) -> list[str]:
+    b, n = base.record, new.record
+    notes = []
+    if b.scenario != n.scenario:
+        notes.append(f"different scenarios: BASE ran {b.scenario!r}, NEW ran {n.scenario!r}")
+    if b.model.bytes != n.model.bytes or b.model.name != n.model.name:
+        notes.append(f"different models: BASE {b.model.name} ({b.model.bytes:,} bytes), NEW {n.model.name} "
+                     f"({n.model.bytes:,} bytes); shares are of BASE's model")
+    for what, before, after in (("device", b.device, n.device), ("backend", b.backend, n.backend),
+                                ("cache", b.cache, n.cache), ("engines", b.engines, n.engines)):
+        if before != after:
+            notes.append(f"different {what}: BASE {before}, NEW {after}")
+    return notes
+
+
+def compare_results(base: Results, new: Results, *, across_scenarios: bool = False) -> Comparison:
+    """Compare NEW with BASE (see the module doc).
+
+    Raises :class:`ComparisonError` when the two ran different scenarios and ``across_scenarios`` is
+    false.
+    """
+    if base.record.scenario != new.record.scenario and not across_scenarios:
+        raise ComparisonError(
+            f"{new.directory / SUMMARY}: scenario: {new.record.scenario!r}, but {base.directory / SUMMARY} ran "
+            f"{base.record.scenario!r}; compare runs of different scenarios with --scenario")
+    model = base.record.model.bytes
+    gpu = base.gpu_measured or new.gpu_measured
+    strategies = []
+    for name, before in base.metrics.items():
+        after = new.metrics.get(name)
+        if after is None:
+            continue
+        noise, source = memory_noise(before, after, model)
+        strategies.append(StrategyComparison(name, before, after, _memory(before, after, model, noise, gpu),
+                                             _times(before, after), noise, source))
+    return Comparison(
+        base, new, tuple(strategies),
+        only_base=tuple(n for n in base.metrics if n not in new.metrics),
+        only_new=tuple(n for n in new.metrics if n not in base.metrics),
+        notes=tuple(_differences(base, new)),
+    )

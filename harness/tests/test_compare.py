@@ -1,0 +1,187 @@
+"""``python -m harness compare BASE NEW``: memory deltas against the noise, time ratios with intervals, exit status."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.cli import main
+from harness.report.comparison import comparison_markdown
+from harness.results.comparison import MEMORY_TOLERANCE, compare_results
+from harness.results.reading import load_results
+from harness.results.record import SUMMARY
+
+RESULTS = Path(__file__).resolve().parents[2] / "results"
+RUN_DIRS = sorted(p.parent for p in RESULTS.glob(f"*/{SUMMARY}"))
+
+
+def _copy(tmp_path: Path, source: str, name: str, edit: Callable[[dict[str, Any]], None] | None = None) -> Path:
+    """A copy of ``results/<source>`` named ``name``, its ``summary.json`` changed by ``edit``."""
+    directory = tmp_path / name
+    shutil.copytree(RESULTS / source, directory)
+    summary = json.loads((directory / SUMMARY).read_text())
+    summary["name"] = name
+    if edit is not None:
+        edit(summary)
+    (directory / SUMMARY).write_text(json.dumps(summary))
+    return directory
+
+
+def _slower(factor: float) -> Callable[[dict[str, Any]], None]:
+    """Every strategy's walls and builds, in every round, ``factor`` times longer."""
+
+    def edit(summary: dict[str, Any]) -> None:
+        for strategy in summary["strategies"].values():
+            strategy["wall_s"] *= factor
+            for repeat in strategy["repeats"]:
+                repeat["wall_s"] *= factor
+                repeat["build_s"] *= factor
+    return edit
+
+
+def _peak_up(strategy: str, fraction: float) -> Callable[[dict[str, Any]], None]:
+    """Strategy's build-phase peak up by ``fraction`` of the model."""
+
+    def edit(summary: dict[str, Any]) -> None:
+        summary["strategies"][strategy]["build_peak_bytes"] += int(fraction * summary["model"]["bytes"])
+    return edit
+
+
+def _run(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, str, str]:
+    code = main(["compare", *map(str, args)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_run_compared_with_itself_moved_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(capsys, RESULTS / "pi05", RESULTS / "pi05", "--fail-on-regression", "0")
+    assert (code, err) == (0, "")
+    assert "Nothing moved beyond the noise." in out
+    assert "# pi05 (BASE) vs pi05 (NEW)" in out
+    time_rows = [line for line in out.splitlines() if line.startswith("| map") and " s: " in line]
+    assert len(time_rows) == 3 and all(line.count("1.00×") == 3 for line in time_rows)
+    assert "probability 10.0%" in out  # the method behind the intervals is printed
+
+
+def test_slower_walls_are_flagged_and_fail_the_threshold(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    new = _copy(tmp_path, "smoke", "smoke-slow", _slower(2.0))
+    comparison = compare_results(load_results(RESULTS / "smoke"), load_results(new))
+    for strategy in comparison.strategies:
+        wall, load = strategy.time("wall"), strategy.time("load")
+        assert wall.ratio is not None and wall.ratio.value == pytest.approx(2.0, rel=1e-3)
+        assert wall.flagged and wall.regression, strategy.name
+        assert not load.flagged, strategy.name  # loads were left as they were
+    assert {r.figure for r in comparison.regressions()} == {"wall", "build"}
+    code, out, err = _run(capsys, RESULTS / "smoke", new, "--fail-on-regression", "50")
+    assert code == 1
+    assert "▲" in out and "regression: map: wall +100.0% of BASE" in err
+    assert _run(capsys, RESULTS / "smoke", new, "--fail-on-regression", "150")[0] == 0  # 100% slower is below 150%
+    assert _run(capsys, RESULTS / "smoke", new)[0] == 0  # without the flag: report only
+
+
+def test_walls_within_the_rounds_spread_are_not_flagged(tmp_path: Path) -> None:
+    new = _copy(tmp_path, "smoke", "smoke-same", _slower(1.05))
+    comparison = compare_results(load_results(RESULTS / "smoke"), load_results(new))
+    assert not any(s.time("wall").flagged for s in comparison.strategies)
+
+
+def test_memory_beyond_the_tolerance_is_flagged_and_within_it_is_not(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    base = load_results(RESULTS / "smoke")
+    within_dir = _copy(tmp_path, "smoke", "within", _peak_up("map", 0.6 * MEMORY_TOLERANCE))
+    within = compare_results(base, load_results(within_dir))
+    beyond_dir = _copy(tmp_path, "smoke", "beyond", _peak_up("map", 3 * MEMORY_TOLERANCE))
+    beyond = compare_results(base, load_results(beyond_dir))
+    within_peak, beyond_peak = within.strategies[0].memory[0], beyond.strategies[0].memory[0]
+    assert within_peak.label == beyond_peak.label == "build-phase host peak"
+    assert within_peak.delta_bytes and within_peak.delta_bytes > 0 and not within_peak.flagged
+    assert beyond_peak.flagged and beyond_peak.regression
+    assert within.flagged() == 0
+    assert "map: build-phase host peak +1.5% of the model" in [r.describe() for r in beyond.regressions()]
+    assert _run(capsys, RESULTS / "smoke", beyond_dir, "--fail-on-regression", "1")[0] == 1
+    assert _run(capsys, RESULTS / "smoke", beyond_dir, "--fail-on-regression", "2")[0] == 0
+
+
+def test_rounds_that_spread_wider_than_the_tolerance_are_the_noise(tmp_path: Path) -> None:
+    def spread_rounds(summary: dict[str, Any]) -> None:
+        _peak_up("map", 3 * MEMORY_TOLERANCE)(summary)
+        rounds = summary["strategies"]["map"]["repeats"]
+        rounds[1]["build_peak_bytes"] += int(0.05 * summary["model"]["bytes"])
+
+    comparison = compare_results(load_results(RESULTS / "smoke"), load_results(_copy(tmp_path, "smoke", "wide",
+                                                                                      spread_rounds)))
+    map_ = comparison.strategies[0]
+    assert map_.noise_bytes > 0.05 * map_.memory[0].model_bytes
+    assert "spread" in map_.noise_source and not map_.memory[0].flagged
+
+
+def test_a_strategy_failing_in_new_or_missing_from_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def edit(summary: dict[str, Any]) -> None:
+        summary["strategies"]["load"].update(status="failed", error="MemoryError: engine 2")
+        for repeat in summary["strategies"]["load"]["repeats"]:
+            repeat.update(status="failed", error="MemoryError: engine 2")
+        del summary["strategies"]["stream"]
+
+    new = _copy(tmp_path, "smoke", "smoke-failed", edit)
+    code, out, err = _run(capsys, RESULTS / "smoke", new, "--fail-on-regression", "1000")
+    assert code == 1
+    assert "load: finished in BASE, failed in NEW" in err
+    assert "Only in BASE, not compared: stream." in out
+
+
+def test_different_scenarios_need_leave(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(capsys, RESULTS / "pi05", RESULTS / "pi05-trim")
+    assert (code, out) == (2, "")
+    assert err.startswith("error: ") and err.count("\n") == 1
+    assert f"pi05-trim/{SUMMARY}: scenario: 'pi05-trim'" in err and "--scenario" in err
+    code, out, err = _run(capsys, RESULTS / "pi05", RESULTS / "pi05-trim", "--scenario", "--out", tmp_path)
+    assert code == 0
+    report = (tmp_path / "pi05-vs-pi05-trim.md").read_text()
+    assert "Different scenarios: BASE ran 'pi05', NEW ran 'pi05-trim'." in report
+    assert "Only in BASE, not compared: map_no_prefetch, map_keep_cache, torch_mmap, stream." in report
+    assert (tmp_path / "pi05-vs-pi05-trim.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert out.splitlines() == [str(tmp_path / "pi05-vs-pi05-trim.png"), str(tmp_path / "pi05-vs-pi05-trim.md")]
+
+
+@pytest.mark.parametrize("case", ["missing", "budget", "corrupt", "threshold"])
+def test_bad_input_is_one_error_line(case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    smoke = RESULTS / "smoke"
+    cases: dict[str, list[str | Path]] = {
+        "missing": [tmp_path / "nowhere", smoke],
+        "budget": [smoke, RESULTS / "smoke-budget"],
+        "corrupt": [smoke, tmp_path / "corrupt"],
+        "threshold": [smoke, smoke, "--fail-on-regression", "-1"],
+    }
+    args = cases[case]
+    if case == "corrupt":
+        (tmp_path / "corrupt").mkdir()
+        (tmp_path / "corrupt" / SUMMARY).write_text("{not json")
+    code, out, err = _run(capsys, *args)
+    assert (code, out) == (2, "")
+    assert err.startswith("error: ") and err.count("\n") == 1
+    expected = {"missing": "nowhere: not a results directory", "budget": f"smoke-budget/{SUMMARY}: not found",
+                "corrupt": f"corrupt/{SUMMARY}: not valid JSON", "threshold": "--fail-on-regression -1"}[case]
+    assert expected in err
+
+
+def test_every_committed_layout_is_covered() -> None:
+    layouts = {json.loads((d / SUMMARY).read_text()).get("layout", 1) for d in RUN_DIRS}
+    assert {1, 3, 4} <= layouts
+
+
+@pytest.mark.parametrize("directory", RUN_DIRS, ids=[d.name for d in RUN_DIRS])
+def test_every_committed_run_compares_with_itself(directory: Path) -> None:
+    run = load_results(directory)
+    comparison = compare_results(run, run)
+    assert [s.name for s in comparison.strategies] == list(run.strategies)
+    assert comparison.flagged() == 0 and comparison.regressions() == []
+    for strategy in comparison.strategies:
+        for time in strategy.times:
+            assert time.ratio is None or time.ratio.value == 1.0
+        assert all(d.delta_bytes in (0, None) for d in strategy.memory)
+    assert "Nothing moved beyond the noise." in comparison_markdown(comparison)
