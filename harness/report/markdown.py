@@ -327,8 +327,8 @@ def _notes_section(run: Results, notes: Notes) -> list[str]:
                   f"against these figures. Re-read them against the table, then run `{command}`.", ""]
     elif changes:
         lines += [f"> **Check these notes**: they are kept in `{notes.path.name}` and were written for other "
-                  "figures. Changed since they were last checked: " + "; ".join(changes) + ". Re-read them "
-                  f"against the table, then run `{command}`.", ""]
+                  f"figures. Re-read them against the table, then run `{command}`. Stale since they were "
+                  "last checked:", ">", *[f"> - {cell(line)}" for line in changes], ""]
     else:
         lines += [f"*Hand-written, kept in `{notes.path.name}`; checked against the figures above.*", ""]
     return lines + [notes.text.strip("\n"), ""]

@@ -10,10 +10,14 @@ checked against them::
      "load": {...}} -->
 
 When the figures of a run differ from the stamp (a new run, or a change in how a figure
-is derived), the report says which changed, from what to what, above the notes;
+is derived), the report flags the notes above them and lists, each once on its own line,
+the sentences of the notes that cite a figure as it was (its old value, as the table
+printed it), then how many other figures changed;
 ``python -m harness plot results/<name> --notes-checked`` stamps the current figures
 once the notes have been re-read. Figures are compared as the table prints them, so a
-change below the table's precision is not flagged.
+change below the table's precision is not flagged; nor is a time that moved inside the
+run-to-run spread (a strategy's time columns, when its old and new ranges of wall times
+over the rounds overlap).
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ from harness.results.atomic import write_atomic
 from harness.results.reading import Results
 from harness.results.record import RecordError, parse_json, read_text_file
 
-__all__ = ["Notes", "check_notes", "notes_path", "read_notes", "stamp_notes"]
+__all__ = ["FigureChange", "Notes", "check_notes", "figure_changes", "notes_path", "read_notes", "sentences",
+           "stamp_notes"]
 
 _STAMP = re.compile(r"\A<!-- notes checked against:\s*(?P<figures>.*?) -->\n?", re.S)
 _IGNORED = ("strategy", "status")
@@ -95,24 +100,82 @@ def migrate_notes(report: Path) -> Notes | None:
     return read_notes(path)
 
 
-def check_notes(notes: Notes, run: Results) -> list[str]:
-    """What changed since the notes were checked: one ``"<strategy> <figure>: <then> → <now>"`` each.
+_TIME_COLUMNS = frozenset({"load time", "build time", "wall time", "runs"})
+_RANGE = re.compile(r"(\d+(?:\.\d+)?)–(\d+(?:\.\d+)?) s")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z*`(\[])|\n\s*\n|\n(?=\s*[-*] )")
 
-    A notes file never checked gives :data:`NEVER_CHECKED`.
-    """
-    if notes.checked is None:
-        return [NEVER_CHECKED]
+
+@dataclass(frozen=True)
+class FigureChange:
+    """One figure of the table that differs from the stamp, as the table prints it (``None``: absent)."""
+
+    strategy: str
+    figure: str
+    then: str | None
+    now: str | None
+
+    def __str__(self) -> str:
+        if self.figure == "":
+            return f"{self.strategy}: {'not in this run' if self.now is None else 'new in this run'}"
+        return f"{self.strategy} {self.figure}: {self.then or 'absent'} → {self.now or 'absent'}"
+
+
+def _wall_range(cells: dict[str, str]) -> tuple[float, float] | None:
+    """The range of wall times over the rounds, as the ``runs`` cell prints it (None for one run)."""
+    match = _RANGE.search(cells.get("runs", ""))
+    return (float(match[1]), float(match[2])) if match else None
+
+
+def _inside_spread(before: dict[str, str], after: dict[str, str]) -> bool:
+    """Whether the old and new rounds' wall times overlap: a time that moved within them is noise."""
+    old, new = _wall_range(before), _wall_range(after)
+    return old is not None and new is not None and old[0] <= new[1] and new[0] <= old[1]
+
+
+def figure_changes(notes: Notes, run: Results) -> list[FigureChange]:
+    """The table's figures that changed since the notes were checked, times inside the spread left out."""
+    assert notes.checked is not None
     now = _figures(run)
     changes = []
     for name in sorted(set(now) | set(notes.checked), key=lambda n: (n not in now, n)):
         before, after = notes.checked.get(name, {}), now.get(name, {})
         if not before or not after:
-            changes.append(f"{name}: {'not in this run' if not after else 'new in this run'}")
+            changes.append(FigureChange(name, "", None, None if not after else "new"))
             continue
+        noise = _inside_spread(before, after)
         for figure in after:
-            if before.get(figure) != after[figure]:
-                changes.append(f"{name} {figure}: {before.get(figure, 'absent')} → {after[figure]}")
+            if before.get(figure) != after[figure] and not (noise and figure in _TIME_COLUMNS):
+                changes.append(FigureChange(name, figure, before.get(figure), after[figure]))
     return changes
+
+
+def sentences(text: str) -> list[str]:
+    """The notes' sentences and list items, each on one line (tables and the stamp are not prose)."""
+    prose = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("|"))
+    return [" ".join(s.split()) for s in _SENTENCE_END.split(prose) if s.strip()]
+
+
+def check_notes(notes: Notes, run: Results) -> list[str]:
+    """What makes the notes stale: each sentence that cites a changed figure's old value, once, then one line
+    on the changed figures no sentence cites (``"<n> other figures changed: <strategy> <figure>: <then> →
+    <now>; ..."``). Empty when nothing changed; a notes file never checked gives :data:`NEVER_CHECKED`.
+    """
+    if notes.checked is None:
+        return [NEVER_CHECKED]
+    changes = figure_changes(notes, run)
+    cited: set[FigureChange] = set()
+    stale = []
+    for sentence in sentences(notes.text):
+        hits = [c for c in changes if c.then and re.search(rf"(?<![\d.]){re.escape(c.then.lstrip('+−-'))}",
+                                                              sentence)]
+        if hits:
+            stale.append(sentence)
+            cited.update(hits)
+    others = [c for c in changes if c not in cited]
+    if others:
+        stale.append(f"{len(others)} other figure{'s' if len(others) > 1 else ''} changed: "
+                     + "; ".join(map(str, others)))
+    return stale
 
 
 def stamp_notes(notes: Notes, run: Results) -> Path:

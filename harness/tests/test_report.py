@@ -400,9 +400,48 @@ def test_notes_live_apart_and_are_flagged_when_their_figures_change(cpu_dir: Pat
     again = rendered.paths[-1].read_text(encoding="utf-8")
     assert _table(again)["map"]["whole-run host peak"] == "9.00 GiB"
     (change,) = rendered.stale_notes
-    assert change.startswith("map whole-run host peak: ") and change.endswith(" → 9.00 GiB")
+    assert change.startswith("1 other figure changed: map whole-run host peak: ") and change.endswith(" → 9.00 GiB")
     assert "**Check these notes**" in again and change in again
     assert again.endswith("| hand | table |\n"), "the notes themselves are kept as written"
+
+
+def test_stale_notes_are_the_sentences_that_cite_a_changed_figure_each_once(cpu_dir: Path) -> None:
+    notes = cpu_dir.parent / "smoke.notes.md"
+    notes.write_text("Intro without figures.\n", encoding="utf-8")
+    render_all(cpu_dir, notes_checked=True)
+    old = _table(_markdown(cpu_dir))["map"]["whole-run host peak"]
+    stamp = notes.read_text(encoding="utf-8").split(" -->\n")[0] + " -->\n"
+    cited = f"The map peak was {old}, the lowest. It stays at {old} after the build."
+    notes.write_text(stamp + f"Intro without figures.\n\n{cited} Nothing else moved.\n", encoding="utf-8")
+    summary_path = cpu_dir / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary["strategies"]["map"]["host_peak_bytes"] = 9 * GIB
+    summary_path.write_text(json.dumps(summary))
+    stale = render_all(cpu_dir).stale_notes
+    assert stale == [f"The map peak was {old}, the lowest.", f"It stays at {old} after the build."]
+
+
+def test_times_that_moved_inside_the_run_to_run_spread_do_not_make_notes_stale() -> None:
+    from harness.report.notes import Notes, figure_changes
+
+    before = {"map": {"wall time": "10.9 s", "runs": "3: 9.9–13.3 s (±22%)", "floor": "1.20 GiB"}}
+    inside = {"map": {"wall time": "12.0 s", "runs": "3: 11.0–14.0 s (±17%)", "floor": "1.20 GiB"}}
+    outside = {"map": {"wall time": "18.8 s", "runs": "3: 17.0–20.1 s (±10%)", "floor": "1.20 GiB"}}
+
+    class _Run:
+        def __init__(self, cells: dict[str, dict[str, str]]) -> None:
+            self.cells = cells
+
+    import harness.report.notes as notes_module
+
+    notes = Notes(Path("n.md"), "", before)
+    original = notes_module._figures
+    try:
+        notes_module._figures = lambda run: run.cells  # type: ignore[assignment]
+        assert figure_changes(notes, _Run(inside)) == []  # type: ignore[arg-type]
+        assert [c.figure for c in figure_changes(notes, _Run(outside))] == ["wall time", "runs"]  # type: ignore[arg-type]
+    finally:
+        notes_module._figures = original
 
 
 def test_notes_at_the_end_of_an_old_report_move_to_their_own_file(cpu_dir: Path) -> None:
