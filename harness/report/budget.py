@@ -9,7 +9,8 @@ writes beside the results directory:
   ``<name>.notes.md``;
 * ``<name>-wall.png`` (:func:`wall_figure`): wall time against the memory limit, one line
   per strategy through the limits it completed under, failures marked at the time they
-  failed.
+  failed, and one dotted line per smallest completing limit, naming every strategy that
+  has it (strategies with the same smallest limit share one line).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from matplotlib.lines import Line2D
 
 from harness.budget.record import AttemptRecord, BudgetRecord, StrategyBudget, read_budget
 from harness.catalog import HEADLINE_STRATEGY, strategy_colour
-from harness.report.style import STYLE, figure_png
+from harness.report.style import STYLE, figure_png, strategy_line
 from harness.report.text import DASH, GIB, cell, gib_decimals, short_commit
 from harness.results.atomic import FileBatch
 from harness.results.record import read_text_file
@@ -191,22 +192,31 @@ def wall_figure(record: BudgetRecord) -> Figure:
         d = gib_decimals(record.model_bytes)
         goal = record.goal_limit_bytes(HEADLINE_STRATEGY)
         m = record.strategies.get(HEADLINE_STRATEGY)
+        smallest: dict[str, tuple[int, list[str]]] = {}  # smallest limit as written -> (bytes, strategies)
         for name, s in record.strategies.items():
             colour = strategy_colour(name, order)
+            marker = strategy_line(name, order)["marker"]
             for ax, compile_only in ((whole, False), (compile_ax, True)):
                 walls = _completed_walls(s, compile_only)
                 if walls:
-                    ax.plot([limit / GIB for limit in walls], list(walls.values()), marker="o", markersize=4,
-                            color=colour, linewidth=1.6)
-                if s.minimum_bytes is not None:
-                    ax.axvline(s.minimum_bytes / GIB, color=colour, linewidth=0.8, linestyle=":", alpha=0.9)
+                    ax.plot([limit / GIB for limit in walls], list(walls.values()), marker=marker, markersize=4,
+                            color=colour, linewidth=1.6, gid=f"wall:{name}")
             failed = [a for a in s.attempts if not a.completed]
             if failed:
                 whole.scatter([a.limit_bytes / GIB for a in failed], [a.wall_s for a in failed], marker="x", s=40,
                               color=colour, linewidths=1.5, zorder=3)
-            smallest = (f"smallest {'≤ ' if s.at_lower_bound else ''}{_gib(s.minimum_bytes, d)}"
-                        if s.minimum_bytes is not None else "no minimum")
-            handles.append(Line2D([], [], color=colour, marker="o", markersize=4, label=f"{name}: {smallest} (dotted)"))
+            if s.minimum_bytes is not None:
+                text = f"smallest {'≤ ' if s.at_lower_bound else ''}{_gib(s.minimum_bytes, d)}"
+                smallest.setdefault(text, (s.minimum_bytes, []))[1].append(name)
+            label = name if s.minimum_bytes is not None else f"{name}: no minimum"
+            handles.append(Line2D([], [], color=colour, marker=marker, markersize=4, label=label))
+        for text, (limit, names) in smallest.items():
+            colour = strategy_colour(names[0], order) if len(names) == 1 else "#555555"
+            for ax in (whole, compile_ax):
+                ax.axvline(limit / GIB, color=colour, linewidth=1.0, linestyle=":", alpha=0.9,
+                           gid=f"smallest:{','.join(names)}")
+            handles.append(Line2D([], [], color=colour, linewidth=1.0, linestyle=":",
+                                  label=f"{', '.join(names)}: {text} (dotted)"))
         if goal is not None:
             for ax in (whole, compile_ax):
                 ax.axvline(goal / GIB, color="#000000", linewidth=1.2, linestyle="--")
@@ -234,10 +244,12 @@ def wall_figure(record: BudgetRecord) -> Figure:
         footer = (f"{record.model_name}, {_gib(record.model_bytes, d)}, {record.engines} engines, "
                   f"{record.backend} backend on {record.device}; {record.machine.cpus} CPUs, machine shared with "
                   f"other jobs; commit {short_commit(record.commit)}, {record.created}")
-        fig.text(0.01, 0.01, "\n".join(textwrap.wrap(footer, 150)), fontsize=9, color="#333333", va="bottom")
+        lines = textwrap.wrap(footer, 150)
+        fig.text(0.01, 0.01, "\n".join(lines), fontsize=9, color="#333333", va="bottom", linespacing=1.35)
+        footer_height = (len(lines) * 9 * 1.35 + 10) / 72 / fig.get_figheight()  # figure fraction
         engine = fig.get_layout_engine()
         if isinstance(engine, ConstrainedLayoutEngine):
-            engine.set(rect=(0, 0.05, 1, 0.95))
+            engine.set(rect=(0, footer_height, 1, 1 - footer_height))
     return fig
 
 

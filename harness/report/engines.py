@@ -1,4 +1,10 @@
-"""``<name>-engines.png``: engine by engine, each strategy's host high-water mark, what it released, its build time."""
+"""``<name>-engines.png``: engine by engine, each strategy's host high-water mark, what it released, its build time.
+
+Every strategy's marks, bars and line sit at its own small offset from the engine's
+position, with its own marker and line style, so that no line hides another; a strategy
+whose marks equal an earlier one's at every engine, to the decimals the report prints
+(:func:`harness.report.style.coinciding`), says so in the legend.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from harness.report.style import SERIES_COLOURS, figure_legend, gib, new_figure, strategy_colour, styled
+from harness.report.style import SERIES_COLOURS, coinciding, figure_legend, gib, new_figure, strategy_line, styled
+from harness.report.text import GIB, gib_decimals
 from harness.results.reading import Results
 
 __all__ = ["engines_figure"]
@@ -32,15 +39,21 @@ def engines_figure(run: Results) -> Figure:
         handles.append(Patch(color=SERIES_COLOURS["weights"], label="engine weights"))
     width = 0.8 / max(1, len(names))
     model = run.record.model.bytes
+    decimals = gib_decimals(model)
+    marks = {name: {e.index: e.host_hwm_bytes / GIB for e in run.strategies[name].engines
+                    if e.host_hwm_bytes is not None} for name in names}
+    same = coinciding(marks, 0.5 * 10**-decimals)
     for i, name in enumerate(names):
         record, metrics = run.strategies[name], run.metrics[name]
-        colour = strategy_colour(name, names)
+        line = strategy_line(name, names)
+        colour = line["color"]
         offsets = -0.4 + width * (i + 0.5)
         label = name if record.ok else f"{name} (FAILED, partial)"
-        hwm = [(e.index, e.host_hwm_bytes) for e in record.engines if e.host_hwm_bytes is not None]
-        if hwm:
-            xs, ys = zip(*hwm, strict=True)
-            top.plot(xs, gib(ys), marker="o", markersize=5, linewidth=1.6, color=colour, zorder=3)
+        if name in same:
+            label += f" (line same as {same[name]}'s, to {10**-decimals:.{decimals}f} GiB)"
+        if marks[name]:
+            top.plot(np.asarray(list(marks[name]), dtype="float64") + offsets, list(marks[name].values()),
+                     markersize=5, linewidth=1.6, zorder=3, gid=f"hwm:{name}", **line)
         released = [(e.index, e.released_bytes) for e in record.engines if e.released_bytes is not None]
         if released:
             xs, ys = zip(*released, strict=True)
@@ -51,7 +64,7 @@ def engines_figure(run: Results) -> Figure:
             xs, seconds = zip(*metrics.engine_s, strict=True)
             bottom.bar(np.asarray(xs) + offsets, seconds, width, color=colour, zorder=2, gid=f"build-s:{name}")
             label += f", engines built in {sum(seconds):.1f} s"
-        handles.append(Line2D([], [], color=colour, marker="o", linewidth=1.6, label=label))
+        handles.append(Line2D([], [], linewidth=1.6, markersize=5, label=label, **line))
     top.set_ylabel("host high-water\nmark (GiB)")
     top.set_ylim(bottom=0)
     top.set_title("host high-water mark while each engine is built (lines), its weights (bars)", loc="left")

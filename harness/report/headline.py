@@ -1,11 +1,14 @@
-"""``<name>-headline.png``: how far each strategy lands from its floor, and where its time goes.
+"""``<name>-headline.png``: how far each strategy lands from its floor, and where its wall time goes.
 
-Top: one bar per strategy, from zero to the peak compared with the floor (the
-build-phase host peak, or host + GPU on a GPU), its baseline shaded, the floor drawn
-across it and the excess written at its end, exactly as the table prints them. Where the
-whole run went higher (the load), an outline carries the bar on to that peak. Bottom:
-seconds spent loading, then building each engine, every engine labelled, one bar per
-strategy.
+Top: one row per strategy. Its solid bar runs from zero to the build-phase host peak,
+its baseline shaded, the floor drawn across it and the excess written at its end, exactly
+as the table prints them; where the whole run went higher (the load), an outline carries
+the bar on to that peak. On a GPU the host leads: the solid bar is the build-phase host
+peak against the host floor (baseline + largest engine), and a second, lighter bar under
+it is the build-phase host + GPU peak against its own floor, the figure the table compares.
+Bottom: one bar per strategy, its wall time laid out phase by phase (the load, the export
+where there is one, the build, and what lies between them), so that the wall is the sum
+of what the bar shows; each engine's own time is in ``<name>-engine-times.png``.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
-import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -21,14 +23,27 @@ from matplotlib.patches import Patch, Rectangle
 
 from harness.catalog import strategy_label
 from harness.report.style import FLOOR_STYLE, figure_legend, new_figure, strategy_colour, styled
-from harness.report.text import GIB, format_gib, format_percent, format_seconds, gib_decimals, status_text
-from harness.results.metrics import StrategyMetrics, floor_formula
+from harness.report.text import (
+    GIB,
+    format_gib,
+    format_percent,
+    format_seconds,
+    gib_decimals,
+    phases_text,
+    status_text,
+)
+from harness.results.metrics import StrategyMetrics, floor_formula, phase_spans
 from harness.results.reading import Results
 
-__all__ = ["headline_figure"]
+__all__ = ["PHASE_COLOURS", "headline_figure"]
 
 BASELINE_COLOUR = "#D9D9D9"
+PHASE_COLOURS = {"load": "#555555", "export": "#B07A1F", "build": "#7FA7CF"}
+"""The colour of each phase in the time panel; a phase not listed (a newer record's) is drawn grey."""
+_OTHER_PHASE = "#AAAAAA"
+_BETWEEN: dict[str, Any] = {"facecolor": "#FFFFFF", "edgecolor": "#888888", "hatch": "...."}
 _BAR = 0.62  # bar height, in rows
+_HOST_GPU_ALPHA = 0.4
 
 
 def _failure(m: StrategyMetrics, planned: int) -> str:
@@ -38,96 +53,169 @@ def _failure(m: StrategyMetrics, planned: int) -> str:
     return f"partial: FAILED after {m.engines_built} of {planned} engines"
 
 
+def _excess_text(peak: int, excess: float, decimals: int, floor: str, what: str = "") -> str:
+    """``1.23 GiB<what>: +4.5% of the model above the <floor>`` (``below`` when negative)."""
+    if excess >= 0:
+        return f"{format_gib(peak, decimals)}{what}: {format_percent(excess)} of the model above the {floor}"
+    return (f"{format_gib(peak, decimals)}{what}: {format_percent(-excess).lstrip('+')} of the model below the "
+            f"{floor}")
+
+
+def _bar(ax: Axes, y: float, height: float, m: StrategyMetrics, peak: int, floor: int | None, text: str,
+         order: list[str], gid: str, alpha: float) -> None:
+    """One peak bar from zero (baseline shaded) to ``peak``, ``floor`` drawn across it, ``text`` at its end."""
+    colour = strategy_colour(m.name, order)
+    base = min(m.record.baseline_rss_bytes or 0, peak)
+    ax.barh(y, base / GIB, height, color=BASELINE_COLOUR, zorder=2)
+    bar = ax.barh(y, (peak - base) / GIB, height, left=base / GIB, color=colour, zorder=2,
+                  alpha=alpha if m.record.ok else alpha * 0.45, edgecolor=colour, linewidth=1.0)
+    bar.patches[0].set_gid(f"{gid}:{m.name}")
+    if floor is not None:
+        line = ax.vlines(floor / GIB, y - height / 2 - 0.05, y + height / 2 + 0.05, zorder=4, **FLOOR_STYLE)
+        line.set_gid(f"{'floor' if gid == 'compared' else gid + '-floor'}:{m.name}")
+    label = ax.text(peak / GIB + ax.get_xlim()[1] * 0.01, y + 0.02, text, va="center", ha="left", fontsize=10,
+                    fontweight="bold", color="#000000" if m.record.ok else "#B00000", zorder=5,
+                    bbox={"boxstyle": "square,pad=0.15", "facecolor": "white", "edgecolor": "none", "alpha": 0.85})
+    label.set_gid(f"{'excess' if gid == 'compared' else gid + '-excess'}:{m.name}")
+    label.set_in_layout(False)  # the axis leaves room for it; it must not shrink the axes
+
+
+def _whole_run(ax: Axes, y: float, height: float, m: StrategyMetrics, peak: int, right: float, order: list[str],
+               decimals: int) -> None:
+    """The outline carrying a host bar on to the whole-run host peak, where that is higher."""
+    whole = m.record.host_peak_bytes
+    if whole is None or (whole - peak) / GIB <= 0.03 * right:
+        return
+    outline = Rectangle((peak / GIB, y - height / 2), (whole - peak) / GIB, height, fill=False,
+                        edgecolor=strategy_colour(m.name, order), linestyle=(0, (4, 2)), linewidth=1.4, zorder=2)
+    outline.set_gid(f"whole-run:{m.name}")
+    ax.add_patch(outline)
+    note = ax.text(whole / GIB, y + height / 2 + 0.03, f"whole-run host peak {format_gib(whole, decimals)}",
+                   va="bottom", ha="right", fontsize=9, color="#333333")
+    note.set_in_layout(False)
+
+
+def _strategy_ticks(ax: Axes, metrics: list[StrategyMetrics], order: list[str], described: bool) -> None:
+    """Rows top to bottom in run order, each named (``described``: with the catalog's label) in its colour."""
+    ticks = [f"{m.name}\n" + "\n".join(textwrap.wrap(strategy_label(m.name), 26)) if described else m.name
+             for m in metrics]
+    ax.set_yticks(range(len(metrics) - 1, -1, -1), ticks)
+    for tick, m in zip(ax.get_yticklabels(), metrics, strict=True):
+        tick.set_color(strategy_colour(m.name, order))
+    ax.set_ylim(-0.6, len(metrics) - 0.4)
+
+
 def _peaks_panel(ax: Axes, run: Results, order: list[str]) -> None:
     decimals = gib_decimals(run.record.model.bytes)
     metrics = list(run.metrics.values())
-    values = [v for m in metrics for v in (m.compared_peak_bytes, m.record.host_peak_bytes, m.floor_bytes) if v]
+    gpu = run.on_gpu
+    values = [v for m in metrics for v in (m.compared_peak_bytes, m.record.build_peak_bytes,
+                                           m.record.host_peak_bytes, m.floor_bytes) if v]
     right = max(values, default=GIB) / GIB
+    # room for the text after each bar (about 44% of the axis); an outline's label sits above its end
+    ends = [max(max(m.compared_peak_bytes or 0, m.record.build_peak_bytes or 0) / GIB / 0.56,
+                (m.record.host_peak_bytes or 0) / GIB * 1.04) for m in metrics]
+    ax.set_xlim(0, max(ends, default=0.0) or 1.0)  # no peak at all (every strategy failed before one): 1 GiB
+    height = _BAR / 2 if gpu else _BAR
     for row, m in enumerate(metrics):
         y = len(metrics) - 1 - row
-        colour = strategy_colour(m.name, order)
+        host_y = y + height / 2 + 0.02 if gpu else y
+        if gpu and m.record.build_peak_bytes is not None:
+            host = m.record.build_peak_bytes
+            text = (_excess_text(host, m.build_host_excess, decimals, "host floor", " host")
+                    if m.record.ok and m.build_host_excess is not None else f"{format_gib(host, decimals)} host")
+            _bar(ax, host_y, height, m, host, m.build_host_floor_bytes, text, order, "host", 1.0)
+            _whole_run(ax, host_y, height, m, host, right, order, decimals)
         peak = m.compared_peak_bytes
         if peak is None:
             ax.text(0.01, y, status_text(m, 90), va="center", color="#B00000", transform=ax.get_yaxis_transform())
             continue
-        base = min(m.record.baseline_rss_bytes or 0, peak)
-        ax.barh(y, base / GIB, _BAR, color=BASELINE_COLOUR, zorder=2)
-        bar = ax.barh(y, (peak - base) / GIB, _BAR, left=base / GIB, color=colour, alpha=1.0 if m.record.ok else 0.45,
-                      zorder=2)
-        bar.patches[0].set_gid(f"compared:{m.name}")
-        whole = m.record.host_peak_bytes
-        if whole is not None and (whole - peak) / GIB > 0.03 * right:
-            outline = Rectangle((peak / GIB, y - _BAR / 2), (whole - peak) / GIB, _BAR, fill=False,
-                                edgecolor=colour, linestyle=(0, (4, 2)), linewidth=1.4, zorder=2)
-            outline.set_gid(f"whole-run:{m.name}")
-            ax.add_patch(outline)
-            note = ax.text(whole / GIB, y + _BAR / 2 + 0.03, f"whole-run host peak {format_gib(whole, decimals)}",
-                           va="bottom", ha="right", fontsize=9, color="#333333")
-            note.set_in_layout(False)
-        if m.floor_bytes is not None:
-            line = ax.vlines(m.floor_bytes / GIB, y - _BAR / 2 - 0.08, y + _BAR / 2 + 0.08, zorder=4, **FLOOR_STYLE)
-            line.set_gid(f"floor:{m.name}")
-        if m.record.ok and m.excess is not None:
-            text = (f"{format_gib(peak, decimals)}: {format_percent(m.excess)} of the model above the floor"
-                    if m.excess >= 0 else
-                    f"{format_gib(peak, decimals)}: {format_percent(-m.excess).lstrip('+')} of the model "
-                    "below the floor")
-        else:
-            text = f"{format_gib(peak, decimals)}, {_failure(m, run.record.engines)}"
-        label = ax.text(peak / GIB + right * 0.01, y + 0.02, text, va="center", ha="left", fontsize=10,
-                        fontweight="bold", color="#000000" if m.record.ok else "#B00000", zorder=5,
-                        bbox={"boxstyle": "square,pad=0.15", "facecolor": "white", "edgecolor": "none",
-                              "alpha": 0.85})
-        label.set_gid(f"excess:{m.name}")
-        label.set_in_layout(False)  # the axis leaves room for it; it must not shrink the axes
-    ticks = [f"{m.name}\n" + "\n".join(textwrap.wrap(strategy_label(m.name), 26)) for m in metrics]
-    ax.set_yticks(range(len(metrics) - 1, -1, -1), ticks)
-    for tick, m in zip(ax.get_yticklabels(), metrics, strict=True):
-        tick.set_color(strategy_colour(m.name, order))
-    # room for the text after each bar (about 40% of the axis); an outline's label sits above its end
-    ends = [max((m.compared_peak_bytes or 0) / GIB / 0.6, (m.record.host_peak_bytes or 0) / GIB * 1.04)
-            for m in metrics]
-    ax.set_xlim(0, max(ends, default=0.0) or 1.0)  # no peak at all (every strategy failed before one): 1 GiB
-    ax.set_ylim(-0.6, len(metrics) - 0.4)
+        text = (_excess_text(peak, m.excess, decimals, "floor") if m.record.ok and m.excess is not None
+                else f"{format_gib(peak, decimals)}, {_failure(m, run.record.engines)}")
+        compared_y = y - height / 2 - 0.02 if gpu else y
+        _bar(ax, compared_y, height, m, peak, m.floor_bytes, text, order, "compared",
+             _HOST_GPU_ALPHA if gpu else 1.0)
+        if not gpu:
+            _whole_run(ax, y, height, m, peak, right, order, decimals)
+    _strategy_ticks(ax, metrics, order, described=True)
     ax.set_xlabel("GiB")
     ax.grid(axis="x", color="#E5E5E5", zorder=0)
-    floor = floor_formula(run.on_gpu, run.engines_accumulate)
-    ax.set_title(f"{run.compared_label} against its floor ({floor})", loc="left")
+    floor = floor_formula(run.on_gpu, run.engines_accumulate, run.engines_read_in_place)
+    if gpu:
+        ax.set_title(f"build-phase host peak (solid) against the host floor ({floor_formula(False)});\nunder it, "
+                     f"the {run.compared_label} (light) against its floor ({floor})", loc="left")
+    else:
+        ax.set_title(f"{run.compared_label} against its floor ({floor})", loc="left")
 
 
-def _times_panel(ax: Axes, run: Results, order: list[str]) -> None:
+def _wall_text(m: StrategyMetrics) -> str:
+    if m.record.wall_s is None:
+        text = "no wall time"
+    elif m.load_s is not None and m.build_s is not None:
+        text = f"wall {format_seconds(m.record.wall_s)} =\n{phases_text(m)}"
+    else:
+        text = f"wall {format_seconds(m.record.wall_s)}"
+    return text + ("" if m.record.ok else " (FAILED)")
+
+
+def _times_panel(ax: Axes, run: Results, order: list[str]) -> list[str]:
+    """Each strategy's wall time as one bar of its phases in time order; returns the phases drawn."""
     metrics = list(run.metrics.values())
-    engines = sorted({i for m in metrics for i, _ in m.engine_s})
-    labels = ["load", *map(str, engines)]
-    x = np.arange(len(labels), dtype="float64")
-    width = 0.8 / max(1, len(metrics))
-    for i, m in enumerate(metrics):
-        seconds = dict(m.engine_s)
-        heights = [m.load_s if m.load_s is not None else np.nan] + [seconds.get(e, np.nan) for e in engines]
-        ax.bar(x - 0.4 + width * (i + 0.5), heights, width, color=strategy_colour(m.name, order),
-               alpha=1.0 if m.record.ok else 0.45, zorder=2, gid=f"times:{m.name}")
-    ax.set_xticks(x, labels, rotation=90 if len(labels) > 40 else 0)
-    ax.set_xlim(-0.6, len(labels) - 0.4)
-    ax.set_ylabel("seconds")
-    ax.set_xlabel("phase: the load, then engine by engine in build order")
-    ax.grid(axis="y", color="#E5E5E5", zorder=0)
-    ax.set_title("where the time goes: the load, then each engine's build", loc="left")
+    drawn: list[str] = []
+    ends = []
+    for row, m in enumerate(metrics):
+        y = len(metrics) - 1 - row
+        spans = phase_spans(m.record.phases)
+        total = m.record.wall_s if m.record.wall_s is not None else max((end for _, _, end in spans), default=0.0)
+        at = 0.0
+        for phase, start, end in spans:
+            start, end = max(start, at), min(end, total)
+            if start > at:
+                ax.barh(y, start - at, _BAR, left=at, zorder=2, gid=f"time:{m.name}:between", **_BETWEEN)
+                drawn.append("between")
+            if end > start:
+                ax.barh(y, end - start, _BAR, left=start, color=PHASE_COLOURS.get(phase, _OTHER_PHASE), zorder=2,
+                        alpha=1.0 if m.record.ok else 0.45, gid=f"time:{m.name}:{phase}")
+                drawn.append(phase)
+            at = max(at, end)
+        if total > at:
+            ax.barh(y, total - at, _BAR, left=at, zorder=2, gid=f"time:{m.name}:between", **_BETWEEN)
+            drawn.append("between")
+        label = ax.text(total, y, _wall_text(m).replace("\n", "\n  ").join(("  ", "")), va="center", ha="left",
+                        fontsize=9,
+                        color="#000000" if m.record.ok else "#B00000", zorder=5)
+        label.set_gid(f"wall:{m.name}")
+        label.set_in_layout(False)
+        ends.append(total)
+    _strategy_ticks(ax, metrics, order, described=False)
+    ax.set_xlim(0, (max(ends, default=0.0) or 1.0) / 0.55)  # room for the text after each bar
+    ax.set_xlabel(f"seconds from the strategy's load start (each engine's build: {run.name}-engine-times.png)")
+    ax.grid(axis="x", color="#E5E5E5", zorder=0)
+    ax.set_title("where the wall time goes, phase by phase", loc="left")
+    return list(dict.fromkeys(drawn))
 
 
-def _legend(run: Results, order: list[str]) -> list[Any]:
-    handles: list[Any] = []
-    for m in run.metrics.values():
-        wall = f"wall {format_seconds(m.record.wall_s)}" if m.record.wall_s is not None else "no wall time"
-        parts = [wall]
-        if m.load_s is not None and m.build_s is not None:
-            parts.append(f"load {format_seconds(m.load_s)} + build {format_seconds(m.build_s)}")
-        label = f"{m.name}: {', '.join(parts)}" + ("" if m.record.ok else " (FAILED)")
-        handles.append(Patch(color=strategy_colour(m.name, order), alpha=1.0 if m.record.ok else 0.45, label=label))
-    handles += [
-        Patch(color=BASELINE_COLOUR, label="baseline (before the load)"),
-        Line2D([], [], label="floor", **FLOOR_STYLE),
-        Patch(fill=False, edgecolor="#555555", linestyle=(0, (4, 2)), label="whole-run host peak, where higher"),
-    ]
+def _phase_legend(ax: Axes, phases: list[str]) -> None:
+    """The time panel's own legend: the colour of each phase drawn."""
+    names = {"load": "load", "export": "export", "build": "build (every engine)", "between": "between phases"}
+    handles = [Patch(label=names.get(phase, phase), **_BETWEEN) if phase == "between" else
+               Patch(label=names.get(phase, phase), color=PHASE_COLOURS.get(phase, _OTHER_PHASE)) for phase in phases]
+    ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncols=len(handles), frameon=False,
+              borderaxespad=0.2, handlelength=1.6, columnspacing=1.2)
+
+
+def _legend(run: Results) -> list[Any]:
+    handles: list[Any] = [Patch(color=BASELINE_COLOUR, label="baseline (before the load)")]
+    if run.on_gpu:
+        handles += [
+            Patch(facecolor="#777777", label="build-phase host peak (solid)"),
+            Patch(facecolor="#777777", alpha=_HOST_GPU_ALPHA, label="build-phase host + GPU peak (light)"),
+            Line2D([], [], label="floor of each bar", **FLOOR_STYLE),
+        ]
+    else:
+        handles.append(Line2D([], [], label="floor", **FLOOR_STYLE))
+    handles.append(Patch(fill=False, edgecolor="#555555", linestyle=(0, (4, 2)),
+                         label="whole-run host peak, where higher"))
     return handles
 
 
@@ -138,13 +226,14 @@ def _model_text(run: Results) -> str:
 
 @styled
 def headline_figure(run: Results) -> Figure:
-    """The build-phase peak of each strategy against its floor, and its time per phase and engine."""
+    """Each strategy's peaks against their floors (the host first), and its wall time phase by phase."""
     order = list(run.metrics)
     rows = max(1, len(order))
-    fig = new_figure(12.0, 3.6 + 0.95 * rows + 3.0, run)
-    top, bottom = fig.subplots(2, 1, height_ratios=(0.95 * rows + 0.6, 3.0))
+    times_height = 0.45 * rows + 0.9
+    fig = new_figure(12.0, 3.0 + 0.95 * rows + times_height, run)
+    top, bottom = fig.subplots(2, 1, height_ratios=(0.95 * rows + 0.6, times_height))
     _peaks_panel(top, run, order)
-    _times_panel(bottom, run, order)
+    _phase_legend(bottom, _times_panel(bottom, run, order))
     title = f"{run.name}: how far each loading strategy lands from its floor ({_model_text(run)})"
-    figure_legend(fig, _legend(run, order), title)
+    figure_legend(fig, _legend(run), title)
     return fig

@@ -1,9 +1,14 @@
-"""``<name>-peaks.png``: the strategies' peaks side by side, references hatched.
+"""``<name>-peaks.png``: the strategies' peaks side by side.
 
 Groups, left to right: host at partitioning; the peak compared with the floor (the
 build-phase host peak, or host + GPU on a GPU), with each strategy's floor drawn over
 its bar; then the whole-run peaks, which include the load. The values are
 :mod:`harness.results.metrics`' and are written on the bars as the table prints them.
+
+A scenario's references (figures measured on another setup: another model export,
+another GPU, another builder) are not drawn: beside the run's own bars they would invite
+a comparison they cannot carry, and most of their cells were not measured there. The
+report's table keeps them, with their notes; the figure says where they are.
 """
 
 from __future__ import annotations
@@ -22,26 +27,22 @@ from harness.report.style import FLOOR_STYLE, MODEL_STYLE, model_label, new_figu
 from harness.report.text import GIB, gib_decimals
 from harness.results.metrics import StrategyMetrics
 from harness.results.reading import Results
-from harness.results.record import Reference
 
 __all__ = ["peak_groups", "peaks_figure"]
 
-_REFERENCE_HATCHES = ("//", "\\\\", "xx", "..")
-
-Group = tuple[str, Callable[[StrategyMetrics], int | None], Callable[[Reference], float | None]]
+Group = tuple[str, Callable[[StrategyMetrics], int | None]]
 
 
 def peak_groups(run: Results) -> list[Group]:
-    """(label, strategy value in bytes, reference value in GiB) of each bar group."""
+    """(label, strategy value in bytes) of each bar group."""
     groups: list[Group] = [
-        ("host at\npartitioning", lambda m: m.record.host_at_partitioning_bytes, lambda r: r.host_at_partitioning_gib),
-        ("\n".join(textwrap.wrap(run.compared_label, 16)) + "\n(floor drawn)", lambda m: m.compared_peak_bytes,
-         lambda r: r.host_gpu_peak_gib if run.on_gpu else None),
-        ("whole-run\nhost peak", lambda m: m.record.host_peak_bytes, lambda r: r.host_peak_gib),
-        ("whole-run\nanonymous peak", lambda m: m.record.anon_peak_bytes, lambda r: None),
+        ("host at\npartitioning", lambda m: m.record.host_at_partitioning_bytes),
+        ("\n".join(textwrap.wrap(run.compared_label, 16)) + "\n(floor drawn)", lambda m: m.compared_peak_bytes),
+        ("whole-run\nhost peak", lambda m: m.record.host_peak_bytes),
+        ("whole-run\nanonymous peak", lambda m: m.record.anon_peak_bytes),
     ]
     if run.gpu_measured:
-        groups.append(("whole-run\nGPU peak", lambda m: m.record.gpu_peak_bytes, lambda r: None))
+        groups.append(("whole-run\nGPU peak", lambda m: m.record.gpu_peak_bytes))
     return groups
 
 
@@ -54,13 +55,13 @@ def _bar_label(ax: Axes, x: float, value: float | None, text: str, top: float) -
 
 @styled
 def peaks_figure(run: Results) -> Figure:
-    """Grouped bars: each figure per strategy, references hatched, the model size, and the floor."""
+    """Grouped bars: each figure per strategy, the model size, and the floor; references left to the table."""
     record = run.record
     decimals = gib_decimals(record.model.bytes)
     groups = peak_groups(run)
     strategies = list(run.metrics.values())
     order = [s.name for s in strategies]
-    series = len(strategies) + len(record.references)
+    series = len(strategies)
     fig = new_figure(12.0, 6.4, run)
     ax = fig.subplots()
     width = 0.8 / max(1, series)
@@ -71,7 +72,7 @@ def peaks_figure(run: Results) -> Figure:
     floor_drawn = False
     for i, s in enumerate(strategies):
         colour = strategy_colour(s.name, order)
-        for g, (offset, (_, value_of, _)) in enumerate(zip(x - 0.4 + width * (i + 0.5), groups, strict=True)):
+        for g, (offset, (_, value_of)) in enumerate(zip(x - 0.4 + width * (i + 0.5), groups, strict=True)):
             raw = value_of(s)
             value = None if raw is None else raw / GIB
             if value is not None:
@@ -86,17 +87,6 @@ def peaks_figure(run: Results) -> Figure:
                 floor_drawn = True
         handles.append(Patch(color=colour, alpha=1.0 if s.record.ok else 0.45,
                              label=s.name if s.record.ok else f"{s.name} (FAILED, partial)"))
-    for j, ref in enumerate(record.references):
-        hatch = _REFERENCE_HATCHES[j % len(_REFERENCE_HATCHES)]
-        offsets = x - 0.4 + width * (len(strategies) + j + 0.5)
-        for offset, (_, _, reference_value) in zip(offsets, groups, strict=True):
-            value = reference_value(ref)
-            if value is not None:
-                ax.bar(offset, value, width, facecolor="white", edgecolor="#666666", hatch=hatch, linewidth=1)
-                values.append(value)
-            bars.append((offset, value, "" if value is None else f"{value:g}"))
-        handles.append(Patch(facecolor="white", edgecolor="#666666", hatch=hatch,
-                             label=f"reference: {ref.label} (different setup)"))
     top = (max(values) or 1.0) * 1.22
     for offset, value, text in bars:
         _bar_label(ax, offset, value, text, top)
@@ -104,12 +94,14 @@ def peaks_figure(run: Results) -> Figure:
     handles.append(Line2D([], [], label=model_label(run), **MODEL_STYLE))
     if floor_drawn:
         handles.append(Line2D([], [], label=f"floor of the {run.compared_label}", **FLOOR_STYLE))
-    ax.set_xticks(x, [label for label, _, _ in groups])
+    ax.set_xticks(x, [label for label, _ in groups])
     ax.set_xlim(-0.5, len(groups) - 0.5)
     ax.set_ylim(0, top)
     ax.set_ylabel("GiB")
-    ax.set_title(f"values in GiB, {decimals} decimals" + ("" if run.gpu_measured else "; no GPU"),
-                 loc="left", color="#555555")
+    subtitle = f"values in GiB, {decimals} decimals" + ("" if run.gpu_measured else "; no GPU")
+    if record.references:
+        subtitle += "; the references measured on another setup are in the report's table, not drawn here"
+    ax.set_title(subtitle, loc="left", color="#555555")
     for handle in handles:
         handle.set_label("\n".join(textwrap.wrap(handle.get_label(), 36)))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, borderaxespad=0)

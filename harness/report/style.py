@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import io
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -28,6 +28,7 @@ __all__ = [
     "MODEL_STYLE",
     "SERIES_COLOURS",
     "STYLE",
+    "coinciding",
     "figure_legend",
     "figure_png",
     "gib",
@@ -35,6 +36,7 @@ __all__ = [
     "new_figure",
     "save_figure",
     "strategy_colour",
+    "strategy_line",
     "styled",
 ]
 
@@ -65,6 +67,8 @@ SERIES_COLOURS = {
 
 MODEL_STYLE: dict[str, Any] = {"color": SERIES_COLOURS["model"], "linestyle": "-", "linewidth": 1.3}
 FLOOR_STYLE: dict[str, Any] = {"color": SERIES_COLOURS["floor"], "linestyle": "--", "linewidth": 1.4}
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h")
+_LINESTYLES: tuple[Any, ...] = ("-", "--", "-.", ":", (0, (6, 2, 1, 2, 1, 2)))
 _FOOTER_PT = 9
 _LEGEND_CHARS = 60
 _DPI = 120
@@ -138,6 +142,33 @@ def figure_legend(fig: Figure, handles: list[Any], title: str) -> None:
         title="\n".join(textwrap.wrap(title, int(fig.get_figwidth() * 72 * 0.95 / (12 * 0.62)))),
         title_fontproperties={"size": 12, "weight": "bold"},
     )
+
+
+def strategy_line(name: str, order: Sequence[str]) -> dict[str, Any]:
+    """Colour, marker and line style of strategy ``name``'s lines: each strategy in ``order`` its own
+    marker and line style as well as its colour, so that lines lying on one another stay told apart."""
+    index = list(order).index(name) if name in order else len(order)
+    return {"color": strategy_colour(name, order), "marker": _MARKERS[index % len(_MARKERS)],
+            "linestyle": _LINESTYLES[index % len(_LINESTYLES)]}
+
+
+def coinciding(series: Mapping[str, Mapping[Any, float]], tolerance: float) -> dict[str, str]:
+    """Which series lie on an earlier one: ``{name: the earlier series' name}``.
+
+    Two series coincide when they have values at the same points and differ by at most
+    ``tolerance`` at every one; each is matched with the first earlier series it coincides
+    with that does not itself lie on another. Series without points coincide with none.
+    """
+    same: dict[str, str] = {}
+    leaders: list[str] = []
+    for name, values in series.items():
+        match = next((lead for lead in leaders if values and series[lead].keys() == values.keys()
+                      and all(abs(values[k] - series[lead][k]) <= tolerance for k in values)), None)
+        if match is None:
+            leaders.append(name)
+        else:
+            same[name] = match
+    return same
 
 
 def model_label(run: Results) -> str:

@@ -1,12 +1,15 @@
-"""``<name>-timeline.png``: one panel per strategy on a shared time axis, each on its own memory scale.
+"""``<name>-timeline.png``: one panel per strategy, on one time axis and one memory scale.
 
 Each panel shows the process's RSS split into anonymous and file-backed memory, GPU
-memory where there is a GPU, the floor, and every engine build shaded and numbered (a
-narrow band's number moves up a row rather than being left out). Panels share the time
-axis but not the memory axis, so a strategy that stays near its floor is as readable as
-one that holds the whole model; the checkpoint's page-cache residency, which belongs to
-the machine rather than to the process, is drawn against its own axis on the right, in
-per cent of the checkpoint.
+memory where there is a GPU, the floor, the model size, and every engine build shaded and
+numbered (a narrow band's number moves down a row rather than being left out). Every panel
+has the same memory scale, from zero to the highest value any panel draws or the model
+size, whichever is higher: a strategy that stays near its floor looks as small as it is
+beside one that holds the whole model, and the model-size line sits at the same height in
+every panel. The checkpoint's page-cache residency, which belongs to the machine rather
+than to the process, is drawn against its own axis on the right, in per cent of the
+checkpoint, on the same scale: 100% at the checkpoint's size in GiB, just above the
+model-size line.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from harness.report.text import GIB, status_text
 from harness.results.reading import Results
 from harness.results.record import StrategyRecord
 
-__all__ = ["engine_spans", "time_origin", "timeline_figure"]
+__all__ = ["engine_spans", "label_rows", "memory_top", "time_origin", "timeline_figure"]
 
 _BANDS = ("#E3E3E3", "#F2F2F2")
 _LABEL_ROWS = (0.975, 0.90, 0.825, 0.75)  # axes fractions where engine numbers go, top first
@@ -119,8 +122,15 @@ def _label_engines(ax: Axes, spans: list[tuple[int, float, float]], seconds_per_
                 ha="center", va="top", fontsize=9, color="#444444", zorder=6, gid=f"engine:{index}")
 
 
-def _timeline_panel(ax: Axes, run: Results, name: str, seconds_per_inch: float) -> None:
-    """One strategy's memory over time, in seconds from its load start."""
+def memory_top(run: Results) -> float:
+    """The top of every panel's memory axis (GiB): the highest value any panel draws, or the model size if
+    higher, with room above for the engine numbers."""
+    tops = [_panel_top(run, name) for name in run.strategies] + [run.record.model.bytes / GIB]
+    return max(tops) * 1.3
+
+
+def _timeline_panel(ax: Axes, run: Results, name: str, seconds_per_inch: float, top: float) -> None:
+    """One strategy's memory over time, in seconds from its load start, on the memory axis from 0 to ``top``."""
     s, m, samples = run.strategies[name], run.metrics[name], run.samples[name]
     origin = time_origin(s, samples)
     frame = samples.dropna(subset=["t_s", "rss_bytes"])
@@ -128,7 +138,6 @@ def _timeline_panel(ax: Axes, run: Results, name: str, seconds_per_inch: float) 
     for index, start, end in spans:
         ax.axvspan(start, end, color=_BANDS[index % 2], linewidth=0, zorder=0)
     _label_engines(ax, spans, seconds_per_inch)
-    top = _panel_top(run, name) * 1.3  # room for the engine numbers above the curves
     residency = ax.twinx()
     residency.spines["right"].set_visible(True)
     if len(frame):
@@ -151,13 +160,13 @@ def _timeline_panel(ax: Axes, run: Results, name: str, seconds_per_inch: float) 
     for value, style in ((s.phases.load_start_s, ":"), (s.phases.partition_s, "-.")):
         if value is not None:
             ax.axvline(value - origin, color=SERIES_COLOURS["phase"], linestyle=style, linewidth=1.2, zorder=5)
-    model = run.record.model.bytes / GIB
-    if model <= top:
-        ax.axhline(model, zorder=2, **MODEL_STYLE)
+    ax.axhline(run.record.model.bytes / GIB, zorder=2, **MODEL_STYLE)
     if m.floor_bytes is not None:
         ax.axhline(m.floor_bytes / GIB, zorder=2, **FLOOR_STYLE)
     ax.set_ylim(0, top)
-    residency.set_ylim(0, 130)  # 100% sits where the curves' 1/1.3 does: below the engine numbers
+    checkpoint_gib = run.record.checkpoint.bytes / GIB
+    # on the memory scale: the whole checkpoint cached sits at its size in GiB, at the model-size line
+    residency.set_ylim(0, top / checkpoint_gib * 100 if checkpoint_gib > 0 else 130)
     residency.set_yticks([0, 25, 50, 75, 100])
     residency.set_ylabel("page cache\n(% of checkpoint)", color=SERIES_COLOURS["resident"])
     residency.tick_params(axis="y", colors=SERIES_COLOURS["resident"])
@@ -166,8 +175,6 @@ def _timeline_panel(ax: Axes, run: Results, name: str, seconds_per_inch: float) 
         title += f", wall {m.record.wall_s:.1f} s"
     if origin > 0:
         title += f", load began {origin:.1f} s after process start"
-    if model > top:
-        title += f"; model size ({model:.2f} GiB) above this panel's scale"
     ax.set_title(title, loc="left", color="#000000" if s.ok else "#B00000", fontweight="bold")
     if not m.gpu_measured:
         ax.set_title("no GPU", loc="right", color="#555555")
@@ -202,23 +209,24 @@ def _timeline_legend(run: Results) -> list[Any]:
 
 @styled
 def timeline_figure(run: Results) -> Figure:
-    """One panel per strategy on a shared time axis, each on its own memory scale."""
+    """One panel per strategy, on one time axis and one memory scale (:func:`memory_top`)."""
     strategies = list(run.strategies)
     panels = max(1, len(strategies))
     fig = new_figure(12.0, 2.2 + 2.7 * panels, run)
-    axes = fig.subplots(panels, 1, sharex=True, squeeze=False)[:, 0]
+    axes = fig.subplots(panels, 1, sharex=True, sharey=True, squeeze=False)[:, 0]
     extents = [_time_extent(run.strategies[s], run.samples[s]) for s in strategies] or [(0.0, 1.0)]
     x_min = min(0.0, *(lo for lo, _ in extents))
     x_max = max(hi for _, hi in extents)
     x_max = x_max if x_max > x_min else x_min + 1.0
     margin = (x_max - x_min) * 0.01
     seconds_per_inch = (x_max - x_min + 2 * margin) / (fig.get_figwidth() * 0.78)
+    top = memory_top(run)
     for ax, name in zip(axes, strategies, strict=False):
-        _timeline_panel(ax, run, name, seconds_per_inch)
+        _timeline_panel(ax, run, name, seconds_per_inch, top)
     if not strategies:
         axes[0].text(0.5, 0.5, "no strategies in this run", transform=axes[0].transAxes, ha="center")
     axes[0].set_xlim(x_min - margin, x_max + margin)
     axes[-1].set_xlabel("seconds from each strategy's load start")
-    title = f"{run.name}: memory over time by loading strategy ({run.record.model.name})"
+    title = f"{run.name}: memory over time by loading strategy ({run.record.model.name}; one memory scale for all)"
     figure_legend(fig, _timeline_legend(run), title)
     return fig

@@ -42,7 +42,7 @@ the model only: it has no floor and no excess.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from itertools import accumulate
 from typing import Any
 
@@ -64,6 +64,7 @@ __all__ = [
     "floor_formula",
     "gpu_floor_bytes",
     "host_floor_bytes",
+    "phase_spans",
     "run_metrics",
     "sampled_peaks",
 ]
@@ -300,6 +301,25 @@ class StrategyMetrics:
         return None if released is None or self.model_bytes <= 0 else released / self.model_bytes
 
     @property
+    def build_host_floor_bytes(self) -> int | None:
+        """The floor of the build-phase host peak alone, GPU or not: :func:`host_floor_bytes` (baseline + largest
+        engine; ``floor_bytes`` itself without a GPU). None for a failed strategy, as ``floor_bytes``."""
+        record = self.record
+        if not self.on_gpu:
+            return self.floor_bytes
+        if not record.ok or not record.engines or record.baseline_rss_bytes is None:
+            return None
+        return host_floor_bytes(record.baseline_rss_bytes, [e.weight_bytes for e in record.engines])
+
+    @property
+    def build_host_excess(self) -> float | None:
+        """``(build-phase host peak − build_host_floor_bytes) / model bytes``; ``excess`` itself without a GPU."""
+        peak, floor = self.record.build_peak_bytes, self.build_host_floor_bytes
+        if peak is None or floor is None or self.model_bytes <= 0:
+            return None
+        return excess_fraction(peak, floor, self.model_bytes)
+
+    @property
     def resident_at_load_bytes(self) -> int | None:
         """The checkpoint's bytes in the page cache when the load began (None where not measured)."""
         return None if self.record.cache is None else self.record.cache.resident_at_load_bytes
@@ -353,6 +373,26 @@ class StrategyMetrics:
             engine_pages_s=tuple((e.index, e.pages_s) for e in engines if e.pages_s is not None),
             engine_copy_s=tuple((e.index, e.copy_s) for e in engines if e.copy_s is not None),
         )
+
+
+def phase_spans(phases: Phases) -> tuple[tuple[str, float, float], ...]:
+    """The phases of a strategy's wall, as ``(name, start, end)`` in seconds from its load start, in time order.
+
+    The build runs from partitioning to the end of the last engine; every other phase is a
+    ``<name>_start_s`` / ``<name>_end_s`` pair of :class:`~harness.results.record.Phases` (the load,
+    the export). The check against eager comes after the wall and is not one of them
+    (:attr:`StrategyMetrics.check_s`). A phase not reached is left out; without a load start there are none.
+    """
+    origin = phases.load_start_s
+    if origin is None:
+        return ()
+    values = {f.name: getattr(phases, f.name) for f in fields(phases)}
+    bounds = {name[: -len("_start_s")]: (start, values.get(name.replace("_start_s", "_end_s")))
+              for name, start in values.items() if name.endswith("_start_s") and name != "check_start_s"}
+    bounds["build"] = (phases.partition_s, phases.build_end_s)
+    spans = [(name, start - origin, end - origin) for name, (start, end) in bounds.items()
+             if start is not None and end is not None]
+    return tuple(sorted(spans, key=lambda span: span[1]))
 
 
 def _median(values: Sequence[float]) -> float | None:
