@@ -1,4 +1,6 @@
-"""What a strategy's process prints while it runs: labelled numbers on stderr, through tqdm.
+"""What the harness prints while it runs: labelled numbers on stderr, through tqdm.
+
+In a strategy's process:
 
 * :func:`phase_ticker`: during a long step with no steps of its own (a whole checkpoint
   being loaded), a line that says how long it has run and the process's RSS, refreshed
@@ -7,6 +9,16 @@
   ``[map] 3.20 of 8.71 GiB of engine weights built, engines 5/16 |███   | [00:12<00:20]``.
 
 The parent passes this output through unchanged, so bars update in place.
+
+In the parent:
+
+* :func:`overall_line`: before each worker run, where the run stands among all of them and
+  about how long the rest will take:
+  ``run 9 of 28: map, repeat 2 of 3 — 8 done in 6.1 min, about 12 min left``
+  (:class:`RunCounter` keeps the count and the clock);
+* :func:`byte_bar`: a one-off file being written (a generated checkpoint, a ``.pt``
+  conversion), in bytes: ``[harness] converting to pi05.safetensors.pt: 42%|███ | 3.1G/7.4G``.
+  Shown on a terminal only: the parent's stderr is the user's, and a log file gets no bar.
 """
 
 from __future__ import annotations
@@ -14,13 +26,14 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 from tqdm import tqdm
 
 from harness.measure.procfs import read_status
 
-__all__ = ["EngineBar", "engine_bar", "phase_ticker"]
+__all__ = ["EngineBar", "RunCounter", "byte_bar", "engine_bar", "overall_line", "phase_ticker"]
 
 GIB = 1 << 30
 
@@ -72,3 +85,47 @@ class EngineBar:
 def engine_bar(prefix: str, engines: int, total_bytes: int) -> EngineBar:
     """An :class:`EngineBar` for ``engines`` engines reading ``total_bytes`` in all."""
     return EngineBar(prefix, engines, total_bytes)
+
+
+def _duration(seconds: float, minute_digits: int) -> str:
+    """``45 s`` under a minute and a half, else minutes to ``minute_digits`` decimals (``6.1 min``)."""
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.{minute_digits}f} min"
+
+
+def overall_line(index: int, total: int, what: str, elapsed_s: float | None) -> str:
+    """``run <index> of <total>: <what>``, then, once a run is done, how many in how long and the time left.
+
+    ``index`` counts from 1; the runs before it are done, in ``elapsed_s`` seconds (since the first
+    started). The estimate is the mean time of a run done so far times the runs left, this one
+    included; before the first run is done there is none.
+    """
+    line = f"run {index} of {total}: {what}"
+    done = index - 1
+    if done < 1 or elapsed_s is None:
+        return line
+    left_s = elapsed_s / done * (total - done)
+    return f"{line} — {done} done in {_duration(elapsed_s, 1)}, about {_duration(left_s, 0)} left"
+
+
+class RunCounter:
+    """Numbers a run's worker processes, of ``total`` planned, and times them (``clock``, in seconds)."""
+
+    def __init__(self, total: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.total, self.clock = total, clock
+        self.started = 0
+        self._first: float | None = None
+
+    def next(self, what: str) -> str:
+        """The :func:`overall_line` of the run that starts now (every earlier one has ended)."""
+        now = self.clock()
+        if self._first is None:
+            self._first = now
+        self.started += 1
+        return overall_line(self.started, self.total, what, now - self._first)
+
+
+def byte_bar(what: str, total: int, enabled: bool = True) -> tqdm:  # type: ignore[type-arg]
+    """A bar of bytes written out of ``total``, ``[harness] <what>``, on stderr when it is a terminal
+    (tqdm's ``disable=None``); never with ``enabled`` False."""
+    return tqdm(total=total, desc=f"[harness] {what}", unit="B", unit_scale=True, unit_divisor=1024,
+                file=sys.stderr, mininterval=1.0, leave=True, disable=None if enabled else True)

@@ -6,21 +6,24 @@ directory) before anything else, resolves the scenario into a :class:`~harness.p
 ``python -m harness.worker`` for each strategy in turn. Each worker is watched from
 outside: a worker whose RSS passes the scenario's memory limit, or that outlives its
 timeout, is killed and recorded as failed, instead of taking the machine down; a
-worker dies with the parent (``PR_SET_PDEATHSIG``), and SIGINT, SIGTERM or SIGHUP to the
-parent stops the running worker first (:class:`~harness.stopping.RunInterrupted`).
+worker dies with the parent (``PR_SET_PDEATHSIG``). SIGINT, SIGTERM or SIGHUP to the parent,
+from the start of the run to its publishing, ends it with :class:`~harness.stopping.RunInterrupted`:
+at once, or, while a worker runs, once that worker is stopped.
 
 A run writes into ``results/.<name>.partial/`` and replaces ``results/<name>/`` with it
 only once every strategy has been run (:mod:`harness.results.publish`), so an interrupted
 run or a full disk leaves the earlier results as they were. ``summary.json`` (a
 :class:`~harness.results.record.RunRecord`) is rewritten after each strategy, so the partial
-directory always holds what finished. This module draws nothing: the caller that wants the
-report and figures (``python -m harness run``) passes ``render``, which writes them from the
-partial directory before anything is replaced; they go in place with it
-(:class:`~harness.results.atomic.FileBatch`): when they cannot all be written, the earlier
-results, report and figures all stay. A run in which no
+directory always holds what finished. A run that fails or is interrupted removes it, unless
+a strategy finished there (:func:`finished_strategies`): then it is kept until the next run and
+the error names it and them (:class:`~harness.results.publish.Staging`).
+
+This module draws nothing: the caller that wants the report and figures (``python -m harness
+run``) passes ``render``, which writes them from the partial directory before anything is
+replaced; they go in place with it (:class:`~harness.results.atomic.FileBatch`): when they
+cannot all be written, the earlier results, report and figures all stay. A run in which no
 strategy has a result of its own (each could not write its record, a full disk say, or
-was killed by a signal the harness did not send) does not replace earlier results; the
-error says where its files are.
+was killed by a signal the harness did not send) does not replace earlier results.
 A strategy that crashes, is killed or times out gets ``"status": "failed"`` with the
 reason; the others still run.
 
@@ -35,6 +38,10 @@ samples, events and record are copied to the top of the results directory, where
 report and figures read them; ``repeats`` lists every run's times. Samples are kept for
 the representative runs only (at the top); every run's events and record stay in its
 ``repeat-<r>/``.
+
+Before each worker starts, one line says where the run stands among all of them
+(:func:`planned_runs` of the plan) and about how long the rest will take
+(:class:`harness.progress.RunCounter`).
 """
 
 from __future__ import annotations
@@ -63,9 +70,10 @@ from harness.errors import HarnessError, OutputError
 from harness.measure import machine
 from harness.measure.diskread import cold_read_bandwidth
 from harness.plan import Plan, make_plan, write_plan
+from harness.progress import RunCounter
 from harness.results.atomic import FileBatch
 from harness.results.metrics import StrategyMetrics
-from harness.results.publish import check_results_root, publish
+from harness.results.publish import Staging, publish
 from harness.results.record import (
     PLAN,
     DiskRead,
@@ -79,11 +87,11 @@ from harness.results.record import (
     strategy_file,
     write_summary,
 )
-from harness.scenario import Scenario
+from harness.scenario import RunConfig, Scenario
 from harness.stopping import STOP_SIGNALS, RunInterrupted
 from harness.worker import FAILURE_PREFIX, worker_command
 
-__all__ = ["Render", "WorkerCommand", "run_scenario", "watch"]
+__all__ = ["Render", "WorkerCommand", "finished_strategies", "planned_runs", "run_label", "run_scenario", "watch"]
 
 WorkerCommand = Callable[[Path, str, Path], Sequence[str]]
 """``(plan file, strategy, results directory) -> command line`` of one strategy's process."""
@@ -128,10 +136,34 @@ def _die_with_parent() -> None:
 
 
 class _Stop:
-    """Turns SIGINT, SIGTERM and SIGHUP into a flag while a worker runs (the handler only records the signal)."""
+    """SIGINT, SIGTERM and SIGHUP during a run: the first one raises :class:`RunInterrupted` at once
+    (``interrupted by <signal>; <unchanged> is unchanged``), or, within :meth:`deferred` (while a
+    worker is watched), is only recorded, for :func:`watch` to stop the worker first. Later ones
+    are ignored while the run winds down."""
 
-    def __init__(self) -> None:
+    def __init__(self, unchanged: Path) -> None:
+        self.unchanged = unchanged
         self.signum: int | None = None
+        self.deferring = False
+        self.raised = False
+
+    def interrupted(self, detail: str = "") -> RunInterrupted:
+        """The error for the signal caught (``detail`` after its name), marked as raised."""
+        assert self.signum is not None
+        self.raised = True
+        name = signal.Signals(self.signum).name
+        return RunInterrupted(f"interrupted by {name}{detail or f'; {self.unchanged} is unchanged'}", self.signum)
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        """A section a signal does not cut short: it is raised when the section ends, if nothing raised it."""
+        self.deferring = True
+        try:
+            yield
+        finally:
+            self.deferring = False
+        if self.signum is not None and not self.raised:
+            raise self.interrupted()
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[_Stop]:
@@ -140,7 +172,11 @@ class _Stop:
             return
 
         def handler(signum: int, frame: FrameType | None) -> None:
+            if self.signum is not None:
+                return
             self.signum = signum
+            if not self.deferring:
+                raise self.interrupted()
 
         # A signal the parent was started with ignored (SIGHUP under nohup) stays ignored.
         previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN}
@@ -171,6 +207,12 @@ def watch(
 
     With ``stop``, a signal it caught ends the process and raises :class:`RunInterrupted`.
     """
+    with stop.deferred() if stop is not None else contextlib.nullcontext():
+        return _watch(command, limit_bytes, timeout_s, poll_s, stop)
+
+
+def _watch(command: Sequence[str], limit_bytes: int | None, timeout_s: float, poll_s: float,
+           stop: _Stop | None) -> Outcome:
     process = subprocess.Popen(list(command), stderr=subprocess.PIPE, preexec_fn=_die_with_parent,  # noqa: PLW1509
                                start_new_session=True)
     tail: collections.deque[str] = collections.deque(maxlen=40)
@@ -183,8 +225,7 @@ def watch(
         if stop is not None and stop.signum is not None:
             _stop_process(process)
             pump.join(timeout=5)
-            name = signal.Signals(stop.signum).name
-            raise RunInterrupted(f"interrupted by {name}; the running strategy's process was stopped", stop.signum)
+            raise stop.interrupted("; the running strategy's process was stopped")
         try:
             rss = handle.memory_info().rss
         except psutil.Error:
@@ -212,6 +253,33 @@ def watch(
 
 def _progress(message: str) -> None:
     print(f"[harness] {message}", file=sys.stderr, flush=True)
+
+
+def planned_runs(run: RunConfig, strategies: int) -> int:
+    """How many worker processes a run starts: each strategy once per warm-up round and once per repeat."""
+    return strategies * (run.warmup + max(1, run.repeats))
+
+
+def run_label(strategy: str, run: RunConfig, *, warmup: int | None = None, repeat: int = 0) -> str:
+    """What one worker run does: ``map, warm-up 1 of 1``, ``map, repeat 2 of 3``, or ``map`` when there is
+    one round (``warmup`` and ``repeat`` count from 0)."""
+    if warmup is not None:
+        return f"{strategy}, warm-up {warmup + 1} of {run.warmup}"
+    return f"{strategy}, repeat {repeat + 1} of {run.repeats}" if run.repeats > 1 else strategy
+
+
+def finished_strategies(staging: Path, strategies: Sequence[str]) -> list[str]:
+    """The ``strategies`` whose record in ``staging`` (``strategy-<s>.json``; with repeats, the representative
+    run's, copied there) says they finished; a record that cannot be read is not finished."""
+    done = []
+    for strategy in strategies:
+        try:
+            record = read_strategy_file(staging, strategy)
+        except HarnessError:
+            record = None
+        if record is not None and record.ok:
+            done.append(strategy)
+    return done
 
 
 def _run_record(plan: Plan) -> RunRecord:
@@ -292,7 +360,7 @@ def _watch_worker(plan: Plan, command: Sequence[str], stop: _Stop) -> Outcome:
 
 
 def _warm_up(plan: Plan, plan_path: Path, out_dir: Path, command: WorkerCommand, stop: _Stop, index: int,
-             target: Path) -> None:
+             counter: RunCounter) -> None:
     """One discarded round: the disk read and each strategy once, for what the machine keeps of them.
 
     A cold guest cache does not reset what lies outside the guest (a virtual disk's host
@@ -305,10 +373,12 @@ def _warm_up(plan: Plan, plan_path: Path, out_dir: Path, command: WorkerCommand,
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
         for strategy in plan.scenario.strategies:
+            _progress(counter.next(run_label(strategy, plan.scenario.run, warmup=index)))
             try:
                 outcome = _watch_worker(plan, command(plan_path, strategy, out_dir), stop)
             except RunInterrupted as exc:
-                raise RunInterrupted(f"{exc} ({strategy}, {where}); {target} is unchanged", exc.signum) from exc
+                raise RunInterrupted(f"{exc} ({strategy}, {where}); {stop.unchanged} is unchanged",
+                                     exc.signum) from exc
             _progress(f"{where}: {strategy} {'ran' if outcome.returncode == 0 else 'failed'}")
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
@@ -391,69 +461,84 @@ def run_scenario(
     ``workdir``: where engines built as files go (default ``data/engines`` under the current
     directory). Raises :class:`~harness.errors.HarnessError` for what a user can fix (see
     :func:`~harness.results.publish.check_results_root` and :func:`~harness.plan.make_plan`), before any strategy runs,
-    and :class:`~harness.stopping.RunInterrupted` on SIGINT, SIGTERM or SIGHUP.
+    and :class:`~harness.stopping.RunInterrupted` on SIGINT, SIGTERM or SIGHUP. On any error the staging
+    directory goes, unless a strategy finished there (:class:`~harness.results.publish.Staging`).
     """
     name = scenario.name if name is None else name
     command = command or worker_command
     results = Path(results)
-    staging = check_results_root(results, name)
-    plan = make_plan(scenario, name=name, workdir=workdir or Path.cwd() / "data" / "engines", progress=_progress)
-    plan_path = write_plan(staging / PLAN, plan)
-    _progress(f"{len(plan.engines)} engines, the largest {plan.largest_engine_bytes / GIB:.2f} GiB, "
-              f"on {plan.device} ({plan.scenario.build.backend} backend); results go to {results / name}")
-    run = _run_record(plan)
-    repeats = max(1, plan.scenario.run.repeats)
-    runs: dict[str, list[StrategyRecord]] = {s: [] for s in plan.scenario.strategies}
-    no_result: dict[str, list[str | None]] = {s: [] for s in plan.scenario.strategies}
-    with _Stop().installed() as stop:
-        for warm in range(plan.scenario.run.warmup):
-            _warm_up(plan, plan_path, staging / f"warmup-{warm}", command, stop, warm, results / name)
-        for repeat in range(repeats):
-            if plan.scenario.run.cache == "cold":
-                disk = measure_disk(plan, repeat)
-                run = run.replace(disk_reads=(*run.disk_reads, disk))
-                write_summary(staging, run)
-                _progress(_disk_line(disk))
-            out_dir = staging if repeats == 1 else staging / f"repeat-{repeat}"
-            for i, strategy in enumerate(plan.scenario.strategies, 1):
-                round_text = f", repeat {repeat + 1}/{repeats}" if repeats > 1 else ""
-                _progress(f"strategy {i}/{len(plan.scenario.strategies)}: {strategy}{round_text}")
-                out_dir.mkdir(parents=True, exist_ok=True)
+    out = results / name
+    stage = Staging(results, name, lambda staging: finished_strategies(staging, scenario.strategies), _progress)
+    with _Stop(out).installed() as stop, stage as staging:
+        plan = make_plan(scenario, name=name, workdir=workdir or Path.cwd() / "data" / "engines",
+                         progress=_progress)
+        run = _measure(plan, staging, command, stop)
+        reasons = [(s, why) for s, whys in run.no_result.items() for why in whys]
+        if reasons and all(why is not None for _, why in reasons) and os.path.lexists(out):
+            strategy, why = reasons[-1]
+            raise OutputError(f"{out}: kept as it was: no strategy of this run has a result of its own, every one "
+                              f"failed for a reason outside it (last: {strategy}: {why})")
+        with FileBatch("the earlier report and figures are unchanged") as figures:
+            if render is not None:  # before anything is replaced: the results and their figures go in place together
                 try:
-                    outcome = _watch_worker(plan, command(plan_path, strategy, out_dir), stop)
-                except RunInterrupted as exc:
-                    raise RunInterrupted(f"{exc} ({strategy}); {results / name} is unchanged, what finished is in "
-                                         f"{staging}", exc.signum) from exc
-                written = read_strategy_file(out_dir, strategy)
-                no_result[strategy].append(_no_result_of_its_own(outcome, written))
-                record = _strategy_record(outcome, written).replace(repeat=repeat)
-                metrics = StrategyMetrics.of(strategy, record, run)
-                record = record.replace(floor_bytes=metrics.floor_bytes,
-                                        excess_over_floor=None if metrics.excess is None else round(metrics.excess, 6))
-                runs[strategy].append(record)
-                combined = combine_repeats(runs[strategy])
-                if repeats > 1:
-                    _copy_run_files(staging / f"repeat-{combined.repeat}", staging, strategy)
-                run = run.with_strategy(strategy, combined)
-                write_summary(staging, run)
-                _progress(_result_line(strategy, metrics))
+                    render(staging, out, figures)
+                except HarnessError as exc:
+                    raise OutputError(f"{exc}; {out} is unchanged") from exc
+            stop.deferring = True  # from here on the run ends as it is: a signal no longer stops it half-published
+            publish(staging, out)
+            figures.commit()
+    return run.record
+
+
+@dataclass
+class _Measured:
+    """What the strategies' runs left: the record, and per strategy per run why it had no result of its own."""
+
+    record: RunRecord
+    no_result: dict[str, list[str | None]]
+
+
+def _measure(plan: Plan, staging: Path, command: WorkerCommand, stop: _Stop) -> _Measured:
+    """Every warm-up round and measured run of the plan, into ``staging``."""
+    plan_path = write_plan(staging / PLAN, plan)
+    scenario = plan.scenario
+    _progress(f"{len(plan.engines)} engines, the largest {plan.largest_engine_bytes / GIB:.2f} GiB, "
+              f"on {plan.device} ({scenario.build.backend} backend); results go to {stop.unchanged}")
+    run = _run_record(plan)
+    repeats = max(1, scenario.run.repeats)
+    runs: dict[str, list[StrategyRecord]] = {s: [] for s in scenario.strategies}
+    no_result: dict[str, list[str | None]] = {s: [] for s in scenario.strategies}
+    counter = RunCounter(planned_runs(scenario.run, len(scenario.strategies)))
+    for warm in range(scenario.run.warmup):
+        _warm_up(plan, plan_path, staging / f"warmup-{warm}", command, stop, warm, counter)
+    for repeat in range(repeats):
+        if scenario.run.cache == "cold":
+            disk = measure_disk(plan, repeat)
+            run = run.replace(disk_reads=(*run.disk_reads, disk))
+            write_summary(staging, run)
+            _progress(_disk_line(disk))
+        out_dir = staging if repeats == 1 else staging / f"repeat-{repeat}"
+        for strategy in scenario.strategies:
+            _progress(counter.next(run_label(strategy, scenario.run, repeat=repeat)))
+            out_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                outcome = _watch_worker(plan, command(plan_path, strategy, out_dir), stop)
+            except RunInterrupted as exc:
+                raise RunInterrupted(f"{exc} ({strategy}); {stop.unchanged} is unchanged", exc.signum) from exc
+            written = read_strategy_file(out_dir, strategy)
+            no_result[strategy].append(_no_result_of_its_own(outcome, written))
+            record = _strategy_record(outcome, written).replace(repeat=repeat)
+            metrics = StrategyMetrics.of(strategy, record, run)
+            record = record.replace(floor_bytes=metrics.floor_bytes,
+                                    excess_over_floor=None if metrics.excess is None else round(metrics.excess, 6))
+            runs[strategy].append(record)
+            combined = combine_repeats(runs[strategy])
+            if repeats > 1:
+                _copy_run_files(staging / f"repeat-{combined.repeat}", staging, strategy)
+            run = run.with_strategy(strategy, combined)
+            write_summary(staging, run)
+            _progress(_result_line(strategy, metrics))
     if repeats > 1:
         for strategy, done in runs.items():
             _drop_repeat_samples(staging, strategy, done)
-    out = results / name
-    reasons = [(s, why) for s, whys in no_result.items() for why in whys]
-    if reasons and all(why is not None for _, why in reasons) and os.path.lexists(out):
-        strategy, why = reasons[-1]
-        raise OutputError(f"{out}: kept as it was: no strategy of this run has a result of its own, every one "
-                          f"failed for a reason outside it (last: {strategy}: {why}); this run's files are in "
-                          f"{staging}")
-    with FileBatch("the earlier report and figures are unchanged") as figures:
-        if render is not None:  # before anything is replaced: the results and their figures go in place together
-            try:
-                render(staging, out, figures)
-            except HarnessError as exc:
-                raise OutputError(f"{exc}; {out} is unchanged, this run's files are in {staging}") from exc
-        publish(staging, out)
-        figures.commit()
-    return run
-
+    return _Measured(run, no_result)

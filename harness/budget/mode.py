@@ -27,14 +27,17 @@ Results go to ``results/<name>/`` (default name ``<scenario>-budget``): ``budget
 (:mod:`harness.budget.record`), ``attempts.csv`` (one row per attempt) and ``plan.json``,
 staged in ``results/.<name>.partial/`` and put in place once every strategy was swept
 (:mod:`harness.results.publish`); ``python -m harness budget`` then renders the report and
-figure (:mod:`harness.report.budget`) beside it.
+figure (:mod:`harness.report.budget`) beside it. A sweep that fails or is interrupted removes
+its staging directory, unless a strategy was swept to the end there (``budget.json``): then it
+is kept until the next run and the error names it and them
+(:class:`~harness.results.publish.Staging`).
 
 Without a usable memory cgroup the mode refuses to start (:class:`BudgetUnavailable`), before
 anything is written.
 
 From the cgroup check to the last strategy's record, SIGINT, SIGTERM and SIGHUP end the sweep
 through its cleanup (:mod:`harness.budget.signals`): the running attempt's process is killed,
-its group removed, the staged results left where they are, and
+its group removed, the staging directory kept or removed as above, and
 :class:`~harness.stopping.RunInterrupted` raised (``python -m harness budget``: one ``error:`` line,
 exit status 128 + the signal's number). Killed outright (SIGKILL), the parent takes its
 running worker with it, and the next sweep removes the group it left.
@@ -66,7 +69,14 @@ from harness.budget.cgroup import (
     find_controller,
     run_in_group,
 )
-from harness.budget.record import AttemptRecord, BudgetRecord, StrategyBudget, goal_limit, write_budget
+from harness.budget.record import (
+    AttemptRecord,
+    BudgetRecord,
+    StrategyBudget,
+    goal_limit,
+    read_budget,
+    write_budget,
+)
 from harness.budget.sweep import SweepError, default_precision, smallest_limit
 from harness.catalog import HEADLINE_STRATEGY, strategy_label
 from harness.errors import HarnessError
@@ -74,7 +84,7 @@ from harness.load.strategies import STRATEGIES
 from harness.measure import machine
 from harness.plan import Plan, make_plan, write_plan
 from harness.results.atomic import write_atomic
-from harness.results.publish import check_results_root, publish
+from harness.results.publish import Staging, publish
 from harness.results.record import (
     PLAN,
     MachineInfo,
@@ -89,7 +99,8 @@ from harness.scenario import LIMITS, Limit, Scenario
 from harness.stopping import RunInterrupted
 from harness.worker import worker_command
 
-__all__ = ["ATTEMPTS_FILE", "PRECISION_MIB", "TIMEOUT_FACTOR", "BudgetUnavailable", "check_cgroup", "run_budget"]
+__all__ = ["ATTEMPTS_FILE", "PRECISION_MIB", "TIMEOUT_FACTOR", "BudgetUnavailable", "check_cgroup", "run_budget",
+           "swept_strategies"]
 
 MIB = 1 << 20
 ATTEMPTS_FILE = "attempts.csv"
@@ -278,10 +289,19 @@ def _check_settings(precision_bytes: int | None, timeout_factor: float, min_time
         raise ValueError(f"min_timeout_s {min_timeout_s}: {LIMITS['run.timeout_s'].expected()}")
 
 
-def _interrupted(signum: int, out: Path, staging: Path | None) -> RunInterrupted:
-    where = f"{out} is unchanged" + (f", what finished is in {staging}" if staging is not None else "")
+def _interrupted(signum: int, out: Path, note: str) -> RunInterrupted:
     return RunInterrupted(f"interrupted by {signal.Signals(signum).name}; every attempt's process was stopped "
-                          f"and its memory cgroup removed; {where}", signum)
+                          f"and its memory cgroup removed; {out} is unchanged{note}", signum)
+
+
+def swept_strategies(staging: Path) -> list[str]:
+    """The strategies swept to the end (``ok``) in the ``budget.json`` staged in ``staging``; none when it
+    cannot be read."""
+    try:
+        record = read_budget(staging)
+    except (HarnessError, OSError):
+        return []
+    return [name for name, strategy in record.strategies.items() if strategy.ok]
 
 
 def run_budget(scenario: Scenario, *, name: str | None = None, results: Path = Path("results"),
@@ -303,26 +323,25 @@ def run_budget(scenario: Scenario, *, name: str | None = None, results: Path = P
     _check_settings(precision_bytes, timeout_factor, min_timeout_s)
     name = f"{scenario.name}-budget" if name is None else name
     results = Path(results)
-    staged: list[Path] = []
+    stage = Staging(results, name, swept_strategies, progress)
     try:
         with signals.raising():
-            record, staging = _sweep_all(scenario, name, results, precision_bytes, timeout_factor, min_timeout_s,
-                                         command, workdir, controller, progress, staged)
+            controller = check_cgroup(controller)
+            with stage as staging:
+                record = _sweep_all(scenario, name, results, precision_bytes, timeout_factor, min_timeout_s,
+                                    command, workdir, controller, progress, staging)
+                progress(f"sweep done in {record.sweep_wall_s / 60:.1f} min")
+                with signals.deferred():
+                    publish(staging, results / name)
     except signals.Interrupted as exc:
-        raise _interrupted(exc.signum, results / name, staged[0] if staged else None) from None
-    progress(f"sweep done in {record.sweep_wall_s / 60:.1f} min")
-    publish(staging, results / name)
+        raise _interrupted(exc.signum, results / name, stage.note) from None
     return record
 
 
 def _sweep_all(scenario: Scenario, name: str, results: Path, precision_bytes: int | None, timeout_factor: float,
                min_timeout_s: float, command: WorkerCommand | None, workdir: Path | None,
-               controller: MemoryController | None, progress: Callable[[str], None],
-               staged: list[Path]) -> tuple[BudgetRecord, Path]:
-    """Everything up to the record of the last strategy, staged (``staged`` gets the staging directory)."""
-    controller = check_cgroup(controller)
-    staging = check_results_root(results, name)
-    staged.append(staging)
+               controller: MemoryController, progress: Callable[[str], None], staging: Path) -> BudgetRecord:
+    """Everything up to the record of the last strategy, staged in ``staging``."""
     plan = make_plan(scenario, name=name, workdir=workdir or Path.cwd() / "data" / "engines", progress=progress)
     plan_path = write_plan(staging / PLAN, plan)
     unconstrained = plan.memory_limit_bytes or psutil.virtual_memory().total
@@ -344,4 +363,4 @@ def _sweep_all(scenario: Scenario, name: str, results: Path, precision_bytes: in
         record = record.with_strategy(strategy, swept, time.monotonic() - started)
         write_budget(staging, record)
         write_attempts_csv(staging, record)
-    return record, staging
+    return record

@@ -45,14 +45,15 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 import torch
 
 from harness.load.loaded import Loaded, retie
+from harness.progress import byte_bar
 from weightmap.checkpoint import open_checkpoint
 from weightmap.targets import collect_targets
 
@@ -95,6 +96,7 @@ def ensure_pt(checkpoint_path: str | os.PathLike[str], out_path: str | os.PathLi
     both are clean, reclaimable page cache, not an anonymous copy of the model. The file
     is written to a temporary name, ``fsync``-ed and renamed, so a failed conversion
     never leaves a ``.pt`` that looks current. A one-off step: never inside a measured run.
+    Progress: a bar of the bytes written (:func:`harness.progress.byte_bar`, on a terminal).
     """
     from safetensors import safe_open
 
@@ -114,9 +116,12 @@ def ensure_pt(checkpoint_path: str | os.PathLike[str], out_path: str | os.PathLi
             with safe_open(str(header.path), framework="pt") as handle:
                 for name in header.tensors:
                     state[name] = handle.get_tensor(name)
-        torch.save(state, tmp)
-        del state
-        _fsync(tmp)
+        with open(tmp, "wb") as handle, byte_bar(f"converting to {out.name}", _nbytes(state.values())) as bar:
+            torch.save(state, cast(BinaryIO, _Counted(handle, bar.update)))  # torch writes and flushes, no more
+            del state
+            bar.total = bar.n  # the tensors' bytes, and the archive's own (pickle, headers, alignment)
+            handle.flush()
+            os.fsync(handle.fileno())
         os.replace(tmp, out)
         sidecar_tmp = sidecar.with_name(f".{sidecar.name}.tmp")
         sidecar_tmp.write_text(json.dumps(record, indent=1))
@@ -126,12 +131,23 @@ def ensure_pt(checkpoint_path: str | os.PathLike[str], out_path: str | os.PathLi
     return True
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _nbytes(tensors: Iterable[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class _Counted:
+    """A binary file that ``torch.save`` writes through, each write's bytes passed to ``written``."""
+
+    def __init__(self, handle: BinaryIO, written: Callable[[int], object]) -> None:
+        self.handle, self.written = handle, written
+
+    def write(self, data: bytes | memoryview) -> int:
+        n = self.handle.write(data)
+        self.written(n)
+        return n
+
+    def flush(self) -> None:
+        self.handle.flush()
 
 
 def load_torch_mmap(model: torch.nn.Module, path: Path) -> Loaded:

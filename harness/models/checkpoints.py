@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import threading
 import zlib
 from collections.abc import Mapping, Sequence
@@ -38,9 +37,9 @@ from typing import TYPE_CHECKING
 import psutil
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from harness.errors import HarnessError
+from harness.progress import byte_bar
 from harness.scenario import checkpoint_path_problem, default_checkpoint_for
 from weightmap.format import TensorSpec, read_header, write_checkpoint
 
@@ -283,7 +282,8 @@ def ensure_checkpoint(
     Before anything is deleted or written, the file must fit on its disk (free space, plus
     the stale file about to be deleted) and its largest tensor in available memory, else
     :class:`CheckpointError` saying how much is needed and how much there is.
-    Progress goes to stderr as a tqdm bar in bytes (``progress=False``: silent).
+    Progress: a bar of the tensor bytes written (:func:`harness.progress.byte_bar`: on stderr when it is
+    a terminal; ``progress=False``: never).
     Memory: one buffer of the largest tensor's size, reused for every tensor, plus a
     16 MiB chunk of scratch per worker thread, whatever the model's size.
     """
@@ -311,16 +311,7 @@ def ensure_checkpoint(
     target.parent.mkdir(parents=True, exist_ok=True)
     with (
         SeededFill(seed, reuse_buffer=True) as fill,
-        tqdm(
-            total=sizes["nbytes"],
-            unit="B",
-            unit_scale=True,
-            unit_divisor=1024,
-            desc=f"generating {target.name}",
-            file=sys.stderr,
-            mininterval=1.0,
-            disable=not progress,
-        ) as bar,
+        byte_bar(f"generating {target.name}", sizes["nbytes"], enabled=progress) as bar,
     ):
         fill.reserve(sizes["largest"])
         write_checkpoint(target, specs, fill, metadata=checkpoint_metadata(seed), progress=bar.update)

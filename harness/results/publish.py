@@ -1,25 +1,45 @@
 """How a finished run's directory gets to ``results/<name>/``: staged beside it, then put in place at once.
 
-A run (or a budget sweep) writes into ``results/.<name>.partial/``, made by
-:func:`check_results_root` before anything runs, and :func:`publish` replaces
-``results/<name>/`` with it only once everything is written: an interrupted run or a full
-disk leaves the earlier results as they were. ``results/<name>`` that is a link or a file is
-refused, before the run and again at publishing; leftovers at ``.<name>.partial`` and
-``.<name>.old`` are removed without following links.
+A run (or a budget sweep) writes into ``results/.<name>.partial/``, held for the run's life by a
+:class:`Staging`, and :func:`publish` replaces ``results/<name>/`` with it only once everything is
+written: an interrupted run or a full disk leaves the earlier results as they were.
+``results/<name>`` that is a link or a file is refused, before the run and again at publishing;
+leftovers at ``.<name>.partial`` and ``.<name>.old`` are removed without following links.
+
+No staging directory outlives its run for nothing. A run that fails or is interrupted removes its
+own, unless it holds finished strategies: then it is kept and the error says where, and which.
+Whether a staging directory's run is still going is told by a lock: the run holds an exclusive
+``flock`` on ``.lock`` inside it for its whole life (the kernel lets go when the process dies,
+however it dies), with the run's process id in it for messages. The next run, of any name,
+removes every staging directory whose lock nobody holds (``.<name>.partial`` and the
+``.<name>.partial.<random>`` it is made as), and refuses to start where a run of the same name
+still holds one. ``results/.gitignore`` keeps these names out of ``git status``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
+import signal
+import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import TracebackType
 
 from harness.errors import HarnessError, OutputError
 from harness.results.atomic import write_atomic
 from harness.results.record import NAME
+from harness.stopping import RunInterrupted
 
-__all__ = ["check_results_root", "publish"]
+__all__ = ["LOCK", "Staging", "check_results_root", "publish", "staging_dir"]
+
+LOCK = ".lock"
+"""In a staging directory: the file its run holds an exclusive ``flock`` on, with the run's process id."""
+
+Finished = Callable[[Path], Sequence[str]]
+"""``staging directory -> names of the strategies that finished there`` (a run's, or a sweep's)."""
 
 
 def _remove(path: Path) -> None:
@@ -40,14 +60,62 @@ def _check_replaceable(out: Path) -> None:
         raise OutputError(f"{out}: not a directory, so it cannot hold results; remove it, or pass --name or --results")
 
 
-def check_results_root(results: Path, name: str) -> Path:
-    """The directory a run of ``name`` stages into, created and written once as a probe.
+def staging_dir(results: Path, name: str) -> Path:
+    """Where a run of ``name`` stages its results: ``results/.<name>.partial``."""
+    return results / f".{name}.partial"
+
+
+def _is_staging(path: Path) -> bool:
+    name = path.name
+    return name.startswith(".") and (name.endswith(".partial") or ".partial." in name)
+
+
+def _lock(directory: Path) -> int:
+    """``directory/.lock``, open and held with an exclusive ``flock``; ``BlockingIOError`` when a live run holds it."""
+    fd = os.open(directory / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _owner(directory: Path) -> str:
+    """``process <pid>``, as the run holding ``directory``'s lock wrote it, or ``another process``."""
+    with contextlib.suppress(OSError, ValueError):
+        return f"process {int((directory / LOCK).read_text())}"
+    return "another process"
+
+
+def _remove_stale(results: Path, say: Callable[[str], None]) -> None:
+    """Remove every staging directory under ``results`` whose run no longer holds it (see the module)."""
+    for path in sorted(results.iterdir()):
+        if not _is_staging(path):
+            continue
+        if path.is_symlink() or not path.is_dir():
+            with contextlib.suppress(OSError):
+                _remove(path)
+            continue
+        try:
+            fd = _lock(path)
+        except OSError:  # held by a live run (BlockingIOError), or gone or unreadable meanwhile
+            continue
+        try:
+            shutil.rmtree(path)
+            say(f"removed {path}: left by a run that is no longer running")
+        except OSError as exc:
+            say(f"could not remove {path}, left by a run that is no longer running ({exc.strerror or exc})")
+        finally:
+            os.close(fd)
+
+
+def check_results_root(results: Path, name: str) -> None:
+    """Refuse, before anything is written, results a run of ``name`` could not write or publish.
 
     Raises :class:`~harness.errors.HarnessError` for a name that is not ``[a-z0-9_-]+`` (a
     path separator would write outside ``results``), and :class:`~harness.errors.OutputError`
-    when ``results`` is a file or cannot be written, or ``results/<name>`` is a link or a file
-    (a run replaces it as a whole). Leftovers of an earlier run at the staging name are removed
-    without following a link.
+    when ``results`` is a file, or ``results/<name>`` is a link or a file (a run replaces it as a whole).
     """
     if not NAME.fullmatch(name):
         raise HarnessError(f"--name {name!r}: expected letters a-z, digits, '_' or '-' only "
@@ -55,37 +123,114 @@ def check_results_root(results: Path, name: str) -> Path:
     if results.exists() and not results.is_dir():
         raise OutputError(f"{results}: the results root is a file, not a directory; pass --results DIR")
     _check_replaceable(results / name)
-    staging = results / f".{name}.partial"
-    try:
-        _remove(staging)
-        staging.mkdir(parents=True)
-    except OSError as exc:
-        raise OutputError(f"{results}: cannot write results there ({exc.strerror or exc})") from exc
-    write_atomic(staging / ".probe", b"")
-    (staging / ".probe").unlink()
-    return staging
+
+
+class Staging:
+    """A run's staging directory, ``results/.<name>.partial/``, held for the run's life; a context manager.
+
+    On entry (:meth:`__enter__`, which returns the directory): the checks of :func:`check_results_root`;
+    stale staging directories of any name removed (each said through ``say``); an
+    :class:`~harness.errors.OutputError` when a live run of ``name`` holds its staging directory;
+    then the directory made, already locked (made under a temporary name and renamed), and written
+    once as a probe (``OutputError`` when ``results`` cannot be written).
+
+    On an exception (a failed or interrupted run, the staging directory not yet published):
+    ``finished(directory)`` names the strategies that finished there. None: the directory is
+    removed. Some: it is kept, and :attr:`note` (``; kept <directory> until the next run, for its
+    finished strategies a, b``) is added to the error's message when it is a
+    :class:`~harness.errors.HarnessError`, to its notes otherwise. ``KeyboardInterrupt``
+    becomes :class:`~harness.stopping.RunInterrupted` (SIGINT), saying that ``results/<name>`` is unchanged.
+    The lock is let go on the way out, however the run ends.
+    """
+
+    def __init__(self, results: Path, name: str, finished: Finished, say: Callable[[str], None]) -> None:
+        self.results, self.name, self.finished, self.say = Path(results), name, finished, say
+        self.path = staging_dir(self.results, name)
+        self.note = ""
+        self._fd: int | None = None
+
+    def __enter__(self) -> Path:
+        check_results_root(self.results, self.name)
+        try:
+            self.results.mkdir(parents=True, exist_ok=True)
+            _remove_stale(self.results, self.say)
+            if os.path.lexists(self.path):  # still there: a live run holds it
+                raise OutputError(f"{self.path}: a run of {self.name} is in progress ({_owner(self.path)}); "
+                                  f"wait for it to end, or pass --name")
+            made = Path(tempfile.mkdtemp(prefix=f"{self.path.name}.", dir=self.results))
+            self._fd = _lock(made)
+            os.write(self._fd, f"{os.getpid()}\n".encode())
+            os.rename(made, self.path)
+        except OSError as exc:
+            if isinstance(exc, OutputError):
+                raise
+            self._release()
+            raise OutputError(f"{self.results}: cannot write results there ({exc.strerror or exc})") from exc
+        try:
+            write_atomic(self.path / ".probe", b"")
+            (self.path / ".probe").unlink()
+        except BaseException:
+            shutil.rmtree(self.path, ignore_errors=True)
+            self._release()
+            raise
+        return self.path
+
+    def _release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _settle(self) -> None:
+        """Keep the staging directory when something finished there (and say so in :attr:`note`), else remove it."""
+        if self.path.is_symlink() or not self.path.is_dir():
+            return  # published, or never made
+        done = list(self.finished(self.path))
+        if done:
+            self.note = f"; kept {self.path} until the next run, for its finished strategies {', '.join(done)}"
+        else:
+            with contextlib.suppress(OSError):
+                shutil.rmtree(self.path)
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        try:
+            if exc is not None and self._fd is not None:
+                self._settle()
+        finally:
+            self._release()
+        if isinstance(exc, KeyboardInterrupt):
+            raise RunInterrupted(f"interrupted by SIGINT; {self.results / self.name} is unchanged{self.note}",
+                                 signal.SIGINT) from None
+        if self.note and isinstance(exc, HarnessError):
+            exc.args = (f"{exc}{self.note}",)
+        elif self.note and exc is not None:
+            exc.add_note(self.note.removeprefix("; "))
 
 
 def publish(staging: Path, out: Path) -> None:
     """Put the finished run at ``out``, replacing the earlier one only once the new one is complete.
 
-    The earlier one is renamed to ``.<name>.old`` beside it and removed after; neither that
-    name nor ``out`` is ever followed if it is a link (``out`` as a link is refused). Raises
-    :class:`~harness.errors.OutputError` naming ``staging`` (where the new results stay) when
-    ``out`` cannot be replaced.
+    The earlier one is renamed to ``.<name>.old`` beside it and removed after (put back
+    when the new one cannot be moved in); neither that name nor ``out`` is ever followed if
+    it is a link (``out`` as a link is refused). The staging directory's :data:`LOCK` is
+    removed from the published results (its run still holds it, open). Raises
+    :class:`~harness.errors.OutputError` when ``out`` cannot be replaced; ``staging`` stays.
     """
     old = out.with_name(f".{out.name}.old")
-    try:
-        _check_replaceable(out)  # made at the start; checked again, as anything may have come there since
-    except OutputError as exc:
-        raise OutputError(f"{exc}; the new results are in {staging}") from exc
+    _check_replaceable(out)  # made at the start; checked again, as anything may have come there since
     try:
         _remove(old)
         if os.path.lexists(out):
             os.replace(out, old)
-        os.replace(staging, out)
+        try:
+            os.replace(staging, out)
+        except OSError:
+            if os.path.lexists(old) and not os.path.lexists(out):
+                os.replace(old, out)
+            raise
     except OSError as exc:
-        raise OutputError(f"{out}: cannot put the new results in place ({exc.strerror or exc}); "
-                          f"they are in {staging}") from exc
+        raise OutputError(f"{out}: cannot put the new results in place ({exc.strerror or exc})") from exc
+    with contextlib.suppress(OSError):
+        (out / LOCK).unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         _remove(old)

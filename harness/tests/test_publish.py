@@ -163,10 +163,9 @@ def test_a_run_whose_strategies_all_ran_out_of_space_keeps_the_earlier_results(
     assert message.startswith(f"{results / 'tiny'}: kept as it was: no strategy of this run has a result of its own, "
                               f"every one failed for a reason outside it (last: load: OutputError: "
                               f"{staging / 'samples-load.csv'}: cannot write (No space left on device)")
-    assert message.endswith(f"; this run's files are in {staging}")
-    assert snapshot(results, skip=".tiny.partial") == before, "the earlier results, report and figures stay"
-    staged = json.loads((staging / SUMMARY).read_text())
-    assert {name: s["status"] for name, s in staged["strategies"].items()} == {"map": "failed", "load": "failed"}
+    assert message.endswith("(No space left on device); any earlier file there is unchanged)")
+    assert snapshot(results) == before, "the earlier results, report and figures stay"
+    assert not os.path.lexists(staging), "nothing finished: the staging directory goes"
 
 
 def test_a_run_whose_strategies_were_all_killed_keeps_the_earlier_results(
@@ -178,9 +177,8 @@ def test_a_run_whose_strategies_were_all_killed_keeps_the_earlier_results(
     stand_in(monkeypatch, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
     message = run_ending_in_error(capsys, "run", str(scenario(tmp_path, "map", "load")), "--results", str(results))
     assert message == (f"{results / 'tiny'}: kept as it was: no strategy of this run has a result of its own, every "
-                       f"one failed for a reason outside it (last: load: killed by signal 9 (out of memory?)); "
-                       f"this run's files are in {results / '.tiny.partial'}")
-    assert snapshot(results, skip=".tiny.partial") == before
+                       f"one failed for a reason outside it (last: load: killed by signal 9 (out of memory?))")
+    assert snapshot(results) == before, "nothing finished: the staging directory goes"
 
 
 RECORDS_A_FAILURE = """
@@ -234,8 +232,11 @@ def test_a_run_that_runs_out_of_space_for_its_figures_keeps_the_earlier_results(
     no_space_for(monkeypatch, small_fs, lambda prefix: prefix.startswith(".tiny-timeline.png"))
     message = run_ending_in_error(capsys, "run", str(scenario(tmp_path, "map", "load")), "--results", str(results))
     assert "cannot write (No space left on device)" in message
-    assert message.endswith(f"{results / 'tiny'} is unchanged, this run's files are in {results / '.tiny.partial'}")
+    staging = results / ".tiny.partial"
+    assert message.endswith(f"{results / 'tiny'} is unchanged; kept {staging} until the next run, for its finished "
+                            "strategies map, load")
     assert snapshot(results, skip=".tiny.partial") == before, "the earlier results, report and figures stay"
+    assert {p.name for p in staging.iterdir()} >= {"strategy-map.json", "strategy-load.json", SUMMARY}
     assert not [p for p in results.iterdir() if p.name.endswith(".tmp")], "no temporary file is left"
 
 
@@ -367,6 +368,7 @@ def test_a_link_made_at_the_results_name_during_a_run_is_not_followed_at_publish
     stand_in(monkeypatch, code)
     message = run_ending_in_error(capsys, "run", str(scenario(tmp_path, "map")), "--results", str(results))
     assert message.startswith(f"{results / 'tiny'}: a symbolic link (to {elsewhere}); ")
-    assert message.endswith(f"; the new results are in {results / '.tiny.partial'}")
+    assert message.endswith("remove the link, or pass --name or --results"), "nothing finished, nothing kept"
     assert snapshot(elsewhere.parent) == kept
     assert (results / "tiny").is_symlink() and not (results / ".tiny.old").exists()
+    assert sorted(p.name for p in results.iterdir()) == ["tiny"]

@@ -1,0 +1,223 @@
+"""No staging directory outlives its run for nothing.
+
+A run that fails or is interrupted removes ``results/.<name>.partial/``, unless a strategy finished
+there: then it is kept and the one ``error:`` line names it and them. The next run of any name
+removes the staging directories of runs that are no longer running (their lock is free) and leaves
+a live run's alone. ``results/.gitignore`` keeps these names out of ``git status``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.errors import OutputError
+from harness.results.publish import LOCK, staging_dir
+from harness.tests.fixtures import make_results
+from harness.tests.test_publish import HANDS_IN_A_RESULT, RECORDS_A_FAILURE, scenario
+from harness.tests.tiny_scenario import tiny_scenario_text
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def dot_entries(results: Path) -> list[str]:
+    return sorted(p.name for p in results.iterdir() if p.name.startswith("."))
+
+
+def last_error(capsys: pytest.CaptureFixture[str]) -> str:
+    """The run's one ``error:`` line (its last line), without the prefix."""
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and err.splitlines()[-1] == errors[0] and "Traceback" not in err, err
+    return errors[0][len("error: "):]
+
+
+def workers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, by_strategy: dict[str, str]) -> None:
+    """Each strategy's process runs its code (``sys.argv[1:]``: out directory, strategy, a finished result's
+    directory, the results root, -1); a strategy whose code is ``raise`` makes the parent raise instead."""
+    source = make_results(tmp_path / "source", name="tiny", failed=None, strategies=("map", "load"))
+
+    def command(plan: Path, strategy: str, out: Path) -> list[str]:
+        code = by_strategy[strategy]
+        if code == "raise":
+            raise OutputError(f"{strategy}: cannot start its process")
+        return [sys.executable, "-c", textwrap.dedent(code), str(out), strategy, str(source), str(tmp_path), "-1"]
+
+    monkeypatch.setattr("harness.run.worker_command", command)
+
+
+def test_a_plan_time_error_leaves_no_staging_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text(tiny_scenario_text(tmp_path / "absent.safetensors", {"generate = true": "generate = false"}))
+    results = tmp_path / "results"
+    assert main(["run", str(path), "--results", str(results)]) == 2
+    assert "no such file" in last_error(capsys)
+    assert dot_entries(results) == []
+
+
+def test_an_error_after_a_strategy_finished_keeps_its_staging_and_names_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    results = tmp_path / "results"
+    workers(monkeypatch, tmp_path, {"map": HANDS_IN_A_RESULT, "load": "raise"})
+    assert main(["run", str(scenario(tmp_path, "map", "load")), "--results", str(results)]) == 2
+    staging = staging_dir(results, "tiny")
+    assert last_error(capsys) == (f"load: cannot start its process; kept {staging} until the next run, for its "
+                                  "finished strategies map")
+    assert (staging / "strategy-map.json").is_file() and not (staging / "strategy-load.json").exists()
+    assert dot_entries(results) == [".tiny.partial"]
+    # The next run, of another name, removes it: its run is no longer running.
+    workers(monkeypatch, tmp_path, {"map": RECORDS_A_FAILURE})
+    assert main(["run", str(scenario(tmp_path, "map")), "--results", str(results), "--name", "other"]) == 1
+    assert f"[harness] removed {staging}: left by a run that is no longer running" in capsys.readouterr().err
+    assert dot_entries(results) == []
+    assert not (results / "other" / LOCK).exists(), "the lock stays out of the published results"
+
+
+SIGNALS_THE_PARENT = """
+import os, signal, sys, time
+os.kill(os.getppid(), signal.{signal})
+time.sleep(60)
+"""
+
+
+def test_an_interrupt_during_a_strategy_removes_the_staging_when_nothing_finished(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    results = tmp_path / "results"
+    workers(monkeypatch, tmp_path, {"map": SIGNALS_THE_PARENT.format(signal="SIGINT")})
+    assert main(["run", str(scenario(tmp_path, "map")), "--results", str(results)]) == 128 + signal.SIGINT
+    assert last_error(capsys) == (f"interrupted by SIGINT; the running strategy's process was stopped (map); "
+                                  f"{results / 'tiny'} is unchanged")
+    assert dot_entries(results) == []
+
+
+def test_a_keyboard_interrupt_outside_a_worker_removes_the_staging(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(plan: Path, strategy: str, out: Path) -> list[str]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("harness.run.worker_command", interrupted)
+    results = tmp_path / "results"
+    assert main(["run", str(scenario(tmp_path, "map")), "--results", str(results)]) == 128 + signal.SIGINT
+    assert last_error(capsys) == f"interrupted by SIGINT; {results / 'tiny'} is unchanged"
+    assert dot_entries(results) == []
+
+
+def test_a_signal_after_a_strategy_finished_keeps_the_staging_and_names_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    results = tmp_path / "results"
+    workers(monkeypatch, tmp_path, {"map": HANDS_IN_A_RESULT, "load": SIGNALS_THE_PARENT.format(signal="SIGTERM")})
+    assert main(["run", str(scenario(tmp_path, "map", "load")), "--results", str(results)]) == 128 + signal.SIGTERM
+    staging = staging_dir(results, "tiny")
+    assert last_error(capsys) == (f"interrupted by SIGTERM; the running strategy's process was stopped (load); "
+                                  f"{results / 'tiny'} is unchanged; kept {staging} until the next run, for its "
+                                  "finished strategies map")
+    assert dot_entries(results) == [".tiny.partial"]
+
+
+HOLDS = """
+import fcntl, os, sys
+from pathlib import Path
+directory = Path(sys.argv[1])
+directory.mkdir(parents=True)
+fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+os.write(fd, str(os.getpid()).encode())
+print("holding", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.fixture
+def live_run(tmp_path: Path) -> Iterator[tuple[Path, int]]:
+    """``results/.live.partial``, held as a running run holds its staging directory (its lock and pid)."""
+    directory = tmp_path / "results" / ".live.partial"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDS, str(directory)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "holding\n"
+        yield directory, holder.pid
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_the_next_run_removes_stale_staging_and_leaves_a_live_runs_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, live_run: tuple[Path, int]
+) -> None:
+    live, pid = live_run
+    results = live.parent
+    dead = results / ".dead.partial"  # a run killed outright: its lock is there and free
+    dead.mkdir()
+    (dead / LOCK).write_text("999999\n")
+    (dead / "summary.json").write_text("{}")
+    (results / ".older.partial").mkdir()  # left before runs locked their staging directory
+    (results / ".made.partial.x1y2z3").mkdir()  # made, never renamed into place
+    workers(monkeypatch, tmp_path, {"map": RECORDS_A_FAILURE})
+    assert main(["run", str(scenario(tmp_path, "map")), "--results", str(results)]) == 1
+    assert dot_entries(results) == [".live.partial"]
+    assert (live / LOCK).read_text() == str(pid), "a live run's staging directory is untouched"
+    err = capsys.readouterr().err
+    for name in (".dead.partial", ".older.partial", ".made.partial.x1y2z3"):
+        assert f"[harness] removed {results / name}: left by a run that is no longer running" in err
+    assert main(["run", str(scenario(tmp_path, "map")), "--results", str(results), "--name", "live"]) == 2
+    assert last_error(capsys) == (f"{live}: a run of live is in progress (process {pid}); wait for it to end, "
+                                  "or pass --name")
+    assert dot_entries(results) == [".live.partial"]
+
+
+def test_a_staging_lock_is_held_for_the_runs_life(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[bool] = []
+
+    def probing(plan: Path, strategy: str, out: Path) -> list[str]:
+        fd = os.open(out / LOCK, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            seen.append(False)
+        except BlockingIOError:
+            seen.append(True)
+        finally:
+            os.close(fd)
+        return [sys.executable, "-c", textwrap.dedent(RECORDS_A_FAILURE), str(out), strategy]
+
+    monkeypatch.setattr("harness.run.worker_command", probing)
+    assert main(["run", str(scenario(tmp_path, "map", "load")), "--results", str(tmp_path / "results")]) == 1
+    assert seen == [True, True], "another process (or open file) cannot take the lock while the run goes on"
+
+
+def test_results_gitignore_ignores_every_staging_name_and_nothing_else(tmp_path: Path) -> None:
+    git = shutil.which("git")
+    if git is None:
+        pytest.skip("no git")
+    repo = tmp_path / "repo"
+    results = repo / "results"
+    results.mkdir(parents=True)
+    shutil.copyfile(ROOT / "results" / ".gitignore", results / ".gitignore")
+    staging = staging_dir(results, "tiny")
+    ignored = [staging / "summary.json", staging / LOCK, staging.with_name(f"{staging.name}.k2j3h4") / LOCK,
+               results / ".tiny.old" / "summary.json"]
+    kept = [results / "tiny" / "summary.json", results / "tiny.md", results / "tiny-timeline.png",
+            results / "tiny.notes.md"]
+    for path in ignored + kept:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("x")
+    subprocess.run([git, "init", "-q", str(repo)], check=True)
+    status = subprocess.run([git, "status", "--porcelain", "--untracked-files=all"], cwd=repo, check=True,
+                            capture_output=True, text=True).stdout
+    assert sorted(line[3:] for line in status.splitlines()) == sorted(
+        str(p.relative_to(repo)) for p in [*kept, results / ".gitignore"])
+    for path in ignored:
+        assert subprocess.run([git, "check-ignore", "-q", str(path)], cwd=repo).returncode == 0, path
