@@ -31,6 +31,7 @@ from harness.results.atomic import FileBatch, write_atomic
 from harness.results.metrics import StrategyMetrics, floor_formula
 from harness.results.reading import Results
 from harness.results.record import StrategyRecord
+from harness.results.spread import median_spread, ratio_of_medians, strategy_rounds
 
 __all__ = ["render_report", "table_lines", "write_report"]
 
@@ -121,11 +122,49 @@ def disk_observation(run: Results) -> list[str]:
             f"{format_seconds(read_s)}.")
     lines = [text]
     for s in run.metrics.values():
-        if not s.record.ok or s.build_s is None or s.record.wall_s is None:
+        rounds = strategy_rounds(s)
+        if not s.record.ok or not rounds.build_s or not rounds.wall_s:
             continue
-        lines.append(f"  - {s.name}: build phase {format_seconds(s.build_s)} = {s.build_s / read_s:.2f} × the "
-                     f"model's read time; wall {format_seconds(s.record.wall_s)} = {s.record.wall_s / read_s:.2f} ×.")
+        lines.append(f"  - {s.name}: build phase {_times_of_read(rounds.build_s, read_s)}; "
+                     f"wall {_times_of_read(rounds.wall_s, read_s)}.")
     return lines
+
+
+def spread_text(values: Sequence[float]) -> str:
+    """``median 10.9 s (9.9–13.3 s over 3 rounds)``, or ``10.9 s (one run)``: a time with its spread."""
+    spread = median_spread(values)
+    if spread.low is None or spread.high is None:
+        return f"{format_seconds(spread.median)} (one run)"
+    return (f"median {format_seconds(spread.median)} ({spread.low:.1f}–{spread.high:.1f} s over "
+            f"{spread.rounds} rounds)")
+
+
+def _times_of_read(values: Sequence[float], read_s: float) -> str:
+    """A time's median and range, and the same as multiples of the model's read time."""
+    spread = median_spread(values)
+    ratio = f"{spread.median / read_s:.2f} ×"
+    if spread.low is not None and spread.high is not None:
+        ratio += f" ({spread.low / read_s:.2f}–{spread.high / read_s:.2f} ×)"
+    return f"{spread_text(values)} = {ratio} the model's read time"
+
+
+def fastest_observation(run: Results) -> list[str]:
+    """Which finished strategy has the lowest median wall, and whether its rounds beat the next one's all the way
+    (the ranges do not overlap) or a rerun may order them differently."""
+    walls = {s.name: strategy_rounds(s).wall_s for s in run.metrics.values() if s.record.ok}
+    walls = {name: w for name, w in walls.items() if w}
+    if len(walls) < 2:
+        return []
+    (best, best_w), (second, second_w) = sorted(walls.items(), key=lambda item: median_spread(item[1]).median)[:2]
+    ratio = ratio_of_medians(best_w, second_w)
+    line = f"- Lowest median wall: **{best}**, {spread_text(best_w)}; next: {second}, {spread_text(second_w)}"
+    if ratio is None or ratio.low is None:
+        return [line + ": one run of one of them, so no interval; a rerun may order them differently."]
+    if ratio.outside_noise:
+        return [line + f": every round of {best} was faster than every round of {second} "
+                       f"({second} took {ratio.value:.2f} × as long, {ratio.low:.2f}–{ratio.high:.2f} ×)."]
+    return [line + f": their rounds overlap ({second} {ratio.value:.2f} × the time, {ratio.low:.2f}–"
+                   f"{ratio.high:.2f} ×), so a rerun may order them differently."]
 
 
 def _cache_text(r: StrategyRecord, decimals: int) -> str | None:
@@ -261,13 +300,11 @@ def strategy_observations(run: Results, s: StrategyMetrics) -> list[str]:
             index, seconds = max(s.engine_s, key=lambda item: item[1])
             timing += f"; slowest engine {index} ({format_seconds(seconds)})"
         details.append(timing)
-    if s.runs > 1 and s.wall_median_s is not None:
-        details.append(
-            f"{s.runs_finished} of {s.runs} runs finished: wall median {format_seconds(s.wall_median_s)}, "
-            f"{format_seconds(s.wall_min_s)} to {format_seconds(s.wall_max_s)}"
-            + (f" (±{s.wall_spread * 100:.0f}% of the median)" if s.wall_spread is not None else "")
-            + f"; load median {format_seconds(s.load_median_s)}, build median {format_seconds(s.build_median_s)}; "
-            f"the figures show run {r.repeat}")
+    rounds = strategy_rounds(s)
+    if s.runs > 1 and rounds.wall_s:
+        times = "; ".join(f"{name} {spread_text(values)}" for name, values in rounds.times().items() if values)
+        details.append(f"{s.runs_finished} of {s.runs} runs finished: {times}; the memory and the phases above "
+                       f"are round {(r.repeat or 0) + 1}'s, which the figures show")
     cache = _cache_text(r, decimals)
     if cache:
         details.append(cache)
@@ -349,6 +386,7 @@ def render_report(run: Results, figures: Sequence[str] = (), notes: Notes | None
     for strategy in run.metrics.values():
         lines += strategy_observations(run, strategy)
     lines += comparison_observations(run)
+    lines += fastest_observation(run)
     lines += disk_observation(run)
     lines += notes_on_refs
     compiled = compiler_lines(run)

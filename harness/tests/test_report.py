@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -530,3 +531,24 @@ def test_observations_say_when_the_whole_run_went_higher() -> None:
     after = markdown.split("- **load_file**")[1].split("- Lowest")[0]
     assert "whole-run host peak" not in after, "load_file's whole run went no higher than its build phase"
     assert set(lines) >= {"map", "load", "load_file"}
+
+
+def test_the_fastest_strategy_is_named_with_its_spread_and_only_called_clear_when_its_rounds_are(
+    tmp_path: Path,
+) -> None:
+    from harness.report.markdown import fastest_observation
+
+    committed = Path(__file__).resolve().parents[2] / "results" / "pi05"
+    run = load_results(committed)
+    (line,) = fastest_observation(run)
+    assert line.startswith("- Lowest median wall: **map**, median ") and "over 3 rounds" in line
+    assert "their rounds overlap" in line and "a rerun may order them differently" in line
+    copy = tmp_path / "pi05"
+    shutil.copytree(committed, copy)
+    summary = json.loads((copy / "summary.json").read_text())
+    slowest_map = max(r["wall_s"] for r in summary["strategies"]["map"]["repeats"])
+    for r in summary["strategies"]["map_no_prefetch"]["repeats"]:
+        r["wall_s"] = slowest_map + 1.0 + r["wall_s"]
+    (copy / "summary.json").write_text(json.dumps(summary))
+    (clear,) = fastest_observation(load_results(copy))
+    assert "every round of map was faster than every round of torch_mmap (torch_mmap took" in clear
