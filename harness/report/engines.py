@@ -58,8 +58,8 @@ def engines_figure(run: Results) -> Figure:
         if released:
             xs, ys = zip(*released, strict=True)
             middle.bar(np.asarray(xs) + offsets, gib(ys), width, color=colour, zorder=2)
-            if model > 0:
-                label += f", released {sum(ys) / model * 100:.0f}% of the model"
+            if metrics.released_share is not None:
+                label += f", released {metrics.released_share * 100:.0f}% of the model"
         if metrics.engine_s:
             xs, seconds = zip(*metrics.engine_s, strict=True)
             bottom.bar(np.asarray(xs) + offsets, seconds, width, color=colour, zorder=2, gid=f"build-s:{name}")
