@@ -39,7 +39,11 @@ def has_compiler(run: Results) -> bool:
 
 
 def _mib(value: int | None, decimals: int = 1) -> str:
-    return DASH if value is None else f"{value / MIB:,.{decimals}f} MiB"
+    """``value`` bytes in MiB, a minus sign only where the rounded figure is below zero (never ``−0.0``)."""
+    if value is None:
+        return DASH
+    shown = round(value / MIB, decimals)
+    return f"{shown + 0.0:,.{decimals}f} MiB"
 
 
 def _setting(run: Results) -> str:
@@ -136,7 +140,7 @@ _STRATEGY_COLUMNS: list[TableColumn[StrategyMetrics]] = [
     TableColumn("export time", lambda m: format_seconds(m.export_s) if m.export_s is not None else DASH),
     TableColumn("graph nodes", _export_cell(lambda x: f"{x.nodes:,}")),
     TableColumn("checkpoint pages read", _export_cell(lambda x: _mib(x.pages_read_bytes, 2))),
-    TableColumn("page cache brought in", _export_cell(lambda x: _mib(x.residency_read_bytes, 2))),
+    TableColumn("page cache change", _export_cell(lambda x: _mib(x.residency_read_bytes, 2))),
     TableColumn("host cost (peak over its start)", _export_cell(lambda x: _mib(x.host_cost_bytes))),
     TableColumn("anonymous growth", _export_cell(lambda x: _mib(x.anon_delta_bytes))),
     TableColumn("engines compiled", lambda m: str(len(_compiled(m.record)))),

@@ -104,7 +104,7 @@ def _warmup_text(config: dict[str, Any]) -> str | None:
     if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
         return None
     return (f"after {rounds} warm-up round{'s' if rounds > 1 else ''} (each strategy once and the disk read, "
-            "discarded) that leave the machine alike for every measured round")
+            f"discarded) that {'leave' if rounds > 1 else 'leaves'} the machine alike for every measured round")
 
 
 def disk_observation(run: Results) -> list[str]:
@@ -222,8 +222,8 @@ def _floor_note(run: Results, decimals: int) -> str:
         f"Floor: the lowest peak any loader can reach while every engine is built; "
         f"{floor}. The {run.compared_label} covers partitioning to the end of the last engine (the larger of "
         f"the engines' kernel high-water marks and the samples); excess = ({run.compared_label} − floor) / "
-        f"model size. Whole-run peaks include the load. Failed strategies have no floor: they built only "
-        f"part of the model.{gpu}"
+        f"model size. Whole-run peaks include the load. A failed strategy has no floor or excess: it may "
+        f"have built only part of the model.{gpu}"
     )
 
 

@@ -39,7 +39,7 @@ def peak_groups(run: Results) -> list[Group]:
         ("host at\npartitioning", lambda m: m.record.host_at_partitioning_bytes),
         ("\n".join(textwrap.wrap(run.compared_label, 16)) + "\n(floor drawn)", lambda m: m.compared_peak_bytes),
         ("whole-run\nhost peak", lambda m: m.record.host_peak_bytes),
-        ("whole-run\nanonymous peak", lambda m: m.record.anon_peak_bytes),
+        ("anonymous peak\nabove baseline", lambda m: m.anon_above_baseline_bytes),
     ]
     if run.gpu_measured:
         groups.append(("whole-run\nGPU peak", lambda m: m.record.gpu_peak_bytes))

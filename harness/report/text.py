@@ -157,7 +157,8 @@ def release_sentence(s: StrategyMetrics, with_buffers_bytes: int) -> str | None:
     """One sentence on what the strategy released after each weight's last engine and what it kept, from its
     figures: each weight counts once however many engines read it, so released is at most the model. What is
     kept beyond the checkpoint's weights (non-persistent buffers, ``with_buffers_bytes`` less the model's) is
-    named as such; the strategy's own note explains any weight kept."""
+    named as such; the strategy's own note explains any weight kept; weights of the checkpoint that no engine
+    reads (and so no plan releases or keeps) are named last."""
     released, kept, share = s.record.released_bytes, s.record.unreleased_bytes, s.released_share
     if released is None or kept is None or share is None:
         return None
@@ -170,10 +171,19 @@ def release_sentence(s: StrategyMetrics, with_buffers_bytes: int) -> str | None:
             what = "non-persistent buffers, which the checkpoint does not hold" if kept <= buffers else note
             text += f"; kept {format_bytes(kept)}: {what}"
         return text
-    if released == 0:
-        return f"released nothing ({format_gib(kept, d)} kept): {note}"
-    return (f"released {format_gib(released, d)} ({share * 100:.1f}% of the model) after the last engine "
-            f"of each; kept {format_gib(kept, d)}: {note}")
+    def amount(value: int) -> str:
+        return format_gib(value, d) if value >= GIB / 10**d else format_bytes(value)
+
+    if released <= buffers:  # at most the non-persistent buffers: no weight of the checkpoint
+        text = f"released no weight of the checkpoint ({amount(kept)} kept): {note}"
+    else:
+        text = (f"released {amount(released)} ({share * 100:.1f}% of the model) after the last engine of each; "
+                f"kept {amount(kept)}: {note}")
+    unread = with_buffers_bytes - released - kept
+    if unread > buffers:
+        text += (f"; {amount(unread)} of the checkpoint belongs to no engine (weights the built model never "
+                 "reads), neither released nor kept by the plan")
+    return text
 
 
 def phases_text(s: StrategyMetrics) -> str:

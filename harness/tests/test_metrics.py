@@ -76,9 +76,14 @@ def test_released_counts_each_weight_once_and_names_what_was_kept(run: RunRecord
     assert buffers and "kept 4.0 KiB: non-persistent buffers" in text
     nothing = _metrics(run, StrategyRecord(status="ok", released_bytes=0, unreleased_bytes=model,
                                            release_note="nothing could be released."))
+    kept = f"{model / GIB:.2f}" if model >= GIB else f"{model / GIB:.3f}"
     assert release_sentence(nothing, model) == (
-        f"released nothing ({model / GIB:.2f} GiB kept): nothing could be released"
-        if model >= GIB else f"released nothing ({model / GIB:.3f} GiB kept): nothing could be released")
+        f"released no weight of the checkpoint ({kept} GiB kept): nothing could be released")
+    unread = _metrics(run, StrategyRecord(status="ok", released_bytes=0, unreleased_bytes=model // 4,
+                                          release_note="kept."))
+    assert (release_sentence(unread, model) or "").endswith(
+        "of the checkpoint belongs to no engine (weights the built model never reads), neither released nor kept "
+        "by the plan")
     part = _metrics(run, StrategyRecord(status="ok", released_bytes=model // 2,
                                         unreleased_bytes=model - model // 2, release_note="some could not."))
     assert "(50.0% of the model)" in (release_sentence(part, model) or "")

@@ -153,6 +153,9 @@ def test_load_holds_everything_and_load_file_never_releases(tiny_run: tuple[RunR
     assert load_file.released_bytes <= 4096  # only inv_freq, filled in ordinary memory by the harness
     assert load_file.unreleased_bytes >= 0.99 * model_bytes
     assert "not resizable" in load_file.release_note
+    # what map and load keep is only the non-persistent buffers: their notes say every weight was released
+    assert record.strategies["map"].release_note.startswith("every weight released after its last engine")
+    assert load.release_note.startswith("every weight released after its last engine (storages resized to 0)")
     last = load_file.engines[-1]
     assert last.rss_after_bytes is not None and load_file.baseline_rss_bytes is not None
     assert last.rss_after_bytes - load_file.baseline_rss_bytes >= 0.9 * model_bytes
