@@ -23,7 +23,14 @@ from harness.engines.registry import BackendUnavailable, make_builder
 from harness.models import SyntheticTransformer, fill_non_persistent
 from harness.plan import Plan, make_plan, read_plan, write_plan
 from harness.report import render_all, render_staged
-from harness.results.record import SUMMARY, EngineRecord, ExportRecord, RunRecord, StrategyRecord
+from harness.results.record import (
+    LAYOUT_VERSION,
+    SUMMARY,
+    EngineRecord,
+    ExportRecord,
+    RunRecord,
+    StrategyRecord,
+)
 from harness.run import run_scenario
 from harness.scenario import ScenarioError, load_scenario
 from harness.worker import Measurement
@@ -153,14 +160,14 @@ def test_compiler_fields_round_trip_and_v2_reads_them_as_none() -> None:
     record = StrategyRecord(status="ok", engines=(engine,), compiler="inductor", compiler_weights="mapped",
                             export=export, max_abs_diff=1e-7, check="within tolerance")
     data = json.loads(json.dumps(record.to_json()))
-    assert StrategyRecord.from_json(data, "s.json", "x", 4) == record
+    assert StrategyRecord.from_json(data, "s.json", "x", LAYOUT_VERSION) == record
     later = {"cache", "prefetch", "drop_cache", "prefetch_warmed_bytes", "repeat", "repeats"}  # layout 4's
     v2 = {k: v for k, v in data.items() if k not in {"compiler", "compiler_weights", "export", "max_abs_diff",
                                                       "check"} | later}
     v2["engines"] = [{k: v for k, v in data["engines"][0].items()
                       if k not in {"compile_s", "artifact_bytes", "rss_before_bytes", "children_peak_bytes",
                                    "cache_bytes", "pages_s", "copy_s", "major_faults"}}]
-    v2["phases"] = {k: v for k, v in data["phases"].items() if not k.startswith("export")}
+    v2["phases"] = {k: v for k, v in data["phases"].items() if not k.startswith(("export", "check"))}
     old = StrategyRecord.from_json(v2, "s.json", "x", 2)
     assert old.export is None and old.compiler is None and old.engines[0].compile_s is None
     assert old.engines[0].compiler_over_floor_bytes is None
