@@ -67,12 +67,17 @@ def engine_times_figure(run: Results) -> Figure:
         if not metrics.record.ok:
             label += " (FAILED, partial)"
         handles.append(Patch(color=colour, label=label))
-    handles += [
-        Patch(facecolor="#FFFFFF", edgecolor="#555555", hatch="///",
-              label="hatched bottom: bringing weights' pages in"),
-        Patch(facecolor="#555555", label="middle: copying to the engine and flushing it"),
-        Patch(facecolor="#FFFFFF", edgecolor="#555555", label="outlined top: releasing its weights, the rest"),
-    ]
+    split = any(run.metrics[name].engine_copy_s for name in names)
+    if split:
+        handles += [
+            Patch(facecolor="#FFFFFF", edgecolor="#555555", hatch="///",
+                  label="hatched bottom: bringing weights' pages in"),
+            Patch(facecolor="#555555", label="middle: copying to the engine and flushing it"),
+            Patch(facecolor="#FFFFFF", edgecolor="#555555", label="outlined top: releasing its weights, the rest"),
+        ]
+    else:
+        handles.append(Patch(facecolor="#555555", label="solid: the engine's whole build (this run recorded no "
+                                                        "split into pages, copying and release)"))
     disk = run.disk
     if disk is not None and indices:
         ticks = [disk.read_s(weights[x]) for x in indices]
@@ -85,7 +90,8 @@ def engine_times_figure(run: Results) -> Figure:
     ax.set_ylim(bottom=0)
     ax.set_xlabel("engine (build order)")
     ax.set_title("time to build each engine: waiting for its weights' pages (hatched), copying (solid), "
-                 "releasing (outlined)", loc="left")
+                 "releasing (outlined)" if split else "time to build each engine", loc="left")
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.06)  # room above the tallest bar
     ax.grid(axis="y", color="#E5E5E5", zorder=0)
     if indices:
         ax.set_xticks(indices, [str(i) for i in indices], rotation=90 if len(indices) > 40 else 0)
