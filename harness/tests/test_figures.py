@@ -262,3 +262,15 @@ def test_coinciding_smallest_limits_are_drawn_once_with_every_name() -> None:
     separate = _gid_prefix(wall_figure(apart), "smallest:")
     assert len(separate) == 2 * sum(s.minimum_bytes is not None for s in record.strategies.values())
     assert all("," not in line.get_gid() for line in separate)
+
+
+def test_the_engine_times_legend_explains_only_the_parts_a_run_recorded(tmp_path: Path) -> None:
+    from harness.report.enginetimes import engine_times_figure
+    from harness.results.reading import load_results
+    from harness.tests.fixtures import make_results
+
+    run = load_results(make_results(tmp_path))
+    assert not any(m.engine_copy_s for m in run.metrics.values())  # the fixture records no split
+    labels = [t.get_text() for legend in engine_times_figure(run).legends for t in legend.get_texts()]
+    assert any(label.startswith("solid: the engine's whole build") for label in labels)
+    assert not any("hatched bottom" in label for label in labels)
