@@ -49,7 +49,7 @@ _MEMORY_COLOURS = {
     "floor": SERIES_COLOURS["floor"],
     "excess over the floor": "#D55E00",
     "whole-run host peak": "#56B4E9",
-    "anonymous peak": SERIES_COLOURS["anon"],
+    "anonymous peak above baseline": SERIES_COLOURS["anon"],
     "GPU peak": SERIES_COLOURS["gpu"],
 }
 

@@ -5,7 +5,8 @@
 * every memory figure's delta NEW − BASE (:class:`MemoryDelta`), in bytes and as a share of BASE's
   model: the build-phase host peak, on a GPU the build-phase host + GPU peak, the floor, the excess
   over the floor (the peak compared with the floor, minus the floor), the whole-run host peak, the
-  anonymous peak and the GPU peak; each read from :mod:`harness.results.metrics` and the measured record;
+  anonymous peak above the baseline and the GPU peak; each read from :mod:`harness.results.metrics`
+  and the measured record;
 * every time's ratio NEW / BASE, wall, load and build, with an interval over the rounds
   (:func:`harness.results.spread.ratio_of_medians`).
 
@@ -227,7 +228,7 @@ def _memory(base: StrategyMetrics, new: StrategyMetrics, model_bytes: int, noise
         delta("floor", base.floor_bytes, new.floor_bytes, counts=False),
         delta("excess over the floor", _excess_bytes(base), _excess_bytes(new)),
         delta("whole-run host peak", base.record.host_peak_bytes, new.record.host_peak_bytes),
-        delta("anonymous peak", base.record.anon_peak_bytes, new.record.anon_peak_bytes),
+        delta("anonymous peak above baseline", base.anon_above_baseline_bytes, new.anon_above_baseline_bytes),
     ]
     if gpu:
         rows.append(delta("GPU peak", base.record.gpu_peak_bytes, new.record.gpu_peak_bytes))
