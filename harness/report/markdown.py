@@ -159,7 +159,8 @@ def fastest_observation(run: Results) -> list[str]:
     ratio = ratio_of_medians(best_w, second_w)
     line = f"- Lowest median wall: **{best}**, {spread_text(best_w)}; next: {second}, {spread_text(second_w)}"
     if ratio is None or ratio.low is None:
-        return [line + ": one run of one of them, so no interval; a rerun may order them differently."]
+        runs = "one run each" if len(best_w) == 1 and len(second_w) == 1 else "one run of one of them"
+        return [line + f": {runs}, so no interval; a rerun may order them differently."]
     if ratio.outside_noise:
         return [line + f": every round of {best} was faster than every round of {second} "
                        f"({second} took {ratio.value:.2f} × as long, {ratio.low:.2f}–{ratio.high:.2f} ×)."]
