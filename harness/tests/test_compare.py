@@ -44,6 +44,34 @@ def _slower(factor: float) -> Callable[[dict[str, Any]], None]:
     return edit
 
 
+def _rounds(spread: float) -> Callable[[dict[str, Any]], None]:
+    """Every strategy's rounds set around its wall, evenly from ``1 - spread`` to ``1 + spread`` times it (the
+    build 0.9 of each), so that a test does not depend on how much the committed rounds happened to vary."""
+
+    def edit(summary: dict[str, Any]) -> None:
+        for strategy in summary["strategies"].values():
+            n = len(strategy["repeats"])
+            for i, repeat in enumerate(strategy["repeats"]):
+                factor = 1.0 + spread * (2 * i / (n - 1) - 1) if n > 1 else 1.0
+                repeat["wall_s"] = strategy["wall_s"] * factor
+                repeat["build_s"] = 0.9 * strategy["wall_s"] * factor
+    return edit
+
+
+def _same_peaks(summary: dict[str, Any]) -> None:
+    """Every round's build-phase peak set to its strategy's, so that the noise is the fixed tolerance."""
+    for strategy in summary["strategies"].values():
+        for repeat in strategy["repeats"]:
+            repeat["build_peak_bytes"] = strategy["build_peak_bytes"]
+
+
+def _then(*edits: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    def edit(summary: dict[str, Any]) -> None:
+        for one in edits:
+            one(summary)
+    return edit
+
+
 def _peak_up(strategy: str, fraction: float) -> Callable[[dict[str, Any]], None]:
     """Strategy's build-phase peak up by ``fraction`` of the model."""
 
@@ -69,33 +97,36 @@ def test_a_run_compared_with_itself_moved_nothing(capsys: pytest.CaptureFixture[
 
 
 def test_slower_walls_are_flagged_and_fail_the_threshold(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    new = _copy(tmp_path, "smoke", "smoke-slow", _slower(2.0))
-    comparison = compare_results(load_results(RESULTS / "smoke"), load_results(new))
+    base = _copy(tmp_path, "smoke", "smoke", _rounds(0.1))
+    new = _copy(tmp_path, "smoke", "smoke-slow", _then(_rounds(0.1), _slower(2.0)))
+    comparison = compare_results(load_results(base), load_results(new))
     for strategy in comparison.strategies:
         wall, load = strategy.time("wall"), strategy.time("load")
         assert wall.ratio is not None and wall.ratio.value == pytest.approx(2.0, rel=1e-3)
         assert wall.flagged and wall.regression, strategy.name
         assert not load.flagged, strategy.name  # loads were left as they were
     assert {r.figure for r in comparison.regressions()} == {"wall", "build"}
-    code, out, err = _run(capsys, RESULTS / "smoke", new, "--fail-on-regression", "50")
+    code, out, err = _run(capsys, base, new, "--fail-on-regression", "50")
     assert code == 1
     assert "▲" in out and "regression: map: wall +100.0% of BASE" in err
-    assert _run(capsys, RESULTS / "smoke", new, "--fail-on-regression", "150")[0] == 0  # 100% slower is below 150%
-    assert _run(capsys, RESULTS / "smoke", new)[0] == 0  # without the flag: report only
+    assert _run(capsys, base, new, "--fail-on-regression", "150")[0] == 0  # 100% slower is below 150%
+    assert _run(capsys, base, new)[0] == 0  # without the flag: report only
 
 
 def test_walls_within_the_rounds_spread_are_not_flagged(tmp_path: Path) -> None:
-    new = _copy(tmp_path, "smoke", "smoke-same", _slower(1.05))
-    comparison = compare_results(load_results(RESULTS / "smoke"), load_results(new))
+    base = _copy(tmp_path, "smoke", "smoke", _rounds(0.1))
+    new = _copy(tmp_path, "smoke", "smoke-same", _then(_rounds(0.1), _slower(1.05)))
+    comparison = compare_results(load_results(base), load_results(new))
     assert not any(s.time("wall").flagged for s in comparison.strategies)
 
 
 def test_memory_beyond_the_tolerance_is_flagged_and_within_it_is_not(tmp_path: Path,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    base = load_results(RESULTS / "smoke")
-    within_dir = _copy(tmp_path, "smoke", "within", _peak_up("map", 0.6 * MEMORY_TOLERANCE))
+    base_dir = _copy(tmp_path, "smoke", "smoke", _same_peaks)
+    base = load_results(base_dir)
+    within_dir = _copy(tmp_path, "smoke", "within", _then(_same_peaks, _peak_up("map", 0.6 * MEMORY_TOLERANCE)))
     within = compare_results(base, load_results(within_dir))
-    beyond_dir = _copy(tmp_path, "smoke", "beyond", _peak_up("map", 3 * MEMORY_TOLERANCE))
+    beyond_dir = _copy(tmp_path, "smoke", "beyond", _then(_same_peaks, _peak_up("map", 3 * MEMORY_TOLERANCE)))
     beyond = compare_results(base, load_results(beyond_dir))
     within_peak, beyond_peak = within.strategies[0].memory[0], beyond.strategies[0].memory[0]
     assert within_peak.label == beyond_peak.label == "build-phase host peak"
@@ -103,8 +134,8 @@ def test_memory_beyond_the_tolerance_is_flagged_and_within_it_is_not(tmp_path: P
     assert beyond_peak.flagged and beyond_peak.regression
     assert within.flagged() == 0
     assert "map: build-phase host peak +1.5% of the model" in [r.describe() for r in beyond.regressions()]
-    assert _run(capsys, RESULTS / "smoke", beyond_dir, "--fail-on-regression", "1")[0] == 1
-    assert _run(capsys, RESULTS / "smoke", beyond_dir, "--fail-on-regression", "2")[0] == 0
+    assert _run(capsys, base_dir, beyond_dir, "--fail-on-regression", "1")[0] == 1
+    assert _run(capsys, base_dir, beyond_dir, "--fail-on-regression", "2")[0] == 0
 
 
 def test_rounds_that_spread_wider_than_the_tolerance_are_the_noise(tmp_path: Path) -> None:
