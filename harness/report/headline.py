@@ -49,7 +49,7 @@ _HOST_GPU_ALPHA = 0.4
 def _failure(m: StrategyMetrics, planned: int) -> str:
     """How far a failed strategy got: every engine built (it failed after, in its check), or some."""
     if m.engines_built >= planned:
-        return f"all {planned} engines built, then {status_text(m, 28)}"
+        return f"all {planned} engines built,\nthen {status_text(m, 36)}"
     return f"partial: FAILED after {m.engines_built} of {planned} engines"
 
 
