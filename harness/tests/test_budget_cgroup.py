@@ -26,7 +26,10 @@ from harness.budget.cgroup import (
 )
 
 MIB = 1 << 20
-PREFIX = "weightmap-bench-test"
+# One prefix per test process: groups are named in the machine's cgroup tree, which another test run
+# beside this one shares; each run removes and counts only its own (a stale group another run made
+# for its own test would otherwise be removed, and counted, here).
+PREFIX = f"weightmap-bench-test{os.getpid()}"
 
 ALLOCATE_300_MIB = (
     "b = bytearray(300 << 20)\n"
