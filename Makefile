@@ -44,16 +44,19 @@ bench-pi05: $(STAMP)
 bench-pi05-trim: $(STAMP)
 	$(PY) -m harness run scenarios/pi05-trim.toml
 
-# A real compiler (AOTInductor) on the CPU, both weight settings: engines that run on the
-# mapped weights, and engines that hold a copy of them.
+# A real compiler (AOTInductor) on the CPU, every weight setting: engines that run on the
+# mapped weights, engines that hold their weights written by the harness (streamed from the
+# model's tensors), and engines whose weights AOTInductor packages itself.
 bench-smoke-compile: $(STAMP)
 	$(PY) -m harness run scenarios/smoke-compile.toml
 	$(PY) -m harness run scenarios/smoke-compile-packaged.toml
+	$(PY) -m harness run scenarios/smoke-compile-packaged-compiler.toml
 
-# The synthetic transformer at pi0.5's layer shapes (8.64 GiB): about 30 minutes on 2 cores.
+# The synthetic transformer at pi0.5's layer shapes (8.64 GiB): about 30 minutes a scenario on 2 cores.
 bench-pi05-compile: $(STAMP)
 	$(PY) -m harness run scenarios/pi05-compile.toml
 	$(PY) -m harness run scenarios/pi05-compile-packaged.toml
+	$(PY) -m harness run scenarios/pi05-compile-packaged-compiler.toml
 
 # lerobot's own pi0.5 compiled on a GPU; needs lerobot (LEROBOT_PY: a Python where it
 # imports, e.g. the one `make lerobot-venv` sets up) and data/pi05.safetensors (make bench-pi05).

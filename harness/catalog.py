@@ -17,6 +17,9 @@ from dataclasses import dataclass
 __all__ = [
     "BACKENDS",
     "COMPILER_BACKENDS",
+    "BUILT_WITHOUT_RESIDENT_WEIGHTS",
+    "ENGINE_WEIGHTS",
+    "HOLDS_WEIGHTS",
     "STRATEGY_LISTINGS",
     "StrategyListing",
     "strategy_colour",
@@ -56,6 +59,19 @@ BACKENDS: tuple[str, ...] = ("copy", "inductor", "tensorrt")
 
 COMPILER_BACKENDS: tuple[str, ...] = ("inductor", "tensorrt")
 """Backends that export the model and build engines from graph partitions (they need a model with a forward)."""
+
+ENGINE_WEIGHTS: tuple[str, ...] = ("mapped", "packaged", "packaged_compiler")
+"""A compiler backend's weight settings (``[build] weights``): engines that run on the model's own tensors
+(``mapped``), or that hold their weights, written into the artifact by the harness from the model's tensors
+(``packaged``) or by the compiler itself (``packaged_compiler``)."""
+
+HOLDS_WEIGHTS: tuple[str, ...] = ("packaged", "packaged_compiler")
+"""The weight settings whose engines hold their weights."""
+
+BUILT_WITHOUT_RESIDENT_WEIGHTS: tuple[str, ...] = ("mapped", "packaged")
+"""The weight settings whose engines, built on the host, need no weight resident while they are built:
+``mapped`` engines run on the mapped weights where they lie, and ``packaged`` ones have theirs streamed
+into the artifact a chunk at a time, each chunk's pages dropped once written."""
 
 _EXTRA_COLOURS = ("#882255", "#999933", "#332288", "#117733", "#AA4499")
 

@@ -51,9 +51,11 @@ for examples)::
                   needs at least as many weight units) / engine_cap_mib: number > 0 and
                   at most 16777216 (16 TiB), at least one byte;
                   backend: one of :data:`harness.catalog.BACKENDS` ["copy"];
-                  weights: "mapped" | "packaged", compiler backends only ["mapped"]:
-                  whether each engine runs on the model's own (mapped) tensors or holds a
-                  copy of its weights; tokens {1..8192}, compiler backends only [16]: the
+                  weights: "mapped" | "packaged" | "packaged_compiler", compiler backends
+                  only ["mapped"]: whether each engine runs on the model's own (mapped)
+                  tensors or holds a copy of its weights, written into it by the harness
+                  from the model's tensors (packaged) or by the compiler (packaged_compiler);
+                  tokens {1..8192}, compiler backends only [16]: the
                   length of the example input the model is exported and checked with;
                   device: "auto" | "cpu" | "cuda" ["auto"]; release: bool [true]
     [run]         cache: "cold" | "warm" ["cold"]; sample_interval_ms {0.1..60000} [10.0];
@@ -87,7 +89,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.catalog import BACKENDS, COMPILER_BACKENDS, STRATEGY_LISTINGS
+from harness.catalog import BACKENDS, COMPILER_BACKENDS, ENGINE_WEIGHTS, STRATEGY_LISTINGS
 from harness.errors import HarnessError
 from harness.results.codec import NAME, TABLE_STYLE, Limit, decode, decode_fields, describe_typed, encode
 from harness.results.record import Reference
@@ -126,7 +128,6 @@ __all__ = [
 
 SOURCES: tuple[str, ...] = ("synthetic", "spec", "lerobot")
 MODEL_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
-ENGINE_WEIGHTS: tuple[str, ...] = ("mapped", "packaged")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 CACHES: tuple[str, ...] = ("cold", "warm")
 PREFETCH_OFF = "off"

@@ -89,7 +89,7 @@ def _make_inductor(plan: BuildTarget, workdir: Path) -> EngineBuilder:
     build = plan.scenario.build
     weights = build.weights
     if weights not in WEIGHTS:
-        raise BackendUnavailable(f"backend 'inductor': weights must be 'mapped' or 'packaged', not {weights!r}")
+        raise BackendUnavailable(f"backend 'inductor': weights must be one of {', '.join(WEIGHTS)}, not {weights!r}")
     load_compiler_modules()
     rule = rule_for(build.engines, plan.engine_cap_bytes)
     compiler = InductorCompiler(weights=weights, device=plan.device)  # type: ignore[arg-type]

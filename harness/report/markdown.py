@@ -204,9 +204,10 @@ def _prefetch_detail(r: StrategyRecord, decimals: int) -> str | None:
 def _floor_note(run: Results, decimals: int) -> str:
     formula = floor_formula(run.on_gpu, run.engines_accumulate, run.engines_read_in_place)
     if run.engines_read_in_place:
-        floor = ("engines compiled to run on the mapped weights where they lie are built without a copy of "
-                 f"their weights and need none of them resident, so the floor is the {formula}; every weight "
-                 "page a build brings in counts in its excess")
+        floor = ("engines compiled to run on the mapped weights where they lie (weights \"mapped\"), or whose "
+                 "weights are streamed into the artifact a chunk at a time (weights \"packaged\"), are built "
+                 f"with none of their weights resident, so the floor is the {formula}; every weight page a build "
+                 "keeps resident counts in its excess")
     elif run.on_gpu and not run.engines_accumulate:
         floor = (
             f"on the GPU engines that hold their weights leave it once built, so the floor is {formula} "

@@ -31,9 +31,11 @@ made and its weights are in host memory, so host + GPU is at least
 (never above ``baseline + model + largest engine``). Engines that hold their own weights
 (AOTInductor's ``packaged``, like a serialised TensorRT engine) need no device copy once
 written, so on a GPU they need not accumulate: the floor is ``baseline + 2 * e_k`` (engine
-``k``'s weights on the host and their device copy), the largest over ``k``. Engines compiled on the host to
-run on the mapped weights where they lie (``mapped``) are built without a copy of their weights and need none
-of them resident: their floor is the baseline. The figure compared with the floor
+``k``'s weights on the host and their device copy), the largest over ``k``. Engines built on the host that
+need no weight resident (:data:`~harness.catalog.BUILT_WITHOUT_RESIDENT_WEIGHTS`: ``mapped`` ones run on the
+mapped weights where they lie, ``packaged`` ones have theirs streamed into the artifact a chunk at a time)
+have the baseline as their floor; AOTInductor's own packaging (``packaged_compiler``) keeps the copy floor.
+The figure compared with the floor
 is the build-phase host peak without a GPU and the build-phase host + GPU peak with one;
 **excess** is ``(compared − floor) / model bytes``. A strategy that failed built part of
 the model only: it has no floor and no excess.
@@ -48,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from harness.catalog import BUILT_WITHOUT_RESIDENT_WEIGHTS, HOLDS_WEIGHTS
 from harness.results.record import DiskRead, EngineRecord, Phases, RunRecord, StrategyRecord
 
 __all__ = [
@@ -158,14 +161,17 @@ def gpu_floor_bytes(baseline_bytes: int, engine_bytes: Sequence[int], accumulate
 
 
 def engines_read_in_place(on_gpu: bool, compiler_weights: str | None) -> bool:
-    """Whether engines are built without a copy of their weights: compiled on the host to run on the mapped
-    weights where they lie (``mapped``), so that no weight need be resident while one is built."""
-    return not on_gpu and compiler_weights == "mapped"
+    """Whether engines are built on the host with no weight resident
+    (:data:`~harness.catalog.BUILT_WITHOUT_RESIDENT_WEIGHTS`): compiled to run on the mapped weights
+    where they lie (``mapped``), or with their weights streamed into the artifact a chunk at a time
+    (``packaged``)."""
+    return not on_gpu and compiler_weights in BUILT_WITHOUT_RESIDENT_WEIGHTS
 
 
 def engines_accumulate(on_gpu: bool, compiler_weights: str | None) -> bool:
-    """Whether built engines must stay in GPU memory: on a GPU, unless they hold their own weights (``packaged``)."""
-    return on_gpu and compiler_weights != "packaged"
+    """Whether built engines must stay in GPU memory: on a GPU, unless they hold their own weights
+    (:data:`~harness.catalog.HOLDS_WEIGHTS`)."""
+    return on_gpu and compiler_weights not in HOLDS_WEIGHTS
 
 
 def floor_formula(on_gpu: bool, accumulate_engines: bool = True, in_place: bool = False) -> str:
@@ -184,9 +190,9 @@ def floor_bytes(
 ) -> int:
     """The floor for engines built in index order: :func:`gpu_floor_bytes` on a GPU, else :func:`host_floor_bytes`.
 
-    ``compiler_weights="packaged"`` on a GPU: engines that hold their weights, which need not accumulate.
-    ``compiler_weights="mapped"`` on the host: engines compiled to read the weights where they lie need
-    none of them resident to be built (:func:`engines_read_in_place`), so the floor is the baseline; every
+    Engines that hold their weights (:data:`~harness.catalog.HOLDS_WEIGHTS`) on a GPU need not accumulate.
+    Engines built on the host with no weight resident (:func:`engines_read_in_place`: ``mapped`` and
+    ``packaged``) have the baseline as their floor; every
     weight page a build does bring in counts in its excess.
     """
     if not engines:

@@ -72,7 +72,8 @@ class Results:
 
     @property
     def engines_read_in_place(self) -> bool:
-        """Whether the run's engines were compiled to read the mapped weights where they lie (floor: the baseline)."""
+        """Whether the run's engines were built with no weight resident (``mapped`` or streamed ``packaged`` on
+        the host; floor: the baseline)."""
         return any(engines_read_in_place(self.on_gpu, r.compiler_weights) for r in self.strategies.values())
 
     @property

@@ -48,6 +48,9 @@ it is in ``layout``):
 5. Adds ``phases.check_start_s`` and ``phases.check_end_s``: the built model run and compared
    with eager, after the build (``None`` where the builder has nothing to check, and when
    reading versions 1 to 4).
+6. ``compiler_weights = "packaged"`` now means engines whose weights the harness streamed into
+   the artifact; the compiler's own packaging is ``"packaged_compiler"``. Reading versions 3 to
+   5 reads their ``"packaged"`` as ``"packaged_compiler"``, which is what they measured.
 
 A later version adds keys (each field says the version that added it, ``since`` in its
 :func:`~harness.results.codec.json_field`) and bumps :data:`LAYOUT_VERSION`; records of
@@ -145,7 +148,7 @@ __all__ = [
     "write_summary",
 ]
 
-LAYOUT_VERSION = 5
+LAYOUT_VERSION = 6
 """The layout this code writes; it reads every version from 1 to this one."""
 
 SUMMARY = "summary.json"
@@ -539,15 +542,21 @@ class RunRecord(Record):
         return replace(self, strategies={**self.strategies, name: record})
 
     def after_decode(self, version: int, fail: Callable[[str, str], RecordError]) -> RunRecord:
-        """Every engine index below the run's engines; a version-1 strategy's build-phase peak filled in."""
+        """Every engine index below the run's engines; a version-1 strategy's build-phase peak filled in; a
+        version 3 to 5 ``"packaged"`` read as the compiler's packaging it was."""
         for name, record in self.strategies.items():
             for i, engine in enumerate(record.engines):
                 if engine.index >= self.engines:
                     raise fail(f"strategies.{name}.engines[{i}].index",
                                f"engine {engine.index} of a run of {self.engines} engines")
-        if version > 1:
-            return self
-        return self.replace(strategies={n: s.upgraded_from_v1(self.device) for n, s in self.strategies.items()})
+        if version == 1:
+            return self.replace(strategies={n: s.upgraded_from_v1(self.device) for n, s in self.strategies.items()})
+        if version < 6:
+            return self.replace(strategies={
+                n: s.replace(compiler_weights="packaged_compiler") if s.compiler_weights == "packaged" else s
+                for n, s in self.strategies.items()
+            })
+        return self
 
 
 # --------------------------------------------------------------------------- files

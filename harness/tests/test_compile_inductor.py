@@ -1,7 +1,8 @@
 """AOTInductor engines built partition by partition from a mapped model, both weight settings.
 
-Each AOTInductor build costs seconds (a C++ compile), so the module builds three engines in
-all: two ``mapped`` ones and one ``packaged``, sharing one compiler cache.
+Each AOTInductor build costs seconds (a C++ compile), so the module builds few engines: two
+``mapped`` ones and one of each packaged setting, sharing one compiler cache (the harness's own
+packaging is tested further in ``test_compile_streamed``).
 """
 
 from __future__ import annotations
@@ -169,12 +170,13 @@ def test_a_mapped_engine_is_never_run_without_its_weights(mapped: Build) -> None
         load_engine(path, constants={**given, name: released})
 
 
-def test_packaged_engine_holds_its_weights(checkpoint: Path, cache: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("weights", ["packaged", "packaged_compiler"])
+def test_packaged_engine_holds_its_weights(checkpoint: Path, cache: Path, tmp_path: Path, weights: str) -> None:
     before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    build = _build(checkpoint, tmp_path, cache, InductorCompiler(weights="packaged"), True, count=1)
+    build = _build(checkpoint, tmp_path, cache, InductorCompiler(weights=weights), True, count=1)  # type: ignore[arg-type]
     (built,) = build.built
     (part,) = build.parts
-    assert build.backend.weights == "packaged"
+    assert build.backend.weights == weights
     assert built.columns["artifact_bytes"] > part.weight_bytes  # the weights are in the artifact
     assert [a.constants for a in build.backend.artifacts.values()] == [{}]
     pipeline = build.load()
@@ -195,7 +197,7 @@ def test_only_artifacts_that_record_their_weight_setting_load(tmp_path: Path) ->
 
 
 def test_settings_and_devices_are_checked_before_building() -> None:
-    with pytest.raises(ValueError, match="weights must be one of packaged, mapped"):
+    with pytest.raises(ValueError, match="weights must be one of packaged, packaged_compiler, mapped"):
         InductorCompiler(weights="copied")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="package_constants_in_so is set by the weights setting"):
         InductorCompiler(configs={"aot_inductor.package_constants_in_so": False})

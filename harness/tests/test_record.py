@@ -55,6 +55,8 @@ def test_committed_results_read_with_their_version(directory: Path) -> None:
             assert strategy.build_peak_bytes == max(e["host_hwm_bytes"] for e in raw["engines"])
         elif version == 1:
             assert strategy.build_peak_bytes == raw["host_gpu_peak_bytes"]
+        if version < 6 and raw.get("compiler_weights") == "packaged":  # written by the compiler, as they were
+            assert strategy.compiler_weights == "packaged_compiler"
         # the derived copies in the file agree with the one derivation, where it has not changed since: from
         # layout 5 on, engines compiled to run on the mapped weights in place have the baseline as their floor
         metrics = results.metrics[name]

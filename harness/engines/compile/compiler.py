@@ -17,11 +17,24 @@ from typing import Literal, Protocol, get_args
 import torch
 from torch.export import ExportedProgram
 
-__all__ = ["WEIGHTS", "Artifact", "EngineBuildError", "EngineCompiler", "EngineLoadError", "WeightsMode"]
+from harness.catalog import HOLDS_WEIGHTS
 
-WeightsMode = Literal["packaged", "mapped"]
-"""``packaged``: the artifact holds its weights; ``mapped``: it holds none and runs on the partition's tensors."""
+__all__ = [
+    "HOLDS_WEIGHTS",
+    "WEIGHTS",
+    "Artifact",
+    "EngineBuildError",
+    "EngineCompiler",
+    "EngineLoadError",
+    "WeightsMode",
+]
+
+WeightsMode = Literal["packaged", "packaged_compiler", "mapped"]
+"""``packaged``: the artifact holds its weights, written into it by the harness from the partition's tensors;
+``packaged_compiler``: it holds them as the compiler itself packages them; ``mapped``: it holds none and runs
+on the partition's tensors."""
 WEIGHTS: tuple[str, ...] = get_args(WeightsMode)
+"""The same names as :data:`harness.catalog.ENGINE_WEIGHTS`, as a type for the compilers."""
 
 
 class EngineBuildError(RuntimeError):

@@ -1,11 +1,16 @@
 """AOTInductor as an engine compiler: one partition program in, one ``.pt2`` artifact out.
 
-Two weight settings:
+Three weight settings:
 
 ``packaged``
-    AOTInductor's default: the artifact holds its weights (written into the shared
-    library), as a TensorRT engine holds its own. Building it reads every weight and
-    writes a copy of it.
+    The artifact holds its weights, as a TensorRT engine holds its own, and the harness writes
+    them: the engine is compiled with its weights left out, built to read them from an external
+    blob in its archive, and the blob is streamed in from the partition's own tensors a chunk at a
+    time (:mod:`harness.engines.compile.streamed`). No copy of the weights passes through the
+    compiler or the linker.
+``packaged_compiler``
+    AOTInductor's default packaging: the weights are serialized into the shared library by the
+    compiler, which reads every weight and writes copies of it on the way.
 ``mapped``
     ``aot_inductor.package_constants_in_so = False``: the artifact holds no weight. Loading
     it hands the engine the partition's tensors with ``load_constants(...,
@@ -39,8 +44,16 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
-from harness.engines.compile.compiler import WEIGHTS, Artifact, EngineBuildError, EngineLoadError, WeightsMode
+from harness.engines.compile.compiler import (
+    HOLDS_WEIGHTS,
+    WEIGHTS,
+    Artifact,
+    EngineBuildError,
+    EngineLoadError,
+    WeightsMode,
+)
 from harness.engines.compile.layouts import InputLayout, conform, input_layouts, layouts_from_json, layouts_to_json
+from harness.engines.compile.streamed import compile_without_weights, package_streamed
 from harness.engines.compile.toolchain import ToolchainError, check_toolchain
 
 __all__ = [
@@ -56,6 +69,13 @@ __all__ = [
     "to_device",
 ]
 
+RESERVED_CONFIGS: tuple[str, ...] = (
+    "aot_inductor.package",
+    "aot_inductor.package_constants_in_so",
+    "aot_inductor.package_constants_on_disk_format",
+    "aot_inductor.metadata",
+)
+"""The inductor settings the weight setting decides, which ``configs`` may not give."""
 _WEIGHTS_KEY = "weightmap_harness.weights"
 _CONSTANTS_KEY = "weightmap_harness.constants"
 _INPUTS_KEY = "weightmap_harness.inputs"
@@ -75,10 +95,9 @@ def load_compiler_modules() -> None:
 class InductorCompiler:
     """AOTInductor, configured: builds and loads one engine per partition program.
 
-    ``weights``: ``"packaged"`` or ``"mapped"`` (see the module docstring). ``device``:
-    ``"cpu"`` or ``"cuda[:N]"``. ``configs``: further ``torch._inductor.config`` settings, by
-    their dotted names; the two this module sets itself (``aot_inductor.package_constants_in_so``
-    and ``aot_inductor.metadata``) may not be given. It is the
+    ``weights``: one of :data:`~harness.engines.compile.compiler.WEIGHTS` (see the module docstring).
+    ``device``: ``"cpu"`` or ``"cuda[:N]"``. ``configs``: further ``torch._inductor.config`` settings, by
+    their dotted names; those this module sets itself (:data:`RESERVED_CONFIGS`) may not be given. It is the
     :class:`~harness.engines.compile.compiler.EngineCompiler` that
     :class:`~harness.engines.compile.backend.CompilerBackend` drives.
     """
@@ -91,7 +110,7 @@ class InductorCompiler:
     def __post_init__(self) -> None:
         if self.weights not in WEIGHTS:
             raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, not {self.weights!r}")
-        reserved = {"aot_inductor.package_constants_in_so", "aot_inductor.metadata"} & set(self.configs)
+        reserved = set(RESERVED_CONFIGS) & set(self.configs)
         if reserved:
             raise ValueError(f"{', '.join(sorted(reserved))} is set by the weights setting, not by configs")
         torch.device(self.device)  # a malformed device name fails here
@@ -199,14 +218,23 @@ def compile_engine(
         raise ValueError(f"an AOTInductor package must end in .pt2: {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
     configs: dict[str, Any] = dict(compiler.configs)
-    configs["aot_inductor.package_constants_in_so"] = compiler.weights == "packaged"
     configs["aot_inductor.metadata"] = {
         _WEIGHTS_KEY: compiler.weights,
         _CONSTANTS_KEY: _describe_constants(engine_tensors(program)),
         _INPUTS_KEY: layouts_to_json(input_layouts(program)),
     }
     try:
+        tensors = engine_tensors(program)
+        if compiler.weights == "packaged" and tensors:
+            files = compile_without_weights(program, configs)
+            package_streamed(files, path, tensors)
+            return path
+        # A program without weights is packaged by the compiler, which then has nothing to copy
+        # (and torch's loader cannot map an empty external blob).
+        configs["aot_inductor.package_constants_in_so"] = compiler.weights != "mapped"
         out = torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=configs)
+    except EngineBuildError:
+        raise
     except Exception as exc:
         raise EngineBuildError(f"AOTInductor failed to build {path.name}: {type(exc).__name__}: {exc}") from exc
     finally:
@@ -317,14 +345,14 @@ def load_engine(
     (``get_constant_fqns``), with the dtype and shape recorded when it was built, on
     ``device``. They are handed over with ``user_managed=True`` (no copy). Anything missing
     or different (strides included) is an ``EngineLoadError`` naming the file and the tensor, raised before the
-    engine could run. A ``packaged`` artifact ignores ``constants``.
+    engine could run. An artifact that holds its weights (:data:`HOLDS_WEIGHTS`) ignores ``constants``.
     """
     path = Path(package_path)
     dev = check_device(device)
     index = dev.index if dev.index is not None else (0 if dev.type == "cuda" else -1)
     model = torch._inductor.aoti_load_package(str(path), device_index=index)
     weights, described, layouts = _recorded(path, model.get_metadata())
-    if weights == "packaged":
+    if weights in HOLDS_WEIGHTS:
         return LoadedEngine(path, weights, model, {}, layouts)
     given = dict(constants or {})
     needed = list(model.get_constant_fqns())
