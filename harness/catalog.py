@@ -60,7 +60,7 @@ BACKENDS: tuple[str, ...] = ("copy", "inductor", "tensorrt")
 COMPILER_BACKENDS: tuple[str, ...] = ("inductor", "tensorrt")
 """Backends that export the model and build engines from graph partitions (they need a model with a forward)."""
 
-ENGINE_WEIGHTS: tuple[str, ...] = ("mapped", "packaged", "packaged_compiler")
+ENGINE_WEIGHTS: tuple[str, ...] = ("packaged", "packaged_compiler", "mapped")
 """A compiler backend's weight settings (``[build] weights``): engines that run on the model's own tensors
 (``mapped``), or that hold their weights, written into the artifact by the harness from the model's tensors
 (``packaged``) or by the compiler itself (``packaged_compiler``)."""

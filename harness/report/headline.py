@@ -152,7 +152,7 @@ def _wall_text(m: StrategyMetrics) -> str:
     if m.record.wall_s is None:
         text = "no wall time"
     elif m.load_s is not None and m.build_s is not None:
-        text = f"wall {format_seconds(m.record.wall_s)} =\n{phases_text(m)}".replace("; then", ";\nthen")
+        text = f"wall {format_seconds(m.record.wall_s)} =\n" + phases_text(m, then=";\n")
     else:
         text = f"wall {format_seconds(m.record.wall_s)}"
     return text + ("" if m.record.ok else " (FAILED)")

@@ -186,9 +186,9 @@ def release_sentence(s: StrategyMetrics, with_buffers_bytes: int) -> str | None:
     return text
 
 
-def phases_text(s: StrategyMetrics) -> str:
+def phases_text(s: StrategyMetrics, then: str = "; ") -> str:
     """The wall's phases, which add up to it: ``load 1.2 s + export 3.4 s + build 5.6 s (+ 0.1 s between)``,
-    and the check against eager after it where recorded."""
+    and, after ``then``, the check against eager after it where recorded."""
     parts = [f"load {format_seconds(s.load_s)}"]
     if s.export_s is not None:
         parts.append(f"export {format_seconds(s.export_s)}")
@@ -197,5 +197,5 @@ def phases_text(s: StrategyMetrics) -> str:
     if s.between_s is not None and s.between_s >= 0.05:
         text += f" + {format_seconds(s.between_s)} between them"
     if s.check_s is not None:
-        text += f"; then the check against eager {format_seconds(s.check_s)}, outside the wall"
+        text += f"{then}then the check against eager {format_seconds(s.check_s)}, outside the wall"
     return text

@@ -29,7 +29,7 @@ engine ``k`` is built, engines ``0..k-1`` are in GPU memory, engine ``k``'s copy
 made and its weights are in host memory, so host + GPU is at least
 ``baseline + (e_0 + ... + e_k) + e_k``; the floor is the largest of these over ``k``
 (never above ``baseline + model + largest engine``). Engines that hold their own weights
-(AOTInductor's ``packaged``, like a serialised TensorRT engine) need no device copy once
+(``packaged`` and ``packaged_compiler``, like a serialised TensorRT engine) need no device copy once
 written, so on a GPU they need not accumulate: the floor is ``baseline + 2 * e_k`` (engine
 ``k``'s weights on the host and their device copy), the largest over ``k``. Engines built on the host that
 need no weight resident (:data:`~harness.catalog.BUILT_WITHOUT_RESIDENT_WEIGHTS`: ``mapped`` ones run on the

@@ -17,7 +17,7 @@ from typing import Literal, Protocol, get_args
 import torch
 from torch.export import ExportedProgram
 
-from harness.catalog import HOLDS_WEIGHTS
+from harness.catalog import ENGINE_WEIGHTS, HOLDS_WEIGHTS
 
 __all__ = [
     "HOLDS_WEIGHTS",
@@ -33,8 +33,10 @@ WeightsMode = Literal["packaged", "packaged_compiler", "mapped"]
 """``packaged``: the artifact holds its weights, written into it by the harness from the partition's tensors;
 ``packaged_compiler``: it holds them as the compiler itself packages them; ``mapped``: it holds none and runs
 on the partition's tensors."""
-WEIGHTS: tuple[str, ...] = get_args(WeightsMode)
-"""The same names as :data:`harness.catalog.ENGINE_WEIGHTS`, as a type for the compilers."""
+WEIGHTS: tuple[str, ...] = ENGINE_WEIGHTS
+"""The weight settings (declared in :mod:`harness.catalog`); :data:`WeightsMode` is their type."""
+if set(get_args(WeightsMode)) != set(WEIGHTS):  # the type cannot be built from the tuple
+    raise ImportError(f"WeightsMode {get_args(WeightsMode)} is not harness.catalog.ENGINE_WEIGHTS {WEIGHTS}")
 
 
 class EngineBuildError(RuntimeError):

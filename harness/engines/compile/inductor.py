@@ -217,14 +217,14 @@ def compile_engine(
     if path.suffix != ".pt2":
         raise ValueError(f"an AOTInductor package must end in .pt2: {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = engine_tensors(program)
     configs: dict[str, Any] = dict(compiler.configs)
     configs["aot_inductor.metadata"] = {
         _WEIGHTS_KEY: compiler.weights,
-        _CONSTANTS_KEY: _describe_constants(engine_tensors(program)),
+        _CONSTANTS_KEY: _describe_constants(tensors),
         _INPUTS_KEY: layouts_to_json(input_layouts(program)),
     }
     try:
-        tensors = engine_tensors(program)
         if compiler.weights == "packaged" and tensors:
             files = compile_without_weights(program, configs)
             package_streamed(files, path, tensors)
