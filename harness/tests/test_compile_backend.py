@@ -84,7 +84,8 @@ def test_scenario_takes_the_inductor_backend_and_its_weight_setting(tmp_path: Pa
 @pytest.mark.parametrize(
     ("old", "new", "message"),
     [
-        ('weights = "mapped"', 'weights = "folded"', "build.weights: expected one of 'packaged', 'packaged_compiler', 'mapped', got 'folded'"),
+        ('weights = "mapped"', 'weights = "folded"',
+         "build.weights: expected one of 'packaged', 'packaged_compiler', 'mapped', got 'folded'"),
         ('backend = "inductor"', 'backend = "copy"', "build.weights: applies to compiler backends only"),
         ("tokens = 8", "tokens = 0", "build.tokens: expected an integer >= 1"),
     ],
