@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import ctypes
 import datetime
 import os
 import re
@@ -88,7 +87,7 @@ from harness.results.record import (
     write_summary,
 )
 from harness.scenario import RunConfig, Scenario
-from harness.stopping import STOP_SIGNALS, RunInterrupted
+from harness.stopping import STOP_SIGNALS, RunInterrupted, die_with_parent
 from harness.worker import FAILURE_PREFIX, worker_command
 
 __all__ = ["Render", "WorkerCommand", "finished_strategies", "planned_runs", "run_label", "run_scenario", "watch"]
@@ -127,12 +126,6 @@ def _pump(stream: IO[bytes], tail: collections.deque[str]) -> None:
         tail.extend(line.decode("utf-8", "replace") for line in lines if line.strip())
     if pending.strip():
         tail.append(pending.decode("utf-8", "replace"))
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL when the parent dies (Linux ``PR_SET_PDEATHSIG``)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
 
 
 class _Stop:
@@ -213,7 +206,7 @@ def watch(
 
 def _watch(command: Sequence[str], limit_bytes: int | None, timeout_s: float, poll_s: float,
            stop: _Stop | None) -> Outcome:
-    process = subprocess.Popen(list(command), stderr=subprocess.PIPE, preexec_fn=_die_with_parent,  # noqa: PLW1509
+    process = subprocess.Popen(list(command), stderr=subprocess.PIPE, preexec_fn=die_with_parent,  # noqa: PLW1509
                                start_new_session=True)
     tail: collections.deque[str] = collections.deque(maxlen=40)
     assert process.stderr is not None

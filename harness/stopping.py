@@ -7,11 +7,13 @@ running worker first on one of :data:`STOP_SIGNALS`, then raise :class:`RunInter
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import signal
 
 from harness.errors import HarnessError
 
-__all__ = ["STOP_SIGNALS", "RunInterrupted"]
+__all__ = ["STOP_SIGNALS", "RunInterrupted", "die_with_parent"]
 
 STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 """The signals that stop a run (and a budget sweep): its workers are stopped first, then one ``error:`` line."""
@@ -23,3 +25,10 @@ class RunInterrupted(HarnessError):
     def __init__(self, message: str, signum: int) -> None:
         super().__init__(message)
         self.signum = signum
+
+
+def die_with_parent() -> None:
+    """In a child process, before exec (``preexec_fn``): SIGKILL when its parent dies (Linux
+    ``PR_SET_PDEATHSIG``), so that no process of a run outlives the one that started it."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1

@@ -55,6 +55,7 @@ from harness.results.metrics import SampleColumns, sampled_peaks
 from harness.results.record import (
     EVENT_COLUMNS,
     EngineRecord,
+    Phases,
     StrategyRecord,
     events_file,
     samples_file,
@@ -132,7 +133,6 @@ class Measurement:
         self.gpu: GpuMonitor | None = None
         self.sampler: Sampler | None = None
         self.builder: EngineBuilder | None = None
-        self.check_start_s: float | None = None  # when the built model began to run, for the check phase
 
     def _set(self, **values: Any) -> None:
         self.record = self.record.replace(**values)
@@ -296,25 +296,27 @@ class Measurement:
         self._phase("build_end_s", self.events.add("build_end"))
         self.sampler.mark(phase="done", engine=None)
 
-    def run_built(self) -> Any:
-        """Stop the sampler (what follows is not part of the measured run); the built model's output on the
-        example inputs, where the builder has a built model to run."""
+    def check(self) -> None:
+        """Compare the built model with eager, where the builder compares them (after the measured phases);
+        a mismatch fails the strategy after ``max_abs_diff``, ``check`` and ``check_peak_bytes`` are recorded."""
         assert self.builder is not None
         self.stop_sampling()
-        self.check_start_s = round(time.monotonic() - self.t0, 6)
-        return self.builder.run_built(self)
+        start = round(time.monotonic() - self.t0, 6)
 
-    def check(self, outputs: Any) -> None:
-        """Compare the built model's ``outputs`` with eager's, where the builder compares them; a mismatch
-        fails the strategy (after ``max_abs_diff`` and ``check`` are recorded)."""
-        assert self.builder is not None
-        comparison = self.builder.check(outputs, self)
-        if comparison is None:
+        def ended() -> Phases:
+            return replace(self.record.phases, check_start_s=start, check_end_s=round(time.monotonic() - self.t0, 6))
+
+        try:
+            checked = self.builder.check(self)
+        except Exception:
+            self._set(phases=ended())  # a check that failed still took its time
+            raise
+        if checked is None:
             return
+        comparison = checked.comparison
         finite = comparison.max_abs_diff == comparison.max_abs_diff and comparison.max_abs_diff != float("inf")
-        phases = replace(self.record.phases, check_start_s=self.check_start_s,
-                         check_end_s=round(time.monotonic() - self.t0, 6))
-        self._set(max_abs_diff=comparison.max_abs_diff if finite else None, check=comparison.detail, phases=phases)
+        self._set(max_abs_diff=comparison.max_abs_diff if finite else None, check=comparison.detail, phases=ended(),
+                  check_peak_bytes=checked.peak_bytes)
         comparison.check()
 
     def stop_sampling(self) -> None:
@@ -382,10 +384,10 @@ def measure(plan: Plan, strategy: str, out: Path, t0: float | None = None) -> St
         model = run.export(model)
         run.partition(model)
         run.build(model)
-        outputs = run.run_built()
-        del model  # the engines and the check no longer need the loaded weights
+        run.stop_sampling()  # what follows is not part of the measured run
+        del model  # the check does not need the loaded weights
         gc.collect()
-        run.check(outputs)
+        run.check()
         run._set(status="ok")
     except Exception as exc:
         if _outside(exc):  # the machine's fault (a full disk, say), not the strategy's: its reason is enough

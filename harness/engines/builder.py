@@ -11,9 +11,9 @@ driven by the worker through the same steps for every backend:
 3. :meth:`~EngineBuilder.build_engine` per engine, in order: the engine built from its partition's
    tensors; it returns a :class:`BuiltEngine`, the columns of the engine's
    :class:`~harness.results.record.EngineRecord` the build measured and its artifact;
-4. :meth:`~EngineBuilder.run_built` and :meth:`~EngineBuilder.check`: the built model run on the
-   example inputs and compared with eager, after the measured phases; a builder whose engines
-   are the weights' own bytes has nothing to run and nothing to compare;
+4. :meth:`~EngineBuilder.check`: the built model run on the example inputs and compared with
+   eager, after the measured phases (a compiler does it in processes of its own); a builder whose
+   engines are the weights' own bytes has nothing to run and nothing to compare;
 5. :meth:`~EngineBuilder.close`: free the engines (GPU memory, files).
 
 The worker measures around each step (host high-water mark, events, release); what only a
@@ -36,7 +36,7 @@ from harness.results.record import CheckpointInfo, ExportRecord
 from harness.scenario import Scenario
 
 if TYPE_CHECKING:
-    from harness.engines.compile.compare import Comparison
+    from harness.engines.compile.compare import Checked
 
 __all__ = ["BuildTarget", "BuiltEngine", "EngineBuilder", "Phases"]
 
@@ -124,12 +124,8 @@ class EngineBuilder(ABC):
         """Why ``unreleased_bytes`` of weights stayed after the build, where the builder is the reason."""
         return None
 
-    def run_built(self, phases: Phases) -> Any:
-        """The built model's output on the example inputs (None: nothing to run)."""
-        return None
-
-    def check(self, outputs: Any, phases: Phases) -> Comparison | None:
-        """``outputs`` of :meth:`run_built` compared with eager's (None: nothing to compare)."""
+    def check(self, phases: Phases) -> Checked | None:
+        """The built model run on the example inputs and compared with eager's (None: nothing to compare)."""
         return None
 
     @abstractmethod

@@ -81,10 +81,11 @@ def _inductor_missing() -> str | None:
 
 
 def _make_inductor(plan: BuildTarget, workdir: Path) -> EngineBuilder:
-    from harness.engines.compile.backend import CompilerBackend, ModelSource
+    from harness.engines.compile.backend import CompilerBackend
     from harness.engines.compile.compiler import WEIGHTS
     from harness.engines.compile.inductor import InductorCompiler, load_compiler_modules
     from harness.engines.compile.planning import rule_for
+    from harness.engines.compile.source import ModelSource
 
     build = plan.scenario.build
     weights = build.weights

@@ -5,8 +5,10 @@ Drawn and tabled only for runs of a compiler backend (records of layout 3 with
 
 * :func:`compiler_figure`, ``<name>-compiler.png``: per engine, how far each strategy's host
   memory rose while it was built (the high-water mark minus RSS at its start) beside the
-  engine's weights (what a build that copies them adds: the copy floor's share), the compile
-  time, and the artifact's bytes;
+  engine's weights (what a build that copies them adds: the copy floor's share), and, where
+  the weights were written into the artifact after the compile (``packaged``), the rise when
+  the compiler was done and the largest while they were written; the compile time, and the
+  artifact's bytes;
 * :func:`compiler_lines`: the markdown section with the export phase per strategy (time,
   checkpoint pages read, host memory it cost, the built model against eager) and a row
   per engine and strategy.
@@ -62,6 +64,24 @@ def _growth(e: EngineRecord) -> int | None:
     return e.host_hwm_bytes - e.rss_before_bytes
 
 
+def _compile_rise(e: EngineRecord) -> int | None:
+    return e.compiler_own_bytes if e.write_peak_bytes is not None else None  # shown where the build has two steps
+
+
+def _write_rise(e: EngineRecord) -> int | None:
+    """The largest RSS while the artifact's weights were written minus RSS at the engine's start."""
+    if e.write_peak_bytes is None or e.rss_before_bytes is None:
+        return None
+    return e.write_peak_bytes - e.rss_before_bytes
+
+
+_MARKERS = {"compiled": "_", "written": "x"}
+_SPLIT_LABELS = {
+    "compiled": "the compiler's own: its peak rise, or what it left when the weights' write began if more",
+    "written": "largest rise while the weights were written into the artifact (weights read + write buffers)",
+}
+
+
 @styled
 def compiler_figure(run: Results) -> Figure:
     """Per engine and strategy: host peak over the copy floor, compile time, artifact size."""
@@ -72,6 +92,7 @@ def compiler_figure(run: Results) -> Figure:
     handles: list[Any] = []
     indices: set[int] = set()
     weights: dict[int, int] = {}
+    split: set[str] = set()
     for i, name in enumerate(names):
         record = run.strategies[name]
         engines = _compiled(record)
@@ -84,6 +105,12 @@ def compiler_figure(run: Results) -> Figure:
             weights.setdefault(e.index, e.weight_bytes)
         growth = [(_growth(e) or 0) / MIB for e in engines]
         top.bar(xs, growth, width, color=colour, zorder=2, gid=f"growth:{name}")
+        for what, rise in (("compiled", _compile_rise), ("written", _write_rise)):
+            marked = [(x, r) for x, e in zip(xs, engines, strict=True) if (r := rise(e)) is not None]
+            if marked:
+                top.scatter([x for x, _ in marked], [r / MIB for _, r in marked], marker=_MARKERS[what], s=60,
+                            color="#000000", linewidths=1.6, zorder=4, gid=f"{what}:{name}")
+                split.add(what)
         seconds = [e.compile_s or 0.0 for e in engines]
         middle.bar(xs, seconds, width, color=colour, zorder=2, gid=f"compile-s:{name}")
         artifact = [(e.artifact_bytes or 0) / MIB for e in engines]
@@ -91,6 +118,9 @@ def compiler_figure(run: Results) -> Figure:
         label = name if record.ok else f"{name} (FAILED, partial)"
         label += f": compiled in {sum(seconds):.0f} s, largest rise {max(growth):,.0f} MiB"
         handles.append(Patch(color=colour, label=label))
+    for what in sorted(split):
+        handles.append(Line2D([], [], color="#000000", marker=_MARKERS[what], linestyle="none", markersize=8,
+                              markeredgewidth=1.6, label=_SPLIT_LABELS[what]))
     if weights:
         ticks = sorted(weights)
         top.hlines([weights[t] / MIB for t in ticks], np.asarray(ticks) - 0.45, np.asarray(ticks) + 0.45,
@@ -146,6 +176,7 @@ _STRATEGY_COLUMNS: list[TableColumn[StrategyMetrics]] = [
     TableColumn("engines compiled", lambda m: str(len(_compiled(m.record)))),
     TableColumn("compile time", lambda m: _compile_total(m.record)),
     TableColumn("built vs eager (max abs diff)", lambda m: _check_text(m.record)),
+    TableColumn("check's host peak", lambda m: _mib(m.record.check_peak_bytes)),
 ]
 """The export table: a row per strategy."""
 
@@ -157,6 +188,9 @@ _ENGINE_COLUMNS: list[TableColumn[tuple[str, EngineRecord]]] = [
     TableColumn("artifact", lambda row: _mib(row[1].artifact_bytes)),
     TableColumn("host rise", lambda row: _mib(_growth(row[1]))),
     TableColumn("over copy floor", lambda row: _mib(row[1].compiler_over_floor_bytes)),
+    TableColumn("compiler's own", lambda row: _mib(row[1].compiler_own_bytes)),
+    TableColumn("weights read", lambda row: _mib(row[1].write_read_bytes)),
+    TableColumn("artifact write", lambda row: _mib(row[1].write_buffers_bytes)),
     TableColumn("compiler processes", lambda row: _mib(row[1].children_peak_bytes)),
     TableColumn("cache growth", lambda row: _mib(row[1].cache_bytes)),
 ]
@@ -177,7 +211,13 @@ def compiler_lines(run: Results) -> list[str]:
         lines += ["", "The built model against eager, on the scenario's input:", "", *checks]
     lines += ["", "Per engine (host rise = high-water mark while it was built − RSS at its start; over copy "
               "floor = high-water mark − (RSS at its start + its weights), negative where the build did not "
-              "bring its weights in; compiler processes: the largest summed RSS of the C++ compiler and "
+              "bring its weights in; compiler's own = high-water mark when the compiler was done − RSS at its "
+              "start; for engines whose weights the harness writes into the artifact (`packaged`), the larger "
+              "of that and RSS when the write began (what compiling and packaging left) − RSS at its start, "
+              "weights read = the largest rise of file-backed RSS while they were written (the source's pages "
+              "resident at once) and artifact write = the largest RSS meanwhile − RSS when the write began − "
+              "weights read: where the write sets the peak, the three add up to the host rise; "
+              "compiler processes: the largest summed RSS of the C++ compiler and "
               "linker the build started, sampled, memory outside this process):", "",
               *markdown_table(_ENGINE_COLUMNS, ((name, e) for name, r in run.strategies.items()
                                                 for e in _compiled(r)))]

@@ -51,6 +51,14 @@ it is in ``layout``):
 6. ``compiler_weights = "packaged"`` now means engines whose weights the harness streamed into
    the artifact; the compiler's own packaging is ``"packaged_compiler"``. Reading versions 3 to
    5 reads their ``"packaged"`` as ``"packaged_compiler"``, which is what they measured.
+7. Adds ``check_peak_bytes``: the host high-water mark of the processes the built model was
+   checked in (the check left the measuring process); ``None`` where nothing was checked or the
+   check ran in the measuring process, and when reading versions 1 to 6. Per engine a compiler
+   built: ``compile_hwm_bytes`` (the high-water mark when the compiler was done: for
+   ``packaged``, before the weights were written); for ``packaged`` also ``write_rss_bytes``,
+   ``write_peak_bytes`` and ``write_read_bytes`` (RSS when the weights began to be written
+   into the artifact, the largest RSS while they were, and the largest rise of file-backed RSS
+   meanwhile: the source pages resident at once). ``None`` where not measured.
 
 A later version adds keys (each field says the version that added it, ``since`` in its
 :func:`~harness.results.codec.json_field`) and bumps :data:`LAYOUT_VERSION`; records of
@@ -148,7 +156,7 @@ __all__ = [
     "write_summary",
 ]
 
-LAYOUT_VERSION = 6
+LAYOUT_VERSION = 7
 """The layout this code writes; it reads every version from 1 to this one."""
 
 SUMMARY = "summary.json"
@@ -229,6 +237,13 @@ class EngineRecord(Record):
     rss_before_bytes: int | None = field(default=None, metadata={"since": 3})
     children_peak_bytes: int | None = field(default=None, metadata={"since": 3})
     cache_bytes: int | None = field(default=None, metadata={"since": 3, "signed": True})
+    pages_s: float | None = field(default=None, metadata={"since": 4})
+    copy_s: float | None = field(default=None, metadata={"since": 4})
+    major_faults: int | None = field(default=None, metadata={"since": 4})
+    compile_hwm_bytes: int | None = field(default=None, metadata={"since": 7})
+    write_rss_bytes: int | None = field(default=None, metadata={"since": 7})
+    write_peak_bytes: int | None = field(default=None, metadata={"since": 7})
+    write_read_bytes: int | None = field(default=None, metadata={"since": 7})
 
     @property
     def compiler_over_floor_bytes(self) -> int | None:
@@ -239,9 +254,23 @@ class EngineRecord(Record):
         if self.compile_s is None or self.host_hwm_bytes is None or self.rss_before_bytes is None:
             return None
         return self.host_hwm_bytes - (self.rss_before_bytes + self.weight_bytes)
-    pages_s: float | None = field(default=None, metadata={"since": 4})
-    copy_s: float | None = field(default=None, metadata={"since": 4})
-    major_faults: int | None = field(default=None, metadata={"since": 4})
+
+    @property
+    def compiler_own_bytes(self) -> int | None:
+        """The compiler's own rise in this process over RSS at the engine's start: its high-water mark when it
+        was done, or, where the weights were then written into the artifact, the RSS when that write began if
+        higher (what the compiler and torch's packaging left resident). Where the write sets the engine's peak,
+        this + :attr:`write_read_bytes` + :attr:`write_buffers_bytes` is the engine's host rise."""
+        if self.compile_hwm_bytes is None or self.rss_before_bytes is None:
+            return None
+        return max(self.compile_hwm_bytes, self.write_rss_bytes or 0) - self.rss_before_bytes
+
+    @property
+    def write_buffers_bytes(self) -> int | None:
+        """The artifact write's own rise: its largest RSS - RSS at its start - the weights read meanwhile."""
+        if self.write_peak_bytes is None or self.write_rss_bytes is None or self.write_read_bytes is None:
+            return None
+        return self.write_peak_bytes - self.write_rss_bytes - self.write_read_bytes
 
 
 @dataclass(frozen=True)
@@ -402,6 +431,7 @@ class StrategyRecord(Record):
     export: ExportRecord | None = field(default=None, metadata={"since": 3})
     max_abs_diff: float | None = field(default=None, metadata={"since": 3})
     check: str | None = field(default=None, metadata={"since": 3})
+    check_peak_bytes: int | None = field(default=None, metadata={"since": 7})
     cache: CacheRecord | None = field(default=None, metadata={"since": 4})
     prefetch: str | None = field(default=None, metadata={"since": 4})
     drop_cache: bool | None = field(default=None, metadata={"since": 4})

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from harness.engines.backends import ALIGN, CopyToDevice, CopyToFiles
 from harness.engines.builder import BuildTarget, BuiltEngine, EngineBuilder, Phases
-from harness.engines.compile.compare import Comparison
+from harness.engines.compile.compare import Checked, Comparison
 from harness.engines.partition import split_into
 from harness.engines.registry import BACKENDS, Backend, BackendUnavailable, check_backend, make_builder
 from harness.load.strategies import load_map
@@ -150,13 +150,10 @@ class _Traced(EngineBuilder):
         self.calls.append(("build", index))
         return dataclasses.replace(built, columns={**built.columns, "compile_s": 1.0 + index, "cache_bytes": -5})
 
-    def run_built(self, phases: Phases) -> Any:
-        self.calls.append("run")
-        return torch.ones(2)
-
-    def check(self, outputs: Any, phases: Phases) -> Comparison | None:
+    def check(self, phases: Phases) -> Checked | None:
         self.calls.append("check")
-        return Comparison(ok=True, outputs=1, max_abs_diff=0.25, detail="within tolerance (traced)")
+        return Checked(Comparison(ok=True, outputs=1, max_abs_diff=0.25, detail="within tolerance (traced)"),
+                       peak_bytes=12345)
 
     def close(self) -> None:
         self.calls.append("close")
@@ -183,13 +180,13 @@ def test_the_worker_takes_every_builders_steps_the_same_way(plan: Plan, tmp_path
     (builder,) = BUILT
     engines = len(plan.engines)
     assert builder.calls == ["export", ("partition", engines), *[("build", i) for i in range(engines)],
-                             "run", "check", "close"]
+                             "check", "close"]
     # what the builder measured is what is stored, whatever the backend
     assert (record.compiler, record.compiler_weights, record.export) == ("tracer", "mapped", _Traced.EXPORT)
     assert record.phases.export_start_s is not None and record.phases.export_end_s is not None
     assert [e.compile_s for e in record.engines] == [1.0 + i for i in range(engines)]
     assert all(e.cache_bytes == -5 and e.pages_s is not None and e.copy_s is not None for e in record.engines)
-    assert (record.max_abs_diff, record.check) == (0.25, "within tolerance (traced)")
+    assert (record.max_abs_diff, record.check, record.check_peak_bytes) == (0.25, "within tolerance (traced)", 12345)
     events = (tmp_path / "out" / "events-map.csv").read_text()
     assert "export_start" in events and "export_end" in events
 
@@ -197,8 +194,8 @@ def test_the_worker_takes_every_builders_steps_the_same_way(plan: Plan, tmp_path
 def test_a_copy_builder_takes_no_compiler_step(plan: Plan, tmp_path: Path) -> None:
     record = measure(plan, "map", tmp_path / "out")
     assert record.ok, record.error
-    assert (record.compiler, record.compiler_weights, record.export, record.max_abs_diff, record.check) == (
-        None, None, None, None, None)
+    assert (record.compiler, record.compiler_weights, record.export, record.max_abs_diff, record.check,
+            record.check_peak_bytes) == (None, None, None, None, None, None)
     assert record.phases.export_start_s is None and record.phases.export_end_s is None
     assert all(e.compile_s is None and e.pages_s is not None and e.copy_s is not None for e in record.engines)
     assert "export" not in (tmp_path / "out" / "events-map.csv").read_text()

@@ -17,7 +17,10 @@ from typing import Any
 import pytest
 import torch
 
-from harness.engines.compile.compare import MismatchError
+from harness.engines.builder import BuiltEngine, EngineBuilder, Phases
+from harness.engines.compile.backend import CompilerBackend
+from harness.engines.compile.check_process import CheckProcessError, compare_with_model
+from harness.engines.compile.compare import Checked, Comparison, MismatchError
 from harness.engines.compile.entry import export_entry
 from harness.engines.registry import BackendUnavailable, make_builder
 from harness.models import SyntheticTransformer, fill_non_persistent
@@ -153,21 +156,37 @@ def test_compiler_fields_round_trip_and_v2_reads_them_as_none() -> None:
     engine = EngineRecord(index=0, weight_bytes=10 * MiB, start_s=1.0, end_s=2.0, host_hwm_bytes=500 * MiB,
                           released_bytes=10 * MiB, rss_after_bytes=400 * MiB, gpu_used_bytes=None, tensors=3,
                           compile_s=30.5, artifact_bytes=2 * MiB, rss_before_bytes=480 * MiB,
-                          children_peak_bytes=300 * MiB, cache_bytes=MiB)
+                          children_peak_bytes=300 * MiB, cache_bytes=MiB, compile_hwm_bytes=495 * MiB,
+                          write_rss_bytes=482 * MiB, write_peak_bytes=500 * MiB, write_read_bytes=16 * MiB)
     assert engine.compiler_over_floor_bytes == 10 * MiB
+    # the split of a packaged build: the compiler's own rise, the weights read and the write's own buffers
+    assert (engine.compiler_own_bytes, engine.write_read_bytes, engine.write_buffers_bytes) == (
+        15 * MiB, 16 * MiB, 2 * MiB)
+    # where the write sets the peak, the three add up to the engine's host rise
+    written = dataclasses.replace(engine, compile_hwm_bytes=481 * MiB)
+    assert written.compiler_own_bytes == 2 * MiB  # what compiling and packaging left when the write began
+    assert (written.compiler_own_bytes + written.write_read_bytes + written.write_buffers_bytes  # type: ignore[operator]
+            == engine.host_hwm_bytes - engine.rss_before_bytes)  # type: ignore[operator]
     export = ExportRecord(seconds=1.5, nodes=100, pages_read_bytes=0, residency_read_bytes=0,
                           rss_before_bytes=400 * MiB, rss_after_bytes=405 * MiB, hwm_bytes=410 * MiB,
                           anon_delta_bytes=4 * MiB, not_shared=0)
     record = StrategyRecord(status="ok", engines=(engine,), compiler="inductor", compiler_weights="mapped",
-                            export=export, max_abs_diff=1e-7, check="within tolerance")
+                            export=export, max_abs_diff=1e-7, check="within tolerance", check_peak_bytes=900 * MiB)
     data = json.loads(json.dumps(record.to_json()))
     assert StrategyRecord.from_json(data, "s.json", "x", LAYOUT_VERSION) == record
-    later = {"cache", "prefetch", "drop_cache", "prefetch_warmed_bytes", "repeat", "repeats"}  # layout 4's
+    v6 = {k: v for k, v in data.items() if k != "check_peak_bytes"}
+    v6["engines"] = [{k: v for k, v in data["engines"][0].items() if not k.startswith(("compile_hwm", "write_"))}]
+    six = StrategyRecord.from_json(v6, "s.json", "x", 6)
+    assert six.check_peak_bytes is None and six.engines[0].compiler_own_bytes is None
+    assert six.engines[0].write_buffers_bytes is None and six.engines[0].compiler_over_floor_bytes == 10 * MiB
+    later = {"cache", "prefetch", "drop_cache", "prefetch_warmed_bytes", "repeat", "repeats",  # layout 4's
+             "check_peak_bytes"}  # layout 7's
     v2 = {k: v for k, v in data.items() if k not in {"compiler", "compiler_weights", "export", "max_abs_diff",
                                                       "check"} | later}
     v2["engines"] = [{k: v for k, v in data["engines"][0].items()
                       if k not in {"compile_s", "artifact_bytes", "rss_before_bytes", "children_peak_bytes",
-                                   "cache_bytes", "pages_s", "copy_s", "major_faults"}}]
+                                   "cache_bytes", "pages_s", "copy_s", "major_faults", "compile_hwm_bytes",
+                                   "write_rss_bytes", "write_peak_bytes", "write_read_bytes"}}]
     v2["phases"] = {k: v for k, v in data["phases"].items() if not k.startswith(("export", "check"))}
     old = StrategyRecord.from_json(v2, "s.json", "x", 2)
     assert old.export is None and old.compiler is None and old.engines[0].compile_s is None
@@ -195,6 +214,8 @@ def test_map_with_mapped_engines_reads_nothing_to_export_and_equals_eager(tmp_pa
     assert engine.compiler_over_floor_bytes is not None
     assert record.max_abs_diff is not None and record.max_abs_diff < 1e-4
     assert "within tolerance" in (record.check or "")
+    # the check ran in processes of its own, which re-mapped the checkpoint and loaded the engine from its file
+    assert record.check_peak_bytes is not None and record.check_peak_bytes > 0
     phases = record.phases  # the check runs after the build, as a phase of its own outside the wall
     assert phases.check_start_s is not None and phases.check_end_s is not None and phases.build_end_s is not None
     assert phases.build_end_s <= phases.check_start_s < phases.check_end_s
@@ -210,23 +231,62 @@ def test_map_with_mapped_engines_reads_nothing_to_export_and_equals_eager(tmp_pa
     assert figure in rendered.paths
 
 
-def test_a_built_model_that_differs_from_eager_fails_the_strategy(tmp_path: Path) -> None:
+def test_a_built_model_that_differs_from_eager_fails_its_check(tmp_path: Path) -> None:
     plan = make_plan(load_scenario(_scenario(tmp_path)), name="tiny-compile", workdir=tmp_path / "engines")
-    run = Measurement(plan, "map", tmp_path / "out", 0.0)
-    run.builder = make_builder(plan, tmp_path / "engines")
+    builder = make_builder(plan, tmp_path / "engines")
+    assert isinstance(builder, CompilerBackend) and builder.source is not None
     eager = SyntheticTransformer(layers=2, width=256, heads=4, vocab=4096, device="cpu")
     reference = export_entry(plan.scenario.model, eager, tokens=8, seed=0)
     map_weights(eager, plan.checkpoint.path, strict=True, allow_meta_buffers=True).close()
     fill_non_persistent(eager)
     with torch.no_grad():
         right = eager(*reference.args)
-    run.check(right.clone())  # the same output passes
-    assert run.record.max_abs_diff == 0.0
+    same = compare_with_model(builder.source, right.clone(), "cpu")  # eager on a fresh mapping, same inputs
+    assert same.ok and same.max_abs_diff == 0.0
+    wrong = compare_with_model(builder.source, right + 1.0, "cpu")
+    assert not wrong.ok and abs(wrong.max_abs_diff - 1.0) < 1e-3
+    assert "largest difference 1" in wrong.detail
     with pytest.raises(MismatchError, match="differ beyond"):
-        run.check(right + 1.0)
-    assert run.record.max_abs_diff is not None and abs(run.record.max_abs_diff - 1.0) < 1e-3
-    assert "largest difference 1" in (run.record.check or "")
-    run.builder.close()
+        wrong.check()
+    builder.close()
+
+
+class _Checks(EngineBuilder):
+    """A builder whose check gives ``checked`` (or raises it)."""
+
+    name, device = "checks", "cpu"
+
+    def __init__(self, checked: Checked | Exception) -> None:
+        self.checked = checked
+
+    def build_engine(self, index: int, tensors: dict[str, torch.Tensor]) -> BuiltEngine:
+        raise AssertionError("not built here")
+
+    def check(self, phases: Phases) -> Checked | None:
+        if isinstance(self.checked, Exception):
+            raise self.checked
+        return self.checked
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_worker_records_the_check_and_fails_the_strategy_on_a_mismatch(tmp_path: Path) -> None:
+    plan = make_plan(load_scenario(_scenario(tmp_path)), name="tiny-compile", workdir=tmp_path / "engines")
+    run = Measurement(plan, "map", tmp_path / "out", 0.0)
+    detail = "output 0: 3 of 4 elements differ beyond 0.0001 + 0.0001*|eager| (largest difference 1)"
+    run.builder = _Checks(Checked(Comparison(1.0, 1, False, detail), peak_bytes=5 * MiB))
+    with pytest.raises(MismatchError, match="differ beyond"):
+        run.check()
+    record = run.record
+    assert (record.max_abs_diff, record.check, record.check_peak_bytes) == (1.0, detail, 5 * MiB)
+    assert record.phases.check_start_s is not None and record.phases.check_end_s is not None
+    run.builder = _Checks(CheckProcessError("the check's built process was killed by signal 9 (out of memory?)"))
+    again = Measurement(plan, "map", tmp_path / "out2", 0.0)
+    again.builder = run.builder
+    with pytest.raises(CheckProcessError, match="killed by signal 9"):
+        again.check()
+    assert again.record.phases.check_end_s is not None  # a failed check still took its time
 
 
 class _WithConstant(torch.nn.Module):

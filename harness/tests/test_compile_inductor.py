@@ -7,6 +7,7 @@ packaging is tested further in ``test_compile_streamed``).
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import weakref
@@ -20,8 +21,10 @@ import torch
 
 from harness.engines.builder import BuiltEngine
 from harness.engines.compile.backend import CompilerBackend
+from harness.engines.compile.check_process import CheckProcessError, check_in_processes
 from harness.engines.compile.compare import compare_with_eager
 from harness.engines.compile.compiler import EngineBuildError, EngineLoadError
+from harness.engines.compile.entry import Entry
 from harness.engines.compile.graph_partition import (
     GraphPartition,
     PartitionRule,
@@ -39,10 +42,12 @@ from harness.engines.compile.inductor import (
     load_engine,
 )
 from harness.engines.compile.layouts import EngineInputError, InputLayout, conform
-from harness.engines.compile.pipeline import CompiledPipeline
+from harness.engines.compile.pipeline import CompiledPipeline, Routing
+from harness.engines.compile.source import ModelSource
 from harness.measure.procfs import PeakTracker
 from harness.models import SyntheticTransformer, fill_non_persistent
 from harness.models.checkpoints import ensure_checkpoint
+from harness.scenario import ModelConfig
 from weightmap import ReleasePlan, ReleaseStep, map_weights
 
 # 3.5 MiB of bfloat16 weights: the tied embedding (2 MiB) and one layer (1.5 MiB).
@@ -86,7 +91,7 @@ class Build:
         backend = self.backend
         assert backend.program is not None
         engines = [backend.engine_compiler.load(backend.artifacts[p.index]) for p in self.parts]
-        return CompiledPipeline(backend.program, self.parts, engines, backend.device)
+        return CompiledPipeline(Routing.of(backend.program, self.parts), engines, backend.device)
 
 
 def _build(path: Path, work: Path, cache: Path, compiler: InductorCompiler, resize: bool, **cut: int) -> Build:
@@ -170,6 +175,34 @@ def test_a_mapped_engine_is_never_run_without_its_weights(mapped: Build) -> None
         load_engine(path, constants={**given, name: released})
 
 
+def test_the_check_loads_the_engines_in_processes_of_its_own(
+        mapped: Build, checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = mapped.backend
+    backend.source = ModelSource(ModelConfig(source="synthetic", layers=1, width=256, heads=4, vocab=4096,
+                                             dtype="bfloat16"), checkpoint, (checkpoint,), tokens=TOKENS.shape[1],
+                                 seed=0)
+    backend.entry = Entry(mapped.model, (TOKENS,))
+    request = backend.check_request()
+    # the mapped engines are handed the re-mapped model's tensors by name: nothing of the weights is copied over
+    assert [set(e.model_tensors) for e in request.engines] == [set(p.weights) for p in mapped.parts]
+    assert all(not e.own for e in request.engines)
+
+    def refuse(*args: Any) -> None:
+        raise AssertionError("an engine was loaded in the measuring process")
+
+    monkeypatch.setattr(InductorCompiler, "load", refuse)
+    checked = check_in_processes(request, tmp_path)
+    assert checked.comparison.ok, checked.comparison.detail
+    assert checked.comparison.outputs == 1 and checked.comparison.max_abs_diff < 1e-4
+    assert checked.peak_bytes is not None and checked.peak_bytes > 0
+    assert list(tmp_path.iterdir()) == []  # the request and the outputs are removed
+    missing = dataclasses.replace(request, engines=(dataclasses.replace(request.engines[0],
+                                                                       path=tmp_path / "gone.pt2"),
+                                                    *request.engines[1:]))
+    with pytest.raises(CheckProcessError, match=r"the check's built process failed: .*gone\.pt2"):
+        check_in_processes(missing, tmp_path)
+
+
 @pytest.mark.parametrize("weights", ["packaged", "packaged_compiler"])
 def test_packaged_engine_holds_its_weights(checkpoint: Path, cache: Path, tmp_path: Path, weights: str) -> None:
     before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
@@ -246,7 +279,7 @@ def test_an_engine_reads_a_broadcast_input_as_the_layout_it_was_built_for(cache:
     program = torch.export.export(_MaskCount(), (torch.ones(1, 256, dtype=torch.bool),))
     compiler = InductorCompiler(weights="packaged")
     with compiler.session(cache):
-        path = compile_engine(program, tmp_path / "mask.pt2", compiler)
+        path = compile_engine(program, tmp_path / "mask.pt2", compiler).path
     engine = load_engine(path)
     assert engine.inputs == (InputLayout("mask", "bool", (1, 256), (256, 1), "cpu"),)
     view = _strided_view(True)
@@ -294,7 +327,7 @@ def test_a_built_program_is_not_kept_alive_by_the_compiler(cache: Path, tmp_path
     weight = weakref.ref(program.state_dict["proj.weight"])
     compiler = InductorCompiler(weights="packaged")
     with compiler.session(cache):
-        path = compile_engine(program, tmp_path / "layer.pt2", compiler)
+        path = compile_engine(program, tmp_path / "layer.pt2", compiler).path
     del program
     gc.collect()
     assert weight() is None, "the compiled program's weights are still referenced after its build"

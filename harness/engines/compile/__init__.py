@@ -13,7 +13,7 @@ The steps, in the order a strategy runs them (the worker, through
         for part in parts:                                         # one engine per partition, in order
             artifact = compiler.compile(subprogram(exported.program, part), work_dir / f"engine-{part.index:03d}")
             plan.built(part.index)                                 # its last-read weights released
-    pipeline = CompiledPipeline(exported.program, parts, [compiler.load(a) for a in artifacts], "cpu")
+    pipeline = CompiledPipeline(Routing.of(exported.program, parts), [compiler.load(a) for a in artifacts], "cpu")
     compare_with_eager(pipeline, fresh_model, inputs).check()      # the built model equals eager
 
 * :func:`export_mapped` (:mod:`.export`): ``torch.export.export`` measured: checkpoint pages
@@ -28,9 +28,11 @@ The steps, in the order a strategy runs them (the worker, through
   none and runs on the given tensors); a ``mapped`` artifact is never loaded without them.
 * :func:`input_layouts`, :func:`conform` (:mod:`.layouts`): the layout each engine input was
   compiled for, recorded in the artifact, and inputs laid out so before an engine runs.
-* :class:`CompiledPipeline` (:mod:`.pipeline`): the loaded engines run as one model;
+* :class:`CompiledPipeline` and its :class:`Routing` (:mod:`.pipeline`): the loaded engines run as one model;
 * :func:`compare_with_eager`, :func:`compare_outputs`, :func:`upcast_reference`
   (:mod:`.compare`): the check of the built model against eager.
+* :func:`~harness.engines.compile.check_process.check_in_processes` (:mod:`.check_process`): that
+  check in processes of their own, each re-mapping the checkpoint, after the measured phases.
 * :func:`check_toolchain` (:mod:`.toolchain`): the C++ compiler inductor links engines with
   must link libstdc++ dynamically (engines with a static copy crash when loaded).
 
@@ -79,7 +81,7 @@ from harness.engines.compile.inductor import (
     to_device,
 )
 from harness.engines.compile.layouts import EngineInputError, InputLayout, conform, input_layouts
-from harness.engines.compile.pipeline import CompiledPipeline
+from harness.engines.compile.pipeline import CompiledPipeline, Routing
 from harness.engines.compile.toolchain import Toolchain, ToolchainError, check_toolchain
 
 __all__ = [
@@ -102,6 +104,7 @@ __all__ = [
     "MismatchError",
     "PartitionError",
     "PartitionRule",
+    "Routing",
     "WeightsMode",
     "cap_for_program",
     "check_device",

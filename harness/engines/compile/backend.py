@@ -15,9 +15,9 @@ through the steps the worker measures:
 3. :meth:`~CompilerBackend.build_engine` per partition, in order: the partition made a
    program of its own and compiled; its compile time, artifact bytes, the compiler's
    subprocesses and cache growth are the engine's record columns;
-4. :meth:`~CompilerBackend.run_built`: the built model (the artifacts loaded one at a time,
-   each run on the activations of the ones before and dropped) on the example inputs, and
-   :meth:`~CompilerBackend.check`: those outputs against eager on a fresh mapping.
+4. :meth:`~CompilerBackend.check`: the built model (the artifacts loaded one at a time, each
+   run on the activations of the ones before) against eager, both on a fresh mapping of the
+   checkpoint in processes of their own (:mod:`harness.engines.compile.check_process`).
 
 The worker measures the host high-water mark around each :meth:`build_engine` and
 releases the engine's last-read weights after it, as for every builder.
@@ -30,49 +30,33 @@ import gc
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import psutil
 import torch
 from torch import nn
 
 from harness.engines.builder import BuiltEngine, EngineBuilder, Phases
+from harness.engines.compile.check_process import (
+    CheckRequest,
+    check_in_processes,
+    engine_files,
+    model_tensors,
+)
 from harness.engines.compile.children import ChildPeak
-from harness.engines.compile.compare import Comparison, compare_outputs, upcast_reference
+from harness.engines.compile.compare import Checked
 from harness.engines.compile.compiler import Artifact, EngineCompiler
-from harness.engines.compile.entry import Entry, export_entry
+from harness.engines.compile.entry import Entry
 from harness.engines.compile.export import ExportResult, export_mapped
 from harness.engines.compile.graph_partition import GraphPartition, PartitionRule, subprogram
-from harness.engines.compile.pipeline import CompiledPipeline
+from harness.engines.compile.pipeline import Routing
 from harness.engines.compile.planning import same_partitions
-from harness.measure.procfs import mapping_rss, read_status
-from harness.models import build_model, fill_non_persistent
+from harness.engines.compile.source import ModelSource
+from harness.measure.procfs import read_status
 from harness.results.record import ExportRecord
-from harness.scenario import ModelConfig
-from weightmap import map_weights
 
 __all__ = ["CompilerBackend", "ModelSource"]
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """The model a compiler builder exports and checks: ``config`` (what is built on meta), the
-    ``checkpoint`` mapped into it and its ``files``; ``tokens`` and ``seed`` make the example inputs;
-    ``memory_limit_bytes``: the scenario's limit, which the float32 run of eager must stay under."""
-
-    config: ModelConfig
-    checkpoint: Path
-    files: tuple[Path, ...]
-    tokens: int
-    seed: int
-    memory_limit_bytes: int | None = None
-
-    def entry(self, model: nn.Module) -> Entry:
-        """The module to export from ``model`` and its example inputs."""
-        return export_entry(self.config, model, tokens=self.tokens, seed=self.seed)
 
 
 def _tree_bytes(root: Path) -> int:
@@ -82,19 +66,6 @@ def _tree_bytes(root: Path) -> int:
             with contextlib.suppress(OSError):  # a temporary file removed while walking
                 total += os.lstat(os.path.join(folder, name)).st_size
     return total
-
-
-class _OnDemand:
-    """An artifact loaded when called, run once, and dropped: one engine's weights in memory at a time."""
-
-    def __init__(self, compiler: EngineCompiler, artifact: Artifact) -> None:
-        self.compiler, self.artifact = compiler, artifact
-
-    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        engine = self.compiler.load(self.artifact)
-        outputs = engine(*inputs)
-        del engine
-        return outputs
 
 
 class CompilerBackend(EngineBuilder):
@@ -119,6 +90,7 @@ class CompilerBackend(EngineBuilder):
         self.program: torch.export.ExportedProgram | None = None
         self.entry: Entry | None = None
         self.parts: list[GraphPartition] = []
+        self.routing: Routing | None = None
         self.artifacts: dict[int, Artifact] = {}
         self._session: contextlib.ExitStack | None = None
         self._cache: Path | None = None
@@ -157,6 +129,7 @@ class CompilerBackend(EngineBuilder):
         if self.program is None:
             raise RuntimeError("export the model before partitioning it")
         self.parts = self.rule.apply(self.program)
+        self.routing = Routing.of(self.program, self.parts)
         return self.parts
 
     def partition(self, planned: Sequence[Sequence[str]]) -> None:
@@ -196,6 +169,7 @@ class CompilerBackend(EngineBuilder):
         size = artifact.path.stat().st_size
         self.artifacts[index] = artifact
         return BuiltEngine(nbytes=size, artifact=artifact.path, columns={
+            **artifact.columns,
             "compile_s": round(seconds, 3), "artifact_bytes": size, "rss_before_bytes": rss_before,
             "children_peak_bytes": children.peak_bytes, "cache_bytes": _tree_bytes(cache) - cache_before,
         })
@@ -206,65 +180,27 @@ class CompilerBackend(EngineBuilder):
         return ("the engines run on the model's own tensors (weights = \"mapped\"): mapped pages are dropped "
                 "after each engine, other memory is kept for the engines to run on")
 
-    def run_built(self, phases: Phases) -> Any:
-        """The built model's output on the exported entry's example inputs: every engine loaded in turn,
-        run, and dropped."""
-        if self.program is None or self.entry is None or len(self.artifacts) != len(self.parts):
-            raise RuntimeError("not every engine was built")
-        engines: list[Callable[..., tuple[torch.Tensor, ...]]] = [
-            _OnDemand(self.engine_compiler, self.artifacts[p.index]) for p in self.parts
-        ]
-        pipeline = CompiledPipeline(self.program, self.parts, engines, self.engine_compiler.device)
-        with phases.doing("running the built model"), torch.no_grad():
-            return pipeline(*self.entry.args, **self.entry.kwargs)
-
-    def check(self, outputs: Any, phases: Phases) -> Comparison:
-        """``outputs`` against eager's, run on a freshly mapped model; the comparison (its ``check()`` raises).
-
-        The loaded model may have been released engine by engine, so eager runs on a new
-        mapping of the checkpoint (released pages are read again from the file); the program
-        and the entry, which hold the loaded model, are dropped first. Where the outputs differ
-        beyond tolerance (a bfloat16 model), both are judged against a float32 run of eager.
-        """
+    def check_request(self) -> CheckRequest:
+        """What the check's processes are handed: the model source, the compiler, the program's routing and
+        how each engine is loaded (a ``mapped`` engine's weights by name, the program's own constants copied)."""
         source = self._source()
+        if self.program is None or self.entry is None or self.routing is None or len(self.artifacts) != len(self.parts):
+            raise RuntimeError("not every engine was built")
+        names = set(model_tensors(self.entry.module))
+        engines = tuple(engine_files(self.artifacts[p.index], names) for p in self.parts)
+        return CheckRequest(source, self.engine_compiler, self.routing, engines)
+
+    def check(self, phases: Phases) -> Checked:
+        """The built model against eager, in processes of their own (:func:`check_in_processes`); the outcome.
+
+        The program and the entry, which hold the loaded model, are dropped first: the check's
+        processes re-map the checkpoint and load the engines from their artifacts alone.
+        """
+        request = self.check_request()
         self.drop_program()
         gc.collect()
-        reference = build_model(source.config).module
-        map_weights(reference, source.checkpoint, strict=True, allow_meta_buffers=True).close()
-        fill_non_persistent(reference)
-        eager = source.entry(reference)
-        module, args, kwargs = eager.module, eager.args, eager.kwargs
-        if self.device.startswith("cuda"):  # eager runs where the engines ran
-            from torch.utils import _pytree as pytree
-
-            def move(value: Any) -> Any:
-                return value.to(self.device) if isinstance(value, torch.Tensor) else value
-
-            module = module.to(self.device)
-            args, kwargs = pytree.tree_map(move, (args, kwargs))
-        with phases.doing("running eager"), torch.no_grad():
-            want = module(*args, **kwargs)
-        comparison = compare_outputs(outputs, want)
-        if not comparison.ok:  # a bfloat16 model: judge both against a float32 run of eager
-            with phases.doing("running eager in float32"):
-                upcast, why = upcast_reference(module, args, kwargs, free_bytes=self._free_bytes(source))
-            if upcast is not None:
-                comparison = compare_outputs(outputs, want, upcast)
-            else:
-                comparison = replace(comparison, detail=f"{comparison.detail}; {why}")
-        return comparison
-
-    def _free_bytes(self, source: ModelSource) -> int:
-        """Memory free for new tensors where eager runs: the GPU's free bytes, or the host's
-        available memory, no more than the scenario's limit leaves above the current RSS less
-        the checkpoint's mapped pages."""
-        if self.device.startswith("cuda"):
-            return int(torch.cuda.mem_get_info(torch.device(self.device))[0])
-        free = int(psutil.virtual_memory().available)
-        if source.memory_limit_bytes is not None:  # the checkpoint's mapped pages leave RSS as the copies are made
-            mapped = sum(mapping_rss(f) for f in source.files)
-            free = min(free, source.memory_limit_bytes - (read_status().rss_bytes - mapped))
-        return free
+        with phases.doing("checking the built model against eager, in processes of their own"):
+            return check_in_processes(request, self.workdir)
 
     def drop_program(self) -> None:
         """Forget the program, the entry and the artifacts' tensors (the model's weights), keeping the records."""

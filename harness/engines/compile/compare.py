@@ -29,6 +29,7 @@ from weightmap import release_mapped_storage
 __all__ = [
     "REFERENCE_MULTIPLIER",
     "TOLERANCES",
+    "Checked",
     "Comparison",
     "MismatchError",
     "compare_outputs",
@@ -51,6 +52,15 @@ REFERENCE_MULTIPLIER = 3.0
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 _GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A check's outcome: the ``comparison`` of the built model with eager, and ``peak_bytes``, the host
+    high-water mark of the processes it ran in (None where it ran in the measuring process)."""
+
+    comparison: Comparison
+    peak_bytes: int | None = None
 
 
 class MismatchError(AssertionError):

@@ -8,11 +8,11 @@ would be another. :class:`harness.engines.compile.backend.CompilerBackend` drive
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol, get_args
+from typing import Any, Literal, Protocol, get_args
 
 import torch
 from torch.export import ExportedProgram
@@ -49,10 +49,12 @@ class EngineLoadError(RuntimeError):
 
 @dataclass(frozen=True)
 class Artifact:
-    """One built engine: its file, and the tensors it runs on (empty when it holds its weights)."""
+    """One built engine: its file, the tensors it runs on (empty when it holds its weights), and ``columns``:
+    the :class:`~harness.results.record.EngineRecord` fields the compiler measured while it built it."""
 
     path: Path
     constants: dict[str, torch.Tensor]
+    columns: Mapping[str, Any] = field(default_factory=dict)
 
 
 class EngineCompiler(Protocol):

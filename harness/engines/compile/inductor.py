@@ -53,10 +53,12 @@ from harness.engines.compile.compiler import (
     WeightsMode,
 )
 from harness.engines.compile.layouts import InputLayout, conform, input_layouts, layouts_from_json, layouts_to_json
-from harness.engines.compile.streamed import compile_without_weights, package_streamed
+from harness.engines.compile.streamed import BlobWriteStats, compile_without_weights, package_streamed
 from harness.engines.compile.toolchain import ToolchainError, check_toolchain
+from harness.measure.procfs import read_peak
 
 __all__ = [
+    "CompiledEngine",
     "InductorCompiler",
     "LoadedEngine",
     "check_device",
@@ -132,13 +134,13 @@ class InductorCompiler:
         """Build ``stem.pt2`` from a partition program whose weights may still be on the CPU."""
         sources = engine_tensors(program)  # before the move, which replaces them in the program
         on_device = to_device(program, self.device)
-        path = compile_engine(on_device, Path(stem).with_suffix(".pt2"), self)
+        built = compile_engine(on_device, Path(stem).with_suffix(".pt2"), self)
         # A mapped engine runs on the partition's own tensors (on the CPU, the mapped views;
         # on a GPU, their device copies); a packaged one holds its weights.
         if self.weights == "mapped":
-            return Artifact(path, engine_tensors(on_device))
+            return Artifact(built.path, engine_tensors(on_device), built.columns)
         free_device_copies(engine_tensors(on_device), sources)
-        return Artifact(path, {})
+        return Artifact(built.path, {}, built.columns)
 
     def load(self, artifact: Artifact) -> LoadedEngine:
         """The engine, ready to run (see :func:`load_engine`)."""
@@ -202,16 +204,37 @@ def _dtype(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
+@dataclass(frozen=True)
+class CompiledEngine:
+    """What :func:`compile_engine` built: the artifact's ``path``; ``compile_hwm_bytes``, this process's
+    high-water mark when the compiler was done (for ``packaged``, before the weights were written;
+    VmHWM, so since its last reset: the worker resets it as each engine's build begins); ``write``:
+    how the weights were written into the artifact (``packaged`` only)."""
+
+    path: Path
+    compile_hwm_bytes: int
+    write: BlobWriteStats | None = None
+
+    @property
+    def columns(self) -> dict[str, int]:
+        """The :class:`~harness.results.record.EngineRecord` fields this measured, by name."""
+        columns = {"compile_hwm_bytes": self.compile_hwm_bytes}
+        if self.write is not None:
+            columns.update(write_rss_bytes=self.write.rss_start_bytes, write_peak_bytes=self.write.peak_rss_bytes,
+                           write_read_bytes=self.write.peak_read_bytes)
+        return columns
+
+
 def compile_engine(
     program: ExportedProgram,
     package_path: str | os.PathLike[str],
     compiler: InductorCompiler,
-) -> Path:
+) -> CompiledEngine:
     """Compile one partition program with AOTInductor into ``package_path`` (a ``.pt2``).
 
     ``program`` must already be on ``compiler.device`` (see :func:`to_device`). Run it inside
     :func:`inductor_cache` to keep the compiler's cache where the caller wants it. Returns
-    the artifact's path; failures are ``EngineBuildError`` carrying inductor's message.
+    the artifact and what its build measured; failures are ``EngineBuildError`` carrying inductor's message.
     """
     path = Path(package_path)
     if path.suffix != ".pt2":
@@ -227,19 +250,19 @@ def compile_engine(
     try:
         if compiler.weights == "packaged" and tensors:
             files = compile_without_weights(program, configs)
-            package_streamed(files, path, tensors)
-            return path
+            compiled_hwm = read_peak()
+            return CompiledEngine(path, compiled_hwm, package_streamed(files, path, tensors))
         # A program without weights is packaged by the compiler, which then has nothing to copy
         # (and torch's loader cannot map an empty external blob).
         configs["aot_inductor.package_constants_in_so"] = compiler.weights != "mapped"
         out = torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=configs)
+        return CompiledEngine(Path(out), read_peak())
     except EngineBuildError:
         raise
     except Exception as exc:
         raise EngineBuildError(f"AOTInductor failed to build {path.name}: {type(exc).__name__}: {exc}") from exc
     finally:
         _forget_last_trace()
-    return Path(out)
 
 
 def _forget_last_trace() -> None:
@@ -350,7 +373,10 @@ def load_engine(
     path = Path(package_path)
     dev = check_device(device)
     index = dev.index if dev.index is not None else (0 if dev.type == "cuda" else -1)
-    model = torch._inductor.aoti_load_package(str(path), device_index=index)
+    try:
+        model = torch._inductor.aoti_load_package(str(path), device_index=index)
+    except Exception as exc:  # torch's loader names neither the file nor, for a missing one, the reason
+        raise EngineLoadError(f"{path}: AOTInductor cannot load it: {type(exc).__name__}: {exc}") from exc
     weights, described, layouts = _recorded(path, model.get_metadata())
     if weights in HOLDS_WEIGHTS:
         return LoadedEngine(path, weights, model, {}, layouts)

@@ -19,7 +19,35 @@ from torch.utils import _pytree as pytree
 
 from harness.engines.compile.graph_partition import GraphPartition
 
-__all__ = ["CompiledPipeline"]
+__all__ = ["CompiledPipeline", "Routing"]
+
+
+@dataclass(frozen=True)
+class Routing:
+    """How activations flow through a partitioned program's engines: plain data, so that a process of
+    its own (:mod:`harness.engines.compile.check_process`) runs the engines without the program.
+
+    ``inputs``: the program's tensor inputs, flattened, by name; ``in_spec``, ``out_spec``: the
+    program's input and output trees; ``outputs``: per output, the activation's name or a constant;
+    ``parts``: per engine in build order, its index and the names of its inputs and outputs.
+    """
+
+    inputs: tuple[str, ...]
+    in_spec: Any
+    out_spec: Any
+    outputs: tuple[Any, ...]
+    parts: tuple[tuple[int, tuple[str, ...], tuple[str, ...]], ...]
+
+    @classmethod
+    def of(cls, program: ExportedProgram, parts: Sequence[GraphPartition]) -> Routing:
+        """The routing of ``program`` cut into ``parts``."""
+        sig = program.graph_signature
+        inputs = tuple(s.arg.name for s in sig.input_specs if s.kind == InputKind.USER_INPUT
+                       and isinstance(s.arg, _TensorArgument))
+        output = next(n for n in program.graph.nodes if n.op == "output")
+        outputs = tuple(a.name if isinstance(a, torch.fx.Node) else _Constant(a) for a in output.args[0])
+        return cls(inputs, program.call_spec.in_spec, program.call_spec.out_spec, outputs,
+                   tuple((p.index, tuple(p.inputs), tuple(p.outputs)) for p in parts))
 
 
 class CompiledPipeline:
@@ -27,52 +55,45 @@ class CompiledPipeline:
 
     Called like the exported model (same positional and keyword arguments); inputs are moved
     to the engines' device, and outputs come back as the model returns them (on that device).
-    An activation is dropped as soon as no later engine reads it.
+    An activation is dropped as soon as no later engine reads it. ``routing``: the program's
+    :class:`Routing` (``Routing.of(program, parts)``); ``engines``: one per partition, in order.
     """
 
     def __init__(
         self,
-        program: ExportedProgram,
-        parts: Sequence[GraphPartition],
+        routing: Routing,
         engines: Sequence[Callable[..., tuple[torch.Tensor, ...]]],
         device: str,
     ) -> None:
-        if len(parts) != len(engines):
-            raise ValueError(f"{len(parts)} partitions but {len(engines)} engines")
-        self.parts = list(parts)
+        if len(routing.parts) != len(engines):
+            raise ValueError(f"{len(routing.parts)} partitions but {len(engines)} engines")
+        self.routing = routing
         self.engines = list(engines)
         self.device = torch.device(device)
-        sig = program.graph_signature
-        self._inputs = [s.arg.name for s in sig.input_specs if s.kind == InputKind.USER_INPUT
-                        and isinstance(s.arg, _TensorArgument)]
-        self._in_spec = program.call_spec.in_spec
-        self._out_spec = program.call_spec.out_spec
-        output = next(n for n in program.graph.nodes if n.op == "output")
-        self._outputs: list[Any] = [a.name if isinstance(a, torch.fx.Node) else _Constant(a)
-                                    for a in output.args[0]]
-        kept = {o for o in self._outputs if isinstance(o, str)}
+        kept = {o for o in routing.outputs if isinstance(o, str)}
         self._last_read: dict[str, int] = {}
-        for part in self.parts:
-            for name in part.inputs:
+        for index, inputs, _ in routing.parts:
+            for name in inputs:
                 if name not in kept:
-                    self._last_read[name] = part.index
+                    self._last_read[name] = index
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         from torch.export._tree_utils import reorder_kwargs
 
-        flat = pytree.tree_leaves((args, reorder_kwargs(kwargs, self._in_spec) if kwargs else {}))
-        if len(flat) != len(self._inputs) or not all(isinstance(t, torch.Tensor) for t in flat):
-            raise TypeError(f"the model takes {len(self._inputs)} tensors ({', '.join(self._inputs)}), "
+        routing = self.routing
+        flat = pytree.tree_leaves((args, reorder_kwargs(kwargs, routing.in_spec) if kwargs else {}))
+        if len(flat) != len(routing.inputs) or not all(isinstance(t, torch.Tensor) for t in flat):
+            raise TypeError(f"the model takes {len(routing.inputs)} tensors ({', '.join(routing.inputs)}), "
                             f"got {len(flat)} values")
-        env: dict[str, torch.Tensor] = {n: t.to(self.device) for n, t in zip(self._inputs, flat, strict=True)}
-        for part, engine in zip(self.parts, self.engines, strict=True):
-            outs = engine(*(env[name] for name in part.inputs))
-            for name in part.inputs:
-                if self._last_read.get(name) == part.index:
+        env: dict[str, torch.Tensor] = {n: t.to(self.device) for n, t in zip(routing.inputs, flat, strict=True)}
+        for (index, inputs, outputs), engine in zip(routing.parts, self.engines, strict=True):
+            outs = engine(*(env[name] for name in inputs))
+            for name in inputs:
+                if self._last_read.get(name) == index:
                     del env[name]
-            env.update(zip(part.outputs, outs, strict=True))
-        values = [env[o] if isinstance(o, str) else o.value for o in self._outputs]
-        return pytree.tree_unflatten(values, self._out_spec)
+            env.update(zip(outputs, outs, strict=True))
+        values = [env[o] if isinstance(o, str) else o.value for o in routing.outputs]
+        return pytree.tree_unflatten(values, routing.out_spec)
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from typing import Any
 import torch
 
 from harness.engines.compile.compiler import EngineBuildError
+from harness.measure.procfs import read_status
 
 __all__ = [
     "BLOB_SIZE_SYMBOL",
@@ -198,11 +199,18 @@ def record_blob_size(shared_library: str | os.PathLike[str], size: int) -> None:
 @dataclass(frozen=True)
 class BlobWriteStats:
     """What :func:`write_blob` wrote: ``nbytes`` in the blob, ``chunks`` written, ``released``: chunks whose
-    source pages were dropped (mapped tensors only)."""
+    source pages were dropped (mapped tensors only); and this process's memory meanwhile, read after each
+    chunk was written (before its pages were dropped, when the most is resident): ``rss_start_bytes``, RSS
+    when the write began; ``peak_rss_bytes``, the largest RSS read; ``peak_read_bytes``, the largest rise of
+    file-backed RSS over the start (the source's mapped pages resident at once: the weights read, with the
+    pages of any code the write runs for the first time, a few hundred KiB)."""
 
     nbytes: int
     chunks: int
     released: int
+    rss_start_bytes: int = 0
+    peak_rss_bytes: int = 0
+    peak_read_bytes: int = 0
 
 
 def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
@@ -271,6 +279,8 @@ def write_blob(
     if problems:
         raise EngineBuildError(f"{path.name}: cannot write the engine's weights: " + "; ".join(problems))
     chunks = released = total = 0
+    begun = read_status()
+    peak_rss, peak_read = begun.rss_bytes, 0
     with zipfile.ZipFile(path, "a", allowZip64=True) as zf:
         assert zf.fp is not None
         info = zipfile.ZipInfo(member, date_time=(1980, 1, 1, 0, 0, 0))
@@ -286,6 +296,9 @@ def write_blob(
                     host = piece.cpu() if piece.device.type != "cpu" else piece
                     out.write(_view(host))
                     chunks += 1
+                    now = read_status()
+                    peak_rss = max(peak_rss, now.rss_bytes)
+                    peak_read = max(peak_read, now.file_bytes - begun.file_bytes)
                     if release_mapped_storage(storage):
                         released += 1
                     zf.fp.flush()
@@ -296,7 +309,7 @@ def write_blob(
                 total += entry.data_size
         zf.fp.flush()
         _drop_behind(zf.fp.fileno())
-    return BlobWriteStats(total, chunks, released)
+    return BlobWriteStats(total, chunks, released, begun.rss_bytes, peak_rss, peak_read)
 
 
 def package_streamed(
