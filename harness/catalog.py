@@ -44,6 +44,7 @@ STRATEGY_LISTINGS: dict[str, StrategyListing] = {
         StrategyListing("load_file", "safetensors load_file + assign", "#CC79A7"),
         StrategyListing("torch_mmap", "torch.load(mmap=True) of a .pt + assign", "#999933"),
         StrategyListing("stream", "safe_open per engine (views), dropped after it", "#882255"),
+        StrategyListing("read_file", "safe_open, pread backend, per engine (copies), dropped after it", "#117733"),
         StrategyListing("map_no_prefetch", "map_weights, pages dropped after each engine, no prefetch", "#332288"),
         StrategyListing("map_keep_cache", "map_weights, pages dropped after each engine, kept in the page cache",
                         "#44AA99"),

@@ -10,13 +10,18 @@
     tensor unmaps nothing, and the storages are not resizable (``resize_(0)``
     raises): like ``load_file``, nothing can be released engine by engine.
 
-``stream``
+``stream`` and ``read_file``
     Per-engine loading with ``safetensors.safe_open`` (:class:`StreamLoader`):
     before an engine is built, ``load(engine's names)`` opens the file(s) that
     hold them and ``get_tensor``-s each; after the build, ``drop(names)`` lets
     them go, so only one engine's weights are loaded at any time. It needs a
     build loop that loads weights per partition, which a compile of a whole
-    exported model does not offer.
+    exported model does not offer. ``stream`` takes safetensors' default backend
+    (its mapping of the file); ``read_file`` its answer for files larger than
+    half of memory (safetensors PR #760): ``pread`` into buffers of its own,
+    dropped when the tensors are, named ``"pread"`` in safetensors 0.8.0 and
+    ``"read_file"`` where it was proposed (:func:`read_file_backend` finds
+    which one the installed version takes).
 
 Measured here (safetensors 0.8, torch 2.13, Linux 6.18; see ``harness/tests/test_peers.py``)
     * ``safe_open(...).get_tensor`` on the CPU returns a view of safetensors'
@@ -57,7 +62,8 @@ from harness.progress import byte_bar
 from weightmap.checkpoint import open_checkpoint
 from weightmap.targets import collect_targets
 
-__all__ = ["StreamLoader", "converted_path", "ensure_pt", "load_torch_mmap"]
+__all__ = ["READ_FILE_BACKENDS", "StreamLoader", "converted_path", "ensure_pt", "load_torch_mmap",
+           "read_file_backend"]
 
 
 # --------------------------------------------------------------------------- torch_mmap
@@ -195,15 +201,18 @@ class StreamLoader:
     ``peak_resident_bytes`` the most it ever held.
     """
 
-    def __init__(self, checkpoint_path: str | os.PathLike[str], aliases: Mapping[str, str] | None = None) -> None:
+    def __init__(self, checkpoint_path: str | os.PathLike[str], aliases: Mapping[str, str] | None = None,
+                 backend: str | None = None) -> None:
         self.checkpoint = open_checkpoint(checkpoint_path)
+        self.backend = backend  # safe_open's backend (None: its default, the mapping)
         self._aliases = dict(aliases or {})  # a model's name -> the name the checkpoint stores it under
         self._tensors: dict[str, torch.Tensor] = {}  # stored name -> view
         self._held: dict[str, str] = {}  # requested name -> stored name
         self.peak_resident_bytes = 0
 
     @classmethod
-    def for_model(cls, model: torch.nn.Module, checkpoint_path: str | os.PathLike[str]) -> StreamLoader:
+    def for_model(cls, model: torch.nn.Module, checkpoint_path: str | os.PathLike[str],
+                  backend: str | None = None) -> StreamLoader:
         """A loader that also answers to every name of a tied group the checkpoint holds under one name."""
         entries = open_checkpoint(checkpoint_path).entries
         aliases = {}
@@ -211,7 +220,7 @@ class StreamLoader:
             stored = [n for n in target.names if n in entries]
             if stored:
                 aliases.update({n: stored[0] for n in target.names})
-        return cls(checkpoint_path, aliases)
+        return cls(checkpoint_path, aliases, backend)
 
     def _stored(self, name: str) -> str:
         return self._aliases.get(name, name)
@@ -240,7 +249,8 @@ class StreamLoader:
             from safetensors import safe_open
 
             for file, stored_names in by_file.items():
-                with safe_open(str(file), framework="pt") as handle:
+                extra = {} if self.backend is None else {"backend": self.backend}
+                with safe_open(str(file), framework="pt", **extra) as handle:
                     for stored in stored_names:
                         self._tensors[stored] = handle.get_tensor(stored)
         self._held.update(wanted)
@@ -281,3 +291,27 @@ class StreamLoader:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+READ_FILE_BACKENDS: tuple[str, ...] = ("read_file", "pread")
+"""The names safetensors' ``pread`` backend of ``safe_open`` has gone by, newest first."""
+
+
+def read_file_backend(path: str | os.PathLike[str]) -> str:
+    """The name the installed safetensors takes for its ``pread`` backend, tried on the file ``path``.
+
+    Raises ``RuntimeError`` saying which version is installed and what it lacks where it takes
+    none of :data:`READ_FILE_BACKENDS` (safetensors before 0.8).
+    """
+    import safetensors
+    from safetensors import SafetensorError, safe_open
+
+    for name in READ_FILE_BACKENDS:
+        try:
+            with safe_open(str(path), framework="pt", backend=name):  # type: ignore[call-arg]
+                return name
+        except (SafetensorError, TypeError) as exc:
+            if "backend" not in str(exc):
+                raise
+    raise RuntimeError(f"safetensors {safetensors.__version__} has no pread backend for safe_open (tried "
+                       f"{', '.join(READ_FILE_BACKENDS)}; it came with safetensors 0.8): read_file cannot run here")

@@ -23,6 +23,10 @@ Each loader takes the model on the meta device and returns it with its weights i
 * ``stream``: nothing is loaded up front; per-engine hooks bring each engine's tensors
   in with ``safetensors.safe_open`` right before its build and drop them right after,
   so only one engine's weights are loaded at a time (:class:`StreamHooks`).
+* ``read_file``: ``stream`` with safetensors' ``pread`` backend (its answer for files larger
+  than half of memory): each engine's tensors read into buffers of safetensors' own right
+  before its build and dropped right after (:class:`ReadFileHooks`); where the installed
+  safetensors has no such backend the strategy fails saying so.
 * ``map_no_prefetch``: ``map`` with prefetch off whatever the scenario says (``drop_cache``
   still follows it), so that one run shows what prefetch buys.
 * ``map_keep_cache``: ``map`` with ``drop_cache`` off whatever the scenario says (prefetch
@@ -45,12 +49,12 @@ import torch
 
 from harness.catalog import STRATEGY_LISTINGS
 from harness.load.loaded import Loaded, retie, tensor_slot
-from harness.load.peers import StreamLoader, converted_path, ensure_pt, load_torch_mmap
+from harness.load.peers import StreamLoader, converted_path, ensure_pt, load_torch_mmap, read_file_backend
 from weightmap import PrefetchMethod, ReleasePlan, map_weights
 from weightmap.checkpoint import open_checkpoint
 from weightmap.targets import collect_targets
 
-__all__ = ["STRATEGIES", "EngineHooks", "Strategy", "release_without_resizing"]
+__all__ = ["STRATEGIES", "EngineHooks", "ReadFileHooks", "StreamHooks", "Strategy", "release_without_resizing"]
 
 
 def load_map(model: torch.nn.Module, path: Path) -> Loaded:
@@ -174,9 +178,9 @@ class StreamHooks:
     once among the model's released bytes, as for the other strategies.
     """
 
-    def __init__(self, model: torch.nn.Module, path: Path) -> None:
+    def __init__(self, model: torch.nn.Module, path: Path, backend: str | None = None) -> None:
         self.model = model
-        self.loader = StreamLoader.for_model(model, path)
+        self.loader = StreamLoader.for_model(model, path, backend)
         self._meta: dict[str, torch.Tensor | None] = {}
         self._names: list[str] = []
         self._released: set[str] = set()
@@ -201,6 +205,21 @@ class StreamHooks:
         fresh = {stored: nbytes for stored, nbytes in dropped.items() if stored not in self._released}
         self._released.update(fresh)
         return sum(fresh.values())
+
+
+class ReadFileHooks(StreamHooks):
+    """``read_file``'s per-engine steps: :class:`StreamHooks` with safe_open's ``pread`` backend, whose
+    tensors are copies in buffers of safetensors' own (anonymous memory), freed when dropped after the build."""
+
+    def __init__(self, model: torch.nn.Module, path: Path) -> None:
+        super().__init__(model, path, read_file_backend(path))
+
+
+def load_nothing_yet(model: torch.nn.Module, path: Path) -> Loaded:
+    """``read_file`` loads nothing up front; the installed safetensors must have the backend it reads with."""
+    backend = read_file_backend(path)
+    return Loaded(model, f"nothing loaded up front: each engine's tensors are read with safe_open(backend="
+                         f"{backend!r}) right before its build and dropped right after")
 
 
 def _release_after_last_reader(model: torch.nn.Module, partitions: Sequence[Sequence[str]]) -> ReleasePlan:
@@ -320,6 +339,16 @@ STRATEGIES: dict[str, Strategy] = {
             kept_why=("each engine's safe_open views dropped after its build, which unmaps them; what was kept is "
                       "ordinary memory the model still reads (non-persistent buffers such as rotary frequencies)"),
             hooks=StreamHooks,
+        ),
+        Strategy(
+            name="read_file",
+            load=load_nothing_yet,
+            release_plan=_release_after_last_reader,
+            released_how="each engine's tensors, read into safetensors' own buffers, dropped after its build",
+            kept_why=("each engine's tensors, read into safetensors' own buffers, dropped after its build; what was "
+                      "kept is ordinary memory the model still reads (non-persistent buffers such as rotary "
+                      "frequencies)"),
+            hooks=ReadFileHooks,
         ),
         replace(_MAP, name="map_no_prefetch", prefetches=False),
         replace(_MAP, name="map_keep_cache", drops_cache=False),

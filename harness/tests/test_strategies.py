@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from harness.catalog import STRATEGY_LISTINGS, StrategyListing, strategy_colour, strategy_label
-from harness.load.strategies import STRATEGIES
+from harness.load.peers import READ_FILE_BACKENDS, read_file_backend
+from harness.load.strategies import STRATEGIES, ReadFileHooks
 from harness.plan import make_plan
 from harness.scenario import ScenarioError, load_scenario
 from harness.worker import measure
@@ -166,6 +167,63 @@ def test_stream_puts_each_engines_weights_in_place_and_takes_them_out(tmp_path: 
     assert record.ok, record.error
     assert record.released_bytes == released
     assert "unmaps" in record.release_note
+
+
+def test_read_file_reads_each_engines_weights_into_buffers_dropped_after_it(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from harness.models import build_model
+
+    plan = _plan(tmp_path, "read_file")
+    model = build_model(plan.scenario.model).module
+    hooks = STRATEGIES["read_file"].hooks(model, tmp_path / "c.safetensors")  # type: ignore[misc]
+    assert isinstance(hooks, ReadFileHooks) and hooks.loader.backend in READ_FILE_BACKENDS
+    stored = load_file(str(tmp_path / "c.safetensors"))
+    released = 0
+    for engine in plan.engines:
+        hooks.before(engine.index, engine.names)
+        named: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
+        held = [n for n in engine.names if n in stored and n in named]
+        assert all(torch.equal(named[n], stored[n]) for n in held)
+        released += hooks.after(engine.index, engine.names)
+        named = dict(model.named_parameters(remove_duplicate=False))
+        assert all(named[n].is_meta for n in held), "the engine's weights are taken out again"
+    assert released == plan.model.bytes
+    record = measure(plan, "read_file", tmp_path / "out")
+    assert record.ok, record.error
+    assert record.released_bytes == released
+    assert "safetensors' own buffers" in record.release_note
+
+
+def test_read_files_tensors_are_copies_freed_when_dropped(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    from harness.load.peers import StreamLoader
+    from harness.measure.procfs import read_status
+
+    path = tmp_path / "w.safetensors"
+    save_file({"w": torch.randn(8 * 2**20)}, str(path))  # 32 MiB
+    loader = StreamLoader(path, backend=read_file_backend(path))
+    before = read_status()
+    weights = loader.load(["w"])
+    loaded = read_status()
+    assert loaded.anon_bytes - before.anon_bytes >= 30 * 2**20, "read into memory of its own"
+    assert loaded.file_bytes - before.file_bytes < 8 * 2**20, "not a view of a mapping of the file"
+    loader.drop(["w"])
+    del weights
+    assert read_status().anon_bytes - before.anon_bytes < 4 * 2**20, "freed once dropped"
+
+
+def test_read_file_says_plainly_when_safetensors_lacks_the_backend(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import harness.load.peers as peers
+
+    plan = _plan(tmp_path, "read_file")
+    monkeypatch.setattr(peers, "READ_FILE_BACKENDS", ("no_such_backend",))
+    with pytest.raises(RuntimeError, match=r"safetensors [0-9.]+ has no pread backend .*read_file cannot run here"):
+        read_file_backend(tmp_path / "c.safetensors")
+    record = measure(plan, "read_file", tmp_path / "out")
+    assert not record.ok and "has no pread backend" in (record.error or "")
 
 
 class _WithIndexBuffer(torch.nn.Module):
