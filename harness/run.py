@@ -67,14 +67,16 @@ import psutil
 
 from harness.errors import HarnessError, OutputError
 from harness.measure import machine
+from harness.measure.ceiling import read_ceiling
 from harness.measure.diskread import cold_read_bandwidth
 from harness.plan import Plan, make_plan, write_plan
 from harness.progress import RunCounter
 from harness.results.atomic import FileBatch
-from harness.results.metrics import StrategyMetrics
+from harness.results.metrics import StrategyMetrics, best_ceiling
 from harness.results.publish import Staging, publish
 from harness.results.record import (
     PLAN,
+    CeilingPoint,
     DiskRead,
     MachineInfo,
     RepeatRecord,
@@ -408,6 +410,14 @@ def _result_line(name: str, metrics: StrategyMetrics) -> str:
     return "; ".join(parts)
 
 
+def _ceiling_line(points: Sequence[CeilingPoint]) -> str:
+    best = best_ceiling(points)
+    if best is None:
+        return "disk ceiling: nothing was read"
+    return (f"disk ceiling: {best.bytes_per_s / 1e6:.0f} MB/s with {best.threads} reader(s) of "
+            f"{best.request_bytes >> 20} MiB requests (best of {len(points)} points)")
+
+
 def _disk_line(disk: DiskRead) -> str:
     return (f"disk: cold sequential read of {disk.bytes / GIB:.2f} GiB in {disk.seconds:.1f} s, "
             f"{disk.bytes_per_s / 1e6:.0f} MB/s ({disk.cpu_seconds:.1f} CPU-s)")
@@ -510,6 +520,11 @@ def _measure(plan: Plan, staging: Path, command: WorkerCommand, stop: _Stop) -> 
             run = run.replace(disk_reads=(*run.disk_reads, disk))
             write_summary(staging, run)
             _progress(_disk_line(disk))
+            if repeat == 0 and scenario.run.read_ceiling:
+                _progress("the disk's read ceiling: a cold read sweep over reader threads and request sizes")
+                run = run.replace(read_ceiling=read_ceiling([Path(f) for f in plan.checkpoint_files]))
+                write_summary(staging, run)
+                _progress(_ceiling_line(run.read_ceiling))
         out_dir = staging if repeats == 1 else staging / f"repeat-{repeat}"
         for strategy in scenario.strategies:
             _progress(counter.next(run_label(strategy, scenario.run, repeat=repeat)))

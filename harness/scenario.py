@@ -326,6 +326,7 @@ class RunConfig:
     drop_cache: bool = False
     repeats: int = field(default=1, metadata=_limit("run.repeats"))
     warmup: int = field(default=0, metadata=_limit("run.warmup"))
+    read_ceiling: bool = True  # a cold run sweeps the disk's read ceiling before its first round
 
 
 @dataclass(frozen=True, kw_only=True)

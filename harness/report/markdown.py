@@ -28,7 +28,7 @@ from harness.report.text import (
     versions_text,
 )
 from harness.results.atomic import FileBatch, write_atomic
-from harness.results.metrics import StrategyMetrics, floor_formula
+from harness.results.metrics import StrategyMetrics, best_ceiling, floor_formula
 from harness.results.reading import Results
 from harness.results.record import StrategyRecord
 from harness.results.spread import median_spread, ratio_of_medians, strategy_rounds
@@ -127,6 +127,27 @@ def disk_observation(run: Results) -> list[str]:
             continue
         lines.append(f"  - {s.name}: build phase {_times_of_read(rounds.build_s, read_s)}; "
                      f"wall {_times_of_read(rounds.wall_s, read_s)}.")
+    return lines + ceiling_observation(run)
+
+
+def ceiling_observation(run: Results) -> list[str]:
+    """The disk's read ceiling (the best point of the run's sweep), and each finished strategy's build phase
+    set against the model's read time at that rate."""
+    points = run.record.read_ceiling
+    best = best_ceiling(points)
+    if best is None:
+        return []
+    model = run.record.model.bytes
+    read_s = model / best.bytes_per_s
+    sweep = ", ".join(f"{p.threads}×{p.request_bytes >> 20} MiB {p.bytes_per_s / 1e6:.0f}" for p in points)
+    lines = [f"- **disk ceiling**: the best cold read of a sweep over reader threads × `pread` size (MB/s: "
+             f"{sweep}) is {best.bytes_per_s / 1e6:.0f} MB/s with {best.threads} reader(s) of "
+             f"{best.request_bytes >> 20} MiB; reading the model once at that rate takes {format_seconds(read_s)}."]
+    for s in run.metrics.values():
+        rounds = strategy_rounds(s)
+        if s.record.ok and rounds.build_s:
+            times = _times_of(rounds.build_s, read_s, "the model's read time at the ceiling")
+            lines.append(f"  - {s.name}: build phase {times}.")
     return lines
 
 
@@ -141,11 +162,16 @@ def spread_text(values: Sequence[float]) -> str:
 
 def _times_of_read(values: Sequence[float], read_s: float) -> str:
     """A time's median and range, and the same as multiples of the model's read time."""
+    return _times_of(values, read_s, "the model's read time")
+
+
+def _times_of(values: Sequence[float], reference_s: float, what: str) -> str:
+    """A time's median and range, and the same as multiples of ``reference_s`` (``what`` names it)."""
     spread = median_spread(values)
-    ratio = f"{spread.median / read_s:.2f} ×"
+    ratio = f"{spread.median / reference_s:.2f} ×"
     if spread.low is not None and spread.high is not None:
-        ratio += f" ({spread.low / read_s:.2f}–{spread.high / read_s:.2f} ×)"
-    return f"{spread_text(values)} = {ratio} the model's read time"
+        ratio += f" ({spread.low / reference_s:.2f}–{spread.high / reference_s:.2f} ×)"
+    return f"{spread_text(values)} = {ratio} {what}"
 
 
 def fastest_observation(run: Results) -> list[str]:

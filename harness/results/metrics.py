@@ -51,10 +51,11 @@ from typing import Any
 import numpy as np
 
 from harness.catalog import BUILT_WITHOUT_RESIDENT_WEIGHTS, HOLDS_WEIGHTS
-from harness.results.record import DiskRead, EngineRecord, Phases, RunRecord, StrategyRecord
+from harness.results.record import CeilingPoint, DiskRead, EngineRecord, Phases, RunRecord, StrategyRecord
 
 __all__ = [
     "DiskMetrics",
+    "best_ceiling",
     "SampleColumns",
     "StrategyMetrics",
     "compared_label",
@@ -441,6 +442,12 @@ class DiskMetrics:
     def read_s(self, nbytes: int) -> float:
         """Seconds reading ``nbytes`` costs at the median rate: the read-bound time of that many bytes."""
         return nbytes / self.median_bytes_per_s
+
+
+def best_ceiling(points: Sequence[CeilingPoint]) -> CeilingPoint | None:
+    """The fastest point of a read-ceiling sweep (the disk's ceiling); None where it read nothing."""
+    read = [p for p in points if p.bytes > 0 and p.seconds > 0]
+    return max(read, key=lambda p: p.bytes_per_s) if read else None
 
 
 def disk_metrics(reads: Sequence[DiskRead]) -> DiskMetrics | None:

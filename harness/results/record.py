@@ -58,7 +58,9 @@ it is in ``layout``):
    ``packaged``, before the weights were written); for ``packaged`` also ``write_rss_bytes``,
    ``write_peak_bytes`` and ``write_read_bytes`` (RSS when the weights began to be written
    into the artifact, the largest RSS while they were, and the largest rise of file-backed RSS
-   meanwhile: the source pages resident at once). ``None`` where not measured.
+   meanwhile: the source pages resident at once). ``None`` where not measured. Per run,
+   ``read_ceiling``: the points of the disk's read-ceiling sweep (:class:`CeilingPoint`), made
+   before the first round of a cold run; empty where none was made.
 
 A later version adds keys (each field says the version that added it, ``since`` in its
 :func:`~harness.results.codec.json_field`) and bumps :data:`LAYOUT_VERSION`; records of
@@ -126,6 +128,7 @@ __all__ = [
     "SAMPLE_COLUMNS",
     "SUMMARY",
     "CacheRecord",
+    "CeilingPoint",
     "CheckpointInfo",
     "DiskRead",
     "EngineRecord",
@@ -369,6 +372,22 @@ class DiskRead(Record):
 
 
 @dataclass(frozen=True)
+class CeilingPoint(Record):
+    """One point of the disk's read-ceiling sweep (version 7, :func:`harness.measure.ceiling.read_ceiling`):
+    ``threads`` readers of ``request_bytes`` per ``pread`` read ``bytes`` of the checkpoint cold in ``seconds``."""
+
+    threads: int
+    request_bytes: int
+    bytes: int
+    seconds: float
+
+    @property
+    def bytes_per_s(self) -> float:
+        """The point's read rate (0 where nothing was read)."""
+        return self.bytes / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
 class Phases(Record):
     """Phase boundaries in seconds from the strategy process's start; ``None`` for a phase not reached.
 
@@ -557,6 +576,7 @@ class RunRecord(Record):
     repeats: int | None = field(default=None, metadata={"since": 4})
     prefetch: str | None = field(default=None, metadata={"since": 4})
     disk_reads: tuple[DiskRead, ...] = field(default=(), metadata={"since": 4})
+    read_ceiling: tuple[CeilingPoint, ...] = field(default=(), metadata={"since": 7})
 
     @property
     def on_gpu(self) -> bool:

@@ -127,6 +127,8 @@ def test_each_run_starts_cold_and_says_how(repeated: tuple[RunRecord, Path]) -> 
 def test_the_disk_is_read_once_per_round(repeated: tuple[RunRecord, Path]) -> None:
     record, _ = repeated
     assert [d.before for d in record.disk_reads] == [0, 1]
+    # the read ceiling is swept once, before the first round: every point read the checkpoint
+    assert len(record.read_ceiling) == 12 and all(p.bytes > 0 for p in record.read_ceiling)
     for disk in record.disk_reads:
         assert disk.bytes == record.checkpoint.bytes
         assert disk.bytes_per_s == pytest.approx(disk.bytes / disk.seconds, rel=0.01)
@@ -165,6 +167,8 @@ def test_the_report_shows_the_disk_row_runs_and_engine_times(repeated: tuple[Run
     _, out = repeated
     text = (out.parent / "speedy.md").read_text()
     assert "| disk: cold sequential read() of the checkpoint, this run |" in text
+    assert "- **disk ceiling**: the best cold read of a sweep" in text
+    assert "the model's read time at the ceiling" in text
     assert "each strategy run 2 times" in text
     row = next(line for line in text.splitlines() if line.startswith("| map |"))
     assert "| madvise |" in row and "| 2: " in row

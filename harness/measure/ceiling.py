@@ -1,0 +1,116 @@
+"""The disk's read ceiling: the best cold read rate over a small sweep of reader threads and request sizes.
+
+One ``read()`` stream (:mod:`harness.measure.diskread`) is a reference, not the disk's limit:
+a loader that faults pages in through a mapping, or reads with several threads, can beat it.
+:func:`read_ceiling` reads the checkpoint cold at each point of a sweep, ``threads`` readers
+times ``request_bytes`` per ``pread``, until ``point_s`` seconds have passed (or the whole
+checkpoint, if sooner; each reader makes at least one request), and records the rate of each.
+The readers share one queue of request-sized ranges in file order (so together they read the
+files front to back), each into a page-aligned buffer of its own, and drop every range from the
+page cache once read, so the page cache does not grow. Before each point the files' pages are
+dropped (this process's files only, never the machine's whole cache), so each point starts
+cold. The best point is the ceiling a strategy's build time is set against.
+
+``pread`` releases the GIL, so Python threads read in parallel.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from harness.measure.coldcache import drop_cached, page_aligned_buffer
+from harness.results.record import CeilingPoint
+
+__all__ = ["DEFAULT_POINT_S", "DEFAULT_REQUESTS", "DEFAULT_THREADS", "read_ceiling"]
+
+DEFAULT_THREADS: tuple[int, ...] = (1, 2, 4, 8)
+"""Reader threads swept by default: one stream up to more than this machine's cores."""
+DEFAULT_REQUESTS: tuple[int, ...] = (1 << 20, 8 << 20, 32 << 20)
+"""``pread`` sizes swept by default (1, 8 and 32 MiB)."""
+DEFAULT_POINT_S = 2.0
+"""Seconds each point reads for: long enough to pass the disk's caches, short enough for every run."""
+
+
+def _ranges(files: Sequence[tuple[Path, int]], request: int) -> Iterator[tuple[int, int, int]]:
+    """``(file index, offset, length)`` of every request-sized range of the files, in order."""
+    for index, (_, size) in enumerate(files):
+        for offset in range(0, size, request):
+            yield index, offset, min(request, size - offset)
+
+
+def _point(files: Sequence[tuple[Path, int]], fds: Sequence[int], threads: int, request: int,
+           point_s: float) -> CeilingPoint:
+    for fd in fds:
+        drop_cached(fd)
+    work = _ranges(files, request)
+    lock = threading.Lock()
+    totals = [0] * threads
+    errors: list[BaseException] = []
+    start = time.monotonic()
+    deadline = start + point_s
+
+    def reader(slot: int) -> None:
+        buffer = page_aligned_buffer(request)
+        view = memoryview(buffer)
+        try:
+            while True:  # at least one request each, however late the thread started
+                with lock:
+                    item = next(work, None)
+                if item is None:
+                    return
+                index, offset, length = item
+                got = os.preadv(fds[index], [view[:length]], offset)
+                drop_cached(fds[index], offset, length)
+                totals[slot] += got
+                if time.monotonic() >= deadline:
+                    return
+        except BaseException as exc:  # reported by the caller, with the file
+            errors.append(exc)
+        finally:
+            view.release()
+            buffer.close()
+
+    workers = [threading.Thread(target=reader, args=(i,), name=f"ceiling-{i}", daemon=True) for i in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    seconds = time.monotonic() - start
+    if errors:
+        raise OSError(f"{', '.join(str(p) for p, _ in files)}: the read sweep failed: {errors[0]}") from errors[0]
+    return CeilingPoint(threads, request, sum(totals), round(seconds, 3))
+
+
+def read_ceiling(
+    paths: Sequence[str | os.PathLike[str]],
+    *,
+    threads: Sequence[int] = DEFAULT_THREADS,
+    requests: Sequence[int] = DEFAULT_REQUESTS,
+    point_s: float = DEFAULT_POINT_S,
+) -> tuple[CeilingPoint, ...]:
+    """Every point of the sweep over ``threads`` x ``requests`` on the files ``paths`` (see the module docstring).
+
+    The files' pages are dropped from the page cache before each point and once more at the end.
+    Raises ``ValueError`` for an empty sweep, a thread count or request size below 1 or a
+    ``point_s`` that is not positive, and ``OSError`` naming the files where a read fails.
+    """
+    if not paths or not threads or not requests:
+        raise ValueError("the read sweep needs files, thread counts and request sizes")
+    if min(threads) < 1 or min(requests) < 1 or not point_s > 0:
+        raise ValueError(f"thread counts and request sizes must be at least 1 and point_s positive, got "
+                         f"{list(threads)}, {list(requests)}, {point_s}")
+    files = [(Path(p), os.stat(p).st_size) for p in paths]
+    fds: list[int] = []
+    try:
+        fds.extend(os.open(p, os.O_RDONLY) for p, _ in files)
+        points = tuple(_point(files, fds, t, r, point_s) for t in threads for r in requests)
+        for fd in fds:
+            drop_cached(fd)
+        return points
+    finally:
+        for fd in fds:
+            os.close(fd)
