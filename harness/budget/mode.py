@@ -17,6 +17,12 @@ also makes one-off conversions such as ``torch_mmap``'s ``.pt``), then for each 
    runs at 1.25x, 1.5x and 2x the minimum and at baseline + 2 x the largest engine, for
    the wall-time curve.
 
+Only the unconstrained run checks the built model against eager (a compiler backend's check,
+in processes of its own, :mod:`harness.engines.compile.check_process`): the constrained attempts
+ask whether the same build fits (the worker's ``--no-check``), and a float32 run of eager
+would otherwise set the limit. A compiler's own processes (the C++ compiler, the linker) are
+the worker's children, in its group.
+
 Every attempt is a fresh process in a fresh group on a cold cache: the checkpoint's files
 (and the files the strategy reads instead, such as the ``.pt``) are flushed and dropped
 from the page cache just before it starts, so the group is charged for reading them.
@@ -170,7 +176,10 @@ class _Strategy:
 
     def attempt(self, limit: int, phase: str = "") -> Attempt:
         with tempfile.TemporaryDirectory(prefix=f".{self.strategy}-", dir=self.staging) as out:
-            result = run_in_group(self.command(self.plan_path, self.strategy, Path(out)), limit, self.timeout_s,
+            command = [*self.command(self.plan_path, self.strategy, Path(out))]
+            if phase != "unconstrained":  # whether the build fits is the question; the first run checked it
+                command.append("--no-check")
+            result = run_in_group(command, limit, self.timeout_s,
                                   cold_files=self.cold_files, echo_stderr=False, controller=self.controller)
             try:
                 worker = read_strategy_file(Path(out), self.strategy)

@@ -191,6 +191,16 @@ def test_the_worker_takes_every_builders_steps_the_same_way(plan: Plan, tmp_path
     assert "export_start" in events and "export_end" in events
 
 
+def test_a_build_measured_without_its_check_takes_every_step_but_the_check(plan: Plan, tmp_path: Path,
+                                                                           traced: None) -> None:
+    record = measure(plan, "map", tmp_path / "out", check=False)
+    assert record.ok, record.error
+    (builder,) = BUILT
+    assert "check" not in builder.calls and builder.calls[-1] == "close"
+    assert (record.max_abs_diff, record.check, record.check_peak_bytes) == (None, None, None)
+    assert record.phases.check_start_s is None
+
+
 def test_a_copy_builder_takes_no_compiler_step(plan: Plan, tmp_path: Path) -> None:
     record = measure(plan, "map", tmp_path / "out")
     assert record.ok, record.error

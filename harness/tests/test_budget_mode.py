@@ -180,3 +180,21 @@ def test_a_strategy_that_never_completes_is_recorded_as_failed(controller: Memor
     assert "does not complete under the unconstrained limit" in (s.error or "")
     assert "no weights here" in (s.error or "")
     assert len(s.attempts) == 1 and s.attempts[0].returncode == 1
+
+
+def test_only_the_unconstrained_run_checks_the_build(controller: MemoryController, tmp_path: Path) -> None:
+    log = tmp_path / "argv.log"
+
+    def logging(plan: Path, strategy: str, out: Path) -> list[str]:
+        note = f"import sys\nwith open({str(log)!r}, 'a') as f:\n    f.write(repr(sys.argv[2:]) + '\\n')\n"
+        return [sys.executable, "-c", note + ALLOCATE, str(NEEDS[strategy])]  # noted before it can be killed
+
+    record = run_budget(scenario(tmp_path, "map"), results=tmp_path / "results", precision_bytes=16 * MIB,
+                        command=logging, workdir=tmp_path / "engines", controller=controller, min_timeout_s=30,
+                        progress=lambda line: None)
+    phases = [a.phase for a in record.strategies["map"].attempts]
+    lines = log.read_text().splitlines()
+    assert len(lines) == len(phases) > 2
+    # the first attempt (unconstrained) checks the built model; the constrained ones only build it
+    assert [line == "['--no-check']" for line in lines] == [p != "unconstrained" for p in phases]
+    assert phases[0] == "unconstrained"
