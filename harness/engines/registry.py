@@ -65,10 +65,11 @@ def _inductor_why_not() -> str | None:
 def _inductor_missing() -> str | None:
     try:
         import torch._inductor  # noqa: F401
-
-        from harness.engines.compile.toolchain import ToolchainError, check_toolchain, inductor_cxx
     except Exception as exc:
         return f"torch._inductor is not importable ({type(exc).__name__}: {exc})"
+    # outside the try: an error in the harness's own compile modules is a bug to show, not a missing compiler
+    from harness.engines.compile.toolchain import ToolchainError, check_toolchain, inductor_cxx
+
     try:
         cxx = inductor_cxx()
     except Exception as exc:  # torch's InvalidCxxCompiler: none of its candidates runs

@@ -210,3 +210,12 @@ def test_a_copy_builder_takes_no_compiler_step(plan: Plan, tmp_path: Path) -> No
     assert all(e.compile_s is None and e.pages_s is not None and e.copy_s is not None for e in record.engines)
     assert "export" not in (tmp_path / "out" / "events-map.csv").read_text()
 
+
+
+def test_inductor_is_unavailable_where_torch_inductor_does_not_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch._inductor", None)  # what a failed import leaves
+    with pytest.raises(BackendUnavailable, match=r"backend 'inductor' needs AOTInductor: torch\._inductor is not "
+                                                 r"importable \(ModuleNotFoundError"):
+        check_backend("inductor")
