@@ -46,6 +46,9 @@ def _parser() -> argparse.ArgumentParser:
     budget.add_argument("--timeout-factor", type=float, default=4.0,
                         help="an attempt that runs longer than this times the unconstrained wall time has not "
                              "completed (default: 4)")
+    budget.add_argument("--at", action="append", default=[], metavar="STRATEGY=GIB",
+                        help="run STRATEGY once unconstrained and once under GIB GiB instead of sweeping it "
+                             "(repeatable); for strategies whose attempts take minutes")
     plot = commands.add_parser("plot", help="re-render the figures and the report from saved results",
                                description="Re-render the figures and the markdown report of a results directory.")
     plot.add_argument("results_dir", type=Path, help="a results directory holding summary.json")
@@ -94,6 +97,20 @@ def _run(args: argparse.Namespace) -> int:
     return 1 if any(not s.ok for s in record.strategies.values()) else 0
 
 
+def _at_limit(text: str) -> tuple[str, int]:
+    """``--at STRATEGY=GIB`` as (strategy, bytes); one ``error:`` line for anything else."""
+    from harness.budget.mode import AT_LIMIT_GIB
+
+    name, sep, value = text.partition("=")
+    try:
+        gib = float(value)
+    except ValueError:
+        gib = float("nan")
+    if not sep or not name or not AT_LIMIT_GIB.accepts(gib):
+        raise HarnessError(f"--at {text}: expected STRATEGY=GIB (GIB: {AT_LIMIT_GIB.expected()})")
+    return name, int(gib * 2**30)
+
+
 def _budget(args: argparse.Namespace) -> int:
     from harness.budget.mode import PRECISION_MIB, TIMEOUT_FACTOR, run_budget
     from harness.report.budget import render_budget
@@ -104,8 +121,14 @@ def _budget(args: argparse.Namespace) -> int:
         if value is not None and not limit.accepts(value):  # nan, inf: before anything runs
             raise HarnessError(f"{flag} {value:g}: {limit.expected()}")
     precision = None if args.precision_mib is None else int(args.precision_mib * 2**20)
-    record = run_budget(load_scenario(args.scenario), name=args.name, results=args.results,
-                        precision_bytes=precision, timeout_factor=args.timeout_factor)
+    at = dict(_at_limit(text) for text in args.at)
+    scenario = load_scenario(args.scenario)
+    unknown = sorted(set(at) - set(scenario.strategies))
+    if unknown:
+        raise HarnessError(f"--at {unknown[0]}: not a strategy of {args.scenario} (it runs "
+                           f"{', '.join(scenario.strategies)})")
+    record = run_budget(scenario, name=args.name, results=args.results,
+                        precision_bytes=precision, timeout_factor=args.timeout_factor, at=at)
     for path in render_budget(args.results / record.name):
         _say("budget", f"wrote {path}")
     return 1 if any(not s.ok for s in record.strategies.values()) else 0

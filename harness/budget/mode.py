@@ -15,7 +15,9 @@ also makes one-off conversions such as ``torch_mmap``'s ``.pt``), then for each 
 2. **sweep**: :func:`harness.budget.sweep.smallest_limit` between those bounds, to
    ``precision_bytes`` (default: 2% of the model, at least 64 MiB). For ``map`` it adds
    runs at 1.25x, 1.5x and 2x the minimum and at baseline + 2 x the largest engine, for
-   the wall-time curve.
+   the wall-time curve. A strategy given a limit in ``at`` (``--at STRATEGY=GIB``) is not
+   swept: one attempt under that limit says where it stands (status ``at_limit``), for
+   strategies whose attempts take minutes (a compiler's).
 
 Only the unconstrained run checks the built model against eager (a compiler backend's check,
 in processes of its own, :mod:`harness.engines.compile.check_process`): the constrained attempts
@@ -60,7 +62,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import psutil
@@ -267,6 +269,27 @@ def _sweep_strategy(runner: _Strategy, plan: Plan, unconstrained_limit: int, pre
                           unstable_limits=sweep.unstable_limits, attempts=runner.records(phases))
 
 
+def _run_at_limit(runner: _Strategy, unconstrained_limit: int, limit: int, timeout_factor: float,
+                  min_timeout_s: float) -> StrategyBudget:
+    """The strategy run once unconstrained (its check, its bounds, its timeout) and once under ``limit``."""
+    strategy = runner.strategy
+    first = runner.attempt(unconstrained_limit, "unconstrained")
+    worker = runner.runs[0][1]
+    common = dict(label=strategy_label(strategy), release_note=worker.release_note if worker is not None else "",
+                  baseline_rss_bytes=worker.baseline_rss_bytes if worker is not None else None,
+                  baseline_anon_bytes=runner.runs[0][2], lower_bytes=None, upper_bytes=None, minimum_bytes=None,
+                  largest_failing_bytes=None, at_lower_bound=False, unstable_limits=())
+    if not first.completed:
+        return StrategyBudget(status="failed", error=(
+            f"does not complete under the unconstrained limit of {_size(unconstrained_limit)}: "
+            f"{runner.records(['unconstrained'])[0].reason}"), timeout_s=runner.timeout_s,
+            attempts=runner.records(["unconstrained"]), **common)  # type: ignore[arg-type]
+    runner.timeout_s = round(max(min_timeout_s, timeout_factor * first.wall_s), 1)
+    runner.attempt(limit, "at")
+    return StrategyBudget(status="at_limit", error=None, timeout_s=runner.timeout_s,
+                          attempts=runner.records(["unconstrained", "at"]), **common)  # type: ignore[arg-type]
+
+
 def write_attempts_csv(directory: Path, record: BudgetRecord) -> Path:
     """``attempts.csv``: one row per attempt of every strategy, in the order they ran."""
     fields = ["strategy", "run", *AttemptRecord.__dataclass_fields__]
@@ -283,6 +306,8 @@ def write_attempts_csv(directory: Path, record: BudgetRecord) -> Path:
 
 PRECISION_MIB = Limit(1, 1 << 20, unit="MiB", note="1 TiB")
 """The range of ``--precision-mib``: no finer than the sweep's 1 MiB granularity."""
+AT_LIMIT_GIB = Limit(1 / 1024, 1 << 20, unit="GiB", note="1 MiB to 1 PiB")
+"""The range of ``--at``'s limits: at least 1 MiB."""
 TIMEOUT_FACTOR = Limit(1, 1000, low_open=True)
 """The range of ``--timeout-factor``: an attempt must be given longer than the unconstrained run took."""
 
@@ -316,7 +341,7 @@ def swept_strategies(staging: Path) -> list[str]:
 def run_budget(scenario: Scenario, *, name: str | None = None, results: Path = Path("results"),
                precision_bytes: int | None = None, timeout_factor: float = 4.0, min_timeout_s: float = 60.0,
                command: WorkerCommand | None = None, workdir: Path | None = None,
-               controller: MemoryController | None = None,
+               controller: MemoryController | None = None, at: Mapping[str, int] | None = None,
                progress: Callable[[str], None] = _progress) -> BudgetRecord:
     """Sweep every strategy of ``scenario`` for its smallest memory limit into ``results/<name>/``; returns the
     record. It draws nothing: the report and figure are :func:`harness.report.budget.render_budget`'s
@@ -327,9 +352,20 @@ def run_budget(scenario: Scenario, *, name: str | None = None, results: Path = P
     cgroup and the :func:`~harness.run.run_scenario` errors for the results root and the plan,
     all before any strategy runs. SIGINT, SIGTERM or SIGHUP (in the main thread) stop the
     running attempt, remove its group and raise :class:`~harness.stopping.RunInterrupted`
-    (:mod:`harness.budget.signals`).
+    (:mod:`harness.budget.signals`). ``at``: strategies run at one limit (bytes) instead of swept:
+    the unconstrained run and one attempt under that limit (a sweep of a strategy whose attempts
+    take minutes costs hours); a name the scenario does not run, or a limit below 1 MiB, is a
+    ``ValueError``.
     """
     _check_settings(precision_bytes, timeout_factor, min_timeout_s)
+    at = dict(at or {})
+    unknown = sorted(set(at) - set(scenario.strategies))
+    if unknown:
+        raise ValueError(f"at: {unknown[0]!r} is not a strategy of scenario {scenario.name!r} "
+                         f"({', '.join(scenario.strategies)})")
+    small = sorted(name for name, limit in at.items() if limit < MIB)
+    if small:
+        raise ValueError(f"at: {small[0]}: a limit of at least 1 MiB, got {at[small[0]]} bytes")
     name = f"{scenario.name}-budget" if name is None else name
     results = Path(results)
     stage = Staging(results, name, swept_strategies, progress)
@@ -338,7 +374,7 @@ def run_budget(scenario: Scenario, *, name: str | None = None, results: Path = P
             controller = check_cgroup(controller)
             with stage as staging:
                 record = _sweep_all(scenario, name, results, precision_bytes, timeout_factor, min_timeout_s,
-                                    command, workdir, controller, progress, staging)
+                                    command, workdir, controller, progress, staging, at)
                 progress(f"sweep done in {record.sweep_wall_s / 60:.1f} min")
                 with signals.deferred():
                     publish(staging, results / name)
@@ -349,7 +385,8 @@ def run_budget(scenario: Scenario, *, name: str | None = None, results: Path = P
 
 def _sweep_all(scenario: Scenario, name: str, results: Path, precision_bytes: int | None, timeout_factor: float,
                min_timeout_s: float, command: WorkerCommand | None, workdir: Path | None,
-               controller: MemoryController, progress: Callable[[str], None], staging: Path) -> BudgetRecord:
+               controller: MemoryController, progress: Callable[[str], None], staging: Path,
+               at: Mapping[str, int]) -> BudgetRecord:
     """Everything up to the record of the last strategy, staged in ``staging``."""
     plan = make_plan(scenario, name=name, workdir=workdir or Path.cwd() / "data" / "engines", progress=progress)
     plan_path = write_plan(staging / PLAN, plan)
@@ -368,7 +405,10 @@ def _sweep_all(scenario: Scenario, name: str, results: Path, precision_bytes: in
     started = time.monotonic()
     for strategy in plan.scenario.strategies:
         runner = _Strategy(plan, plan_path, strategy, staging, controller, command or worker_command, progress)
-        swept = _sweep_strategy(runner, plan, unconstrained, precision, timeout_factor, min_timeout_s)
+        if strategy in at:
+            swept = _run_at_limit(runner, unconstrained, at[strategy], timeout_factor, min_timeout_s)
+        else:
+            swept = _sweep_strategy(runner, plan, unconstrained, precision, timeout_factor, min_timeout_s)
         record = record.with_strategy(strategy, swept, time.monotonic() - started)
         write_budget(staging, record)
         write_attempts_csv(staging, record)

@@ -30,8 +30,9 @@ BUDGET_VERSION = 1
 BUDGET_FILE = "budget.json"
 MIB = 1 << 20
 
-PHASES = ("unconstrained", "upper", "lower", "bisect", "confirm", "tiebreak", "extra")
-"""Why an attempt was run: the unconstrained run that sets the bounds, then the sweep's phases."""
+PHASES = ("unconstrained", "upper", "lower", "bisect", "confirm", "tiebreak", "extra", "at")
+"""Why an attempt was run: the unconstrained run that sets the bounds, then the sweep's phases; ``at``: the one
+run of a strategy run at one given limit instead of swept."""
 
 
 def _phase(phase: str) -> str | None:
@@ -42,8 +43,13 @@ def _positive_limit(limit: int) -> str | None:
     return None if limit > 0 else f"expected a positive limit, got {limit}"
 
 
+STATUSES = ("ok", "failed", "at_limit")
+"""A strategy's outcome: swept to its minimum (``ok``), no answer (``failed``, with the reason), or run at one
+given limit instead of swept (``at_limit``: the unconstrained run and one attempt at that limit)."""
+
+
 def _status(status: str) -> str | None:
-    return None if status in ("ok", "failed") else f"expected 'ok' or 'failed', got {status!r}"
+    return None if status in STATUSES else f"expected one of {', '.join(STATUSES)}, got {status!r}"
 
 
 def _some_strategy(strategies: dict[str, Any]) -> str | None:
@@ -86,7 +92,8 @@ class StrategyBudget(Record):
     """One strategy's sweep.
 
     ``minimum_bytes``: the smallest limit at which it completed (None when the sweep could
-    not answer; ``error`` says why). ``largest_failing_bytes``: the largest at which it did
+    not answer, ``error`` says why, and for a strategy run at one limit instead of swept,
+    ``status`` ``at_limit``, whose answer is :attr:`at_limit`). ``largest_failing_bytes``: the largest at which it did
     not (None with ``at_lower_bound``). ``baseline_rss_bytes`` and ``baseline_anon_bytes``: the
     unconstrained run's baseline (the anonymous part is the sweep's lower bound).
     ``release_note``: what the strategy did with its weights after each engine, from the
@@ -110,7 +117,13 @@ class StrategyBudget(Record):
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        """Whether the strategy was swept to its minimum, or run at its one limit, as asked."""
+        return self.status in ("ok", "at_limit")
+
+    @property
+    def at_limit(self) -> AttemptRecord | None:
+        """The one attempt of a strategy run at one given limit instead of swept (None otherwise)."""
+        return next((a for a in self.attempts if a.phase == "at"), None) if self.status == "at_limit" else None
 
     @property
     def unconstrained(self) -> AttemptRecord | None:

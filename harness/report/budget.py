@@ -145,7 +145,12 @@ def budget_markdown(record: BudgetRecord, figure_names: list[str], notes: str | 
     for name, s in record.strategies.items():
         free = s.unconstrained
         at_min = s.minimum_attempt
-        if s.ok:
+        if (at := s.at_limit) is not None:  # run at one limit, not swept
+            smallest = (f"≤ {_gib(at.limit_bytes, d)} (one run at it, not swept)" if at.completed
+                        else f"> {_gib(at.limit_bytes, d)} (one run at it, not swept)")
+            fails = DASH if at.completed else _gib(at.limit_bytes, d)
+            at_min = at if at.completed else None
+        elif s.ok:
             smallest = ("≤ " if s.at_lower_bound else "") + _gib(s.minimum_bytes, d)
             fails = "not below the baseline" if s.at_lower_bound else _gib(s.largest_failing_bytes, d)
         else:
@@ -208,7 +213,8 @@ def wall_figure(record: BudgetRecord) -> Figure:
             if s.minimum_bytes is not None:
                 text = f"smallest {'≤ ' if s.at_lower_bound else ''}{_gib(s.minimum_bytes, d)}"
                 smallest.setdefault(text, (s.minimum_bytes, []))[1].append(name)
-            label = name if s.minimum_bytes is not None else f"{name}: no minimum"
+            label = (name if s.minimum_bytes is not None
+                     else f"{name}: one limit, not swept" if s.at_limit is not None else f"{name}: no minimum")
             handles.append(Line2D([], [], color=colour, marker=marker, markersize=4, label=label))
         for text, (limit, names) in smallest.items():
             colour = strategy_colour(names[0], order) if len(names) == 1 else "#555555"

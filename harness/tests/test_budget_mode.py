@@ -198,3 +198,39 @@ def test_only_the_unconstrained_run_checks_the_build(controller: MemoryControlle
     # the first attempt (unconstrained) checks the built model; the constrained ones only build it
     assert [line == "['--no-check']" for line in lines] == [p != "unconstrained" for p in phases]
     assert phases[0] == "unconstrained"
+
+
+def test_a_strategy_run_at_one_limit_is_not_swept(controller: MemoryController, tmp_path: Path) -> None:
+    record = run_budget(scenario(tmp_path, "map", "load"), results=tmp_path / "results", precision_bytes=16 * MIB,
+                        command=stand_in, workdir=tmp_path / "engines", controller=controller, min_timeout_s=30,
+                        at={"map": 256 * MIB, "load": 96 * MIB}, progress=lambda line: None)
+    for name, completes in (("map", True), ("load", False)):  # map needs 96 MiB, load 160 MiB
+        s = record.strategies[name]
+        assert s.status == "at_limit" and s.ok and s.minimum_bytes is None
+        assert [a.phase for a in s.attempts] == ["unconstrained", "at"]
+        assert s.at_limit is not None and s.at_limit.completed is completes
+    render_budget(tmp_path / "results" / "tiny-budget")
+    report = (tmp_path / "results" / "tiny-budget.md").read_text()
+    assert "≤ 0.250 GiB (one run at it, not swept)" in report and "> 0.094 GiB (one run at it, not swept)" in report
+    assert read_budget(tmp_path / "results" / "tiny-budget") == record
+    with pytest.raises(ValueError, match="at: 'stream' is not a strategy of scenario 'tiny'"):
+        run_budget(scenario(tmp_path, "map"), results=tmp_path / "results", command=stand_in,
+                   controller=controller, at={"stream": 256 * MIB})
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    ("map", "--at map: expected STRATEGY=GIB (GIB: expected a number >= 0.0009765625 and <= 1048576 "
+            "(GiB, 1 MiB to 1 PiB))"),
+    ("map=nan", "--at map=nan: expected STRATEGY=GIB"),
+    ("=2", "--at =2: expected STRATEGY=GIB"),
+    ("stream=2", "--at stream: not a strategy of"),
+])
+def test_the_cli_refuses_a_bad_at_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], given: str,
+                                              message: str) -> None:
+    path = tmp_path / "tiny.toml"
+    path.write_text('name = "tiny"\nstrategies = ["map"]\n[model]\nsource = "synthetic"\nlayers = 1\nwidth = 64\n'
+                    'heads = 4\nvocab = 64\n[build]\nengines = 1\n', encoding="utf-8")
+    assert main(["budget", str(path), "--results", str(tmp_path / "results"), "--at", given]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "results").exists()
