@@ -516,15 +516,15 @@ def _measure(plan: Plan, staging: Path, command: WorkerCommand, stop: _Stop) -> 
         _warm_up(plan, plan_path, staging / f"warmup-{warm}", command, stop, warm, counter)
     for repeat in range(repeats):
         if scenario.run.cache == "cold":
-            disk = measure_disk(plan, repeat)
-            run = run.replace(disk_reads=(*run.disk_reads, disk))
-            write_summary(staging, run)
-            _progress(_disk_line(disk))
-            if repeat == 0 and scenario.run.read_ceiling:
+            if repeat == 0 and scenario.run.read_ceiling:  # first: a part read before would come from a cache
                 _progress("the disk's read ceiling: a cold read sweep over reader threads and request sizes")
                 run = run.replace(read_ceiling=read_ceiling([Path(f) for f in plan.checkpoint_files]))
                 write_summary(staging, run)
                 _progress(_ceiling_line(run.read_ceiling))
+            disk = measure_disk(plan, repeat)
+            run = run.replace(disk_reads=(*run.disk_reads, disk))
+            write_summary(staging, run)
+            _progress(_disk_line(disk))
         out_dir = staging if repeats == 1 else staging / f"repeat-{repeat}"
         for strategy in scenario.strategies:
             _progress(counter.next(run_label(strategy, scenario.run, repeat=repeat)))
