@@ -43,7 +43,7 @@ from harness.engines.compile.compare import Checked, Comparison, compare_outputs
 from harness.engines.compile.compiler import Artifact, EngineCompiler
 from harness.engines.compile.pipeline import CompiledPipeline, Routing
 from harness.engines.compile.source import ModelSource
-from harness.measure.procfs import mapping_rss, read_status
+from harness.measure.procfs import mapping_rss, read_peak, read_status
 from harness.stopping import die_with_parent
 
 __all__ = [
@@ -215,21 +215,16 @@ def _run_stage(stage: str, request: Path, outputs: Path, result: Path) -> dict[s
     return answer
 
 
-def _peak_bytes() -> int:
-    status = read_status()
-    return max(status.hwm_bytes or 0, status.rss_bytes)
-
-
 def _stage(stage: str, request_path: Path, outputs_path: Path) -> dict[str, Any]:
     request: CheckRequest = torch.load(request_path, weights_only=False)
     if stage == "built":
         outputs = run_built(request)
         torch.save(outputs, outputs_path)
-        return {"peak_bytes": _peak_bytes()}
+        return {"peak_bytes": read_peak()}
     outputs = torch.load(outputs_path, weights_only=False)
     comparison = compare_with_model(request.source, outputs, request.compiler.device)
     gc.collect()
-    return {"peak_bytes": _peak_bytes(), "max_abs_diff": comparison.max_abs_diff, "outputs": comparison.outputs,
+    return {"peak_bytes": read_peak(), "max_abs_diff": comparison.max_abs_diff, "outputs": comparison.outputs,
             "ok": comparison.ok, "detail": comparison.detail}
 
 
