@@ -29,13 +29,14 @@ from harness.models import build_model
 from harness.models.checkpoints import CheckpointError, checkpoint_specs, describe_specs, ensure_checkpoint
 from harness.results.atomic import write_json
 from harness.results.codec import decode, encode
-from harness.results.record import CheckpointInfo, ModelInfo, RecordError, read_json_file
-from harness.scenario import PREFETCH_OFF, Scenario, validate_scenario
+from harness.results.record import CheckpointInfo, ModelInfo, RecordError, SpeedChoice, read_json_file
+from harness.scenario import Scenario, validate_scenario
+from harness.speed import choose_speed
 from weightmap.checkpoint import open_checkpoint
 
 __all__ = ["PLAN_VERSION", "EnginePlan", "Plan", "make_plan", "read_plan", "write_plan"]
 
-PLAN_VERSION = 2
+PLAN_VERSION = 3
 """The layout of ``plan.json``; a worker refuses a plan of another version."""
 
 
@@ -65,7 +66,8 @@ class Plan:
     (declared in :mod:`harness.scenario` only); the other fields are what :func:`make_plan`
     resolved from it: the results' ``name``, the ``model`` and ``checkpoint`` measured and
     the checkpoint's files, the ``device`` engines are built on, the per-engine weight cap and
-    the ``engines`` in build order, and the ``workdir`` engines are written under.
+    the ``engines`` in build order, the ``workdir`` engines are written under, and the ``speed``
+    settings of the strategies that map (the scenario's, or chosen by a read probe: :mod:`harness.speed`).
     ``plan.json`` holds every field, written and read by :mod:`harness.results.codec`.
     """
 
@@ -78,6 +80,7 @@ class Plan:
     engine_cap_bytes: int
     engines: tuple[EnginePlan, ...]
     workdir: str
+    speed: SpeedChoice
 
     @property
     def compiler(self) -> bool:
@@ -93,8 +96,12 @@ class Plan:
     @property
     def prefetch(self) -> str | None:
         """The method strategies with a prefetch plan warm the page cache with; ``None`` when off."""
-        method = self.scenario.run.prefetch
-        return None if method == PREFETCH_OFF else method
+        return self.speed.prefetch
+
+    @property
+    def drop_cache(self) -> bool:
+        """Whether strategies with a prefetch plan drop released weights from the page cache."""
+        return self.speed.drop_cache
 
     @property
     def largest_engine_bytes(self) -> int:
@@ -212,6 +219,10 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
         engine_plans = [EnginePlan.of(e) for e in engines]
     _prepare_strategies(scenario, path, say)
     files = tuple(str(f) for f in open_checkpoint(path).files)
+    speed = choose_speed(scenario.run, files)
+    if speed.probe is not None:
+        say(f"read probe: prefetch {speed.prefetch or 'off'} ({speed.prefetch_why}); "
+            f"drop_cache {'on' if speed.drop_cache else 'off'} ({speed.drop_cache_why})")
     return Plan(
         scenario=scenario,
         name=name,
@@ -225,4 +236,5 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
         engine_cap_bytes=cap,
         engines=tuple(engine_plans),
         workdir=str(workdir),
+        speed=speed,
     )

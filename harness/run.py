@@ -304,6 +304,7 @@ def _run_record(plan: Plan) -> RunRecord:
         strategies={},
         repeats=scenario.run.repeats,
         prefetch=plan.prefetch,
+        speed=plan.speed,
     )
 
 

@@ -62,11 +62,13 @@ for examples)::
                   residency_every {1..100000} [1]; memory_limit_gib {0.0009765625 (1 MiB)
                   ..1048576 (1 PiB)} or absent (no limit) [absent]; timeout_s: > 0 and at
                   most 604800 (a week) [1800];
-                  prefetch: "off" | one of weightmap.PREFETCH_METHODS ("madvise", "fadvise",
-                  "read") ["madvise"]: how strategies that map (``map``) warm the page cache
-                  for the next engine while one builds (``map_no_prefetch`` never does);
-                  drop_cache: bool [false]: such strategies also drop released weights from
-                  the page cache (``map_keep_cache`` never does); repeats {1..100} [1]: cold
+                  prefetch: "auto" | "off" | one of weightmap.PREFETCH_METHODS ("madvise",
+                  "fadvise", "read") ["auto"]: how strategies that map (``map``) warm the page
+                  cache for the next engine while one builds (``map_no_prefetch`` never does);
+                  drop_cache: bool or absent [absent]: such strategies also drop released
+                  weights from the page cache (``map_keep_cache`` never does); "auto" and
+                  absent are chosen per run by a read probe of the checkpoint
+                  (:mod:`harness.speed`), and the results say what was chosen and why; repeats {1..100} [1]: cold
                   runs of each strategy, each in a fresh process, interleaved; the report shows
                   the median wall time and the spread; warmup {0..100} [0]: rounds run first
                   and discarded (each strategy once, and the disk read), so that what a cold
@@ -132,9 +134,10 @@ DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 CACHES: tuple[str, ...] = ("cold", "warm")
 PREFETCH_OFF = "off"
 """The ``[run] prefetch`` setting that turns prefetching off."""
-PREFETCH: tuple[str, ...] = (PREFETCH_OFF, *PREFETCH_METHODS)
-DEFAULT_PREFETCH = "madvise"
-"""Measured best for mapped weights here: ``madvise`` one engine ahead (``benchmarks/prefetch.py``)."""
+PREFETCH_AUTO = "auto"
+"""The ``[run] prefetch`` setting that leaves the choice to the run's read probe (:mod:`harness.speed`)."""
+PREFETCH: tuple[str, ...] = (PREFETCH_AUTO, PREFETCH_OFF, *PREFETCH_METHODS)
+DEFAULT_PREFETCH = PREFETCH_AUTO
 FALLBACKS: tuple[str, ...] = ("spec",)
 
 DATA_DIR = Path("data")
@@ -323,7 +326,7 @@ class RunConfig:
     memory_limit_gib: float | None = field(default=None, metadata=_limit("run.memory_limit_gib"))
     timeout_s: float = field(default=1800.0, metadata=_limit("run.timeout_s"))
     prefetch: str = field(default=DEFAULT_PREFETCH, metadata=_one_of(PREFETCH))
-    drop_cache: bool = False
+    drop_cache: bool | None = None  # None: chosen per run (harness.speed)
     repeats: int = field(default=1, metadata=_limit("run.repeats"))
     warmup: int = field(default=0, metadata=_limit("run.warmup"))
     read_ceiling: bool = True  # a cold run sweeps the disk's read ceiling before its first round

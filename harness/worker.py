@@ -335,7 +335,7 @@ class Measurement:
         plan, names = self.plan, [[n for n in e.names if n in held] for e in self.plan.engines]
         planner = self.spec.prefetch_plan
         method = plan.prefetch if self.spec.prefetches else None
-        drop = plan.scenario.run.drop_cache and self.spec.drops_cache
+        drop = plan.drop_cache and self.spec.drops_cache
         if planner is not None and (method is not None or drop):
             self._set(prefetch=method, drop_cache=drop)
             return planner(model, names, method, drop)  # type: ignore[arg-type]

@@ -151,6 +151,28 @@ def ceiling_observation(run: Results) -> list[str]:
     return lines
 
 
+def speed_observation(run: Results) -> list[str]:
+    """The prefetch and drop-cache settings of the strategies that map, why, and the read probe they came from."""
+    speed = run.record.speed
+    if speed is None:
+        return []
+    prefetch = f"`{speed.prefetch}` one engine ahead" if speed.prefetch else "off"
+    lines = [f"- **settings of the strategies that map**: prefetch {prefetch} ({speed.prefetch_why}); "
+             f"drop_cache {'on' if speed.drop_cache else 'off'} ({speed.drop_cache_why})."]
+    probe = speed.probe
+    if probe is not None:
+        kept = ", ".join(f"{probe.cache_region_bytes / s / 1e6:.0f}" for s in probe.kept_s)
+        lines.append(f"  - read probe at the run's start (cold regions of the checkpoint, each read once): "
+                     f"{len(probe.kept_s)} of {probe.cache_region_bytes / 2**20:.0f} MiB kept in the page cache "
+                     f"(MB/s in order: {kept}; the last three's median {probe.kept_bytes_per_s / 1e6:.0f}), "
+                     f"{len(probe.dropped_s)} dropped behind the reader (median "
+                     f"{probe.dropped_bytes_per_s / 1e6:.0f}); {len(probe.faulted_s)} of "
+                     f"{probe.advice_region_bytes / 2**20:.0f} MiB faulted in (median "
+                     f"{probe.faulted_bytes_per_s / 1e6:.0f}), {len(probe.willneed_s)} after MADV_WILLNEED "
+                     f"(median {probe.willneed_bytes_per_s / 1e6:.0f}).")
+    return lines
+
+
 def spread_text(values: Sequence[float]) -> str:
     """``median 10.9 s (9.9–13.3 s over 3 rounds)``, or ``10.9 s (one run)``: a time with its spread."""
     spread = median_spread(values)
@@ -416,6 +438,7 @@ def render_report(run: Results, figures: Sequence[str] = (), notes: Notes | None
     lines += comparison_observations(run)
     lines += fastest_observation(run)
     lines += disk_observation(run)
+    lines += speed_observation(run)
     lines += notes_on_refs
     compiled = compiler_lines(run)
     if compiled:

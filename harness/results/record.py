@@ -60,7 +60,10 @@ it is in ``layout``):
    into the artifact, the largest RSS while they were, and the largest rise of file-backed RSS
    meanwhile: the source pages resident at once). ``None`` where not measured. Per run,
    ``read_ceiling``: the points of the disk's read-ceiling sweep (:class:`CeilingPoint`), made
-   before the first round of a cold run; empty where none was made.
+   before the first round of a cold run; empty where none was made. ``speed``
+   (:class:`SpeedChoice`): the prefetch and drop-cache settings the run's strategies that map
+   used, each set by the scenario or chosen by a read probe of the checkpoint
+   (:class:`ReadProbe`) at the run's start; ``None`` when reading versions 1 to 6.
 
 A later version adds keys (each field says the version that added it, ``since`` in its
 :func:`~harness.results.codec.json_field`) and bumps :data:`LAYOUT_VERSION`; records of
@@ -93,6 +96,7 @@ import io
 import json
 import os
 import re
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -129,6 +133,8 @@ __all__ = [
     "SUMMARY",
     "CacheRecord",
     "CeilingPoint",
+    "ReadProbe",
+    "SpeedChoice",
     "CheckpointInfo",
     "DiskRead",
     "EngineRecord",
@@ -387,6 +393,59 @@ class CeilingPoint(Record):
         return self.bytes / self.seconds if self.seconds > 0 else 0.0
 
 
+def _median_rate(nbytes: int, seconds: tuple[float, ...]) -> float:
+    """``nbytes`` over the median of ``seconds`` (0 where there is none)."""
+    median = statistics.median(seconds) if seconds else 0.0
+    return nbytes / median if median > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class ReadProbe(Record):
+    """Reads of regions of the checkpoint, cold, timed (version 7, :func:`harness.measure.probe.read_probe`),
+    each region read once. ``kept_s`` / ``dropped_s``: regions of ``cache_region_bytes`` read by ``pread``,
+    in turn, the kept ones left in the page cache until the probe ends (so it grows as a run's would) and
+    the dropped ones dropped behind the reader; ``faulted_s`` / ``willneed_s``: regions of
+    ``advice_region_bytes`` mapped and every page touched, without advice / after ``madvise(MADV_WILLNEED)``
+    over the region (how the prefetcher asks)."""
+
+    cache_region_bytes: int
+    kept_s: tuple[float, ...]
+    dropped_s: tuple[float, ...]
+    advice_region_bytes: int
+    faulted_s: tuple[float, ...]
+    willneed_s: tuple[float, ...]
+
+    @property
+    def kept_bytes_per_s(self) -> float:
+        """The median rate of the last three kept regions: a run keeps far more than the probe, and the first
+        kept pages may come from pages the kernel had just freed (fast), which a whole checkpoint outgrows."""
+        return _median_rate(self.cache_region_bytes, self.kept_s[-3:])
+
+    @property
+    def dropped_bytes_per_s(self) -> float:
+        return _median_rate(self.cache_region_bytes, self.dropped_s)
+
+    @property
+    def faulted_bytes_per_s(self) -> float:
+        return _median_rate(self.advice_region_bytes, self.faulted_s)
+
+    @property
+    def willneed_bytes_per_s(self) -> float:
+        return _median_rate(self.advice_region_bytes, self.willneed_s)
+
+
+@dataclass(frozen=True)
+class SpeedChoice(Record):
+    """The prefetch method (``None``: off) and drop-cache setting of the strategies that map, and why each
+    (version 7, :func:`harness.speed.choose_speed`): set by the scenario, or chosen from ``probe``."""
+
+    prefetch: str | None
+    drop_cache: bool
+    prefetch_why: str
+    drop_cache_why: str
+    probe: ReadProbe | None = None
+
+
 @dataclass(frozen=True)
 class Phases(Record):
     """Phase boundaries in seconds from the strategy process's start; ``None`` for a phase not reached.
@@ -577,6 +636,7 @@ class RunRecord(Record):
     prefetch: str | None = field(default=None, metadata={"since": 4})
     disk_reads: tuple[DiskRead, ...] = field(default=(), metadata={"since": 4})
     read_ceiling: tuple[CeilingPoint, ...] = field(default=(), metadata={"since": 7})
+    speed: SpeedChoice | None = field(default=None, metadata={"since": 7})
 
     @property
     def on_gpu(self) -> bool:

@@ -23,9 +23,11 @@ from harness.results.record import (
     MachineInfo,
     ModelInfo,
     Phases,
+    ReadProbe,
     Reference,
     RepeatRecord,
     RunRecord,
+    SpeedChoice,
     StrategyRecord,
 )
 from harness.scenario import BuildConfig, CheckpointConfig, ModelConfig, RunConfig, Scenario
@@ -157,7 +159,8 @@ RUN = RunRecord(scenario="s", name="smoke", description="d", created="2024-01-01
                 engines=1, engine_cap_bytes=10, largest_engine_bytes=10, backend="copy", device="cpu", cache="cold",
                 release=True, sample_interval_ms=10.0, memory_limit_bytes=None, references=(REFERENCE,),
                 scenario_config={"name": "smoke", "run": {"repeats": 1}}, strategies={"map": STRATEGY},
-                repeats=1, prefetch="madvise", disk_reads=(DiskRead(0, 1100, 0.5, 2200.0, 0.4, "read", 0),))
+                repeats=1, prefetch="madvise", disk_reads=(DiskRead(0, 1100, 0.5, 2200.0, 0.4, "read", 0),),
+                speed=SpeedChoice("madvise", False, "chosen: why", "set by the scenario"))
 ATTEMPT = AttemptRecord("unconstrained", 1 << 30, True, -9, 1.0, 100, 0, None, 0.9, None, 0.5, 10, 0)
 BUDGET = BudgetRecord("sweep", "s", "", "2024-01-01", "abc", MACHINE, {"torch": None}, "m", 1000, "/c", 1, 10, "copy",
                       "cpu", "v2", 1 << 20, 1 << 32, 3.0, 60.0, 10.0,
@@ -170,7 +173,9 @@ PLAN = Plan(scenario=Scenario(name="smoke", path=Path("/scenarios/smoke.toml"), 
                               run=RunConfig(prefetch="off", repeats=2, memory_limit_gib=2.0),
                               references=(ScenarioReference("A40", host_peak_gib=1.0),)),
             name="smoke", model=MODEL, checkpoint=CHECKPOINT, checkpoint_files=("/c",), device="cpu",
-            engine_cap_bytes=10, engines=(EnginePlan(0, ("a",), ("a.weight",), 10),), workdir="/w")
+            engine_cap_bytes=10, engines=(EnginePlan(0, ("a",), ("a.weight",), 10),), workdir="/w",
+            speed=SpeedChoice(None, True, "set by the scenario", "chosen: a reason",
+                              ReadProbe(1 << 20, (0.5, 0.25), (0.5,), 1 << 16, (1.0,), (0.125,))))
 
 
 @pytest.mark.parametrize("record", [ENGINE, EXPORT, CACHE, REPEAT, STRATEGY, Phases(1.0), MACHINE, MODEL, CHECKPOINT,
@@ -192,8 +197,10 @@ def test_the_plan_carries_the_scenario_and_derives_its_settings_from_it() -> Non
     assert PLAN.compiler is False and PLAN.prefetch is None  # "off": no prefetch method
     assert PLAN.memory_limit_bytes == 2 * 2**30
     assert PLAN.scenario.build.engine_cap_bytes == int(1.5 * 2**20)
-    on = dataclasses.replace(PLAN, scenario=dataclasses.replace(PLAN.scenario, run=RunConfig()))
-    assert on.prefetch == RunConfig().prefetch and on.memory_limit_bytes is None
+    assert PLAN.drop_cache is True  # from the plan's speed settings, not the scenario's "auto"
+    on = dataclasses.replace(PLAN, scenario=dataclasses.replace(PLAN.scenario, run=RunConfig()),
+                             speed=SpeedChoice("fadvise", False, "chosen: why", "chosen: why not"))
+    assert (on.prefetch, on.drop_cache, on.memory_limit_bytes) == ("fadvise", False, None)
     with pytest.raises(RecordError, match=r"^plan.json: not a plan of version"):
         Plan.from_json({**PLAN.to_json(), "plan": 1}, "plan.json")
 

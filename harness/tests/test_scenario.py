@@ -74,8 +74,9 @@ def test_smoke_contents(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)
     s = load_scenario("scenarios/smoke.toml")
     assert s.model.source == "synthetic"
-    assert s.strategies == ("map", "map_no_prefetch", "load", "load_file", "torch_mmap", "stream")  # listed in the file
-    assert (s.run.prefetch, s.run.repeats) == ("madvise", 5)
+    assert s.strategies == ("map", "map_no_prefetch", "load", "load_file", "torch_mmap", "stream",
+                            "read_file")  # listed in the file
+    assert (s.run.prefetch, s.run.drop_cache, s.run.repeats) == ("auto", None, 5)  # chosen per run
     assert s.build.engines == 8 and s.build.engine_cap_mib is None
     assert (s.build.backend, s.build.device, s.run.cache) == ("copy", "auto", "cold")
     assert s.model.layers and s.model.width and s.model.vocab

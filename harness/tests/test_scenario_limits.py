@@ -236,7 +236,7 @@ def test_a_scenario_built_in_code_is_checked_by_the_plan(tmp_path: Path) -> None
 @pytest.mark.parametrize(("change", "expected"), [
     ({"name": "../elsewhere"}, "scenario '../elsewhere': name: expected [a-z0-9_-]+"),
     ({"strategies": ("map", "no_such")}, "scenario 't': strategies:"),
-    ({"run": RunConfig(prefetch="sometimes")}, "scenario 't': run.prefetch: expected one of 'off'"),
+    ({"run": RunConfig(prefetch="sometimes")}, "scenario 't': run.prefetch: expected one of 'auto', 'off'"),
     ({"build": BuildConfig(weights="copied", device="cpu")}, "scenario 't': build.weights: expected one of"),
     ({"references": (Reference(label="r", host_peak_gib=-1.0),)},
      "scenario 't': references[0].host_peak_gib: expected a number >= 0"),

@@ -79,23 +79,27 @@ engines = 1
     return path
 
 
-def test_prefetch_is_on_for_map_by_default_and_can_be_turned_off(tmp_path: Path) -> None:
-    assert load_scenario(_toml(tmp_path, "")).run.prefetch == "madvise"
+def test_prefetch_and_drop_cache_are_chosen_per_run_by_default_and_can_be_set(tmp_path: Path) -> None:
+    default = load_scenario(_toml(tmp_path, "")).run
+    assert (default.prefetch, default.drop_cache) == ("auto", None)
     assert load_scenario(_toml(tmp_path, "")).run.repeats == 1
     scenario = load_scenario(_toml(tmp_path, 'prefetch = "off"\nrepeats = 3\ndrop_cache = true'))
     assert (scenario.run.prefetch, scenario.run.repeats, scenario.run.drop_cache) == ("off", 3, True)
-    with pytest.raises(ScenarioError, match=r"run\.prefetch: expected one of 'off', 'fadvise', 'madvise'"):
+    with pytest.raises(ScenarioError, match=r"run\.prefetch: expected one of 'auto', 'off', 'fadvise', 'madvise'"):
         load_scenario(_toml(tmp_path, 'prefetch = "willneed"'))
     with pytest.raises(ScenarioError, match=r"run\.repeats: expected an integer >= 1"):
         load_scenario(_toml(tmp_path, "repeats = 0"))
 
 
 def test_the_plan_carries_prefetch_and_repeats(tmp_path: Path) -> None:
-    plan = make_plan(_scenario(tmp_path, prefetch="off", repeats=3), name="p", workdir=tmp_path)
-    assert (plan.prefetch, plan.scenario.run.repeats) == (None, 3)
-    plan = make_plan(_scenario(tmp_path), name="p", workdir=tmp_path)
-    assert (plan.prefetch, plan.scenario.run.repeats, plan.scenario.run.drop_cache) == ("madvise", 1, False)
-    assert json.loads(json.dumps(plan.to_json()))["scenario"]["run"]["prefetch"] == "madvise"
+    plan = make_plan(_scenario(tmp_path, prefetch="off", drop_cache=True, repeats=3), name="p", workdir=tmp_path)
+    assert (plan.prefetch, plan.drop_cache, plan.scenario.run.repeats) == (None, True, 3)
+    assert plan.speed.prefetch_why == plan.speed.drop_cache_why == "set by the scenario"
+    assert plan.speed.probe is None  # nothing left to choose: nothing probed
+    plan = make_plan(_scenario(tmp_path), name="p", workdir=tmp_path)  # auto, a checkpoint too small to probe
+    assert (plan.prefetch, plan.drop_cache, plan.scenario.run.repeats) == ("madvise", False, 1)
+    assert "not probed" in plan.speed.prefetch_why and "not probed" in plan.speed.drop_cache_why
+    assert json.loads(json.dumps(plan.to_json()))["speed"]["prefetch"] == "madvise"
 
 
 # --------------------------------------------------------------------------- the repeated run

@@ -1,0 +1,120 @@
+"""The prefetch and drop-cache settings chosen per run: the read probe and the rules that read it."""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+from pathlib import Path
+
+import pytest
+
+from harness.measure.probe import probe_bytes, read_probe
+from harness.measure.residency import file_page_counts
+from harness.report.markdown import render_report
+from harness.results.reading import load_results
+from harness.results.record import ReadProbe
+from harness.scenario import RunConfig
+from harness.speed import DROP_GAIN, WILLNEED_FLOOR, choose_speed, decide
+from harness.tests.fixtures import make_results
+
+PAGE = mmap.ALLOCATIONGRANULARITY
+GiB = 2**30
+
+
+def _probe(kept: float = 1.0, dropped: float = 1.0, faulted: float = 1.0, willneed: float = 1.0) -> ReadProbe:
+    """A probe whose regions (1 MiB each) took these seconds each way."""
+    return ReadProbe(cache_region_bytes=1 << 20, kept_s=(0.01, 0.01, kept, kept, kept), dropped_s=(dropped,) * 5,
+                     advice_region_bytes=1 << 20, faulted_s=(faulted,) * 3, willneed_s=(willneed,) * 3)
+
+
+def test_drop_cache_is_chosen_when_keeping_pages_slowed_the_last_reads() -> None:
+    # the first kept regions were fast (pages just freed): the last three decide
+    choice = decide(RunConfig(), _probe(kept=3.0, dropped=1.0), checkpoint_bytes=GiB, available=16 * GiB)
+    assert choice.drop_cache is True
+    assert "3.00x as fast" in choice.drop_cache_why
+    kept = decide(RunConfig(), _probe(kept=1.0, dropped=1.0), checkpoint_bytes=GiB, available=16 * GiB)
+    assert kept.drop_cache is False and "cost no read time" in kept.drop_cache_why
+    just_under = decide(RunConfig(), _probe(kept=DROP_GAIN * 0.99, dropped=1.0), GiB, 16 * GiB)
+    assert just_under.drop_cache is False
+
+
+def test_drop_cache_is_chosen_when_the_checkpoint_exceeds_available_memory() -> None:
+    choice = decide(RunConfig(), _probe(), checkpoint_bytes=9 * GiB, available=8 * GiB)
+    assert choice.drop_cache is True and "larger than the memory available" in choice.drop_cache_why
+
+
+def test_prefetch_stays_on_unless_advice_reads_far_slower_than_faults() -> None:
+    on = decide(RunConfig(), _probe(faulted=1.0, willneed=2.0), GiB, 16 * GiB)  # half the rate: overlap still pays
+    assert on.prefetch == "madvise" and "0.50x" in on.prefetch_why
+    off = decide(RunConfig(), _probe(faulted=1.0, willneed=1.01 / WILLNEED_FLOOR), GiB, 16 * GiB)
+    assert off.prefetch is None and "chosen: off" in off.prefetch_why
+
+
+def test_the_scenarios_settings_win_and_nothing_is_probed(tmp_path: Path) -> None:
+    run = RunConfig(prefetch="fadvise", drop_cache=False)
+    choice = decide(run, _probe(kept=3.0, willneed=100.0), GiB, GiB // 2)
+    assert (choice.prefetch, choice.drop_cache) == ("fadvise", False)
+    assert choice.prefetch_why == choice.drop_cache_why == "set by the scenario"
+    missing = tmp_path / "never-read.safetensors"  # choose_speed would fail on it if it probed
+    missing.write_bytes(b"")
+    assert choose_speed(RunConfig(prefetch="off", drop_cache=True), [missing]).probe is None
+
+
+def test_a_checkpoint_smaller_than_the_probe_is_not_probed(tmp_path: Path) -> None:
+    path = tmp_path / "small.bin"
+    path.write_bytes(b"\0" * (4 << 20))
+    assert read_probe([path]) is None
+    choice = choose_speed(RunConfig(), [path])
+    assert choice.probe is None and (choice.prefetch, choice.drop_cache) == ("madvise", False)
+    assert f"{probe_bytes() / GiB:.1f} GiB" in choice.drop_cache_why
+
+
+def test_the_probe_reads_each_region_once_and_leaves_nothing_cached(tmp_path: Path) -> None:
+    keep, cache_region, advice_region = 4 * 64 * PAGE, 64 * PAGE, 32 * PAGE
+    size = probe_bytes(keep, cache_region, advice_region)
+    assert size == 2 * 4 * 64 * PAGE + 6 * 32 * PAGE
+    path = tmp_path / "ckpt.bin"
+    with path.open("wb") as f:
+        f.write(os.urandom(size))
+        os.fsync(f.fileno())  # clean pages: the probe can drop them
+    small = tmp_path / "other.bin"
+    small.write_bytes(b"\0" * PAGE)  # the largest file is probed
+    probe = read_probe([small, path], keep_bytes=keep, cache_region_bytes=cache_region,
+                       advice_region_bytes=advice_region)
+    assert probe is not None
+    assert (len(probe.kept_s), len(probe.dropped_s), len(probe.faulted_s), len(probe.willneed_s)) == (4, 4, 3, 3)
+    assert (probe.cache_region_bytes, probe.advice_region_bytes) == (cache_region, advice_region)
+    assert all(t > 0 for t in probe.kept_s + probe.dropped_s + probe.faulted_s + probe.willneed_s)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        counts = file_page_counts(fd)
+    finally:
+        os.close(fd)
+    if counts is not None:
+        assert counts.cached == 0  # the kept pages too, once the probe ended
+    assert read_probe([path], keep_bytes=keep * 2, cache_region_bytes=cache_region,
+                      advice_region_bytes=advice_region) is None  # one byte short of what it would read
+
+
+def test_bad_probe_sizes_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="whole pages"):
+        read_probe([tmp_path / "x"], cache_region_bytes=PAGE + 1)
+    with pytest.raises(ValueError, match="keep_bytes of at least a region"):
+        read_probe([tmp_path / "x"], keep_bytes=PAGE, cache_region_bytes=2 * PAGE)
+
+
+def test_the_report_says_what_was_chosen_why_and_from_which_rates(tmp_path: Path) -> None:
+    directory = make_results(tmp_path, failed=None)
+    summary_path = directory / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    assert "speed" not in summary or summary["speed"] is None  # a record without the choice renders without it
+    assert "settings of the strategies that map" not in render_report(load_results(directory))
+    choice = decide(RunConfig(prefetch="off"), _probe(kept=3.0, dropped=1.0), GiB, 16 * GiB)
+    summary["speed"] = choice.to_json()
+    summary_path.write_text(json.dumps(summary))
+    report = render_report(load_results(directory))
+    line = next(x for x in report.splitlines() if "settings of the strategies that map" in x)
+    assert "prefetch off (set by the scenario)" in line and "drop_cache on (chosen: " in line
+    probe_line = next(x for x in report.splitlines() if "read probe at the run's start" in x)
+    assert "the last three's median 0" in probe_line and "dropped behind the reader (median 1)" in probe_line
