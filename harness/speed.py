@@ -17,9 +17,9 @@ checkpoint (:func:`harness.measure.probe.read_probe`), and recorded with the rea
   the advised regions came in at 0.4 to 0.8 of the fault rate and prefetch still cut ``map``'s
   wall (``map`` against ``map_no_prefetch`` in ``results/pi05``).
 
-A checkpoint smaller than the probe reads (:func:`~harness.measure.probe.probe_bytes`, 4.4 GiB) is
-not probed: it fits in the pages a kernel has just freed, so keeping it costs nothing, and
-drop-cache is off; prefetch is ``madvise`` (what earlier layouts ran by default); the reason says so.
+A checkpoint smaller than the probe needs (:func:`~harness.measure.probe.probe_bytes`, 2.4 GiB) is
+not probed: drop-cache is off and prefetch ``madvise`` (what earlier layouts ran by default), and
+the reason says so.
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ def _drop_cache(probe: ReadProbe | None, checkpoint_bytes: int, available: int |
         return True, (f"chosen: the checkpoint ({checkpoint_bytes / 2**30:.2f} GiB) is larger than the memory "
                       f"available ({available / 2**30:.2f} GiB)")
     if probe is None:
-        return False, (f"chosen: off: a checkpoint under {probe_bytes() / 2**30:.1f} GiB is not probed (it fits in "
-                       "the pages a kernel has just freed, so keeping it costs nothing)")
+        return False, (f"chosen: off, the default for a checkpoint under {probe_bytes() / 2**30:.1f} GiB, "
+                       "which is not probed")
     kept, dropped = probe.kept_bytes_per_s, probe.dropped_bytes_per_s
     if kept > 0 and dropped >= DROP_GAIN * kept:
         return True, (f"chosen: reads dropping their pages behind them ran {dropped / kept:.2f}x as fast as "

@@ -6,11 +6,13 @@ host keeping them was faster). :func:`read_probe` measures the two questions dir
 regions of the checkpoint itself, before any strategy runs:
 
 * **does a growing page cache cost read time?** Regions read by ``pread`` with their pages kept
-  (``kept``; the pages stay until the probe ends, so the cache grows as a run's would) in turn
-  with regions read the same way and dropped behind the reader (``dropped``). On this project's VM
-  the first half GiB or so of kept pages came as fast as dropped ones (the kernel reused pages just
-  freed), and every kept gigabyte after it at a third of the rate (fresh pages the host had to
-  back): so the kept regions add up to :data:`DEFAULT_KEEP_BYTES`, well past that.
+  (``kept``; they stay until the probe ends, so the cache grows as a run's would), every fourth
+  region instead read the same way and dropped behind the reader (``dropped``), over up to
+  :data:`DEFAULT_CACHE_BYTES` of the checkpoint. On this project's VM kept pages came as fast as
+  dropped ones while the kernel could reuse pages it had freed in the seconds before (anywhere
+  from none to a few GiB, by what ran before), and at a quarter to a third of the rate after
+  (fresh pages the host had to back again): so the cache question reads far past that, and
+  the last kept regions answer it.
 * **does asking ahead read as fast as faulting?** A mapped region whose pages are touched one by
   one (``faulted``: the kernel's fault readahead, what a build without prefetch does) in turn with
   one touched after ``madvise(MADV_WILLNEED)`` over it (``willneed``: what the ``madvise``
@@ -19,8 +21,8 @@ regions of the checkpoint itself, before any strategy runs:
 Every read is of a region of its own, dropped from the page cache first: a region read twice
 would come from a cache outside a virtual machine's page cache (see
 :mod:`harness.measure.ceiling`). The regions lie in the largest file of the checkpoint, one after
-another. A file smaller than the regions need (4.4 GiB with the defaults) is not probed: a
-checkpoint that small fits in the pages a kernel has just freed, so keeping it costs nothing.
+another. A file with room for fewer than :data:`MIN_CACHE_REGIONS` cache regions besides the
+advice regions (2.4 GiB with the defaults) is not probed.
 :func:`harness.speed.choose_speed` turns the figures into the run's settings.
 """
 
@@ -38,15 +40,17 @@ from harness.measure.coldcache import drop_cached, page_aligned_buffer
 from harness.results.record import ReadProbe
 
 __all__ = [
-    "ADVICE_ROUNDS", "DEFAULT_ADVICE_REGION_BYTES", "DEFAULT_CACHE_REGION_BYTES", "DEFAULT_KEEP_BYTES", "probe_bytes",
-    "read_probe",
+    "ADVICE_ROUNDS", "DEFAULT_ADVICE_REGION_BYTES", "DEFAULT_CACHE_BYTES", "DEFAULT_CACHE_REGION_BYTES",
+    "MIN_CACHE_REGIONS", "probe_bytes", "read_probe",
 ]
 
-DEFAULT_KEEP_BYTES = 2 << 30
-"""Bytes the kept regions add up to (and the dropped ones likewise): 2 GiB, four times what this
-project's VM took from pages it had just freed."""
+DEFAULT_CACHE_BYTES = 8 << 30
+"""Bytes of the checkpoint the cache question reads at most (three quarters kept): 8 GiB, past the
+few GiB of just-freed pages this project's VM was seen to reuse."""
 DEFAULT_CACHE_REGION_BYTES = 256 << 20
-"""Bytes per kept or dropped region: 256 MiB, eight of each by default."""
+"""Bytes per kept or dropped region: 256 MiB."""
+MIN_CACHE_REGIONS = 8
+"""The fewest cache regions a probe reads (six kept, two dropped); a smaller checkpoint is not probed."""
 DEFAULT_ADVICE_REGION_BYTES = 64 << 20
 """Bytes per faulted or advised region: 64 MiB, more than the readahead windows."""
 ADVICE_ROUNDS = 3
@@ -82,34 +86,35 @@ def _touch_region(fd: int, offset: int, length: int, willneed: bool) -> None:
         del pages
 
 
-def probe_bytes(keep_bytes: int = DEFAULT_KEEP_BYTES, cache_region_bytes: int = DEFAULT_CACHE_REGION_BYTES,
+def probe_bytes(cache_region_bytes: int = DEFAULT_CACHE_REGION_BYTES,
                 advice_region_bytes: int = DEFAULT_ADVICE_REGION_BYTES) -> int:
-    """The bytes :func:`read_probe` reads with these sizes: the smallest file it probes."""
-    return 2 * (keep_bytes // cache_region_bytes) * cache_region_bytes + 2 * ADVICE_ROUNDS * advice_region_bytes
+    """The smallest file :func:`read_probe` probes with these region sizes."""
+    return MIN_CACHE_REGIONS * cache_region_bytes + 2 * ADVICE_ROUNDS * advice_region_bytes
 
 
-def read_probe(paths: Sequence[str | os.PathLike[str]], *, keep_bytes: int = DEFAULT_KEEP_BYTES,
+def read_probe(paths: Sequence[str | os.PathLike[str]], *, cache_bytes: int = DEFAULT_CACHE_BYTES,
                cache_region_bytes: int = DEFAULT_CACHE_REGION_BYTES,
                advice_region_bytes: int = DEFAULT_ADVICE_REGION_BYTES) -> ReadProbe | None:
     """The probe of the module docstring over the largest of ``paths``; ``None`` when that file is smaller
-    than the regions need (:func:`probe_bytes`).
+    than :func:`probe_bytes`.
 
-    The kept pages are dropped when the probe ends, read or failed. Raises ``ValueError`` for region sizes
-    that are not whole pages or ``keep_bytes`` below a region, and ``OSError`` naming the file where a
-    read fails.
+    The cache question reads as many whole regions as fit in ``cache_bytes`` and in the file beside the
+    advice regions. The kept pages are dropped when the probe ends, read or failed. Raises ``ValueError``
+    for region sizes that are not whole pages, and ``OSError`` naming the file where a read fails.
     """
     page = mmap.ALLOCATIONGRANULARITY
-    if any(n < page or n % page for n in (cache_region_bytes, advice_region_bytes)) or keep_bytes < cache_region_bytes:
-        raise ValueError(f"the read probe needs regions of whole pages and keep_bytes of at least a region, "
-                         f"got keep {keep_bytes}, regions {cache_region_bytes} and {advice_region_bytes}")
+    if any(n < page or n % page for n in (cache_region_bytes, advice_region_bytes)):
+        raise ValueError(f"the read probe needs regions of whole pages, got {cache_region_bytes} and "
+                         f"{advice_region_bytes}")
     if not paths:
         raise ValueError("the read probe needs a file")
     path = max((Path(p) for p in paths), key=lambda p: p.stat().st_size)
-    if path.stat().st_size < probe_bytes(keep_bytes, cache_region_bytes, advice_region_bytes):
+    advice_bytes = 2 * ADVICE_ROUNDS * advice_region_bytes
+    regions = min(cache_bytes, path.stat().st_size - advice_bytes) // cache_region_bytes
+    if regions < MIN_CACHE_REGIONS:
         return None
-    cache_regions = keep_bytes // cache_region_bytes
     cache_len, advice_len = cache_region_bytes, advice_region_bytes
-    reads = [("kept" if i % 2 == 0 else "dropped", cache_len) for i in range(2 * cache_regions)]
+    reads = [("dropped" if i % 4 == 3 else "kept", cache_len) for i in range(regions)]
     reads += [("faulted" if i % 2 == 0 else "willneed", advice_len) for i in range(2 * ADVICE_ROUNDS)]
     times: dict[str, list[float]] = {"kept": [], "dropped": [], "faulted": [], "willneed": []}
     fd = os.open(path, os.O_RDONLY)

@@ -64,26 +64,26 @@ def test_the_scenarios_settings_win_and_nothing_is_probed(tmp_path: Path) -> Non
 def test_a_checkpoint_smaller_than_the_probe_is_not_probed(tmp_path: Path) -> None:
     path = tmp_path / "small.bin"
     path.write_bytes(b"\0" * (4 << 20))
-    assert read_probe([path]) is None
+    assert read_probe([path]) is None  # under probe_bytes()
     choice = choose_speed(RunConfig(), [path])
     assert choice.probe is None and (choice.prefetch, choice.drop_cache) == ("madvise", False)
     assert f"{probe_bytes() / GiB:.1f} GiB" in choice.drop_cache_why
 
 
 def test_the_probe_reads_each_region_once_and_leaves_nothing_cached(tmp_path: Path) -> None:
-    keep, cache_region, advice_region = 4 * 64 * PAGE, 64 * PAGE, 32 * PAGE
-    size = probe_bytes(keep, cache_region, advice_region)
-    assert size == 2 * 4 * 64 * PAGE + 6 * 32 * PAGE
+    cache_region, advice_region = 64 * PAGE, 32 * PAGE
+    size = probe_bytes(cache_region, advice_region) + 2 * cache_region  # room for ten cache regions
+    assert probe_bytes(cache_region, advice_region) == 8 * 64 * PAGE + 6 * 32 * PAGE
     path = tmp_path / "ckpt.bin"
     with path.open("wb") as f:
         f.write(os.urandom(size))
         os.fsync(f.fileno())  # clean pages: the probe can drop them
     small = tmp_path / "other.bin"
     small.write_bytes(b"\0" * PAGE)  # the largest file is probed
-    probe = read_probe([small, path], keep_bytes=keep, cache_region_bytes=cache_region,
-                       advice_region_bytes=advice_region)
+    probe = read_probe([small, path], cache_region_bytes=cache_region, advice_region_bytes=advice_region)
     assert probe is not None
-    assert (len(probe.kept_s), len(probe.dropped_s), len(probe.faulted_s), len(probe.willneed_s)) == (4, 4, 3, 3)
+    # every fourth cache region dropped behind the reader, the rest kept
+    assert (len(probe.kept_s), len(probe.dropped_s), len(probe.faulted_s), len(probe.willneed_s)) == (8, 2, 3, 3)
     assert (probe.cache_region_bytes, probe.advice_region_bytes) == (cache_region, advice_region)
     assert all(t > 0 for t in probe.kept_s + probe.dropped_s + probe.faulted_s + probe.willneed_s)
     fd = os.open(path, os.O_RDONLY)
@@ -93,15 +93,16 @@ def test_the_probe_reads_each_region_once_and_leaves_nothing_cached(tmp_path: Pa
         os.close(fd)
     if counts is not None:
         assert counts.cached == 0  # the kept pages too, once the probe ended
-    assert read_probe([path], keep_bytes=keep * 2, cache_region_bytes=cache_region,
-                      advice_region_bytes=advice_region) is None  # one byte short of what it would read
+    capped = read_probe([path], cache_bytes=9 * cache_region, cache_region_bytes=cache_region,
+                        advice_region_bytes=advice_region)
+    assert capped is not None and len(capped.kept_s) + len(capped.dropped_s) == 9
+    assert read_probe([path], cache_region_bytes=2 * cache_region,
+                      advice_region_bytes=advice_region) is None  # room for five regions: under eight
 
 
 def test_bad_probe_sizes_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="whole pages"):
         read_probe([tmp_path / "x"], cache_region_bytes=PAGE + 1)
-    with pytest.raises(ValueError, match="keep_bytes of at least a region"):
-        read_probe([tmp_path / "x"], keep_bytes=PAGE, cache_region_bytes=2 * PAGE)
 
 
 def test_the_report_says_what_was_chosen_why_and_from_which_rates(tmp_path: Path) -> None:
