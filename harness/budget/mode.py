@@ -15,9 +15,10 @@ also makes one-off conversions such as ``torch_mmap``'s ``.pt``), then for each 
 2. **sweep**: :func:`harness.budget.sweep.smallest_limit` between those bounds, to
    ``precision_bytes`` (default: 2% of the model, at least 64 MiB). For ``map`` it adds
    runs at 1.25x, 1.5x and 2x the minimum and at baseline + 2 x the largest engine, for
-   the wall-time curve. A strategy given a limit in ``at`` (``--at STRATEGY=GIB``) is not
-   swept: one attempt under that limit says where it stands (status ``at_limit``), for
-   strategies whose attempts take minutes (a compiler's).
+   the wall-time curve (not for a compiler backend, whose attempts take minutes each). A
+   strategy given a limit in ``at`` (``--at STRATEGY=GIB``) is not swept: one attempt
+   under that limit says where it stands (status ``at_limit``), for strategies whose
+   attempts take minutes (a compiler's).
 
 Only the unconstrained run checks the built model against eager (a compiler backend's check,
 in processes of its own, :mod:`harness.engines.compile.check_process`): the constrained attempts
@@ -251,7 +252,7 @@ def _sweep_strategy(runner: _Strategy, plan: Plan, unconstrained_limit: int, pre
                       f"({_size(peak)}): nothing to sweep", ["unconstrained"], lower=lower, upper=upper)
     extra_factors: Sequence[float] = ()
     extra_limits: Sequence[int] = ()
-    if strategy == HEADLINE_STRATEGY:
+    if strategy == HEADLINE_STRATEGY and not plan.compiler:  # a compiler's attempts take minutes each
         extra_factors = MAP_EXTRA_FACTORS
         extra_limits = () if baseline is None else (goal_limit(baseline, plan.largest_engine_bytes),)
     try:

@@ -101,6 +101,15 @@ def test_only_map_gets_extra_points_on_its_curve(swept) -> None:
     assert extra["map"] == [limit for limit in expected if limit < m.upper_bytes]
 
 
+def test_a_compilers_map_is_swept_without_extra_points(controller: MemoryController, tmp_path: Path) -> None:
+    compiled = replace(scenario(tmp_path, "map"), build=BuildConfig(engines=1, device="cpu", backend="inductor"))
+    record = run_budget(compiled, results=tmp_path / "results", precision_bytes=16 * MIB, command=stand_in,
+                        workdir=tmp_path / "engines", controller=controller, min_timeout_s=30,
+                        progress=lambda line: None)
+    phases = [a.phase for a in record.strategies["map"].attempts]
+    assert phases[0] == "unconstrained" and "extra" not in phases and len(phases) > 2  # swept, no curve
+
+
 def test_the_record_reads_back_as_written_and_the_report_shows_it(swept) -> None:
     out, record = swept
     assert read_budget(out) == record

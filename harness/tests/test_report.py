@@ -543,16 +543,26 @@ def test_the_fastest_strategy_is_named_with_its_spread_and_only_called_clear_whe
     from harness.report.markdown import fastest_observation
 
     committed = Path(__file__).resolve().parents[2] / "results" / "pi05"
-    run = load_results(committed)
-    (line,) = fastest_observation(run)
-    assert line.startswith("- Lowest median wall: **map**, median ") and "over 3 rounds" in line
-    assert "their rounds overlap" in line and "a rerun may order them differently" in line
     copy = tmp_path / "pi05"
     shutil.copytree(committed, copy)
     summary = json.loads((copy / "summary.json").read_text())
-    slowest_map = max(r["wall_s"] for r in summary["strategies"]["map"]["repeats"])
-    for r in summary["strategies"]["map_no_prefetch"]["repeats"]:
-        r["wall_s"] = slowest_map + 1.0 + r["wall_s"]
+    rounds = len(summary["strategies"]["map"]["repeats"])
+    assert rounds >= 3, "the committed pi0.5 run has repeats"
+
+    def walls(name: str, first: float) -> None:
+        for i, r in enumerate(summary["strategies"][name]["repeats"]):
+            r["wall_s"] = first + i
+
+    for k, name in enumerate(summary["strategies"]):
+        walls(name, 100.0 + 10 * k)  # every other strategy far behind
+    walls("map", 10.0)
+    walls("map_no_prefetch", 10.5)  # overlapping map's rounds
+    (copy / "summary.json").write_text(json.dumps(summary))
+    (line,) = fastest_observation(load_results(copy))
+    assert line.startswith("- Lowest median wall: **map**, median ") and f"over {rounds} rounds" in line
+    assert "next: map_no_prefetch" in line
+    assert "their rounds overlap" in line and "a rerun may order them differently" in line
+    walls("map_no_prefetch", 10.0 + rounds)  # every round after map's slowest
     (copy / "summary.json").write_text(json.dumps(summary))
     (clear,) = fastest_observation(load_results(copy))
-    assert "every round of map was faster than every round of torch_mmap (torch_mmap took" in clear
+    assert "every round of map was faster than every round of map_no_prefetch (map_no_prefetch took" in clear
