@@ -53,7 +53,8 @@ bench-smoke-compile: $(STAMP)
 	$(PY) -m harness run scenarios/smoke-compile-packaged.toml
 	$(PY) -m harness run scenarios/smoke-compile-packaged-compiler.toml
 
-# The synthetic transformer at pi0.5's layer shapes (8.64 GiB): about 30 minutes a scenario on 2 cores.
+# The synthetic transformer at pi0.5's layer shapes (8.64 GiB): minutes a strategy on 2 cores
+# (pi05-compile-packaged: 8 minutes for map and load, their checks included).
 bench-pi05-compile: $(STAMP)
 	$(PY) -m harness run scenarios/pi05-compile.toml
 	$(PY) -m harness run scenarios/pi05-compile-packaged.toml
