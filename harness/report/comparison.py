@@ -35,7 +35,7 @@ from harness.report.text import (
     short_commit,
 )
 from harness.results.atomic import write_atomic
-from harness.results.comparison import TIMES, Comparison, MemoryDelta, StrategyComparison, TimeRatio
+from harness.results.comparison import TIME_RESOLUTION_S, TIMES, Comparison, MemoryDelta, StrategyComparison, TimeRatio
 from harness.results.reading import Results
 from harness.results.spread import chance_flag
 
@@ -196,7 +196,8 @@ def comparison_markdown(comparison: Comparison, figure: str | None = None) -> st
         "## Time",
         "",
         "BASE median → NEW median over each strategy's finished rounds, the ratio NEW / BASE and its interval; "
-        f"marked only when the interval excludes 1 ({_UP} slower, {_DOWN} faster).",
+        f"marked only when the interval excludes 1 and the medians differ by "
+        f"{TIME_RESOLUTION_S:g} s or more ({_UP} slower, {_DOWN} faster).",
         "",
         *_time_table(comparison),
         "",

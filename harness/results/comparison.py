@@ -11,7 +11,7 @@
   (:func:`harness.results.spread.ratio_of_medians`).
 
 A memory delta is *flagged* when it is larger than the strategy's noise (:func:`memory_noise`); a time
-when its interval excludes 1. A *regression* is a flagged rise of memory (the floor excepted: it is the
+when its interval excludes 1 and its median moved by at least :data:`TIME_RESOLUTION_S`. A *regression* is a flagged rise of memory (the floor excepted: it is the
 plan's, baseline + engines, not the strategy's doing) or a flagged slow-down, or a strategy that
 finished in BASE and failed in NEW.
 """
@@ -28,6 +28,7 @@ from harness.results.spread import Ratio, ratio_of_medians, strategy_rounds
 
 __all__ = [
     "MEMORY_TOLERANCE",
+    "TIME_RESOLUTION_S",
     "TIMES",
     "Comparison",
     "ComparisonError",
@@ -38,6 +39,10 @@ __all__ = [
     "compare_results",
     "memory_noise",
 ]
+
+TIME_RESOLUTION_S = 0.1
+"""The smallest change of a median time that :attr:`TimeRatio.flagged` marks, in seconds: below it a
+ratio outside the noise (a load phase of 0.02 s against 0.03 s) is not a change a user waits for."""
 
 MEMORY_TOLERANCE = 0.005
 """The smallest memory change, as a share of the model, that counts as beyond the noise.
@@ -105,8 +110,10 @@ class TimeRatio:
 
     @property
     def flagged(self) -> bool:
-        """Whether the ratio's interval excludes 1."""
-        return self.ratio is not None and self.ratio.outside_noise
+        """Whether the ratio's interval excludes 1 and the medians differ by at least
+        :data:`TIME_RESOLUTION_S` (a phase of milliseconds can double without anyone waiting longer)."""
+        return (self.ratio is not None and self.ratio.outside_noise
+                and abs(self.ratio.new.median - self.ratio.base.median) >= TIME_RESOLUTION_S)
 
     @property
     def regression(self) -> bool:

@@ -93,7 +93,7 @@ def test_a_run_compared_with_itself_moved_nothing(capsys: pytest.CaptureFixture[
     assert "# pi05 (BASE) vs pi05 (NEW)" in out
     time_rows = [line for line in out.splitlines() if line.startswith("| map") and " s: " in line]
     assert len(time_rows) == 3 and all(line.count("1.00×") == 3 for line in time_rows)
-    assert "probability 10.0%" in out  # the method behind the intervals is printed
+    assert "with no change it excludes 1 by chance with probability" in out  # the method behind the intervals
 
 
 def test_slower_walls_are_flagged_and_fail_the_threshold(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -118,6 +118,29 @@ def test_walls_within_the_rounds_spread_are_not_flagged(tmp_path: Path) -> None:
     new = _copy(tmp_path, "smoke", "smoke-same", _then(_rounds(0.1), _slower(1.05)))
     comparison = compare_results(load_results(base), load_results(new))
     assert not any(s.time("wall").flagged for s in comparison.strategies)
+
+
+def _loads(seconds: float) -> Callable[[dict[str, Any]], None]:
+    """Every strategy's load phase set to ``seconds`` and up, a millisecond more each round."""
+
+    def edit(summary: dict[str, Any]) -> None:
+        for strategy in summary["strategies"].values():
+            for i, repeat in enumerate(strategy["repeats"]):
+                repeat["load_s"] = seconds + 0.001 * i
+    return edit
+
+
+def test_a_phase_of_milliseconds_is_not_flagged_however_its_ratio_moves(tmp_path: Path) -> None:
+    base = _copy(tmp_path, "smoke", "smoke", _then(_rounds(0.1), _loads(0.02)))
+    tiny = _copy(tmp_path, "smoke", "smoke-tiny", _then(_rounds(0.1), _loads(0.04)))
+    comparison = compare_results(load_results(base), load_results(tiny))
+    for strategy in comparison.strategies:
+        load = strategy.time("load")
+        assert load.ratio is not None and load.ratio.outside_noise, strategy.name  # twice as long, clear of noise
+        assert not load.flagged and not load.regression, strategy.name  # but 20 ms is no change to wait for
+    longer = _copy(tmp_path, "smoke", "smoke-longer", _then(_rounds(0.1), _loads(0.2)))
+    comparison = compare_results(load_results(base), load_results(longer))
+    assert all(s.time("load").regression for s in comparison.strategies)
 
 
 def test_memory_beyond_the_tolerance_is_flagged_and_within_it_is_not(tmp_path: Path,
@@ -174,7 +197,10 @@ def test_different_scenarios_need_leave(tmp_path: Path, capsys: pytest.CaptureFi
     assert code == 0
     report = (tmp_path / "pi05-vs-pi05-trim.md").read_text()
     assert "Different scenarios: BASE ran 'pi05', NEW ran 'pi05-trim'." in report
-    assert "Only in BASE, not compared: map_no_prefetch, map_keep_cache, torch_mmap, stream." in report
+    trimmed = set(load_results(RESULTS / "pi05-trim").strategies)
+    only_base = [name for name in load_results(RESULTS / "pi05").strategies if name not in trimmed]
+    assert only_base, "the committed pi05 run has strategies pi05-trim lacks"
+    assert f"Only in BASE, not compared: {', '.join(only_base)}." in report
     assert (tmp_path / "pi05-vs-pi05-trim.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert out.splitlines() == [str(tmp_path / "pi05-vs-pi05-trim.png"), str(tmp_path / "pi05-vs-pi05-trim.md")]
 
