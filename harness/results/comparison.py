@@ -12,8 +12,9 @@
 
 A memory delta is *flagged* when it is larger than the strategy's noise (:func:`memory_noise`); a time
 when its interval excludes 1 and its median moved by at least :data:`TIME_RESOLUTION_S`. A
-*regression* is a flagged rise of memory (the floor excepted: it is the plan's, baseline + engines, not the strategy's doing) or a flagged slow-down, or a strategy that
-finished in BASE and failed in NEW.
+*regression* is a flagged rise of memory (the floor excepted: it is the plan's, baseline + engines,
+not the strategy's doing) or a flagged slow-down, or a strategy that finished in BASE and failed in
+NEW.
 """
 
 from __future__ import annotations
