@@ -110,6 +110,26 @@ def test_a_compilers_map_is_swept_without_extra_points(controller: MemoryControl
     assert phases[0] == "unconstrained" and "extra" not in phases and len(phases) > 2  # swept, no curve
 
 
+def test_without_a_run_at_the_goals_limit_its_timing_is_judged_at_the_nearest_limit_under_it(swept) -> None:
+    _, record = swept
+    m = record.strategies["map"]
+    # as a compiler's sweep has them (no extra points), with the load + build a real worker reports
+    attempts = tuple(replace(a, compile_s=0.9 * a.wall_s) if a.completed else a
+                     for a in m.attempts if a.phase != "extra")
+    nearest = max(a.limit_bytes for a in attempts if a.completed and a.phase != "unconstrained")
+    # a baseline that puts the goal's limit just above the largest swept limit that completed
+    swept_only = replace(record, strategies={**record.strategies, "map": replace(
+        m, attempts=attempts, baseline_rss_bytes=nearest + 2 * MIB)})
+    goal_limit = swept_only.goal_limit_bytes("map")
+    assert goal_limit is not None and goal_limit > nearest
+    under = [a.limit_bytes for a in swept_only.strategies["map"].attempts
+             if a.completed and a.limit_bytes <= goal_limit]
+    assert under and goal_limit not in under
+    (timing,) = [g for g in budget_goals(swept_only) if g.goal.startswith("map's load + build at that limit")]
+    assert timing.met is not None, timing.measured
+    assert timing.measured.startswith(f"at {max(under) / 2**30:.3f} GiB, the nearest completed limit under it: ")
+
+
 def test_the_record_reads_back_as_written_and_the_report_shows_it(swept) -> None:
     out, record = swept
     assert read_budget(out) == record
