@@ -94,8 +94,11 @@ def _prefetch_text(prefetch: str | None) -> str:
 def _repeats_text(repeats: int | None, cache: str) -> str | None:
     if not repeats or repeats <= 1:
         return None
+    which = ("times are the median run's (the figures show it)" if repeats % 2 else
+             "times are the median of the runs, the mean of the middle two (the figures show the run the "
+             "observations name)")
     return (f"each strategy run {repeats} times, interleaved, each run a fresh process on a {cache} cache; "
-            "times are the median run's (the figures show it), with the range over the runs")
+            f"{which}, with the range over the runs")
 
 
 def _warmup_text(config: dict[str, Any]) -> str | None:

@@ -566,3 +566,12 @@ def test_the_fastest_strategy_is_named_with_its_spread_and_only_called_clear_whe
     (copy / "summary.json").write_text(json.dumps(summary))
     (clear,) = fastest_observation(load_results(copy))
     assert "every round of map was faster than every round of map_no_prefetch (map_no_prefetch took" in clear
+
+
+def test_the_header_says_which_run_the_times_are_with_an_odd_or_an_even_count_of_rounds() -> None:
+    from harness.report.markdown import _repeats_text
+
+    odd, even = _repeats_text(5, "cold"), _repeats_text(2, "cold")
+    assert odd is not None and "times are the median run's (the figures show it)" in odd
+    # with two rounds no run took the median time: the header must not call it a run's
+    assert even is not None and "median run's" not in even and "the mean of the middle two" in even
