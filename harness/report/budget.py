@@ -29,7 +29,7 @@ from matplotlib.lines import Line2D
 
 from harness.budget.record import AttemptRecord, BudgetRecord, StrategyBudget, read_budget
 from harness.catalog import HEADLINE_STRATEGY, strategy_colour
-from harness.report.style import STYLE, figure_png, strategy_line
+from harness.report.style import STYLE, figure_png, strategy_line, wrapped_title
 from harness.report.text import DASH, GIB, cell, gib_decimals, short_commit
 from harness.results.atomic import FileBatch
 from harness.results.record import read_text_file
@@ -82,19 +82,17 @@ def budget_goals(record: BudgetRecord) -> list[Goal]:
             title = "map's load + build at that limit within 1.5x of its unconstrained one"
             free = m.unconstrained
             compile_walls, whole_walls = _completed_walls(m, compile_only=True), _completed_walls(m)
-            # Without a run at the limit itself (a compiler's sweep adds none), the nearest completed
-            # limit under it stands for it: a run with less memory than the limit is not faster.
-            under = [lim for lim in compile_walls if lim <= limit and lim in whole_walls]
-            at = limit if limit in compile_walls else max(under, default=None)
-            at_limit = None if at is None else compile_walls[at]
-            whole = None if at is None else whole_walls.get(at)
+            # The limit itself where a run completed there, else the nearest completed limit under it (a
+            # compiler's sweep adds no run at the limit): a run with less memory is not faster.
+            at = max((lim for lim in compile_walls if lim <= limit and lim in whole_walls), default=None)
             where = "" if at is None or at == limit else f"at {_gib(at, d)}, the nearest completed limit under it: "
-            if free is None or free.compile_s is None or at_limit is None or whole is None:
+            if free is None or free.compile_s is None or at is None:
                 goals.append(Goal(title, "no completed run at or under that limit", None))
             elif free.compile_s <= 0 or free.wall_s <= 0:  # times are recorded to the millisecond
                 goals.append(Goal(title, f"the unconstrained run's times ({free.compile_s:.3f} s, "
                                          f"{free.wall_s:.3f} s) are too short to compare with", None))
             else:
+                at_limit, whole = compile_walls[at], whole_walls[at]
                 ratio = at_limit / free.compile_s
                 goals.append(Goal(title, f"{where}{at_limit:.1f} s against {free.compile_s:.1f} s: {ratio:.2f}x "
                                          f"(whole process {whole:.1f} s against {free.wall_s:.1f} s: "
@@ -251,9 +249,8 @@ def wall_figure(record: BudgetRecord) -> Figure:
             ax.grid(True, which="both", alpha=0.25)
         title = (f"{record.name}: wall time against the memory limit (each point a fresh process on a "
                  "cold cache; the unconstrained run is the rightmost)")
-        width_chars = int(fig.get_figwidth() * 72 * 0.95 / (11 * 0.62))  # 11 pt bold, about 0.62 em a character
         fig.legend(handles=handles, loc="outside upper center", ncols=3, frameon=False,
-                   title="\n".join(textwrap.wrap(title, width_chars)),
+                   title=wrapped_title(fig, title, 11),
                    title_fontproperties={"size": 11, "weight": "bold"})
         footer = (f"{record.model_name}, {_gib(record.model_bytes, d)}, {record.engines} engines, "
                   f"{record.backend} backend on {record.device}; {record.machine.cpus} CPUs, machine shared with "

@@ -120,6 +120,12 @@ def _legend_columns(widths: list[float], ncols: int) -> list[list[float]]:
     return columns
 
 
+def wrapped_title(fig: Figure, title: str, size: float) -> str:
+    """``title`` broken into lines that fit 95% of the figure's width in bold type of ``size`` points
+    (about 0.62 em a character)."""
+    return "\n".join(textwrap.wrap(title, int(fig.get_figwidth() * 72 * 0.95 / (size * 0.62))))
+
+
 def figure_legend(fig: Figure, handles: list[Any], title: str) -> None:
     """The figure's legend above the axes, titled with the figure's title.
 
@@ -139,7 +145,7 @@ def figure_legend(fig: Figure, handles: list[Any], title: str) -> None:
         loc="outside upper center",
         ncols=ncols,
         frameon=False,
-        title="\n".join(textwrap.wrap(title, int(fig.get_figwidth() * 72 * 0.95 / (12 * 0.62)))),
+        title=wrapped_title(fig, title, 12),
         title_fontproperties={"size": 12, "weight": "bold"},
     )
 
