@@ -135,7 +135,8 @@ def test_the_disk_is_read_once_per_round(repeated: tuple[RunRecord, Path]) -> No
     assert len(record.read_ceiling) == 12 and all(p.bytes > 0 for p in record.read_ceiling)
     for disk in record.disk_reads:
         assert disk.bytes == record.checkpoint.bytes
-        assert disk.bytes_per_s == pytest.approx(disk.bytes / disk.seconds, rel=0.01)
+        # the stored rate is the stored bytes over the stored time (a time rounded apart once disagreed by 1%)
+        assert disk.bytes_per_s == pytest.approx(disk.bytes / disk.seconds, rel=1e-9)
         assert disk.resident_at_start_bytes <= MiB
 
 
