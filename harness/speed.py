@@ -2,14 +2,19 @@
 
 A scenario may set ``[run] prefetch`` (a method, or ``"off"``) and ``[run] drop_cache`` (true or
 false); what it leaves as ``"auto"`` / absent is chosen here, once per run, from a read probe of the
-checkpoint (:func:`harness.measure.probe.read_probe`), and recorded with the reason
-(:class:`~harness.results.record.SpeedChoice`). The rules, each a question the probe answers:
+checkpoint (:func:`harness.measure.probe.read_probe`) and what the kernel says of its memory, and
+recorded with the reason (:class:`~harness.results.record.SpeedChoice`). The rules:
 
-* **drop_cache** on when reads that drop their pages behind them run at least :data:`DROP_GAIN`
-  times as fast as the last of the reads that keep theirs (the page cache's growth costs time
-  here: on this project's VM, fresh pages the host had to back), or when the checkpoint is larger
-  than the memory the kernel reports available (keeping it would push other pages out); off
-  otherwise, since a page kept costs nothing then and a later reader may find it.
+* **drop_cache** on when the checkpoint is larger than the memory the kernel reports available
+  (keeping it would push other pages out), or when the kernel hands its free memory back to a host
+  (:func:`harness.measure.hostmemory.free_page_reporting`): there a page the cache keeps is one the
+  build's own writes cannot reuse, and fresh memory costs the host's backing (on this project's VM
+  5 to 10 times the time of memory just freed, and ``map`` built in half the time with it on). Off
+  otherwise, since a page kept costs nothing then and a later reader may find it: on the 16-core H200
+  host ``map`` built 1.4 times as fast keeping its pages (``results/pi05-h200``, made before this rule;
+  whether that host's kernel reports free pages is not recorded there). The read probe's kept
+  and dropped reads are recorded beside it but decide nothing: on both machines dropped reads ran
+  1.1 times as fast as kept ones, while the runs differed 2x one way and 1.4x the other.
 * **prefetch** ``madvise`` one engine ahead unless regions asked for with ``MADV_WILLNEED`` come
   in at under :data:`WILLNEED_FLOOR` of the rate of regions faulted in page by page (the advice
   then buys little reading and costs a thread). Asking ahead pays by overlapping the next
@@ -18,8 +23,8 @@ checkpoint (:func:`harness.measure.probe.read_probe`), and recorded with the rea
   wall (``map`` against ``map_no_prefetch`` in ``results/pi05``).
 
 A checkpoint smaller than the probe needs (:func:`~harness.measure.probe.probe_bytes`, 2.4 GiB) is
-not probed: drop-cache is off and prefetch ``madvise`` (what earlier layouts ran by default), and
-the reason says so.
+not probed and its page cache stays small: drop-cache is off and prefetch ``madvise`` (what earlier
+layouts ran by default), and the reason says so.
 """
 
 from __future__ import annotations
@@ -29,15 +34,13 @@ from collections.abc import Sequence
 
 import psutil
 
+from harness.measure.hostmemory import free_page_reporting
 from harness.measure.probe import probe_bytes, read_probe
 from harness.results.record import ReadProbe, SpeedChoice
 from harness.scenario import PREFETCH_AUTO, PREFETCH_OFF, RunConfig
 
-__all__ = ["DROP_GAIN", "PREFETCH_METHOD", "WILLNEED_FLOOR", "choose_speed", "decide"]
+__all__ = ["PREFETCH_METHOD", "WILLNEED_FLOOR", "choose_speed", "decide"]
 
-DROP_GAIN = 1.05
-"""Dropped-behind reads must be this much faster than kept ones for drop-cache to be chosen (5%: above
-the probe's own noise of a few percent between regions, measured on the 2-core VM)."""
 WILLNEED_FLOOR = 0.25
 """``MADV_WILLNEED`` reads under this share of the fault reads' rate turn prefetch off."""
 PREFETCH_METHOD = "madvise"
@@ -49,19 +52,19 @@ def _mb(rate: float) -> str:
     return f"{rate / 1e6:.0f} MB/s"
 
 
-def _drop_cache(probe: ReadProbe | None, checkpoint_bytes: int, available: int | None) -> tuple[bool, str]:
+def _drop_cache(probe: ReadProbe | None, checkpoint_bytes: int, available: int | None,
+                reporting: str | None) -> tuple[bool, str]:
     if available is not None and checkpoint_bytes > available:
         return True, (f"chosen: the checkpoint ({checkpoint_bytes / 2**30:.2f} GiB) is larger than the memory "
                       f"available ({available / 2**30:.2f} GiB)")
     if probe is None:
         return False, (f"chosen: off, the default for a checkpoint under {probe_bytes() / 2**30:.1f} GiB, "
                        "which is not probed")
-    kept, dropped = probe.kept_bytes_per_s, probe.dropped_bytes_per_s
-    if kept > 0 and dropped >= DROP_GAIN * kept:
-        return True, (f"chosen: reads dropping their pages behind them ran {dropped / kept:.2f}x as fast as "
-                      f"the last reads keeping them ({_mb(dropped)} vs {_mb(kept)})")
-    return False, (f"chosen: keeping read pages cost no read time (the last kept reads {_mb(kept)}, dropped "
-                   f"behind {_mb(dropped)}: under the {DROP_GAIN:.2f}x that would choose dropping)")
+    if reporting is not None:
+        return True, (f"chosen: this kernel reports its free pages to the host ({reporting} negotiated free page "
+                      "reporting), so a page the cache keeps leaves the build memory the host must back again")
+    return False, ("chosen: off: this kernel reports no free pages to a host, so a page kept costs nothing "
+                   "and a later reader may find it")
 
 
 def _prefetch(probe: ReadProbe | None) -> tuple[str | None, str]:
@@ -78,15 +81,17 @@ def _prefetch(probe: ReadProbe | None) -> tuple[str | None, str]:
                              "would turn it off")
 
 
-def decide(run: RunConfig, probe: ReadProbe | None, checkpoint_bytes: int, available: int | None) -> SpeedChoice:
-    """The settings for ``run`` given the probe's figures (``probe`` is ignored for settings the scenario made)."""
+def decide(run: RunConfig, probe: ReadProbe | None, checkpoint_bytes: int, available: int | None,
+           reporting: str | None = None) -> SpeedChoice:
+    """The settings for ``run`` given the probe's figures and the balloon device that reports this kernel's free
+    pages to its host (``reporting``, or ``None``); both are ignored for settings the scenario made."""
     if run.prefetch == PREFETCH_AUTO:
         prefetch, prefetch_why = _prefetch(probe)
     else:
         prefetch = None if run.prefetch == PREFETCH_OFF else run.prefetch
         prefetch_why = "set by the scenario"
     if run.drop_cache is None:
-        drop, drop_why = _drop_cache(probe, checkpoint_bytes, available)
+        drop, drop_why = _drop_cache(probe, checkpoint_bytes, available, reporting)
     else:
         drop, drop_why = run.drop_cache, "set by the scenario"
     return SpeedChoice(prefetch=prefetch, drop_cache=drop, prefetch_why=prefetch_why, drop_cache_why=drop_why,
@@ -99,4 +104,5 @@ def choose_speed(run: RunConfig, files: Sequence[str | os.PathLike[str]]) -> Spe
     needs_probe = run.prefetch == PREFETCH_AUTO or run.drop_cache is None
     probe = read_probe(files) if needs_probe else None
     checkpoint_bytes = sum(os.stat(f).st_size for f in files)
-    return decide(run, probe, checkpoint_bytes, psutil.virtual_memory().available)
+    reporting = free_page_reporting() if run.drop_cache is None else None
+    return decide(run, probe, checkpoint_bytes, psutil.virtual_memory().available, reporting)

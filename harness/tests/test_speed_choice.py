@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from harness.measure.hostmemory import free_page_reporting
 from harness.measure.probe import probe_bytes, read_probe
 from harness.measure.residency import file_page_counts
 from harness.report.markdown import render_report
 from harness.results.reading import load_results
 from harness.results.record import ReadProbe
 from harness.scenario import RunConfig
-from harness.speed import DROP_GAIN, WILLNEED_FLOOR, choose_speed, decide
+from harness.speed import WILLNEED_FLOOR, choose_speed, decide
 from harness.tests.fixtures import make_results
 
 PAGE = mmap.ALLOCATIONGRANULARITY
@@ -28,15 +29,36 @@ def _probe(kept: float = 1.0, dropped: float = 1.0, faulted: float = 1.0, willne
                      advice_region_bytes=1 << 20, faulted_s=(faulted,) * 3, willneed_s=(willneed,) * 3)
 
 
-def test_drop_cache_is_chosen_when_keeping_pages_slowed_the_last_reads() -> None:
-    # the first kept regions were fast (pages just freed): the last three decide
-    choice = decide(RunConfig(), _probe(kept=3.0, dropped=1.0), checkpoint_bytes=GiB, available=16 * GiB)
-    assert choice.drop_cache is True
-    assert "3.00x as fast" in choice.drop_cache_why
-    kept = decide(RunConfig(), _probe(kept=1.0, dropped=1.0), checkpoint_bytes=GiB, available=16 * GiB)
-    assert kept.drop_cache is False and "cost no read time" in kept.drop_cache_why
-    just_under = decide(RunConfig(), _probe(kept=DROP_GAIN * 0.99, dropped=1.0), GiB, 16 * GiB)
-    assert just_under.drop_cache is False
+BALLOON = "/sys/bus/virtio/devices/virtio0"
+
+
+def test_drop_cache_is_chosen_where_the_kernel_reports_free_pages_to_a_host() -> None:
+    on = decide(RunConfig(), _probe(), checkpoint_bytes=GiB, available=16 * GiB, reporting=BALLOON)
+    assert on.drop_cache is True and BALLOON in on.drop_cache_why and "free page reporting" in on.drop_cache_why
+    off = decide(RunConfig(), _probe(), checkpoint_bytes=GiB, available=16 * GiB, reporting=None)
+    assert off.drop_cache is False and "reports no free pages" in off.drop_cache_why
+    # the read probe's kept and dropped reads decide nothing (on both machines they read alike)
+    slow_kept = decide(RunConfig(), _probe(kept=3.0, dropped=1.0), GiB, 16 * GiB, reporting=None)
+    assert slow_kept.drop_cache is False
+
+
+def _virtio(root: Path, name: str, device: str, features: str) -> None:
+    entry = root / name
+    entry.mkdir(parents=True)
+    (entry / "device").write_text(device + "\n")
+    (entry / "features").write_text(features + "\n")
+
+
+def test_free_page_reporting_is_read_from_the_balloons_negotiated_features(tmp_path: Path) -> None:
+    reporting = "0110010100000000"  # bit 5 set: VIRTIO_BALLOON_F_REPORTING
+    _virtio(tmp_path, "virtio0", "0x0002", reporting)  # a block device: bit 5 means something else there
+    _virtio(tmp_path, "virtio1", "zz", reporting)  # an id that is not hex is skipped
+    assert free_page_reporting(tmp_path) is None
+    _virtio(tmp_path, "virtio2", "0x0005", "0110000100000000")  # a balloon without reporting
+    assert free_page_reporting(tmp_path) is None
+    _virtio(tmp_path, "virtio3", "0x0005", reporting)
+    assert free_page_reporting(tmp_path) == str(tmp_path / "virtio3")
+    assert free_page_reporting(tmp_path / "absent") is None  # no virtio bus: not a virtual machine
 
 
 def test_drop_cache_is_chosen_when_the_checkpoint_exceeds_available_memory() -> None:
@@ -111,7 +133,7 @@ def test_the_report_says_what_was_chosen_why_and_from_which_rates(tmp_path: Path
     summary = json.loads(summary_path.read_text())
     assert "speed" not in summary or summary["speed"] is None  # a record without the choice renders without it
     assert "settings of the strategies that map" not in render_report(load_results(directory))
-    choice = decide(RunConfig(prefetch="off"), _probe(kept=3.0, dropped=1.0), GiB, 16 * GiB)
+    choice = decide(RunConfig(prefetch="off"), _probe(kept=3.0, dropped=1.0), GiB, 16 * GiB, reporting=BALLOON)
     summary["speed"] = choice.to_json()
     summary_path.write_text(json.dumps(summary))
     report = render_report(load_results(directory))
