@@ -22,6 +22,7 @@ __all__ = [
     "HOLDS_WEIGHTS",
     "STRATEGY_LISTINGS",
     "StrategyListing",
+    "peers_of",
     "strategy_colour",
     "strategy_label",
 ]
@@ -29,11 +30,14 @@ __all__ = [
 
 @dataclass(frozen=True)
 class StrategyListing:
-    """One strategy as scenarios and results name it: its name, its label in tables and figures, its colour."""
+    """One strategy as scenarios and results name it: its name, its label in tables and figures, its colour, and
+    the strategy it is a variant of (``variant_of``: the same loader with one setting changed; ``None`` for a way
+    of loading of its own, a peer)."""
 
     name: str
     label: str
     colour: str
+    variant_of: str | None = None
 
 
 STRATEGY_LISTINGS: dict[str, StrategyListing] = {
@@ -45,9 +49,10 @@ STRATEGY_LISTINGS: dict[str, StrategyListing] = {
         StrategyListing("torch_mmap", "torch.load(mmap=True) of a .pt + assign", "#999933"),
         StrategyListing("stream", "safe_open per engine (views), dropped after it", "#882255"),
         StrategyListing("read_file", "safe_open, pread backend, per engine (copies), dropped after it", "#117733"),
-        StrategyListing("map_no_prefetch", "map_weights, pages dropped after each engine, no prefetch", "#332288"),
+        StrategyListing("map_no_prefetch", "map_weights, pages dropped after each engine, no prefetch", "#332288",
+                        variant_of="map"),
         StrategyListing("map_keep_cache", "map_weights, pages dropped after each engine, kept in the page cache",
-                        "#44AA99"),
+                        "#44AA99", variant_of="map"),
     )
 }
 """Every strategy, in the order scenarios run them by default."""
@@ -73,6 +78,16 @@ BUILT_WITHOUT_RESIDENT_WEIGHTS: tuple[str, ...] = ("mapped", "packaged")
 """The weight settings whose engines, built on the host, need no weight resident while they are built:
 ``mapped`` engines run on the mapped weights where they lie, and ``packaged`` ones have theirs streamed
 into the artifact a chunk at a time, each chunk's pages dropped once written."""
+
+def peers_of(name: str, names: Sequence[str]) -> list[str]:
+    """The strategies of ``names`` that are other ways of loading than ``name``: neither ``name`` nor a variant
+    of it (nor what it is a variant of). A name outside the catalog is a peer."""
+    def base(n: str) -> str:
+        listing = STRATEGY_LISTINGS.get(n)
+        return listing.variant_of or n if listing is not None else n
+
+    return [n for n in names if base(n) != base(name)]
+
 
 _EXTRA_COLOURS = ("#882255", "#999933", "#332288", "#117733", "#AA4499")
 

@@ -134,8 +134,8 @@ def budget_markdown(record: BudgetRecord, figure_names: list[str], notes: str | 
         f"*{record.description}*", "",
         f"Model **{record.model_name}** ({_gib(record.model_bytes, d)}), {record.engines} engines (the largest "
         f"{_gib(record.largest_engine_bytes, d)}), backend `{record.backend}`, device `{record.device}`; "
-        f"machine: {m.cpus} CPUs, {_gib(m.mem_total_bytes, 1)} memory, kernel {m.kernel}, shared with other "
-        f"users' jobs while it ran; {record.controller}, swap off in each group. Each attempt is a fresh worker "
+        f"machine: {m.cpus} CPUs, {_gib(m.mem_total_bytes, 1)} memory, kernel {m.kernel}; {record.controller}, "
+        f"swap off in each group. Each attempt is a fresh worker "
         f"process in a fresh group, on a cold cache (the files it reads flushed and dropped first). Search: "
         f"bisection between the baseline and the unconstrained group peak to {_gib(record.precision_bytes, d)}; "
         f"timeout per attempt {record.timeout_factor:g}x the unconstrained wall time, at least "
@@ -253,8 +253,8 @@ def wall_figure(record: BudgetRecord) -> Figure:
                    title=wrapped_title(fig, title, 11),
                    title_fontproperties={"size": 11, "weight": "bold"})
         footer = (f"{record.model_name}, {_gib(record.model_bytes, d)}, {record.engines} engines, "
-                  f"{record.backend} backend on {record.device}; {record.machine.cpus} CPUs, machine shared with "
-                  f"other jobs; commit {short_commit(record.commit)}, {record.created}")
+                  f"{record.backend} backend on {record.device}; {record.machine.cpus} CPUs; "
+                  f"commit {short_commit(record.commit)}, {record.created}")
         lines = textwrap.wrap(footer, 150)
         fig.text(0.01, 0.01, "\n".join(lines), fontsize=9, color="#333333", va="bottom", linespacing=1.35)
         footer_height = (len(lines) * 9 * 1.35 + 10) / 72 / fig.get_figheight()  # figure fraction

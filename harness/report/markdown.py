@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.catalog import HEADLINE_STRATEGY, peers_of
 from harness.report.compiler import compiler_lines
 from harness.report.notes import NEVER_CHECKED, Notes, check_notes, migrate_notes
 from harness.report.table import columns, disk_cells, reference_cells, strategy_cells
@@ -199,24 +200,44 @@ def _times_of(values: Sequence[float], reference_s: float, what: str) -> str:
     return f"{spread_text(values)} = {ratio} {what}"
 
 
+def _wall_comparison(first: str, first_w: Sequence[float], second: str, second_w: Sequence[float]) -> str:
+    """Whether every round of ``first`` beat every round of ``second`` (or the other way), or their rounds overlap."""
+    ratio = ratio_of_medians(first_w, second_w)
+    if ratio is None or ratio.low is None or ratio.high is None:
+        runs = "one run each" if len(first_w) == 1 and len(second_w) == 1 else "one run of one of them"
+        return f"{runs}, so no interval; a rerun may order them differently."
+    if ratio.outside_noise:
+        if ratio.value < 1:  # the second was the faster: say it the same way round
+            return _wall_comparison(second, second_w, first, first_w)
+        return (f"every round of {first} was faster than every round of {second} "
+                f"({second} took {ratio.value:.2f} × as long, {ratio.low:.2f}–{ratio.high:.2f} ×).")
+    return (f"their rounds overlap ({second} {ratio.value:.2f} × the time, {ratio.low:.2f}–"
+            f"{ratio.high:.2f} ×), so a rerun may order them differently.")
+
+
 def fastest_observation(run: Results) -> list[str]:
     """Which finished strategy has the lowest median wall, and whether its rounds beat the next one's all the way
-    (the ranges do not overlap) or a rerun may order them differently."""
+    (the ranges do not overlap) or a rerun may order them differently; then the same for the headline strategy
+    against the fastest of its peers (its own variants aside), where both finished."""
     walls = {s.name: strategy_rounds(s).wall_s for s in run.metrics.values() if s.record.ok}
     walls = {name: w for name, w in walls.items() if w}
     if len(walls) < 2:
         return []
-    (best, best_w), (second, second_w) = sorted(walls.items(), key=lambda item: median_spread(item[1]).median)[:2]
-    ratio = ratio_of_medians(best_w, second_w)
-    line = f"- Lowest median wall: **{best}**, {spread_text(best_w)}; next: {second}, {spread_text(second_w)}"
-    if ratio is None or ratio.low is None:
-        runs = "one run each" if len(best_w) == 1 and len(second_w) == 1 else "one run of one of them"
-        return [line + f": {runs}, so no interval; a rerun may order them differently."]
-    if ratio.outside_noise:
-        return [line + f": every round of {best} was faster than every round of {second} "
-                       f"({second} took {ratio.value:.2f} × as long, {ratio.low:.2f}–{ratio.high:.2f} ×)."]
-    return [line + f": their rounds overlap ({second} {ratio.value:.2f} × the time, {ratio.low:.2f}–"
-                   f"{ratio.high:.2f} ×), so a rerun may order them differently."]
+
+    def median(name: str) -> float:
+        return median_spread(walls[name]).median
+
+    best, second = sorted(walls, key=median)[:2]
+    lines = [f"- Lowest median wall: **{best}**, {spread_text(walls[best])}; next: {second}, "
+             f"{spread_text(walls[second])}: {_wall_comparison(best, walls[best], second, walls[second])}"]
+    peers = peers_of(HEADLINE_STRATEGY, list(walls))
+    if HEADLINE_STRATEGY in walls and peers and {best, second} != {HEADLINE_STRATEGY, min(peers, key=median)}:
+        peer = min(peers, key=median)
+        head = walls[HEADLINE_STRATEGY]
+        lines.append(f"- **{HEADLINE_STRATEGY}** against the fastest other way of loading (its variants aside): "
+                     f"{spread_text(head)}; {peer}, {spread_text(walls[peer])}: "
+                     f"{_wall_comparison(HEADLINE_STRATEGY, head, peer, walls[peer])}")
+    return lines
 
 
 def _cache_text(r: StrategyRecord, decimals: int) -> str | None:
@@ -400,9 +421,12 @@ def comparison_observations(run: Results) -> list[str]:
         if len(known) < 2:
             continue
         known.sort()
-        (low, low_name), (high, high_name) = known[0], known[-1]
+        (low, _), (high, high_name) = known[0], known[-1]
+        shown = format_gib(low, decimals)
+        tied = [name for v, name in known if format_gib(v, decimals) == shown]  # equal as the table shows them
+        names = ", ".join(f"**{name}**" for name in tied)
         lines.append(
-            f"- Lowest {title}: **{low_name}** ({format_gib(low, decimals)}), "
+            f"- Lowest {title}: {names} ({shown}{', equal at this precision' if len(tied) > 1 else ''}), "
             f"{format_gib(high - low, decimals)} below the highest ({high_name})."
         )
     return lines

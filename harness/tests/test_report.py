@@ -558,14 +558,52 @@ def test_the_fastest_strategy_is_named_with_its_spread_and_only_called_clear_whe
     walls("map", 10.0)
     walls("map_no_prefetch", 10.5)  # overlapping map's rounds
     (copy / "summary.json").write_text(json.dumps(summary))
-    (line,) = fastest_observation(load_results(copy))
+    line, peer = fastest_observation(load_results(copy))
     assert line.startswith("- Lowest median wall: **map**, median ") and f"over {rounds} rounds" in line
     assert "next: map_no_prefetch" in line
     assert "their rounds overlap" in line and "a rerun may order them differently" in line
+    # map's own variant is next; the goal is against the fastest other way of loading
+    fastest_peer = min((n for n in summary["strategies"] if not n.startswith("map")),
+                       key=lambda n: summary["strategies"][n]["repeats"][0]["wall_s"])
+    assert peer.startswith("- **map** against the fastest other way of loading")
+    assert f"every round of map was faster than every round of {fastest_peer} ({fastest_peer} took" in peer
     walls("map_no_prefetch", 10.0 + rounds)  # every round after map's slowest
     (copy / "summary.json").write_text(json.dumps(summary))
-    (clear,) = fastest_observation(load_results(copy))
+    clear, _ = fastest_observation(load_results(copy))
     assert "every round of map was faster than every round of map_no_prefetch (map_no_prefetch took" in clear
+    walls(fastest_peer, 1.0)  # a peer now beats map in every round: said that way round, on the first line
+    (copy / "summary.json").write_text(json.dumps(summary))
+    (beaten,) = fastest_observation(load_results(copy))
+    assert beaten.startswith(f"- Lowest median wall: **{fastest_peer}**") and "next: map," in beaten
+    assert f"every round of {fastest_peer} was faster than every round of map (map took" in beaten
+    walls(fastest_peer, 11.0 + rounds)  # map first, its variant second, the peer after both
+    walls("map_no_prefetch", 10.0 + rounds)
+    walls("map", 1.0)
+    (copy / "summary.json").write_text(json.dumps(summary))
+    _, slower_peer = fastest_observation(load_results(copy))
+    assert f"every round of map was faster than every round of {fastest_peer}" in slower_peer
+
+
+def test_strategies_tied_on_the_lowest_peak_are_all_named(tmp_path: Path) -> None:
+    from harness.report.markdown import comparison_observations
+
+    copy = tmp_path / "pi05"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "results" / "pi05", copy)
+    summary = json.loads((copy / "summary.json").read_text())
+    strategies = summary["strategies"]
+    assert strategies["map"]["build_peak_bytes"] is not None, "the committed pi0.5 run ran on the CPU"
+
+    def peaks(**gib: float) -> str:
+        for k, name in enumerate(strategies):
+            strategies[name]["build_peak_bytes"] = int(gib.get(name, 5.0 + k) * 2**30)
+        (copy / "summary.json").write_text(json.dumps(summary))
+        return next(x for x in comparison_observations(load_results(copy))
+                    if x.startswith("- Lowest build-phase host peak"))
+
+    tied = peaks(map=2.0, stream=2.0 + 2**-12, map_no_prefetch=2.1)  # 2.00 and 2.00 in the table; 2.10 not
+    assert tied.startswith("- Lowest build-phase host peak: **map**, **stream** (2.00 GiB, equal at this precision)")
+    alone = peaks(map=2.0, stream=2.1)
+    assert alone.startswith("- Lowest build-phase host peak: **map** (2.00 GiB), ")
 
 
 def test_the_header_says_which_run_the_times_are_with_an_odd_or_an_even_count_of_rounds() -> None:

@@ -155,7 +155,13 @@ def test_stats_measure_the_background_intervals() -> None:
     stats = sampler.stop()
     assert stats.samples >= 12
     assert stats.samples == len(sampler.rows())
-    assert 0.9 * 10 <= stats.mean_interval_ms < 3 * 10
+    # the figures are the gaps between the thread's own rows (every row but stop's): what it achieved, however
+    # loaded the machine was (a fresh clone measured 30 ms against 10 while other work shared its two cores)
+    gaps_ms = np.diff(_column(sampler.rows(), "t_s")[:-1]) * 1e3
+    assert stats.mean_interval_ms == pytest.approx(float(gaps_ms.mean()), rel=1e-6, abs=1e-6)
+    assert stats.max_gap_ms == pytest.approx(float(gaps_ms.max()), rel=1e-6, abs=1e-6)
+    # the thread keeps a fixed cadence from start and never samples ahead of it: never faster than asked
+    assert stats.mean_interval_ms >= 0.99 * 10
     assert stats.max_gap_ms >= stats.mean_interval_ms
     assert sampler.stats == stats
 
