@@ -285,8 +285,10 @@ class Measurement:
             self._set(engines=tuple(records), released_bytes=released_total, unreleased_bytes=unreleased_total)
             if plan_release is not None:
                 stats = plan_release.prefetch_stats
-                self._set(prefetch_warmed_bytes=None if stats is None else stats.warmed_bytes)
-                plan_release.close()
+                plan_release.close()  # the thread stopped: its figures are final
+                if stats is not None:
+                    self._set(prefetch_warmed_bytes=stats.warmed_bytes, prefetch_busy_s=round(stats.busy_s, 6),
+                              prefetch_evict_s=round(stats.evict_s, 6))
         # non-persistent buffers are not the checkpoint's weights: keeping them is not failing to release one
         buffers = plan.model.bytes_with_non_persistent_buffers - plan.model.bytes
         if not self.peak.supported:

@@ -270,3 +270,30 @@ def test_drop_cache_evicts_what_no_partition_reads_again(tmp_path: Path, prefetc
     plain.w2.sum()
     ReleasePlan.from_names(plain, [["w2"]]).built(0)
     assert inner_cached(path, plain.w2) >= whole, "the default must leave the page cache alone"
+
+
+def test_an_eviction_never_waits_behind_the_warming(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "released.bin"
+    path.write_bytes(b"\1" * (64 * PAGE))
+    drop_cache(path)  # written back: the kernel never evicts dirty pages
+    path.read_bytes()  # cached again, clean
+    assert cached_pages(path, 0, 64 * PAGE) == 64
+    release = threading.Event()
+    warming = threading.Event()
+
+    def stuck(self: Prefetcher, tag: int, r: FileRange, buffer: bytearray | None) -> bool:
+        warming.set()
+        release.wait(60)  # a warming request the disk is slow to take: the kernel's queue is full
+        return True
+
+    monkeypatch.setattr(Prefetcher, "_warm", stuck)
+    with Prefetcher("fadvise") as prefetcher:
+        prefetcher.submit([FileRange(tmp_path / "next.bin", 0, PAGE, 0)], tag=1)
+        assert warming.wait(60)
+        prefetcher.evict([FileRange(path, 0, 64 * PAGE, 0)])
+        # the released pages go while the request for the next ones is still in the kernel's hands
+        assert wait_until(lambda: cached_pages(path, 0, 64 * PAGE) == 0), "the eviction waited for the warming"
+        assert not prefetcher.wait(0.01)  # the warming request is still not done
+        release.set()
+        assert prefetcher.wait(60)
+    assert prefetcher.stats.evicted_bytes == 64 * PAGE and prefetcher.stats.evict_s > 0

@@ -140,9 +140,10 @@ class ReleasePlan:
       partition instead of growing to the whole checkpoint. It evicts for
       every process: another process reading the same checkpoint reads those
       pages from the disk again (pages it has mapped are kept). With
-      ``prefetch=`` it runs on the prefetch thread, since the kernel can make
-      the call wait while reads are in flight (on the caller's thread it cost
-      0.25 s per partition here). Measured with ``benchmarks/prefetch.py``
+      ``prefetch=`` it runs on a thread of the prefetcher's own beside the
+      warming one, since the kernel can make the call wait while reads are in
+      flight (on the caller's thread it cost 0.25 s per partition here), and
+      in line with the warming it would delay the pages asked for next. Measured with ``benchmarks/prefetch.py``
       (cold 2 GiB, 8 partitions): without prefetch it cut the build to 0.59 to
       0.91 of the time, for reasons not pinned down on this virtual machine
       (the page cache reusing the pages just freed instead of growing); with
@@ -269,7 +270,8 @@ class ReleasePlan:
         return self._prefetcher.stats if self._prefetcher is not None else None
 
     def close(self) -> None:
-        """Stop the prefetch thread, if any (what it was still to do is dropped). Releasing is unaffected.
+        """Stop the prefetch threads, if any (what was still to warm is dropped; queued evictions finish). Releasing
+        is unaffected.
 
         :meth:`built` after ``close()`` still releases and drops what its partition
         read (with ``drop_cache``, evicting on the caller's thread), and warms nothing.

@@ -26,6 +26,9 @@ blocks the caller: with the device's queue full, each ``WILLNEED`` call waits
 for room (1 GiB took 0.8 to 1.6 s of calls here), and that wait happens on the
 prefetch thread. Requests run in the order asked; a request for a partition
 that is already built is dropped (:meth:`Prefetcher.cancel_through`).
+Dropping released ranges from the page cache (:meth:`Prefetcher.evict`) runs
+on a second thread, so that it never holds up the next request: the disk
+reads only while the warming thread keeps asking.
 
 What each costs and buys, measured with ``benchmarks/prefetch.py`` (2 GiB in 8
 partitions, a cold cache each run, 250 ms of CPU work per partition, 2 shared
@@ -192,7 +195,6 @@ def evict_ranges(ranges: Iterable[FileRange]) -> None:
 class _Job:
     tag: int
     ranges: Sequence[FileRange]
-    evict: bool = False  # drop the ranges from the page cache instead of warming them
 
 
 @dataclass
@@ -242,6 +244,9 @@ class Prefetcher:
     _closed: bool = field(default=False, init=False, repr=False)
     _thread: threading.Thread | None = field(default=None, init=False, repr=False)
     _fds: dict[Path, int] = field(default_factory=dict, init=False, repr=False)
+    _evictions: deque[list[FileRange]] = field(default_factory=deque, init=False, repr=False)
+    _evicting: bool = field(default=False, init=False, repr=False)
+    _evictor: threading.Thread | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.method not in PREFETCH_METHODS:
@@ -264,17 +269,21 @@ class Prefetcher:
     def evict(self, ranges: Sequence[FileRange]) -> None:
         """Queue dropping ``ranges`` from the page cache (as :func:`evict_ranges`); returns at once.
 
-        Runs in order with the warming requests and is never cancelled: an
-        eviction is the release of pages nobody will read, done off the
-        caller's thread because the kernel can make it wait.
+        Evictions run in the order asked on a second thread of their own, beside
+        the warming, and are never cancelled: an eviction is the release of pages
+        nobody will read, done off the caller's thread because the kernel can
+        make it wait, and off the warming thread so that it never delays the
+        pages asked for next. :meth:`shutdown` lets the queued ones finish.
         """
         if not ranges:
             return
         with self._cond:
             if self._closed:
                 raise RuntimeError("this Prefetcher is closed")
-            self._jobs.append(_Job(-1, list(ranges), evict=True))
-            self._start()
+            self._evictions.append(list(ranges))
+            if self._evictor is None:
+                self._evictor = threading.Thread(target=self._run_evictions, name="weightmap-evict", daemon=True)
+                self._evictor.start()
             self._cond.notify_all()
 
     def _start(self) -> None:
@@ -294,7 +303,8 @@ class Prefetcher:
         the reads may still be in flight; after ``"read"`` they have landed.
         """
         with self._cond:
-            return self._cond.wait_for(lambda: not self._jobs and not self._busy, timeout)
+            return self._cond.wait_for(
+                lambda: not self._jobs and not self._busy and not self._evictions and not self._evicting, timeout)
 
     @property
     def closed(self) -> bool:
@@ -302,18 +312,19 @@ class Prefetcher:
         return self._closed
 
     def shutdown(self) -> None:
-        """Tell the thread to stop after the chunk in hand (what is queued is dropped); does not wait."""
+        """Tell the warming thread to stop after the chunk in hand (what is queued is dropped) and the eviction
+        thread to stop once its queue is done; does not wait."""
         with self._cond:
             self._closed = True
             self._jobs.clear()
             self._cond.notify_all()
 
     def close(self) -> None:
-        """Stop the thread and wait for it; it closes the descriptors it opened."""
+        """Stop the threads and wait for them (the queued evictions done); they close the descriptors they opened."""
         self.shutdown()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
+        for thread in (self._thread, self._evictor):
+            if thread is not None and thread is not threading.current_thread():
+                thread.join()
 
     def __enter__(self) -> Prefetcher:
         return self
@@ -335,9 +346,6 @@ class Prefetcher:
                         return
                     job = self._jobs.popleft()
                     self._busy = True
-                if job.evict:
-                    self._evict(job.ranges)
-                    continue
                 for r in job.ranges:
                     if not self._warm(job.tag, r, buffer):
                         break
@@ -349,13 +357,26 @@ class Prefetcher:
                 self._busy = False
                 self._cond.notify_all()
 
+    def _run_evictions(self) -> None:
+        while True:
+            with self._cond:
+                self._evicting = False
+                self._cond.notify_all()
+                self._cond.wait_for(lambda: self._evictions or self._closed)
+                if not self._evictions:
+                    return  # closed, and nothing left to drop
+                ranges = self._evictions.popleft()
+                self._evicting = True
+            self._evict(ranges)
+
     def _evict(self, ranges: Sequence[FileRange]) -> None:
         started = time.perf_counter()
         try:
             evict_ranges(ranges)
             self.stats.evicted_bytes += sum(r.length for r in ranges)
         except OSError as exc:
-            self.stats.errors += 1
+            with self._cond:  # the warming thread counts its errors too
+                self.stats.errors += 1
             log.debug("dropping %d ranges from the page cache stopped: %s", len(ranges), exc)
         finally:
             self.stats.evict_s += time.perf_counter() - started
@@ -370,7 +391,8 @@ class Prefetcher:
         try:
             done = self._warm_mapped(tag, r) if self.method == "madvise" else self._warm_file(tag, r, buffer)
         except OSError as exc:
-            self.stats.errors += 1
+            with self._cond:  # the eviction thread counts its errors too
+                self.stats.errors += 1
             log.debug("prefetch of %s [%d, +%d) stopped: %s", r.path, r.offset, r.length, exc)
         finally:
             self.stats.busy_s += time.perf_counter() - started

@@ -267,9 +267,14 @@ def _prefetch_detail(r: StrategyRecord, decimals: int) -> str | None:
     parts = []
     if r.prefetch is not None:
         warmed = "" if r.prefetch_warmed_bytes is None else f", {format_gib(r.prefetch_warmed_bytes, decimals)} warmed"
+        if r.prefetch_busy_s is not None:
+            warmed += f" in {r.prefetch_busy_s:.2f} s of the thread's calls"
         parts.append(f"prefetch `{r.prefetch}` one engine ahead{warmed}")
     if r.drop_cache:
-        parts.append("released weights dropped from the page cache too")
+        evict = ""
+        if r.prefetch is not None and r.prefetch_evict_s is not None:
+            evict = f" ({r.prefetch_evict_s:.2f} s of calls on a thread beside the prefetch one)"
+        parts.append(f"released weights dropped from the page cache too{evict}")
     return "; ".join(parts)
 
 

@@ -64,6 +64,10 @@ it is in ``layout``):
    (:class:`SpeedChoice`): the prefetch and drop-cache settings the run's strategies that map
    used, each set by the scenario or chosen by a read probe of the checkpoint
    (:class:`ReadProbe`) at the run's start; ``None`` when reading versions 1 to 6.
+8. Adds, per strategy, where its prefetch threads spent their time: ``prefetch_busy_s`` (seconds
+   in the calls that ask for pages ahead) and ``prefetch_evict_s`` (seconds dropping released
+   weights from the page cache, on the prefetcher's eviction thread beside the asking one).
+   ``None`` without prefetch, and when reading versions 1 to 7.
 
 A later version adds keys (each field says the version that added it, ``since`` in its
 :func:`~harness.results.codec.json_field`) and bumps :data:`LAYOUT_VERSION`; records of
@@ -165,7 +169,7 @@ __all__ = [
     "write_summary",
 ]
 
-LAYOUT_VERSION = 7
+LAYOUT_VERSION = 8
 """The layout this code writes; it reads every version from 1 to this one."""
 
 SUMMARY = "summary.json"
@@ -516,6 +520,8 @@ class StrategyRecord(Record):
     prefetch_warmed_bytes: int | None = field(default=None, metadata={"since": 4})
     repeat: int | None = field(default=None, metadata={"since": 4})
     repeats: tuple[RepeatRecord, ...] = field(default=(), metadata={"since": 4})
+    prefetch_busy_s: float | None = field(default=None, metadata={"since": 8})
+    prefetch_evict_s: float | None = field(default=None, metadata={"since": 8})
 
     @property
     def ok(self) -> bool:

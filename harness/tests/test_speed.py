@@ -113,6 +113,9 @@ def test_prefetch_is_recorded_and_changes_nothing_that_is_released(repeated: tup
     assert (on.prefetch, off.prefetch) == ("madvise", None)
     assert on.prefetch_warmed_bytes and on.prefetch_warmed_bytes >= record.model.bytes // 2
     assert off.prefetch_warmed_bytes is None
+    # where the prefetch thread's time went: asking for pages, and (drop_cache is off here) no evicting
+    assert on.prefetch_busy_s is not None and on.prefetch_busy_s > 0 and on.prefetch_evict_s == 0.0
+    assert off.prefetch_busy_s is None and off.prefetch_evict_s is None
     assert on.released_bytes == off.released_bytes == record.model.bytes
     assert [e.released_bytes for e in on.engines] == [e.released_bytes for e in off.engines]
 
@@ -178,6 +181,7 @@ def test_the_report_shows_the_disk_row_runs_and_engine_times(repeated: tuple[Run
     row = next(line for line in text.splitlines() if line.startswith("| map |"))
     assert "| madvise |" in row and "| 2: " in row
     assert "bringing weights' pages in" in text
+    assert "prefetch `madvise` one engine ahead" in text and "s of the thread's calls" in text
     assert (out.parent / "speedy-engine-times.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     results = load_results(out)
     assert results.disk is not None and results.disk.reads == 2
