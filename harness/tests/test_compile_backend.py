@@ -174,13 +174,14 @@ def test_compiler_fields_round_trip_and_v2_reads_them_as_none() -> None:
                             export=export, max_abs_diff=1e-7, check="within tolerance", check_peak_bytes=900 * MiB)
     data = json.loads(json.dumps(record.to_json()))
     assert StrategyRecord.from_json(data, "s.json", "x", LAYOUT_VERSION) == record
-    v6 = {k: v for k, v in data.items() if k != "check_peak_bytes"}
+    layout_8 = {"prefetch_busy_s", "prefetch_evict_s"}
+    v6 = {k: v for k, v in data.items() if k not in {"check_peak_bytes"} | layout_8}
     v6["engines"] = [{k: v for k, v in data["engines"][0].items() if not k.startswith(("compile_hwm", "write_"))}]
     six = StrategyRecord.from_json(v6, "s.json", "x", 6)
     assert six.check_peak_bytes is None and six.engines[0].compiler_own_bytes is None
     assert six.engines[0].write_buffers_bytes is None and six.engines[0].compiler_over_floor_bytes == 10 * MiB
     later = {"cache", "prefetch", "drop_cache", "prefetch_warmed_bytes", "repeat", "repeats",  # layout 4's
-             "check_peak_bytes"}  # layout 7's
+             "check_peak_bytes"} | layout_8  # layout 7's and 8's
     v2 = {k: v for k, v in data.items() if k not in {"compiler", "compiler_weights", "export", "max_abs_diff",
                                                       "check"} | later}
     v2["engines"] = [{k: v for k, v in data["engines"][0].items()
