@@ -9,7 +9,8 @@ recorded with the reason (:class:`~harness.results.record.SpeedChoice`). The rul
   (keeping it would push other pages out), or when the kernel hands its free memory back to a host
   (:func:`harness.measure.hostmemory.free_page_reporting`): there a page the cache keeps is one the
   build's own writes cannot reuse, and fresh memory costs the host's backing (on this project's VM
-  5 to 10 times the time of memory just freed, and ``map`` built in half the time with it on). Off
+  about 10 times the time of memory just freed for a file's writes, ``benchmarks/fresh_memory.py``,
+  and ``map`` built in half the time with it on). Off
   otherwise, since a page kept costs nothing then and a later reader may find it: on the 16-core H200
   host ``map`` built 1.4 times as fast keeping its pages (``results/pi05-h200``, made before this rule;
   whether that host's kernel reports free pages is not recorded there). The read probe's kept

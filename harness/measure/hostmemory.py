@@ -3,18 +3,23 @@
 A virtual machine's balloon device may negotiate free page reporting (``VIRTIO_BALLOON_F_REPORTING``,
 feature bit 5): the guest kernel then tells the host which of its free pages it may take back, and
 the host stops backing them. The next write to such a page makes the host back it again. Measured
-on this project's 2-core VM (populating 256 to 512 MiB of anonymous memory with ``MAP_POPULATE``):
-0.3 to 0.5 GB/s for memory not freed in the seconds before, 2 to 3.5 GB/s for memory freed a moment
-earlier. A run that keeps a checkpoint's pages in the page cache takes that many pages out of the
-kernel's reuse, so whatever it writes next (engine files, buffers) lands on memory the host must back
+on this project's 2-core VM with ``benchmarks/fresh_memory.py`` (512 MiB, three rounds): ``write()``
+into a new file after a few quiet seconds 0.30 to 0.40 GB/s, against 3.9 to 4.1 GB/s right after the
+previous such file was dropped; populating anonymous memory (``MAP_POPULATE``) 0.3 to 0.5 GB/s
+against 2 to 3.5 GB/s in rounds on a quiet machine, and no gap in rounds right after GiBs were freed.
+A run that keeps a checkpoint's pages in the page cache takes that many pages out of the kernel's
+reuse, so whatever it writes next (engine files, buffers) lands on memory the host must back
 again: ``map`` built in half the time there with ``drop_cache`` on (``results/pi05``).
 
-A short timed probe does not see this: the kernel hands out the pages it has not reported first
-(Linux puts reported pages at the tail of its free lists), and after the run's own cold-cache drops
-those are several GiB. On that VM, populating 256 MiB after freeing 4 GiB of page cache ran at 0.9 to
-2.3 GB/s however long it waited (up to 8 s), and the read probe's kept regions read 6 GiB as fast as
-its dropped ones while keeping cost 2x in the run. So :func:`free_page_reporting` reads the balloon's
-negotiated features instead of timing anything.
+The run's read probe does not see this, nor does populating anonymous memory reliably: the kernel
+hands out the pages it has not reported first (Linux puts reported pages at the tail of its free
+lists), and after the run's own cold-cache drops those are several GiB. On that VM, populating 256
+MiB after freeing 4 GiB of page cache ran at 0.9 to 2.3 GB/s however long it waited (up to 8 s), and
+the read probe's kept regions read 6 GiB as fast as its dropped ones while keeping cost 2x in the
+run. Writes into a new file showed the gap in every round of ``benchmarks/fresh_memory.py``, even
+right after GiBs were freed: a timed rule could be built on them, but it has been measured on this
+one machine only. So :func:`free_page_reporting` reads the balloon's negotiated features instead of
+timing anything.
 """
 
 from __future__ import annotations
