@@ -84,7 +84,7 @@ def peers_of(name: str, names: Sequence[str]) -> list[str]:
     of it (nor what it is a variant of). A name outside the catalog is a peer."""
     def base(n: str) -> str:
         listing = STRATEGY_LISTINGS.get(n)
-        return listing.variant_of or n if listing is not None else n
+        return listing.variant_of if listing is not None and listing.variant_of is not None else n
 
     return [n for n in names if base(n) != base(name)]
 

@@ -5,7 +5,9 @@ on a 2-core VM dropping released pages made ``map`` faster, 0.58x of keeping the
 host keeping them was faster). :func:`read_probe` measures the two questions directly, cold, on
 regions of the checkpoint itself, before any strategy runs:
 
-* **does a growing page cache cost read time?** Regions read by ``pread`` with their pages kept
+* **does a growing page cache cost read time?** (Recorded and reported, but no longer a rule's input:
+  it read alike on machines where keeping pages cost 2x and saved 1.4x; :mod:`harness.speed` reads the
+  kernel's free page reporting instead.) Regions read by ``pread`` with their pages kept
   (``kept``; they stay until the probe ends, so the cache grows as a run's would), every fourth
   region instead read the same way and dropped behind the reader (``dropped``), over up to
   :data:`DEFAULT_CACHE_BYTES` of the checkpoint. On this project's VM kept pages came as fast as

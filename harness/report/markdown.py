@@ -230,9 +230,8 @@ def fastest_observation(run: Results) -> list[str]:
     best, second = sorted(walls, key=median)[:2]
     lines = [f"- Lowest median wall: **{best}**, {spread_text(walls[best])}; next: {second}, "
              f"{spread_text(walls[second])}: {_wall_comparison(best, walls[best], second, walls[second])}"]
-    peers = peers_of(HEADLINE_STRATEGY, list(walls))
-    if HEADLINE_STRATEGY in walls and peers and {best, second} != {HEADLINE_STRATEGY, min(peers, key=median)}:
-        peer = min(peers, key=median)
+    peer = min(peers_of(HEADLINE_STRATEGY, list(walls)), key=median, default=None)
+    if HEADLINE_STRATEGY in walls and peer is not None and {best, second} != {HEADLINE_STRATEGY, peer}:
         head = walls[HEADLINE_STRATEGY]
         lines.append(f"- **{HEADLINE_STRATEGY}** against the fastest other way of loading (its variants aside): "
                      f"{spread_text(head)}; {peer}, {spread_text(walls[peer])}: "
