@@ -11,6 +11,12 @@ A run that keeps a checkpoint's pages in the page cache takes that many pages ou
 reuse, so whatever it writes next (engine files, buffers) lands on memory the host must back
 again: ``map`` built in half the time there with ``drop_cache`` on (``results/pi05``).
 
+The H200 host this project measures on (a Firecracker VM, 16 cores) lists no balloon among its
+virtio devices, and the same benchmark there found no gap (populating 3.3 GB/s fresh against 2.8
+recycled, ``write()`` 3.55 against 3.62): keeping read pages cost nothing, and ``map`` with
+``drop_cache`` off built as fast as ``map_keep_cache`` (``results/pi05-h200``), where with it on it
+had been slower in every round.
+
 The run's read probe does not see this, nor does populating anonymous memory reliably: the kernel
 hands out the pages it has not reported first (Linux puts reported pages at the tail of its free
 lists), and after the run's own cold-cache drops those are several GiB. On that VM, populating 256
