@@ -1,0 +1,153 @@
+"""What the disk does when it reads a checkpoint and writes engines at the same time, against each alone.
+
+The question behind ``map``'s build phase on a machine whose engines are files (the ``copy``
+backend without a GPU): the report sets the build against the larger of the model's read time and
+``load``'s build (whose weights are resident, so it is the engines' own cost, writing them
+included), which is where reading and building would overlap perfectly. Reading and writing share
+one disk, so they overlap only as well as the disk serves both at once. Each round:
+
+1. ``read``: the checkpoint read cold with ``read()`` of ``--chunk-mib`` MiB into a reused buffer,
+   its pages dropped behind the reader (so that no page-cache growth is timed: see
+   ``benchmarks/fresh_memory.py``);
+2. ``write``: as many bytes as the checkpoint holds written into files of ``--engine-mib`` MiB under
+   ``--dir``, each fsynced, dropped from the page cache and removed, as the ``copy`` backend
+   writes its engines;
+3. ``both``: the two at once, on two threads; the time is until both are done.
+
+Where ``both`` is near the larger of the two alone, the disk serves reads and writes side by side;
+where it is near their sum, it serves one at a time.
+
+    python benchmarks/disk_shared.py data/pi05.safetensors
+    python benchmarks/disk_shared.py data/pi05.safetensors --rounds 5 --json shared.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+DROP_EVERY = 64 << 20
+
+
+def _drop(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def read_cold(path: Path, chunk: int) -> float:
+    """Seconds to read ``path`` whole, dropping its pages behind the reader."""
+    buffer = memoryview(bytearray(chunk))
+    started = time.perf_counter()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        done = dropped = 0
+        while (n := os.readv(fd, [buffer])) > 0:
+            done += n
+            if done - dropped >= DROP_EVERY:
+                os.posix_fadvise(fd, dropped, done - dropped, os.POSIX_FADV_DONTNEED)
+                dropped = done
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    return time.perf_counter() - started
+
+
+def write_engines(directory: Path, nbytes: int, engine: int, block: bytes) -> float:
+    """Seconds to write ``nbytes`` as files of ``engine`` bytes, each fsynced, dropped and removed."""
+    started = time.perf_counter()
+    left = nbytes
+    while left > 0:
+        fd, name = tempfile.mkstemp(dir=directory, prefix="disk-shared-")
+        try:
+            size = min(engine, left)
+            written = 0
+            while written < size:
+                written += os.write(fd, block[: min(len(block), size - written)])
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+            os.unlink(name)
+        left -= size
+    return time.perf_counter() - started
+
+
+def both_at_once(path: Path, chunk: int, directory: Path, engine: int, block: bytes) -> float:
+    """Seconds until a cold read of ``path`` and the writes of as many bytes, started together, are both done."""
+    failures: list[BaseException] = []
+
+    def writer() -> None:
+        try:
+            write_engines(directory, path.stat().st_size, engine, block)
+        except BaseException as exc:  # re-raised on the main thread
+            failures.append(exc)
+
+    thread = threading.Thread(target=writer, name="disk-shared-writer")
+    started = time.perf_counter()
+    thread.start()
+    read_cold(path, chunk)
+    thread.join()
+    if failures:
+        raise failures[0]
+    return time.perf_counter() - started
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoint", type=Path, help="the file to read (a checkpoint of the size in question)")
+    parser.add_argument("--dir", type=Path, help="where the written files go (default: beside the checkpoint)")
+    parser.add_argument("--engine-mib", type=int, default=512, help="size of each written file (default 512)")
+    parser.add_argument("--chunk-mib", type=int, default=8, help="size of each read() and write() (default 8)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds (default 3)")
+    parser.add_argument("--json", type=Path, help="also write the seconds of every measurement here")
+    args = parser.parse_args(argv)
+    if not args.checkpoint.is_file():
+        parser.error(f"{args.checkpoint}: no such file")
+    if args.engine_mib < 1 or args.chunk_mib < 1 or args.rounds < 1:
+        parser.error("--engine-mib, --chunk-mib and --rounds must be at least 1")
+    directory = args.dir if args.dir is not None else args.checkpoint.parent
+    if not directory.is_dir():
+        parser.error(f"{directory}: no such directory")
+    nbytes = args.checkpoint.stat().st_size
+    chunk, engine = args.chunk_mib << 20, args.engine_mib << 20
+    block = os.urandom(chunk)
+    seconds: dict[str, list[float]] = {"read": [], "write": [], "both": []}
+    for r in range(args.rounds):
+        _drop(args.checkpoint)
+        seconds["read"].append(read_cold(args.checkpoint, chunk))
+        seconds["write"].append(write_engines(directory, nbytes, engine, block))
+        _drop(args.checkpoint)
+        seconds["both"].append(both_at_once(args.checkpoint, chunk, directory, engine, block))
+        print(f"round {r + 1}/{args.rounds}: read {seconds['read'][-1]:.2f} s, write {seconds['write'][-1]:.2f} s, "
+              f"both {seconds['both'][-1]:.2f} s", file=sys.stderr)
+    print(f"{args.checkpoint} ({nbytes / 2**30:.2f} GiB) read cold and the same bytes written as "
+          f"{args.engine_mib} MiB files, {args.rounds} rounds")
+    print(f"{'measurement':<12} {'median s':>9} {'range s':>13}")
+    for name, times in seconds.items():
+        ordered = sorted(times)
+        print(f"{name:<12} {statistics.median(ordered):>9.2f} {f'{ordered[0]:.2f}–{ordered[-1]:.2f}':>13}")
+    rounds = list(zip(seconds["read"], seconds["write"], seconds["both"], strict=True))
+    at_once = sorted(b / max(r, w) for r, w, b in rounds)
+    one_by_one = sorted((r + w) / max(r, w) for r, w, _ in rounds)
+    print(f"both / the larger alone: median {statistics.median(at_once):.2f} ({at_once[0]:.2f}–{at_once[-1]:.2f}); "
+          f"1 would be reads and writes served side by side, {statistics.median(one_by_one):.2f} "
+          "(the sum / the larger) one at a time")
+    if args.json is not None:
+        args.json.write_text(json.dumps({"checkpoint": str(args.checkpoint), "bytes": nbytes,
+                                         "engine_mib": args.engine_mib, "chunk_mib": args.chunk_mib,
+                                         "seconds": seconds}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
