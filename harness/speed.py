@@ -11,11 +11,12 @@ recorded with the reason (:class:`~harness.results.record.SpeedChoice`). The rul
   build's own writes cannot reuse, and fresh memory costs the host's backing (on this project's VM
   about 10 times the time of memory just freed for a file's writes, ``benchmarks/fresh_memory.py``,
   and ``map`` built in half the time with it on). Off
-  otherwise, since a page kept costs nothing then and a later reader may find it: on the 16-core H200
-  host ``map`` built 1.4 times as fast keeping its pages (``results/pi05-h200``, made before this rule;
-  whether that host's kernel reports free pages is not recorded there). The read probe's kept
-  and dropped reads are recorded beside it but decide nothing: on both machines dropped reads ran
-  1.1 times as fast as kept ones, while the runs differed 2x one way and 1.4x the other.
+  otherwise, since a page kept costs nothing then and a later reader may find it: the 16-core H200
+  host lists no balloon, and there ``map`` with its pages kept built as fast as ``map_keep_cache``
+  (``results/pi05-h200``), where the earlier rule, which read the probe, had dropped them and built
+  1.4 times slower. The read probe's kept and dropped reads are recorded beside it but decide
+  nothing: on both machines dropped reads ran 1.1 times as fast as kept ones, while keeping cost
+  2x on one and nothing on the other.
 * **prefetch** ``madvise`` one engine ahead unless regions asked for with ``MADV_WILLNEED`` come
   in at under :data:`WILLNEED_FLOOR` of the rate of regions faulted in page by page (the advice
   then buys little reading and costs a thread). Asking ahead pays by overlapping the next
