@@ -6,8 +6,9 @@ backend without a GPU): the report sets the build against the larger of the mode
 included), which is where reading and building would overlap perfectly. Reading and writing share
 one disk, so they overlap only as well as the disk serves both at once. Each round:
 
-1. ``read``: the checkpoint read cold with ``read()`` of ``--chunk-mib`` MiB into a reused buffer,
-   its pages dropped behind the reader (so that no page-cache growth is timed: see
+1. ``read``: the checkpoint read cold as the run's disk reference reads it
+   (:func:`harness.measure.diskread.cold_read_bandwidth`: ``read()`` of ``--chunk-mib`` MiB into a
+   reused buffer, its pages dropped behind the reader, so that no page-cache growth is timed: see
    ``benchmarks/fresh_memory.py``);
 2. ``write``: as many bytes as the checkpoint holds written into files of ``--engine-mib`` MiB under
    ``--dir``, each fsynced, dropped from the page cache and removed, as the ``copy`` backend
@@ -33,33 +34,14 @@ import threading
 import time
 from pathlib import Path
 
-DROP_EVERY = 64 << 20
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-def _drop(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+from harness.measure.diskread import cold_read_bandwidth  # noqa: E402
 
 
 def read_cold(path: Path, chunk: int) -> float:
-    """Seconds to read ``path`` whole, dropping its pages behind the reader."""
-    buffer = memoryview(bytearray(chunk))
-    started = time.perf_counter()
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        done = dropped = 0
-        while (n := os.readv(fd, [buffer])) > 0:
-            done += n
-            if done - dropped >= DROP_EVERY:
-                os.posix_fadvise(fd, dropped, done - dropped, os.POSIX_FADV_DONTNEED)
-                dropped = done
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-    return time.perf_counter() - started
+    """Seconds to read ``path`` whole, cold, dropping its pages behind the reader (the reads alone)."""
+    return cold_read_bandwidth(path, chunk=chunk, settle=False).seconds
 
 
 def write_engines(directory: Path, nbytes: int, engine: int, block: bytes) -> float:
@@ -123,10 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     block = os.urandom(chunk)
     seconds: dict[str, list[float]] = {"read": [], "write": [], "both": []}
     for r in range(args.rounds):
-        _drop(args.checkpoint)
         seconds["read"].append(read_cold(args.checkpoint, chunk))
         seconds["write"].append(write_engines(directory, nbytes, engine, block))
-        _drop(args.checkpoint)
         seconds["both"].append(both_at_once(args.checkpoint, chunk, directory, engine, block))
         print(f"round {r + 1}/{args.rounds}: read {seconds['read'][-1]:.2f} s, write {seconds['write'][-1]:.2f} s, "
               f"both {seconds['both'][-1]:.2f} s", file=sys.stderr)

@@ -79,6 +79,7 @@ BUILT_WITHOUT_RESIDENT_WEIGHTS: tuple[str, ...] = ("mapped", "packaged")
 ``mapped`` engines run on the mapped weights where they lie, and ``packaged`` ones have theirs streamed
 into the artifact a chunk at a time, each chunk's pages dropped once written."""
 
+
 def peers_of(name: str, names: Sequence[str]) -> list[str]:
     """The strategies of ``names`` that are other ways of loading than ``name``: neither ``name`` nor a variant
     of it (nor what it is a variant of). A name outside the catalog is a peer."""

@@ -23,9 +23,9 @@ lists), and after the run's own cold-cache drops those are several GiB. On that 
 MiB after freeing 4 GiB of page cache ran at 0.9 to 2.3 GB/s however long it waited (up to 8 s), and
 the read probe's kept regions read 6 GiB as fast as its dropped ones while keeping cost 2x in the
 run. Writes into a new file showed the gap in every round of ``benchmarks/fresh_memory.py``, even
-right after GiBs were freed: a timed rule could be built on them, but it has been measured on this
-one machine only. So :func:`free_page_reporting` reads the balloon's negotiated features instead of
-timing anything.
+right after GiBs were freed: a timed rule could be built on them, but it has been seen on one machine
+with a balloon only, and would cost seconds of every run. So :func:`free_page_reporting` reads the
+balloon's negotiated features instead of timing anything.
 """
 
 from __future__ import annotations
