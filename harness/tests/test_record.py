@@ -1,4 +1,4 @@
-"""The results layout: strict reading, versions, and the committed results as version 1."""
+"""The results layout: strict reading, versions, and every recorded run read at the layout it was written in."""
 
 from __future__ import annotations
 
@@ -19,9 +19,7 @@ from harness.results.record import (
     samples_file,
 )
 from harness.tests.fixtures import make_results
-
-ROOT = Path(__file__).resolve().parents[2]
-COMMITTED = sorted(p.parent for p in (ROOT / "results").glob("*/summary.json"))
+from harness.tests.recorded import COMMITTED, RECORDED, run_id
 
 
 def _summary(directory: Path) -> dict[str, Any]:
@@ -41,8 +39,8 @@ def test_committed_results_exist() -> None:
     assert {p.name for p in COMMITTED} >= {"smoke", "pi05", "pi05-h200"}
 
 
-@pytest.mark.parametrize("directory", COMMITTED, ids=lambda p: p.name)
-def test_committed_results_read_with_their_version(directory: Path) -> None:
+@pytest.mark.parametrize("directory", RECORDED, ids=run_id)
+def test_recorded_results_read_with_their_version(directory: Path) -> None:
     data = _summary(directory)
     results = load_results(directory)
     version = data.get("layout", 1)
