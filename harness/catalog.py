@@ -17,6 +17,7 @@ from dataclasses import dataclass
 __all__ = [
     "BACKENDS",
     "COMPILER_BACKENDS",
+    "BUILT_WITHOUT_READING_WEIGHTS",
     "BUILT_WITHOUT_RESIDENT_WEIGHTS",
     "ENGINE_WEIGHTS",
     "HOLDS_WEIGHTS",
@@ -78,6 +79,10 @@ BUILT_WITHOUT_RESIDENT_WEIGHTS: tuple[str, ...] = ("mapped", "packaged")
 """The weight settings whose engines, built on the host, need no weight resident while they are built:
 ``mapped`` engines run on the mapped weights where they lie, and ``packaged`` ones have theirs streamed
 into the artifact a chunk at a time, each chunk's pages dropped once written."""
+
+BUILT_WITHOUT_READING_WEIGHTS: tuple[str, ...] = ("mapped",)
+"""The weight settings whose engines, built on the host, never read their weights while built: compiled to run
+on the mapped weights where they lie, they read them only when the built model runs."""
 
 
 def peers_of(name: str, names: Sequence[str]) -> list[str]:

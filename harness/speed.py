@@ -17,7 +17,11 @@ recorded with the reason (:class:`~harness.results.record.SpeedChoice`). The rul
   1.4 times slower. The read probe's kept and dropped reads are recorded beside it but decide
   nothing: on both machines dropped reads ran 1.1 times as fast as kept ones, while keeping cost
   2x on one and nothing on the other.
-* **prefetch** ``madvise`` one engine ahead unless regions asked for with ``MADV_WILLNEED`` come
+* **prefetch** off where no engine build reads its weights (engines compiled on the host to run on the
+  mapped weights where they lie, :data:`~harness.catalog.BUILT_WITHOUT_READING_WEIGHTS`): warming their
+  pages would read the whole checkpoint for nothing, on a thread taking CPU from the compiles (9.6 GiB
+  warmed in 12 s of calls on the 2-core VM, ``results/pi05-compile`` at 0a87800). Otherwise
+  ``madvise`` one engine ahead unless regions asked for with ``MADV_WILLNEED`` come
   in at under :data:`WILLNEED_FLOOR` of the rate of regions faulted in page by page (the advice
   then buys little reading and costs a thread). Asking ahead pays by overlapping the next
   engine's reads with this one's build, so it need not read as fast as faults: on the 2-core VM
@@ -69,7 +73,10 @@ def _drop_cache(probe: ReadProbe | None, checkpoint_bytes: int, available: int |
                    "and a later reader may find it")
 
 
-def _prefetch(probe: ReadProbe | None) -> tuple[str | None, str]:
+def _prefetch(probe: ReadProbe | None, builds_read_weights: bool) -> tuple[str | None, str]:
+    if not builds_read_weights:
+        return None, ("chosen: off: the engines are compiled to run on the mapped weights where they lie, so no "
+                      "build reads them and warming their pages would read the checkpoint for nothing")
     if probe is None:
         return PREFETCH_METHOD, (f"chosen: `{PREFETCH_METHOD}`, the default for a checkpoint under "
                                  f"{probe_bytes() / 2**30:.1f} GiB, which is not probed")
@@ -84,11 +91,12 @@ def _prefetch(probe: ReadProbe | None) -> tuple[str | None, str]:
 
 
 def decide(run: RunConfig, probe: ReadProbe | None, checkpoint_bytes: int, available: int | None,
-           reporting: str | None = None) -> SpeedChoice:
-    """The settings for ``run`` given the probe's figures and the balloon device that reports this kernel's free
-    pages to its host (``reporting``, or ``None``); both are ignored for settings the scenario made."""
+           reporting: str | None = None, builds_read_weights: bool = True) -> SpeedChoice:
+    """The settings for ``run`` given the probe's figures, the balloon device that reports this kernel's free
+    pages to its host (``reporting``, or ``None``) and whether the engine builds read their weights; all are
+    ignored for settings the scenario made."""
     if run.prefetch == PREFETCH_AUTO:
-        prefetch, prefetch_why = _prefetch(probe)
+        prefetch, prefetch_why = _prefetch(probe, builds_read_weights)
     else:
         prefetch = None if run.prefetch == PREFETCH_OFF else run.prefetch
         prefetch_why = "set by the scenario"
@@ -100,11 +108,13 @@ def decide(run: RunConfig, probe: ReadProbe | None, checkpoint_bytes: int, avail
                        probe=probe)
 
 
-def choose_speed(run: RunConfig, files: Sequence[str | os.PathLike[str]]) -> SpeedChoice:
+def choose_speed(run: RunConfig, files: Sequence[str | os.PathLike[str]],
+                 builds_read_weights: bool = True) -> SpeedChoice:
     """The run's settings: the scenario's where it made them, the rest chosen from a probe of ``files``
-    (:func:`decide`); the probe runs only where something is left to choose."""
-    needs_probe = run.prefetch == PREFETCH_AUTO or run.drop_cache is None
+    (:func:`decide`); the probe runs only where something is left to choose. ``builds_read_weights``: whether
+    the engine builds read the weights (false for engines compiled to run on the mapped weights in place)."""
+    needs_probe = run.drop_cache is None or (run.prefetch == PREFETCH_AUTO and builds_read_weights)
     probe = read_probe(files) if needs_probe else None
     checkpoint_bytes = sum(os.stat(f).st_size for f in files)
     reporting = free_page_reporting() if run.drop_cache is None else None
-    return decide(run, probe, checkpoint_bytes, psutil.virtual_memory().available, reporting)
+    return decide(run, probe, checkpoint_bytes, psutil.virtual_memory().available, reporting, builds_read_weights)

@@ -152,6 +152,15 @@ def test_compiler_engines_are_the_exported_graphs_partitions(tmp_path: Path) -> 
     assert again == plan
 
 
+@pytest.mark.parametrize(("weights", "prefetch"), [("mapped", None), ("packaged", "madvise")])
+def test_prefetch_is_chosen_off_for_engines_whose_builds_never_read_their_weights(
+        tmp_path: Path, weights: str, prefetch: str | None) -> None:
+    plan = make_plan(load_scenario(_scenario(tmp_path, weights=weights)), name="tiny-compile",
+                     workdir=tmp_path / "engines")
+    assert plan.prefetch == prefetch, plan.speed.prefetch_why
+    assert ("no build reads them" in plan.speed.prefetch_why) == (prefetch is None)
+
+
 def test_compiler_fields_round_trip_and_v2_reads_them_as_none() -> None:
     engine = EngineRecord(index=0, weight_bytes=10 * MiB, start_s=1.0, end_s=2.0, host_hwm_bytes=500 * MiB,
                           released_bytes=10 * MiB, rss_after_bytes=400 * MiB, gpu_used_bytes=None, tensors=3,

@@ -73,6 +73,20 @@ def test_prefetch_stays_on_unless_advice_reads_far_slower_than_faults() -> None:
     assert off.prefetch is None and "chosen: off" in off.prefetch_why
 
 
+def test_prefetch_is_off_where_no_engine_build_reads_the_weights(tmp_path: Path) -> None:
+    choice = decide(RunConfig(), _probe(), GiB, 16 * GiB, reporting=BALLOON, builds_read_weights=False)
+    assert choice.prefetch is None and "no build reads them" in choice.prefetch_why
+    assert choice.drop_cache is True, "drop_cache is chosen as before"
+    small = decide(RunConfig(), None, GiB, 16 * GiB, builds_read_weights=False)  # not probed: the same answer
+    assert small.prefetch is None and "no build reads them" in small.prefetch_why
+    forced = decide(RunConfig(prefetch="madvise"), _probe(), GiB, 16 * GiB, builds_read_weights=False)
+    assert (forced.prefetch, forced.prefetch_why) == ("madvise", "set by the scenario")
+    missing = tmp_path / "never-read.safetensors"  # nothing is left for the probe to decide
+    missing.write_bytes(b"")
+    chosen = choose_speed(RunConfig(drop_cache=True), [missing], builds_read_weights=False)
+    assert chosen.probe is None and chosen.prefetch is None
+
+
 def test_the_scenarios_settings_win_and_nothing_is_probed(tmp_path: Path) -> None:
     run = RunConfig(prefetch="fadvise", drop_cache=False)
     choice = decide(run, _probe(kept=3.0, willneed=100.0), GiB, GiB // 2)
