@@ -28,8 +28,9 @@ A strategy that crashes, is killed or times out gets ``"status": "failed"`` with
 reason; the others still run.
 
 Repeats (``[run] repeats = N``): the strategies run in rounds, each strategy once per
-round, each run a fresh worker on a cache prepared again (cold: flushed and dropped), so
-that no strategy always runs right after the same other one. With a cold cache each round
+round, each run a fresh worker on a cache prepared again (cold: flushed and dropped), in an
+order that changes from round to round (:func:`harness.rounds.round_order`, recorded in
+``round_orders``), so that no strategy always runs right after the same other one. With a cold cache each round
 starts with a cold sequential read of the checkpoint (:func:`harness.measure.diskread.cold_read_bandwidth`),
 recorded in ``disk_reads``: the disk's rate at that time. With more than one repeat, each
 round's files go to ``repeat-<r>/``; the strategy's record in ``summary.json`` is that of its
@@ -88,6 +89,7 @@ from harness.results.record import (
     strategy_file,
     write_summary,
 )
+from harness.rounds import round_orders
 from harness.scenario import RunConfig, Scenario
 from harness.stopping import STOP_SIGNALS, RunInterrupted, die_with_parent
 from harness.worker import FAILURE_PREFIX, worker_command
@@ -305,6 +307,7 @@ def _run_record(plan: Plan) -> RunRecord:
         repeats=scenario.run.repeats,
         prefetch=plan.prefetch,
         speed=plan.speed,
+        round_orders=round_orders(scenario.strategies, max(1, scenario.run.repeats)),
     )
 
 
@@ -531,7 +534,7 @@ def _measure(plan: Plan, staging: Path, command: WorkerCommand, stop: _Stop) -> 
             write_summary(staging, run)
             _progress(_disk_line(disk))
         out_dir = staging if repeats == 1 else staging / f"repeat-{repeat}"
-        for strategy in scenario.strategies:
+        for strategy in run.round_orders[repeat]:
             _progress(counter.next(run_label(strategy, scenario.run, repeat=repeat)))
             out_dir.mkdir(parents=True, exist_ok=True)
             try:

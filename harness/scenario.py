@@ -69,7 +69,8 @@ for examples)::
                   weights from the page cache (``map_keep_cache`` never does); "auto" and
                   absent are chosen per run by a read probe of the checkpoint
                   (:mod:`harness.speed`), and the results say what was chosen and why; repeats {1..100} [1]: cold
-                  runs of each strategy, each in a fresh process, interleaved; the report shows
+                  runs of each strategy, each in a fresh process, interleaved in an order
+                  that changes from round to round (:mod:`harness.rounds`); the report shows
                   the median wall time and the spread; warmup {0..100} [0]: rounds run first
                   and discarded (each strategy once, and the disk read), so that what a cold
                   guest cache does not reset (a virtual disk's host cache, memory the host

@@ -31,7 +31,7 @@ from harness.report.text import (
 from harness.results.atomic import FileBatch, write_atomic
 from harness.results.metrics import StrategyMetrics, best_ceiling, floor_formula
 from harness.results.reading import Results
-from harness.results.record import StrategyRecord
+from harness.results.record import RunRecord, StrategyRecord
 from harness.results.spread import median_spread, ratio_of_medians, strategy_rounds
 
 __all__ = ["render_report", "table_lines", "write_report"]
@@ -77,7 +77,7 @@ def context_paragraph(results: Results) -> str:
         None if run.release is None else ("release on" if run.release else "release off"),
         f"sampled every {run.sample_interval_ms:g} ms" if run.sample_interval_ms else None,
         _prefetch_text(run.prefetch) if run.layout >= 3 else None,
-        _repeats_text(run.repeats, run.cache),
+        _repeats_text(run),
         _warmup_text(run.scenario_config),
     ]
     text += machine + "; " + ", ".join(s for s in setup if s) + "."
@@ -92,14 +92,27 @@ def _prefetch_text(prefetch: str | None) -> str:
     return f"prefetch `{prefetch}` one engine ahead for the strategies that map"
 
 
-def _repeats_text(repeats: int | None, cache: str) -> str | None:
+def _repeats_text(run: RunRecord) -> str | None:
+    repeats = run.repeats
     if not repeats or repeats <= 1:
         return None
     which = ("times are the median run's (the figures show it)" if repeats % 2 else
              "times are the median of the runs, the mean of the middle two (the figures show the run the "
              "observations name)")
-    return (f"each strategy run {repeats} times, interleaved, each run a fresh process on a {cache} cache; "
-            f"{which}, with the range over the runs")
+    order = ("in an order that changes from round to round (the round orders under the observations)"
+             if len(set(run.round_orders)) > 1 else "in the same order every round")
+    return (f"each strategy run {repeats} times, interleaved {order}, each run a fresh process on a {run.cache} "
+            f"cache; {which}, with the range over the runs")
+
+
+def round_order_observation(run: Results) -> list[str]:
+    """The order the strategies ran in, round by round, where it changed from round to round."""
+    orders = run.record.round_orders
+    if len(set(orders)) <= 1:
+        return []
+    rounds = "; ".join(f"{i + 1}: {', '.join(order)}" for i, order in enumerate(orders))
+    return [f"- **round orders** (each round after its cold read of the checkpoint; changed from round to round "
+            f"so that no strategy always follows the same one, `harness/rounds.py`): {rounds}."]
 
 
 def _warmup_text(config: dict[str, Any]) -> str | None:
@@ -470,6 +483,7 @@ def render_report(run: Results, figures: Sequence[str] = (), notes: Notes | None
     lines += fastest_observation(run)
     lines += disk_observation(run)
     lines += speed_observation(run)
+    lines += round_order_observation(run)
     lines += notes_on_refs
     compiled = compiler_lines(run)
     if compiled:

@@ -68,6 +68,10 @@ it is in ``layout``):
    in the calls that ask for pages ahead) and ``prefetch_evict_s`` (seconds dropping released
    weights from the page cache, on the prefetcher's eviction thread beside the asking one).
    ``None`` without prefetch, and when reading versions 1 to 7.
+9. Adds, per run, ``round_orders``: the order the strategies ran in, one list per measured round
+   (:func:`harness.rounds.round_order`: it changes from round to round, so that no strategy always
+   follows the same one). Reading versions 1 to 8 fills in the order they ran in: the scenario's
+   (the order of ``strategies``), the same in every round.
 
 A later version adds keys (each field says the version that added it, ``since`` in its
 :func:`~harness.results.codec.json_field`) and bumps :data:`LAYOUT_VERSION`; records of
@@ -169,7 +173,7 @@ __all__ = [
     "write_summary",
 ]
 
-LAYOUT_VERSION = 8
+LAYOUT_VERSION = 9
 """The layout this code writes; it reads every version from 1 to this one."""
 
 SUMMARY = "summary.json"
@@ -643,6 +647,7 @@ class RunRecord(Record):
     disk_reads: tuple[DiskRead, ...] = field(default=(), metadata={"since": 4})
     read_ceiling: tuple[CeilingPoint, ...] = field(default=(), metadata={"since": 7})
     speed: SpeedChoice | None = field(default=None, metadata={"since": 7})
+    round_orders: tuple[tuple[str, ...], ...] = field(default=(), metadata={"since": 9})
 
     @property
     def on_gpu(self) -> bool:
@@ -658,21 +663,30 @@ class RunRecord(Record):
         return replace(self, strategies={**self.strategies, name: record})
 
     def after_decode(self, version: int, fail: Callable[[str, str], RecordError]) -> RunRecord:
-        """Every engine index below the run's engines; a version-1 strategy's build-phase peak filled in; a
-        version 3 to 5 ``"packaged"`` read as the compiler's packaging it was."""
+        """Every engine index below the run's engines; every round's order the same strategies, each once; a
+        version-1 strategy's build-phase peak filled in; a version 3 to 5 ``"packaged"`` read as the compiler's
+        packaging it was; before version 9, the scenario's order in every round."""
         for name, record in self.strategies.items():
             for i, engine in enumerate(record.engines):
                 if engine.index >= self.engines:
                     raise fail(f"strategies.{name}.engines[{i}].index",
                                f"engine {engine.index} of a run of {self.engines} engines")
+        for i, order in enumerate(self.round_orders):  # a run being written holds the strategies done so far
+            if len(set(order)) != len(order) or not set(self.strategies) <= set(order) or (
+                    set(order) != set(self.round_orders[0])):
+                raise fail(f"round_orders[{i}]", f"expected every strategy of the run once, as in every round, "
+                                                 f"got {list(order)}")
+        run = self
+        if version < 9:
+            run = run.replace(round_orders=(tuple(self.strategies),) * max(1, self.repeats or 1))
         if version == 1:
-            return self.replace(strategies={n: s.upgraded_from_v1(self.device) for n, s in self.strategies.items()})
+            return run.replace(strategies={n: s.upgraded_from_v1(self.device) for n, s in self.strategies.items()})
         if version < 6:
-            return self.replace(strategies={
+            return run.replace(strategies={
                 n: s.replace(compiler_weights="packaged_compiler") if s.compiler_weights == "packaged" else s
                 for n, s in self.strategies.items()
             })
-        return self
+        return run
 
 
 # --------------------------------------------------------------------------- files

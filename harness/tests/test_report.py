@@ -606,10 +606,32 @@ def test_strategies_tied_on_the_lowest_peak_are_all_named(tmp_path: Path) -> Non
     assert alone.startswith("- Lowest build-phase host peak: **map** (2.00 GiB), ")
 
 
-def test_the_header_says_which_run_the_times_are_with_an_odd_or_an_even_count_of_rounds() -> None:
+def test_the_header_says_which_run_the_times_are_with_an_odd_or_an_even_count_of_rounds(tmp_path: Path) -> None:
     from harness.report.markdown import _repeats_text
 
-    odd, even = _repeats_text(5, "cold"), _repeats_text(2, "cold")
+    record = load_results(make_results(tmp_path)).record
+    odd, even = _repeats_text(record.replace(repeats=5)), _repeats_text(record.replace(repeats=2))
     assert odd is not None and "times are the median run's (the figures show it)" in odd
     # with two rounds no run took the median time: the header must not call it a run's
     assert even is not None and "median run's" not in even and "the mean of the middle two" in even
+
+
+def test_the_report_gives_the_order_of_every_round_where_it_changed(tmp_path: Path) -> None:
+    directory = make_results(tmp_path)
+    summary = json.loads((directory / "summary.json").read_text())
+    summary["repeats"] = 3
+    summary["round_orders"] = [["map", "load", "load_file"], ["load", "load_file", "map"],
+                               ["load_file", "map", "load"]]
+    (directory / "summary.json").write_text(json.dumps(summary))
+    report = render_report(load_results(directory))
+    assert "interleaved in an order that changes from round to round" in report
+    line = next(x for x in report.splitlines() if x.startswith("- **round orders**"))
+    assert line.endswith("1: map, load, load_file; 2: load, load_file, map; 3: load_file, map, load.")
+    summary["round_orders"] = [["map", "load", "load_file"]] * 3
+    (directory / "summary.json").write_text(json.dumps(summary))
+    report = render_report(load_results(directory))
+    assert "interleaved in the same order every round" in report and "**round orders**" not in report
+    summary["round_orders"][1] = ["map", "load", "map"]
+    (directory / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(RecordError, match=r"round_orders\[1\]: expected every strategy of the run once"):
+        load_results(directory)

@@ -277,3 +277,20 @@ def test_warmup_rounds_run_first_and_leave_nothing(tmp_path: Path) -> None:
     assert not list(out.glob("warmup-*"))
     assert all(entry.ok for entry in record.strategies.values())
     assert "after 1 warm-up round" in (tmp_path / "results" / "speedy.md").read_text()
+
+
+def test_each_round_runs_the_strategies_in_its_recorded_order(tmp_path: Path) -> None:
+    ran: list[tuple[str, str]] = []
+
+    def counting(plan_path: Path, strategy: str, out: Path) -> list[str]:
+        ran.append((out.name, strategy))
+        from harness.worker import worker_command
+        return worker_command(plan_path, strategy, out)
+
+    record = run_scenario(_scenario(tmp_path, repeats=2), results=tmp_path / "results",
+                          workdir=tmp_path / "engines", command=counting, render=render_staged)
+    assert record.round_orders == (("map", "map_no_prefetch"), ("map_no_prefetch", "map"))
+    assert ran == [("repeat-0", "map"), ("repeat-0", "map_no_prefetch"),
+                   ("repeat-1", "map_no_prefetch"), ("repeat-1", "map")]
+    assert list(record.strategies) == ["map", "map_no_prefetch"], "the record keeps the scenario's order"
+    assert load_results(tmp_path / "results" / "speedy").record.round_orders == record.round_orders
