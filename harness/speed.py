@@ -9,14 +9,15 @@ recorded with the reason (:class:`~harness.results.record.SpeedChoice`). The rul
   (keeping it would push other pages out), or when the kernel hands its free memory back to a host
   (:func:`harness.measure.hostmemory.free_page_reporting`): there a page the cache keeps is one the
   build's own writes cannot reuse, and fresh memory costs the host's backing (on this project's VM
-  about 10 times the time of memory just freed for a file's writes, ``benchmarks/fresh_memory.py``,
-  and ``map`` built in half the time with it on). Off
+  about 10 times the time of memory just freed for a file's writes, ``benchmarks/fresh_memory.py``;
+  ``map_keep_cache``'s median there is 1.3x ``map``'s with the strategies' order changing from round
+  to round, and was 2x in runs that kept one order). Off
   otherwise, since a page kept costs nothing then and a later reader may find it: the 16-core H200
   host lists no balloon, and there ``map`` with its pages kept built as fast as ``map_keep_cache``
   (``results/pi05-h200``), where the earlier rule, which read the probe, had dropped them and built
   1.4 times slower. The read probe's kept and dropped reads are recorded beside it but decide
   nothing: on both machines dropped reads ran 1.1 times as fast as kept ones, while keeping cost
-  2x on one and nothing on the other.
+  time on one and nothing on the other.
 * **prefetch** off where no engine build reads its weights (engines compiled on the host to run on the
   mapped weights where they lie, :data:`~harness.catalog.BUILT_WITHOUT_READING_WEIGHTS`): warming their
   pages would read the whole checkpoint for nothing, on a thread taking CPU from the compiles (9.6 GiB
@@ -24,9 +25,11 @@ recorded with the reason (:class:`~harness.results.record.SpeedChoice`). The rul
   ``madvise`` one engine ahead unless regions asked for with ``MADV_WILLNEED`` come
   in at under :data:`WILLNEED_FLOOR` of the rate of regions faulted in page by page (the advice
   then buys little reading and costs a thread). Asking ahead pays by overlapping the next
-  engine's reads with this one's build, so it need not read as fast as faults: on the 2-core VM
-  the advised regions came in at 0.4 to 0.8 of the fault rate and prefetch still cut ``map``'s
-  wall (``map`` against ``map_no_prefetch`` in ``results/pi05``).
+  engine's reads with this one's build, so it need not read as fast as faults. What it buys is
+  for each run's ``map`` and ``map_no_prefetch`` to say: on the 2-core VM the advised regions came
+  in at 0.4 to 0.8 of the fault rate, and with the order changing from round to round the two
+  walls' rounds overlapped (``results/pi05``); prefetch looked ahead only in runs that kept one
+  order, with ``map_no_prefetch`` always right after ``map``.
 
 A checkpoint smaller than the probe needs (:func:`~harness.measure.probe.probe_bytes`, 2.4 GiB) is
 not probed and its page cache stays small: drop-cache is off and prefetch ``madvise`` (what earlier

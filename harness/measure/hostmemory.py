@@ -9,7 +9,8 @@ previous such file was dropped; populating anonymous memory (``MAP_POPULATE``) 0
 against 2 to 3.5 GB/s in rounds on a quiet machine, and no gap in rounds right after GiBs were freed.
 A run that keeps a checkpoint's pages in the page cache takes that many pages out of the kernel's
 reuse, so whatever it writes next (engine files, buffers) lands on memory the host must back
-again: ``map`` built in half the time there with ``drop_cache`` on (``results/pi05``).
+again: ``map_keep_cache``'s median wall there is 1.3x ``map``'s (``results/pi05``; 2x in runs that kept
+one order of strategies in every round).
 
 The H200 host this project measures on (a Firecracker VM, 16 cores) lists no balloon among its
 virtio devices, and the same benchmark there found no gap (populating 3.3 GB/s fresh against 2.8
@@ -22,7 +23,7 @@ hands out the pages it has not reported first (Linux puts reported pages at the 
 lists), and after the run's own cold-cache drops those are several GiB. On that VM, populating 256
 MiB after freeing 4 GiB of page cache ran at 0.9 to 2.3 GB/s however long it waited (up to 8 s), and
 the read probe's kept regions read 6 GiB as fast as its dropped ones while keeping cost 2x in the
-run. Writes into a new file showed the gap in every round of ``benchmarks/fresh_memory.py``, even
+run then. Writes into a new file showed the gap in every round of ``benchmarks/fresh_memory.py``, even
 right after GiBs were freed: a timed rule could be built on them, but it has been seen on one machine
 with a balloon only, and would cost seconds of every run. So :func:`free_page_reporting` reads the
 balloon's negotiated features instead of timing anything.
