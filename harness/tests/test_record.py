@@ -55,6 +55,10 @@ def test_recorded_results_read_with_their_version(directory: Path) -> None:
             assert strategy.build_peak_bytes == raw["host_gpu_peak_bytes"]
         if version < 6 and raw.get("compiler_weights") == "packaged":  # written by the compiler, as they were
             assert strategy.compiler_weights == "packaged_compiler"
+    if version < 9:  # before round orders were recorded every round ran the scenario's order
+        assert results.record.round_orders == (tuple(data["strategies"]),) * max(1, data.get("repeats") or 1)
+    else:
+        assert results.record.round_orders == tuple(tuple(order) for order in data["round_orders"])
         # the derived copies in the file agree with the one derivation, where it has not changed since: from
         # layout 5 on, engines compiled to run on the mapped weights in place have the baseline as their floor
         metrics = results.metrics[name]
