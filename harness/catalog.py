@@ -23,6 +23,7 @@ __all__ = [
     "HOLDS_WEIGHTS",
     "STRATEGY_LISTINGS",
     "StrategyListing",
+    "builds_read_weights",
     "peers_of",
     "strategy_colour",
     "strategy_label",
@@ -83,6 +84,12 @@ into the artifact a chunk at a time, each chunk's pages dropped once written."""
 BUILT_WITHOUT_READING_WEIGHTS: tuple[str, ...] = ("mapped",)
 """The weight settings whose engines, built on the host, never read their weights while built: compiled to run
 on the mapped weights where they lie, they read them only when the built model runs."""
+
+
+def builds_read_weights(on_gpu: bool, compiler_weights: str | None) -> bool:
+    """Whether engine builds read their weights: all do but a compiler's built on the host with a weight setting of
+    :data:`BUILT_WITHOUT_READING_WEIGHTS` (``compiler_weights`` is ``None`` for a backend that is no compiler)."""
+    return on_gpu or compiler_weights not in BUILT_WITHOUT_READING_WEIGHTS
 
 
 def peers_of(name: str, names: Sequence[str]) -> list[str]:

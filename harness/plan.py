@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.catalog import BUILT_WITHOUT_READING_WEIGHTS
+from harness.catalog import builds_read_weights
 from harness.engines.partition import Engine, model_bytes, partition, split_into
 from harness.engines.registry import BackendUnavailable, check_backend, resolve_device
 from harness.errors import PlanError
@@ -220,8 +220,8 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
         engine_plans = [EnginePlan.of(e) for e in engines]
     _prepare_strategies(scenario, path, say)
     files = tuple(str(f) for f in open_checkpoint(path).files)
-    speed = choose_speed(scenario.run, files, builds_read_weights=not (
-        compiler and device == "cpu" and scenario.build.weights in BUILT_WITHOUT_READING_WEIGHTS))
+    speed = choose_speed(scenario.run, files, builds_read_weights(
+        on_gpu=device != "cpu", compiler_weights=scenario.build.weights if compiler else None))
     if speed.probe is not None:
         say(f"read probe: prefetch {speed.prefetch or 'off'} ({speed.prefetch_why}); "
             f"drop_cache {'on' if speed.drop_cache else 'off'} ({speed.drop_cache_why})")

@@ -25,14 +25,7 @@ __all__ = ["round_order", "round_orders"]
 
 def _first_row(n: int) -> list[int]:
     """Williams' first row: 0, 1, n-1, 2, n-2, ..., whose steps between neighbours are all different mod n."""
-    row, low, high = [0], 1, n - 1
-    while len(row) < n:
-        row.append(low if len(row) % 2 else high)
-        if len(row) % 2:
-            high -= 1
-        else:
-            low += 1
-    return row
+    return [0] + [(j + 1) // 2 if j % 2 else n - j // 2 for j in range(1, n)]
 
 
 def _rows(n: int) -> list[list[int]]:

@@ -100,17 +100,16 @@ def _repeats_text(run: RunRecord) -> str | None:
              "times are the median of the runs, the mean of the middle two (the figures show the run the "
              "observations name)")
     order = ("in an order that changes from round to round (the round orders under the observations)"
-             if len(set(run.round_orders)) > 1 else "in the same order every round")
+             if run.order_changed else "in the same order every round")
     return (f"each strategy run {repeats} times, interleaved {order}, each run a fresh process on a {run.cache} "
             f"cache; {which}, with the range over the runs")
 
 
 def round_order_observation(run: Results) -> list[str]:
     """The order the strategies ran in, round by round, where it changed from round to round."""
-    orders = run.record.round_orders
-    if len(set(orders)) <= 1:
+    if not run.record.order_changed:
         return []
-    rounds = "; ".join(f"{i + 1}: {', '.join(order)}" for i, order in enumerate(orders))
+    rounds = "; ".join(f"{i + 1}: {', '.join(order)}" for i, order in enumerate(run.record.round_orders))
     return [f"- **round orders** (each round after its cold read of the checkpoint; changed from round to round "
             f"so that no strategy always follows the same one, `harness/rounds.py`): {rounds}."]
 

@@ -654,6 +654,11 @@ class RunRecord(Record):
         """Whether engines were built on a GPU (the device decides which floor applies)."""
         return self.device.startswith("cuda")
 
+    @property
+    def order_changed(self) -> bool:
+        """Whether the strategies ran in more than one order over the rounds."""
+        return len(set(self.round_orders)) > 1
+
     def replace(self, **changes: Any) -> RunRecord:
         """A copy with ``changes``."""
         return replace(self, **changes)
