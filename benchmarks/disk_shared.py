@@ -1,15 +1,14 @@
 """What the disk does when it reads a checkpoint and writes engines at the same time, against each alone.
 
 The question behind ``map``'s build phase on a machine whose engines are files (the ``copy``
-backend without a GPU): the report sets the build against the larger of the model's read time and
-``load``'s build (whose weights are resident, so it is the engines' own cost, writing them
-included), which is where reading and building would overlap perfectly. Reading and writing share
-one disk, so they overlap only as well as the disk serves both at once. Each round:
+backend without a GPU): reading the checkpoint and writing the engines share one disk, so they
+overlap only as well as the disk serves both at once. A cold run measures that once, before its
+first round (:mod:`harness.measure.shared_disk`), and the report counts it in the limit it sets
+the build against; this script repeats the same three measurements for a closer look. Each round:
 
-1. ``read``: the checkpoint read cold as the run's disk reference reads it
-   (:func:`harness.measure.diskread.cold_read_bandwidth`: ``read()`` of ``--chunk-mib`` MiB into a
-   reused buffer, its pages dropped behind the reader, so that no page-cache growth is timed: see
-   ``benchmarks/fresh_memory.py``);
+1. ``read``: the checkpoint read cold as the run's disk reference reads it (``read()`` of
+   ``--chunk-mib`` MiB into a reused buffer, its pages dropped behind the reader, so that no
+   page-cache growth is timed: see ``benchmarks/fresh_memory.py``);
 2. ``write``: as many bytes as the checkpoint holds written into files of ``--engine-mib`` MiB under
    ``--dir``, each fsynced, dropped from the page cache and removed, as the ``copy`` backend
    writes its engines;
@@ -29,59 +28,11 @@ import json
 import os
 import statistics
 import sys
-import tempfile
-import threading
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.measure.diskread import cold_read_bandwidth  # noqa: E402
-
-
-def read_cold(path: Path, chunk: int) -> float:
-    """Seconds to read ``path`` whole, cold, dropping its pages behind the reader (the reads alone)."""
-    return cold_read_bandwidth(path, chunk=chunk, settle=False).seconds
-
-
-def write_engines(directory: Path, nbytes: int, engine: int, block: bytes) -> float:
-    """Seconds to write ``nbytes`` as files of ``engine`` bytes, each fsynced, dropped and removed."""
-    started = time.perf_counter()
-    left = nbytes
-    while left > 0:
-        fd, name = tempfile.mkstemp(dir=directory, prefix="disk-shared-")
-        try:
-            size = min(engine, left)
-            written = 0
-            while written < size:
-                written += os.write(fd, block[: min(len(block), size - written)])
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-            os.unlink(name)
-        left -= size
-    return time.perf_counter() - started
-
-
-def both_at_once(path: Path, chunk: int, directory: Path, engine: int, block: bytes) -> float:
-    """Seconds until a cold read of ``path`` and the writes of as many bytes, started together, are both done."""
-    failures: list[BaseException] = []
-
-    def writer() -> None:
-        try:
-            write_engines(directory, path.stat().st_size, engine, block)
-        except BaseException as exc:  # re-raised on the main thread
-            failures.append(exc)
-
-    thread = threading.Thread(target=writer, name="disk-shared-writer")
-    started = time.perf_counter()
-    thread.start()
-    read_cold(path, chunk)
-    thread.join()
-    if failures:
-        raise failures[0]
-    return time.perf_counter() - started
+from harness.measure.shared_disk import both_at_once, read_cold, write_files  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,9 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     block = os.urandom(chunk)
     seconds: dict[str, list[float]] = {"read": [], "write": [], "both": []}
     for r in range(args.rounds):
-        seconds["read"].append(read_cold(args.checkpoint, chunk))
-        seconds["write"].append(write_engines(directory, nbytes, engine, block))
-        seconds["both"].append(both_at_once(args.checkpoint, chunk, directory, engine, block))
+        seconds["read"].append(read_cold([args.checkpoint], chunk))
+        seconds["write"].append(write_files(directory, nbytes, engine, block))
+        seconds["both"].append(both_at_once([args.checkpoint], nbytes, directory, engine, block, chunk))
         print(f"round {r + 1}/{args.rounds}: read {seconds['read'][-1]:.2f} s, write {seconds['write'][-1]:.2f} s, "
               f"both {seconds['both'][-1]:.2f} s", file=sys.stderr)
     print(f"{args.checkpoint} ({nbytes / 2**30:.2f} GiB) read cold and the same bytes written as "

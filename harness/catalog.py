@@ -24,6 +24,7 @@ __all__ = [
     "STRATEGY_LISTINGS",
     "StrategyListing",
     "builds_read_weights",
+    "writes_weights_to_files",
     "peers_of",
     "strategy_colour",
     "strategy_label",
@@ -90,6 +91,15 @@ def builds_read_weights(on_gpu: bool, compiler_weights: str | None) -> bool:
     """Whether engine builds read their weights: all do but a compiler's built on the host with a weight setting of
     :data:`BUILT_WITHOUT_READING_WEIGHTS` (``compiler_weights`` is ``None`` for a backend that is no compiler)."""
     return on_gpu or compiler_weights not in BUILT_WITHOUT_READING_WEIGHTS
+
+
+def writes_weights_to_files(on_gpu: bool, compiler_weights: str | None) -> bool:
+    """Whether the engine builds write their weights' bytes into files: the ``copy`` backend's on the host (its
+    engines are files there) and a compiler's whose engines hold their weights (:data:`HOLDS_WEIGHTS`);
+    ``compiler_weights`` is ``None`` for a backend that is no compiler."""
+    if compiler_weights is None:
+        return not on_gpu
+    return compiler_weights in HOLDS_WEIGHTS
 
 
 def peers_of(name: str, names: Sequence[str]) -> list[str]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.catalog import builds_read_weights
+from harness.catalog import builds_read_weights, writes_weights_to_files
 from harness.engines.partition import Engine, model_bytes, partition, split_into
 from harness.engines.registry import BackendUnavailable, check_backend, resolve_device
 from harness.errors import PlanError
@@ -103,6 +103,13 @@ class Plan:
     def drop_cache(self) -> bool:
         """Whether strategies with a prefetch plan drop released weights from the page cache."""
         return self.speed.drop_cache
+
+    @property
+    def writes_weights_to_files(self) -> bool:
+        """Whether the engine builds write their weights' bytes into files
+        (:func:`harness.catalog.writes_weights_to_files`)."""
+        return writes_weights_to_files(on_gpu=self.device != "cpu",
+                                       compiler_weights=self.scenario.build.compiler_weights)
 
     @property
     def largest_engine_bytes(self) -> int:
@@ -221,7 +228,7 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
     _prepare_strategies(scenario, path, say)
     files = tuple(str(f) for f in open_checkpoint(path).files)
     speed = choose_speed(scenario.run, files, builds_read_weights(
-        on_gpu=device != "cpu", compiler_weights=scenario.build.weights if compiler else None))
+        on_gpu=device != "cpu", compiler_weights=scenario.build.compiler_weights))
     if speed.probe is not None:
         say(f"read probe: prefetch {speed.prefetch or 'off'} ({speed.prefetch_why}); "
             f"drop_cache {'on' if speed.drop_cache else 'off'} ({speed.drop_cache_why})")

@@ -70,6 +70,7 @@ from harness.errors import HarnessError, OutputError
 from harness.measure import machine
 from harness.measure.ceiling import read_ceiling
 from harness.measure.diskread import cold_read_bandwidth
+from harness.measure.shared_disk import shared_disk
 from harness.plan import Plan, make_plan, write_plan
 from harness.progress import RunCounter
 from harness.results.atomic import FileBatch
@@ -82,6 +83,7 @@ from harness.results.record import (
     MachineInfo,
     RepeatRecord,
     RunRecord,
+    SharedDisk,
     StrategyRecord,
     events_file,
     read_strategy_file,
@@ -426,6 +428,11 @@ def _ceiling_line(points: Sequence[CeilingPoint]) -> str:
             f"{best.request_bytes >> 20} MiB requests (best of {len(points)} points)")
 
 
+def _shared_line(shared: SharedDisk) -> str:
+    return (f"disk shared: the checkpoint read cold in {shared.read_s:.1f} s, as many bytes written as engine files "
+            f"in {shared.write_s:.1f} s, both at once in {shared.both_s:.1f} s")
+
+
 def _disk_line(disk: DiskRead) -> str:
     return (f"disk: cold sequential read of {disk.bytes / GIB:.2f} GiB in {disk.seconds:.1f} s, "
             f"{disk.bytes_per_s / 1e6:.0f} MB/s ({disk.cpu_seconds:.1f} CPU-s)")
@@ -529,6 +536,13 @@ def _measure(plan: Plan, staging: Path, command: WorkerCommand, stop: _Stop) -> 
                 run = run.replace(read_ceiling=read_ceiling([Path(f) for f in plan.checkpoint_files]))
                 write_summary(staging, run)
                 _progress(_ceiling_line(run.read_ceiling))
+                if plan.writes_weights_to_files:
+                    _progress("the disk shared: the checkpoint read cold while as many bytes are written as "
+                              "engine files")
+                    shared = shared_disk(plan.checkpoint_files, plan.workdir, plan.largest_engine_bytes)
+                    run = run.replace(shared_disk=shared)
+                    write_summary(staging, run)
+                    _progress(_shared_line(shared))
             disk = measure_disk(plan, repeat)
             run = run.replace(disk_reads=(*run.disk_reads, disk))
             write_summary(staging, run)

@@ -312,6 +312,11 @@ class BuildConfig:
         return self.backend in COMPILER_BACKENDS
 
     @property
+    def compiler_weights(self) -> str | None:
+        """The compiler's weight setting (``weights``); ``None`` for a backend that is no compiler."""
+        return self.weights if self.compiler else None
+
+    @property
     def engine_cap_bytes(self) -> int | None:
         """``engine_cap_mib`` in whole bytes; ``None`` when the scenario asks for a number of engines."""
         return None if self.engine_cap_mib is None else int(self.engine_cap_mib * 2**20)

@@ -29,7 +29,7 @@ from harness.report.text import (
     versions_text,
 )
 from harness.results.atomic import FileBatch, write_atomic
-from harness.results.metrics import StrategyMetrics, best_ceiling, floor_formula
+from harness.results.metrics import StrategyMetrics, best_ceiling, build_limit, floor_formula
 from harness.results.reading import Results
 from harness.results.record import RunRecord, StrategyRecord
 from harness.results.spread import median_spread, ratio_of_medians, strategy_rounds
@@ -143,7 +143,7 @@ def disk_observation(run: Results) -> list[str]:
             continue
         lines.append(f"  - {s.name}: build phase {_times_of_read(rounds.build_s, read_s)}; "
                      f"wall {_times_of_read(rounds.wall_s, read_s)}.")
-    return lines + ceiling_observation(run)
+    return lines + ceiling_observation(run) + shared_disk_observation(run) + limit_observation(run)
 
 
 def ceiling_observation(run: Results) -> list[str]:
@@ -164,6 +164,34 @@ def ceiling_observation(run: Results) -> list[str]:
         if s.record.ok and rounds.build_s:
             times = _times_of(rounds.build_s, read_s, "the model's read time at the ceiling")
             lines.append(f"  - {s.name}: build phase {times}.")
+    return lines
+
+
+def shared_disk_observation(run: Results) -> list[str]:
+    """How the disk served the checkpoint's reads and engine-sized writes, alone and both at once, where the run
+    measured it (its engines are written as files)."""
+    shared = run.record.shared_disk
+    if shared is None or shared.overlap is None or shared.one_at_a_time is None:
+        return []
+    return [f"- **disk shared by reads and engine writes**: the {format_gib(shared.bytes)} checkpoint read cold "
+            f"took {format_seconds(shared.read_s)} alone, as many bytes written as {format_gib(shared.file_bytes)} "
+            f"files (each fsynced, dropped from the page cache and removed) {format_seconds(shared.write_s)} alone, "
+            f"and the two started together {format_seconds(shared.both_s)}: {shared.overlap:.2f} × the longer "
+            f"alone, where 1 is reads and writes served side by side and {shared.one_at_a_time:.2f} one at a time."]
+
+
+def limit_observation(run: Results) -> list[str]:
+    """``map``'s build phase (and its variants') against the limit the run measured (:func:`build_limit`)."""
+    limit = build_limit(run.record, run.metrics)
+    if limit is None:
+        return []
+    terms = "; ".join(f"{what}, {format_seconds(seconds)}" for what, seconds in limit.terms)
+    lines = [f"- **build phase against its limit**: {format_seconds(limit.seconds)}, the largest of ({terms}), "
+             f"where reading and building would overlap perfectly."]
+    for s in run.metrics.values():
+        rounds = strategy_rounds(s)
+        if not peers_of(HEADLINE_STRATEGY, [s.name]) and s.record.ok and rounds.build_s:
+            lines.append(f"  - {s.name}: build phase {_times_of(rounds.build_s, limit.seconds, 'the limit')}.")
     return lines
 
 

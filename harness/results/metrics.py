@@ -54,8 +54,10 @@ from harness.catalog import BUILT_WITHOUT_RESIDENT_WEIGHTS, HOLDS_WEIGHTS
 from harness.results.record import CeilingPoint, DiskRead, EngineRecord, Phases, RunRecord, StrategyRecord
 
 __all__ = [
+    "BuildLimit",
     "DiskMetrics",
     "best_ceiling",
+    "build_limit",
     "SampleColumns",
     "StrategyMetrics",
     "compared_label",
@@ -448,6 +450,50 @@ def best_ceiling(points: Sequence[CeilingPoint]) -> CeilingPoint | None:
     """The fastest point of a read-ceiling sweep (the disk's ceiling); None where it read nothing."""
     read = [p for p in points if p.bytes > 0 and p.seconds > 0]
     return max(read, key=lambda p: p.bytes_per_s) if read else None
+
+
+@dataclass(frozen=True)
+class BuildLimit:
+    """The shortest build phase the run's own measurements allow a strategy that reads the checkpoint while it
+    builds (:func:`build_limit`): the largest of its ``terms``, each ``(what it is, seconds)``."""
+
+    terms: tuple[tuple[str, float], ...]
+
+    @property
+    def seconds(self) -> float:
+        """The limit: the largest term."""
+        return max(seconds for _, seconds in self.terms)
+
+    @property
+    def bound_by(self) -> str:
+        """What the largest term is."""
+        return max(self.terms, key=lambda term: term[1])[0]
+
+
+def build_limit(run: RunRecord, metrics: Mapping[str, StrategyMetrics],
+                engines_cost: str = "load") -> BuildLimit | None:
+    """Where reading and building would overlap perfectly, measured in the run: the largest of
+
+    * the model's bytes read at the disk's ceiling (:func:`best_ceiling` of the run's sweep);
+    * the median build phase of ``engines_cost`` (``load``: its weights are resident when it builds, so its
+      build is the engines' own cost);
+    * where the engines are written as files (:class:`~harness.results.record.SharedDisk`), the checkpoint
+      read while as many bytes are written, scaled to the model's bytes: reads and writes through one disk
+      go no faster than it served both at once.
+
+    None without a ceiling or without ``engines_cost``'s finished build.
+    """
+    best = best_ceiling(run.read_ceiling)
+    reference = metrics.get(engines_cost)
+    if best is None or reference is None or not reference.record.ok or reference.build_median_s is None:
+        return None
+    terms = [("the model's read time at the disk's ceiling", run.model.bytes / best.bytes_per_s),
+             (f"{engines_cost}'s build phase, its weights resident", reference.build_median_s)]
+    shared = run.shared_disk
+    if shared is not None and shared.bytes > 0:
+        terms.append(("the model read while as many bytes are written as engine files",
+                      shared.both_s * run.model.bytes / shared.bytes))
+    return BuildLimit(tuple(terms))
 
 
 def disk_metrics(reads: Sequence[DiskRead]) -> DiskMetrics | None:

@@ -72,6 +72,10 @@ it is in ``layout``):
    (:func:`harness.rounds.round_order`: it changes from round to round, so that no strategy always
    follows the same one). Reading versions 1 to 8 fills in the order they ran in: the scenario's
    (the order of ``strategies``), the same in every round.
+10. Adds, per run, ``shared_disk`` (:class:`SharedDisk`): the checkpoint read cold and as many bytes
+    written as engine files, each alone and both at once, made before the first round of a cold run
+    whose engines are written as files of their weights; ``None`` where none was made, and when
+    reading versions 1 to 9.
 
 A later version adds keys (each field says the version that added it, ``since`` in its
 :func:`~harness.results.codec.json_field`) and bumps :data:`LAYOUT_VERSION`; records of
@@ -142,6 +146,7 @@ __all__ = [
     "CacheRecord",
     "CeilingPoint",
     "ReadProbe",
+    "SharedDisk",
     "SpeedChoice",
     "CheckpointInfo",
     "DiskRead",
@@ -173,7 +178,7 @@ __all__ = [
     "write_summary",
 ]
 
-LAYOUT_VERSION = 9
+LAYOUT_VERSION = 10
 """The layout this code writes; it reads every version from 1 to this one."""
 
 SUMMARY = "summary.json"
@@ -399,6 +404,33 @@ class CeilingPoint(Record):
     def bytes_per_s(self) -> float:
         """The point's read rate (0 where nothing was read)."""
         return self.bytes / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class SharedDisk(Record):
+    """The disk read and written at once (version 10, :func:`harness.measure.shared_disk.shared_disk`): the
+    checkpoint's ``bytes`` read cold (``read_s``), as many written as files of ``file_bytes``, each fsynced,
+    dropped from the page cache and removed (``write_s``), and the two started together, until both were done
+    (``both_s``)."""
+
+    bytes: int
+    file_bytes: int
+    read_s: float
+    write_s: float
+    both_s: float
+
+    @property
+    def overlap(self) -> float | None:
+        """``both_s`` over the larger time alone: 1 where the disk serves reads and writes side by side,
+        :attr:`one_at_a_time` where it serves one at a time; None where neither took time."""
+        larger = max(self.read_s, self.write_s)
+        return self.both_s / larger if larger > 0 else None
+
+    @property
+    def one_at_a_time(self) -> float | None:
+        """What :attr:`overlap` would be with one served at a time: the sum alone over the larger."""
+        larger = max(self.read_s, self.write_s)
+        return (self.read_s + self.write_s) / larger if larger > 0 else None
 
 
 def _median_rate(nbytes: int, seconds: tuple[float, ...]) -> float:
@@ -648,6 +680,7 @@ class RunRecord(Record):
     read_ceiling: tuple[CeilingPoint, ...] = field(default=(), metadata={"since": 7})
     speed: SpeedChoice | None = field(default=None, metadata={"since": 7})
     round_orders: tuple[tuple[str, ...], ...] = field(default=(), metadata={"since": 9})
+    shared_disk: SharedDisk | None = field(default=None, metadata={"since": 10})
 
     @property
     def on_gpu(self) -> bool:
