@@ -430,7 +430,8 @@ def _ceiling_line(points: Sequence[CeilingPoint]) -> str:
 
 def _shared_line(shared: SharedDisk) -> str:
     return (f"disk shared: the checkpoint read cold in {shared.read_s:.1f} s, as many bytes written as engine files "
-            f"in {shared.write_s:.1f} s, both at once in {shared.both_s:.1f} s")
+            f"in {shared.write_s:.1f} s, both at once in {shared.both_s:.1f} s ({shared.overlap or 0:.2f} x the "
+            f"longer alone; {shared.one_at_a_time or 0:.2f} would be one at a time)")
 
 
 def _disk_line(disk: DiskRead) -> str:
@@ -536,17 +537,15 @@ def _measure(plan: Plan, staging: Path, command: WorkerCommand, stop: _Stop) -> 
                 run = run.replace(read_ceiling=read_ceiling([Path(f) for f in plan.checkpoint_files]))
                 write_summary(staging, run)
                 _progress(_ceiling_line(run.read_ceiling))
-                if plan.writes_weights_to_files:
-                    _progress("the disk shared: the checkpoint read cold while as many bytes are written as "
-                              "engine files")
-                    shared = shared_disk(plan.checkpoint_files, plan.workdir, plan.largest_engine_bytes)
-                    run = run.replace(shared_disk=shared)
-                    write_summary(staging, run)
-                    _progress(_shared_line(shared))
             disk = measure_disk(plan, repeat)
             run = run.replace(disk_reads=(*run.disk_reads, disk))
             write_summary(staging, run)
             _progress(_disk_line(disk))
+            if scenario.run.shared_disk and plan.writes_weights_to_files:
+                shared = shared_disk(plan.checkpoint_files, plan.workdir, plan.largest_engine_bytes, before=repeat)
+                run = run.replace(shared_disk=(*run.shared_disk, shared))
+                write_summary(staging, run)
+                _progress(_shared_line(shared))
         out_dir = staging if repeats == 1 else staging / f"repeat-{repeat}"
         for strategy in run.round_orders[repeat]:
             _progress(counter.next(run_label(strategy, scenario.run, repeat=repeat)))

@@ -168,16 +168,29 @@ def ceiling_observation(run: Results) -> list[str]:
 
 
 def shared_disk_observation(run: Results) -> list[str]:
-    """How the disk served the checkpoint's reads and engine-sized writes, alone and both at once, where the run
-    measured it (its engines are written as files)."""
-    shared = run.record.shared_disk
-    if shared is None or shared.overlap is None or shared.one_at_a_time is None:
+    """How the disk served the checkpoint's reads and engine-sized writes, alone and both at once, round by round,
+    where the run measured it (its engines are written as files)."""
+    shared = [s for s in run.record.shared_disk if s.overlap is not None and s.one_at_a_time is not None]
+    if not shared:
         return []
-    return [f"- **disk shared by reads and engine writes**: the {format_gib(shared.bytes)} checkpoint read cold "
-            f"took {format_seconds(shared.read_s)} alone, as many bytes written as {format_gib(shared.file_bytes)} "
-            f"files (each fsynced, dropped from the page cache and removed) {format_seconds(shared.write_s)} alone, "
-            f"and the two started together {format_seconds(shared.both_s)}: {shared.overlap:.2f} × the longer "
-            f"alone, where 1 is reads and writes served side by side and {shared.one_at_a_time:.2f} one at a time."]
+    first = shared[0]
+    rounds = f"before each of the {len(shared)} rounds" if len(shared) > 1 else "once, before the round"
+    overlap = [s.overlap or 0.0 for s in shared]
+    one_by_one = [s.one_at_a_time or 0.0 for s in shared]
+    return [f"- **disk shared by reads and engine writes** ({rounds}): the {format_gib(first.bytes)} checkpoint "
+            f"read cold alone, {spread_text([s.read_s for s in shared])}; as many bytes written alone as "
+            f"{format_gib(first.file_bytes)} files (each fsynced, dropped from the page cache and removed), "
+            f"{spread_text([s.write_s for s in shared])}; the two started together, "
+            f"{spread_text([s.both_s for s in shared])}: {_ratio_text(overlap)} × the longer alone, where 1 is "
+            f"reads and writes served side by side and {_ratio_text(one_by_one)} one at a time."]
+
+
+def _ratio_text(values: Sequence[float]) -> str:
+    """A ratio's median, with its interval over the rounds where there are several: ``1.32 (1.07–1.83)``."""
+    spread = median_spread(values)
+    if spread.low is None or spread.high is None:
+        return f"{spread.median:.2f}"
+    return f"{spread.median:.2f} ({spread.low:.2f}–{spread.high:.2f})"
 
 
 def limit_observation(run: Results) -> list[str]:

@@ -477,9 +477,9 @@ def build_limit(run: RunRecord, metrics: Mapping[str, StrategyMetrics],
     * the model's bytes read at the disk's ceiling (:func:`best_ceiling` of the run's sweep);
     * the median build phase of ``engines_cost`` (``load``: its weights are resident when it builds, so its
       build is the engines' own cost);
-    * where the engines are written as files (:class:`~harness.results.record.SharedDisk`), the checkpoint
-      read while as many bytes are written, scaled to the model's bytes: reads and writes through one disk
-      go no faster than it served both at once.
+    * where the engines are written as files (:class:`~harness.results.record.SharedDisk`, one per round),
+      the median time of the checkpoint read while as many bytes are written, scaled to the model's bytes:
+      reads and writes through one disk go no faster than it serves both at once.
 
     None without a ceiling or without ``engines_cost``'s finished build.
     """
@@ -489,10 +489,10 @@ def build_limit(run: RunRecord, metrics: Mapping[str, StrategyMetrics],
         return None
     terms = [("the model's read time at the disk's ceiling", run.model.bytes / best.bytes_per_s),
              (f"{engines_cost}'s build phase, its weights resident", reference.build_median_s)]
-    shared = run.shared_disk
-    if shared is not None and shared.bytes > 0:
-        terms.append(("the model read while as many bytes are written as engine files",
-                      shared.both_s * run.model.bytes / shared.bytes))
+    shared = [s.both_s * run.model.bytes / s.bytes for s in run.shared_disk if s.bytes > 0]
+    if shared:
+        terms.append(("the model read while as many bytes are written as engine files, median",
+                      float(np.median(shared))))
     return BuildLimit(tuple(terms))
 
 
