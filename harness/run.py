@@ -428,6 +428,11 @@ def _ceiling_line(points: Sequence[CeilingPoint]) -> str:
             f"{best.request_bytes >> 20} MiB requests (best of {len(points)} points)")
 
 
+SHARED_DISK_TIMES = 3
+"""How many times a cold run whose engines are files measures the disk read and written at once, after its
+last round (:mod:`harness.measure.shared_disk`)."""
+
+
 def _shared_line(shared: SharedDisk) -> str:
     return (f"disk shared: the checkpoint read cold in {shared.read_s:.1f} s, as many bytes written as engine files "
             f"in {shared.write_s:.1f} s, both at once in {shared.both_s:.1f} s ({shared.overlap or 0:.2f} x the "
@@ -541,11 +546,6 @@ def _measure(plan: Plan, staging: Path, command: WorkerCommand, stop: _Stop) -> 
             run = run.replace(disk_reads=(*run.disk_reads, disk))
             write_summary(staging, run)
             _progress(_disk_line(disk))
-            if scenario.run.shared_disk and plan.writes_weights_to_files:
-                shared = shared_disk(plan.checkpoint_files, plan.workdir, plan.largest_engine_bytes, before=repeat)
-                run = run.replace(shared_disk=(*run.shared_disk, shared))
-                write_summary(staging, run)
-                _progress(_shared_line(shared))
         out_dir = staging if repeats == 1 else staging / f"repeat-{repeat}"
         for strategy in run.round_orders[repeat]:
             _progress(counter.next(run_label(strategy, scenario.run, repeat=repeat)))
@@ -567,6 +567,14 @@ def _measure(plan: Plan, staging: Path, command: WorkerCommand, stop: _Stop) -> 
             run = run.with_strategy(strategy, combined)
             write_summary(staging, run)
             _progress(_result_line(strategy, metrics))
+    if scenario.run.cache == "cold" and scenario.run.shared_disk and plan.writes_weights_to_files:
+        # after the rounds: its writes would slow whatever ran next, beyond what a cold cache resets
+        for time_ in range(SHARED_DISK_TIMES):
+            _progress(f"the disk read and written at once, {time_ + 1} of {SHARED_DISK_TIMES}")
+            shared = shared_disk(plan.checkpoint_files, plan.workdir, plan.largest_engine_bytes)
+            run = run.replace(shared_disk=(*run.shared_disk, shared))
+            write_summary(staging, run)
+            _progress(_shared_line(shared))
     if repeats > 1:
         for strategy, done in runs.items():
             _drop_repeat_samples(staging, strategy, done)

@@ -336,7 +336,7 @@ class RunConfig:
     repeats: int = field(default=1, metadata=_limit("run.repeats"))
     warmup: int = field(default=0, metadata=_limit("run.warmup"))
     read_ceiling: bool = True  # a cold run sweeps the disk's read ceiling before its first round
-    shared_disk: bool = True  # where engines are files, a cold run times the disk read and written at once each round
+    shared_disk: bool = True  # where engines are files, a cold run times the disk read and written at once at its end
 
 
 @dataclass(frozen=True, kw_only=True)

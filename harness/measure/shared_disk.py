@@ -89,10 +89,9 @@ def both_at_once(paths: Sequence[Path], nbytes: int, directory: Path, file_bytes
 
 
 def shared_disk(paths: Sequence[str | os.PathLike[str]], directory: str | os.PathLike[str], file_bytes: int, *,
-                before: int = 0, chunk: int = DEFAULT_CHUNK) -> SharedDisk:
+                chunk: int = DEFAULT_CHUNK) -> SharedDisk:
     """The checkpoint's files ``paths`` read cold, as many bytes written as files of ``file_bytes`` under
-    ``directory`` (made if missing), each alone and both at once (see the module docstring); ``before``: the
-    round it is made before, as recorded.
+    ``directory`` (made if missing), each alone and both at once (see the module docstring).
 
     Raises ``ValueError`` for no files or a ``file_bytes`` or ``chunk`` below 1, and ``OSError`` naming
     ``directory`` where it cannot be written.
@@ -112,5 +111,5 @@ def shared_disk(paths: Sequence[str | os.PathLike[str]], directory: str | os.Pat
         both_s = both_at_once(files, nbytes, where, file_bytes, block, chunk)
     except OSError as exc:
         raise OSError(f"{where}: reading the checkpoint while writing engine-sized files there failed: {exc}") from exc
-    return SharedDisk(before=before, bytes=nbytes, file_bytes=file_bytes, read_s=round(read_s, 6),
+    return SharedDisk(bytes=nbytes, file_bytes=file_bytes, read_s=round(read_s, 6),
                       write_s=round(write_s, 6), both_s=round(both_s, 6))

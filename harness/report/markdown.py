@@ -168,21 +168,22 @@ def ceiling_observation(run: Results) -> list[str]:
 
 
 def shared_disk_observation(run: Results) -> list[str]:
-    """How the disk served the checkpoint's reads and engine-sized writes, alone and both at once, round by round,
-    where the run measured it (its engines are written as files)."""
+    """How the disk served the checkpoint's reads and engine-sized writes, alone and both at once, where the run
+    measured it (its engines are written as files: after its last round)."""
     shared = [s for s in run.record.shared_disk if s.overlap is not None and s.one_at_a_time is not None]
     if not shared:
         return []
     first = shared[0]
-    rounds = f"before each of the {len(shared)} rounds" if len(shared) > 1 else "once, before the round"
+    times = f"{len(shared)} times" if len(shared) > 1 else "once"
+    read, write, both = ([getattr(s, f) for s in shared] for f in ("read_s", "write_s", "both_s"))
     overlap = [s.overlap or 0.0 for s in shared]
     one_by_one = [s.one_at_a_time or 0.0 for s in shared]
-    return [f"- **disk shared by reads and engine writes** ({rounds}): the {format_gib(first.bytes)} checkpoint "
-            f"read cold alone, {spread_text([s.read_s for s in shared])}; as many bytes written alone as "
-            f"{format_gib(first.file_bytes)} files (each fsynced, dropped from the page cache and removed), "
-            f"{spread_text([s.write_s for s in shared])}; the two started together, "
-            f"{spread_text([s.both_s for s in shared])}: {_ratio_text(overlap)} × the longer alone, where 1 is "
-            f"reads and writes served side by side and {_ratio_text(one_by_one)} one at a time."]
+    return [f"- **disk shared by reads and engine writes** (measured {times} after the last round): the "
+            f"{format_gib(first.bytes)} checkpoint read cold alone, {spread_text(read, 'times')}; as many bytes "
+            f"written alone as {format_gib(first.file_bytes)} files (each fsynced, dropped from the page cache and "
+            f"removed), {spread_text(write, 'times')}; the two started together, {spread_text(both, 'times')}: "
+            f"{_ratio_text(overlap)} × the longer alone, where 1 is reads and writes served side by side and "
+            f"{_ratio_text(one_by_one)} one at a time."]
 
 
 def _ratio_text(values: Sequence[float]) -> str:
@@ -230,13 +231,14 @@ def speed_observation(run: Results) -> list[str]:
     return lines
 
 
-def spread_text(values: Sequence[float]) -> str:
-    """``median 10.9 s (9.9–13.3 s over 3 rounds)``, or ``10.9 s (one run)``: a time with its spread."""
+def spread_text(values: Sequence[float], over: str = "rounds") -> str:
+    """``median 10.9 s (9.9–13.3 s over 3 rounds)``, or ``10.9 s (one run)``: a time with its spread (``over``
+    names what the values are one each of)."""
     spread = median_spread(values)
     if spread.low is None or spread.high is None:
         return f"{format_seconds(spread.median)} (one run)"
     return (f"median {format_seconds(spread.median)} ({spread.low:.1f}–{spread.high:.1f} s over "
-            f"{spread.rounds} rounds)")
+            f"{spread.rounds} {over})")
 
 
 def _times_of_read(values: Sequence[float], read_s: float) -> str:

@@ -477,8 +477,8 @@ def build_limit(run: RunRecord, metrics: Mapping[str, StrategyMetrics],
     * the model's bytes read at the disk's ceiling (:func:`best_ceiling` of the run's sweep);
     * the median build phase of ``engines_cost`` (``load``: its weights are resident when it builds, so its
       build is the engines' own cost);
-    * where the engines are written as files (:class:`~harness.results.record.SharedDisk`, one per round),
-      the median time of the checkpoint read while as many bytes are written, scaled to the model's bytes:
+    * where the engines are written as files (:class:`~harness.results.record.SharedDisk`, each time it was
+      measured), the median time of the checkpoint read while as many bytes are written, scaled to the model's bytes:
       reads and writes through one disk go no faster than it serves both at once.
 
     None without a ceiling or without ``engines_cost``'s finished build.

@@ -72,10 +72,10 @@ it is in ``layout``):
    (:func:`harness.rounds.round_order`: it changes from round to round, so that no strategy always
    follows the same one). Reading versions 1 to 8 fills in the order they ran in: the scenario's
    (the order of ``strategies``), the same in every round.
-10. Adds, per run, ``shared_disk`` (:class:`SharedDisk`, one per round): the checkpoint read cold and
-    as many bytes written as engine files, each alone and both at once, made before each round of a
-    cold run whose engines are written as files of their weights; empty where none was made, and
-    when reading versions 1 to 9.
+10. Adds, per run, ``shared_disk`` (:class:`SharedDisk`, one per time it was measured): the checkpoint
+    read cold and as many bytes written as engine files, each alone and both at once, measured after
+    the last round of a cold run whose engines are written as files of their weights; empty where
+    none was made, and when reading versions 1 to 9.
 
 A later version adds keys (each field says the version that added it, ``since`` in its
 :func:`~harness.results.codec.json_field`) and bumps :data:`LAYOUT_VERSION`; records of
@@ -408,12 +408,11 @@ class CeilingPoint(Record):
 
 @dataclass(frozen=True)
 class SharedDisk(Record):
-    """The disk read and written at once before round ``before`` (version 10,
-    :func:`harness.measure.shared_disk.shared_disk`): the checkpoint's ``bytes`` read cold (``read_s``), as
-    many written as files of ``file_bytes``, each fsynced, dropped from the page cache and removed
-    (``write_s``), and the two started together, until both were done (``both_s``)."""
+    """The disk read and written at once (version 10, :func:`harness.measure.shared_disk.shared_disk`): the
+    checkpoint's ``bytes`` read cold (``read_s``), as many written as files of ``file_bytes``, each fsynced,
+    dropped from the page cache and removed (``write_s``), and the two started together, until both were done
+    (``both_s``)."""
 
-    before: int
     bytes: int
     file_bytes: int
     read_s: float

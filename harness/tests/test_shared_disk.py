@@ -35,8 +35,8 @@ def checkpoint(tmp_path: Path) -> list[Path]:
 def test_it_reads_every_file_writes_as_many_bytes_and_leaves_nothing_behind(tmp_path: Path,
                                                                            checkpoint: list[Path]) -> None:
     engines = tmp_path / "engines"
-    shared = shared_disk(checkpoint, engines, 4 * MiB, before=3, chunk=MiB)
-    assert (shared.before, shared.bytes, shared.file_bytes) == (3, 2 * SIZE, 4 * MiB)
+    shared = shared_disk(checkpoint, engines, 4 * MiB, chunk=MiB)
+    assert (shared.bytes, shared.file_bytes) == (2 * SIZE, 4 * MiB)
     assert shared.read_s > 0 and shared.write_s > 0 and shared.both_s > 0
     assert list(engines.iterdir()) == []  # every written file removed, the directory made
     with FileResidency(checkpoint) as residency:
@@ -55,10 +55,10 @@ def test_bad_settings_and_an_unwritable_directory_are_refused(tmp_path: Path, ch
 
 
 def test_overlap_runs_from_side_by_side_to_one_at_a_time() -> None:
-    assert SharedDisk(0, 10, 1, read_s=2.0, write_s=4.0, both_s=4.0).overlap == 1.0
-    one_by_one = SharedDisk(0, 10, 1, read_s=2.0, write_s=4.0, both_s=6.0)
+    assert SharedDisk(10, 1, read_s=2.0, write_s=4.0, both_s=4.0).overlap == 1.0
+    one_by_one = SharedDisk(10, 1, read_s=2.0, write_s=4.0, both_s=6.0)
     assert one_by_one.overlap == one_by_one.one_at_a_time == 1.5
-    assert SharedDisk(0, 0, 1, 0.0, 0.0, 0.0).overlap is None
+    assert SharedDisk(0, 1, 0.0, 0.0, 0.0).overlap is None
 
 
 def test_engines_are_written_as_files_on_the_host_and_where_they_hold_their_weights() -> None:
@@ -85,9 +85,8 @@ def test_the_limit_is_the_largest_of_ceiling_engines_and_shared_disk(tmp_path: P
     fast = CeilingPoint(1, MiB, model, load_build / 10)
     limit = build_limit(results.record.replace(read_ceiling=(fast,)), results.metrics)
     assert limit is not None and limit.seconds == load_build and limit.bound_by.startswith("load's build")
-    # the shared disk is measured on the checkpoint's bytes and scaled to the model's; its median over the rounds
-    shared = tuple(SharedDisk(r, 2 * model, MiB, read_s=1.0, write_s=1.0, both_s=both * load_build)
-                   for r, both in enumerate((6, 100, 2)))
+    # the shared disk is measured on the checkpoint's bytes and scaled to the model's; its median over the times
+    shared = tuple(SharedDisk(2 * model, MiB, 1.0, 1.0, both_s=both * load_build) for both in (6, 100, 2))
     limit = build_limit(results.record.replace(read_ceiling=(fast,), shared_disk=shared), results.metrics)
     assert limit is not None and limit.seconds == pytest.approx(3 * load_build)
     assert limit.bound_by == "the model read while as many bytes are written as engine files, median"
@@ -104,14 +103,14 @@ def test_the_report_sets_map_against_the_limit_and_shows_the_shared_disk(tmp_pat
     assert shared_disk_observation(results) == [] and limit_observation(results) == []
     model = results.record.model.bytes
     results.record = results.record.replace(read_ceiling=(CeilingPoint(1, MiB, model, 1.0),),
-                                            shared_disk=(SharedDisk(0, model, MiB, 2.0, 4.0, 5.0),))
+                                            shared_disk=(SharedDisk(model, MiB, 2.0, 4.0, 5.0),))
     (shared,) = shared_disk_observation(results)
-    assert "(once, before the round)" in shared and "read cold alone, 2.0 s (one run)" in shared
+    assert "(measured once after the last round)" in shared and "read cold alone, 2.0 s (one run)" in shared
     assert "alone as 0.00 GiB files" in shared and ", 4.0 s (one run);" in shared
     assert "together, 5.0 s (one run): 1.25 × the longer alone" in shared and "1.50 one at a time" in shared
-    rounds = tuple(SharedDisk(r, model, MiB, 2.0, 4.0, both) for r, both in enumerate((5.0, 4.0, 6.0)))
-    (shared,) = shared_disk_observation(_with_shared(results, rounds))
-    assert "(before each of the 3 rounds)" in shared and "median 5.0 s (4.0–6.0 s over 3 rounds)" in shared
+    times = tuple(SharedDisk(model, MiB, 2.0, 4.0, both) for both in (5.0, 4.0, 6.0))
+    (shared,) = shared_disk_observation(_with_shared(results, times))
+    assert "(measured 3 times after the last round)" in shared and "median 5.0 s (4.0–6.0 s over 3 times)" in shared
     assert "1.25 (1.00–1.50) × the longer alone" in shared
     limit = build_limit(results.record, results.metrics)
     assert limit is not None
