@@ -200,8 +200,9 @@ def limit_observation(run: Results) -> list[str]:
     if limit is None:
         return []
     terms = "; ".join(f"{what}, {format_seconds(seconds)}" for what, seconds in limit.terms)
-    lines = [f"- **build phase against its limit**: {format_seconds(limit.seconds)}, the largest of ({terms}), "
-             f"where reading and building would overlap perfectly."]
+    lines = [f"- **build phase against its limit**: {format_seconds(limit.seconds)}, the largest of ({terms}): how "
+             f"long a build that reads the checkpoint would take with reading and building overlapped as well as "
+             f"these measurements allow. Each is measured apart from the builds, so a round can come in under it."]
     for s in run.metrics.values():
         rounds = strategy_rounds(s)
         if not peers_of(HEADLINE_STRATEGY, [s.name]) and s.record.ok and rounds.build_s:
@@ -237,8 +238,8 @@ def spread_text(values: Sequence[float], over: str = "rounds") -> str:
     spread = median_spread(values)
     if spread.low is None or spread.high is None:
         return f"{format_seconds(spread.median)} (one run)"
-    return (f"median {format_seconds(spread.median)} ({spread.low:.1f}–{spread.high:.1f} s over "
-            f"{spread.rounds} {over})")
+    span = f" {spread.span(over)}" if spread.k == 1 else f", {spread.span(over)}"
+    return f"median {format_seconds(spread.median)} ({spread.low:.1f}–{spread.high:.1f} s{span})"
 
 
 def _times_of_read(values: Sequence[float], read_s: float) -> str:
@@ -256,17 +257,21 @@ def _times_of(values: Sequence[float], reference_s: float, what: str) -> str:
 
 
 def _wall_comparison(first: str, first_w: Sequence[float], second: str, second_w: Sequence[float]) -> str:
-    """Whether every round of ``first`` beat every round of ``second`` (or the other way), or their rounds overlap."""
+    """Whether ``first``'s median interval lies below ``second``'s (or the other way), or they overlap; where both
+    intervals are the range, in words of rounds: every round of one beat every round of the other."""
     ratio = ratio_of_medians(first_w, second_w)
     if ratio is None or ratio.low is None or ratio.high is None:
         runs = "one run each" if len(first_w) == 1 and len(second_w) == 1 else "one run of one of them"
         return f"{runs}, so no interval; a rerun may order them differently."
+    ranges = ratio.base.k == 1 and ratio.new.k == 1
     if ratio.outside_noise:
         if ratio.value < 1:  # the second was the faster: say it the same way round
             return _wall_comparison(second, second_w, first, first_w)
-        return (f"every round of {first} was faster than every round of {second} "
-                f"({second} took {ratio.value:.2f} × as long, {ratio.low:.2f}–{ratio.high:.2f} ×).")
-    return (f"their rounds overlap ({second} {ratio.value:.2f} × the time, {ratio.low:.2f}–"
+        clear = (f"every round of {first} was faster than every round of {second}" if ranges else
+                 f"the interval of {first}'s median lies below {second}'s, beyond the noise")
+        return f"{clear} ({second} took {ratio.value:.2f} × as long, {ratio.low:.2f}–{ratio.high:.2f} ×)."
+    overlap = "their rounds overlap" if ranges else "the intervals of their medians overlap"
+    return (f"{overlap} ({second} {ratio.value:.2f} × the time, {ratio.low:.2f}–"
             f"{ratio.high:.2f} ×), so a rerun may order them differently.")
 
 

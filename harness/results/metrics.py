@@ -472,14 +472,15 @@ class BuildLimit:
 
 def build_limit(run: RunRecord, metrics: Mapping[str, StrategyMetrics],
                 engines_cost: str = "load") -> BuildLimit | None:
-    """Where reading and building would overlap perfectly, measured in the run: the largest of
+    """How long a build that reads the checkpoint would take with reading and building overlapped as well as the
+    run's own measurements allow: the largest of
 
     * the model's bytes read at the disk's ceiling (:func:`best_ceiling` of the run's sweep);
     * the median build phase of ``engines_cost`` (``load``: its weights are resident when it builds, so its
       build is the engines' own cost);
     * where the engines are written as files (:class:`~harness.results.record.SharedDisk`, each time it was
-      measured), the median time of the checkpoint read while as many bytes are written, scaled to the model's bytes:
-      reads and writes through one disk go no faster than it serves both at once.
+      measured), the median time of the checkpoint read while as many bytes are written, scaled to the model's
+      bytes: the builds' reads and writes share that disk.
 
     None without a ceiling or without ``engines_cost``'s finished build.
     """
@@ -488,7 +489,7 @@ def build_limit(run: RunRecord, metrics: Mapping[str, StrategyMetrics],
     if best is None or reference is None or not reference.record.ok or reference.build_median_s is None:
         return None
     terms = [("the model's read time at the disk's ceiling", run.model.bytes / best.bytes_per_s),
-             (f"{engines_cost}'s build phase, its weights resident", reference.build_median_s)]
+             (f"{engines_cost}'s median build phase, its weights resident", reference.build_median_s)]
     shared = [s.both_s * run.model.bytes / s.bytes for s in run.shared_disk if s.bytes > 0]
     if shared:
         terms.append(("the model read while as many bytes are written as engine files, median",

@@ -79,6 +79,13 @@ class MedianSpread:
     k: int | None
     coverage: float | None
 
+    def span(self, over: str = "rounds") -> str:
+        """Where the interval's ends come from, short: ``over 5 rounds`` for the range, ``the 2nd to 8th smallest of
+        9 rounds`` for order statistics inside it (``over`` names what the values are one each of)."""
+        if self.k is None or self.k == 1:
+            return f"over {self.rounds} {over}"
+        return f"the {_ordinal(self.k)} to {_ordinal(self.rounds + 1 - self.k)} smallest of {self.rounds} {over}"
+
     @property
     def method(self) -> str:
         """How the interval was taken, in words a report can print."""

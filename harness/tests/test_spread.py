@@ -38,6 +38,10 @@ def test_median_spread_is_the_range_up_to_eight_rounds_then_order_statistics() -
     nine = median_spread([float(v) for v in range(9)])
     assert (nine.low, nine.high, nine.k) == (1.0, 7.0, 2)
     assert nine.coverage is not None and nine.coverage >= 0.95
+    # the short words for where the ends come from, as reports print them
+    assert three.span() == "over 3 rounds" and three.span("times") == "over 3 times"
+    assert nine.span() == "the 2nd to 8th smallest of 9 rounds"
+    assert median_spread([float(v) for v in range(13)]).span() == "the 3rd to 11th smallest of 13 rounds"
     with pytest.raises(ValueError):
         median_spread([])
     with pytest.raises(ValueError):
