@@ -9,9 +9,11 @@ recorded with the reason (:class:`~harness.results.record.SpeedChoice`). The rul
   (keeping it would push other pages out), or when the kernel hands its free memory back to a host
   (:func:`harness.measure.hostmemory.free_page_reporting`): there a page the cache keeps is one the
   build's own writes cannot reuse, and fresh memory costs the host's backing (on this project's VM
-  about 10 times the time of memory just freed for a file's writes, ``benchmarks/fresh_memory.py``;
-  ``map_keep_cache``'s median there is 1.3x ``map``'s with the strategies' order changing from round
-  to round, and was 2x in runs that kept one order). Off
+  about 10 times the time of memory just freed for a file's writes, ``benchmarks/fresh_memory.py``).
+  What it buys a whole build is less clear there: with the strategies' order changing from round to
+  round, ``map_keep_cache``'s median was 1.3x ``map``'s in one run and 0.86x in the next, the
+  rounds overlapping in both (``results/pi05``: its time swings with what ran before it); in runs that
+  kept one order it was 2x. Off
   otherwise, since a page kept costs nothing then and a later reader may find it: the 16-core H200
   host lists no balloon, and there ``map`` with its pages kept built as fast as ``map_keep_cache``
   (``results/pi05-h200``), where the earlier rule, which read the probe, had dropped them and built

@@ -9,8 +9,10 @@ previous such file was dropped; populating anonymous memory (``MAP_POPULATE``) 0
 against 2 to 3.5 GB/s in rounds on a quiet machine, and no gap in rounds right after GiBs were freed.
 A run that keeps a checkpoint's pages in the page cache takes that many pages out of the kernel's
 reuse, so whatever it writes next (engine files, buffers) lands on memory the host must back
-again: ``map_keep_cache``'s median wall there is 1.3x ``map``'s (``results/pi05``; 2x in runs that kept
-one order of strategies in every round).
+again. What that costs a whole build depends on what ran before it: with the strategies' order
+changing from round to round, ``map_keep_cache``'s median wall there was 1.3x ``map``'s in one run
+and 0.86x in the next, the rounds overlapping in both (``results/pi05``); 2x in runs that kept one
+order of strategies in every round.
 
 The H200 host this project measures on (a Firecracker VM, 16 cores) lists no balloon among its
 virtio devices, and the same benchmark there found no gap (populating 3.3 GB/s fresh against 2.8
