@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.catalog import BUILT_WITHOUT_RESIDENT_WEIGHTS, HOLDS_WEIGHTS
+from harness.catalog import BUILT_WITHOUT_RESIDENT_WEIGHTS, HOLDS_WEIGHTS, builds_read_weights
 from harness.results.record import CeilingPoint, DiskRead, EngineRecord, Phases, RunRecord, StrategyRecord
 
 __all__ = [
@@ -482,8 +482,11 @@ def build_limit(run: RunRecord, metrics: Mapping[str, StrategyMetrics],
       measured), the median time of the checkpoint read while as many bytes are written, scaled to the model's
       bytes: the builds' reads and writes share that disk.
 
-    None without a ceiling or without ``engines_cost``'s finished build.
+    None without a ceiling, without ``engines_cost``'s finished build, or where no engine build reads its
+    weights (:func:`~harness.catalog.builds_read_weights`: then reading is no part of a build).
     """
+    if not any(builds_read_weights(run.on_gpu, r.compiler_weights) for r in run.strategies.values()):
+        return None
     best = best_ceiling(run.read_ceiling)
     reference = metrics.get(engines_cost)
     if best is None or reference is None or not reference.record.ok or reference.build_median_s is None:

@@ -92,6 +92,9 @@ def test_the_limit_is_the_largest_of_ceiling_engines_and_shared_disk(tmp_path: P
     assert limit.bound_by == "the model read while as many bytes are written as engine files, median"
     without_load = {n: m for n, m in results.metrics.items() if n != "load"}
     assert build_limit(results.record.replace(read_ceiling=(fast,)), without_load) is None
+    # engines compiled to run on the mapped weights in place: no build reads them, so no limit applies
+    in_place = {n: r.replace(compiler="inductor", compiler_weights="mapped") for n, r in results.strategies.items()}
+    assert build_limit(results.record.replace(read_ceiling=(fast,), strategies=in_place), results.metrics) is None
 
 
 def _with_shared(results: Results, shared: tuple[SharedDisk, ...]) -> Results:
