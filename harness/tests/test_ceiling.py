@@ -11,7 +11,7 @@ from harness.measure.ceiling import read_ceiling
 from harness.measure.residency import FileResidency
 from harness.results.metrics import best_ceiling
 from harness.results.record import CeilingPoint
-from harness.tests.test_coldcache import _fs_type, _write
+from harness.tests.test_coldcache import synced_files
 
 MiB = 1 << 20
 SIZE = 24 * MiB + 12345  # not a multiple of any request or of a page
@@ -24,12 +24,7 @@ def _resident(*paths: Path) -> int:
 
 @pytest.fixture
 def shards(tmp_path: Path) -> list[Path]:
-    if _fs_type(tmp_path) in ("tmpfs", "ramfs"):
-        pytest.skip(f"{tmp_path} is in memory: its page cache cannot be dropped")
-    paths = [tmp_path / "a.bin", tmp_path / "b.bin"]
-    for path in paths:
-        _write(path, SIZE, sync=True)
-    return paths
+    return synced_files(tmp_path, ["a.bin", "b.bin"], SIZE)
 
 
 def test_each_point_reads_a_part_of_its_own_and_leaves_the_files_cold(shards: list[Path]) -> None:

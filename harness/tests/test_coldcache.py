@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,17 @@ def _write(path: Path, nbytes: int = SIZE, *, sync: bool) -> None:
             os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def synced_files(directory: Path, names: Sequence[str], nbytes: int) -> list[Path]:
+    """Files ``names`` of ``nbytes`` each under ``directory``, written and synced; skips the calling test where
+    ``directory`` is in memory (tmpfs, ramfs), whose page cache cannot be dropped."""
+    if _fs_type(directory) in ("tmpfs", "ramfs"):
+        pytest.skip(f"{directory} is in memory: its page cache cannot be dropped")
+    paths = [directory / name for name in names]
+    for path in paths:
+        _write(path, nbytes, sync=True)
+    return paths
 
 
 def _resident(path: Path) -> int:

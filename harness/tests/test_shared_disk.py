@@ -16,7 +16,7 @@ from harness.results.metrics import build_limit
 from harness.results.reading import Results, load_results
 from harness.results.record import CeilingPoint, SharedDisk
 from harness.tests.fixtures import make_results
-from harness.tests.test_coldcache import _fs_type, _write
+from harness.tests.test_coldcache import synced_files
 
 MiB = 1 << 20
 SIZE = 6 * MiB + 4321  # not a multiple of a written file or of a page
@@ -24,12 +24,7 @@ SIZE = 6 * MiB + 4321  # not a multiple of a written file or of a page
 
 @pytest.fixture
 def checkpoint(tmp_path: Path) -> list[Path]:
-    if _fs_type(tmp_path) in ("tmpfs", "ramfs"):
-        pytest.skip(f"{tmp_path} is in memory: its page cache cannot be dropped")
-    paths = [tmp_path / "a.safetensors", tmp_path / "b.safetensors"]
-    for path in paths:
-        _write(path, SIZE, sync=True)
-    return paths
+    return synced_files(tmp_path, ["a.safetensors", "b.safetensors"], SIZE)
 
 
 def test_it_reads_every_file_writes_as_many_bytes_and_leaves_nothing_behind(tmp_path: Path,
