@@ -454,8 +454,9 @@ def best_ceiling(points: Sequence[CeilingPoint]) -> CeilingPoint | None:
 
 @dataclass(frozen=True)
 class BuildLimit:
-    """The shortest build phase the run's own measurements allow a strategy that reads the checkpoint while it
-    builds (:func:`build_limit`): the largest of its ``terms``, each ``(what it is, seconds)``."""
+    """How long a build that reads the checkpoint would take with reading and building overlapped as well as the
+    run's own measurements allow (:func:`build_limit`): the largest of its ``terms``, each ``(what it is,
+    seconds)``. The terms are measured apart from the builds, so a build can come in under it."""
 
     terms: tuple[tuple[str, float], ...]
 
