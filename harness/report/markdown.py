@@ -175,7 +175,7 @@ def shared_disk_observation(run: Results) -> list[str]:
         return []
     first = shared[0]
     times = f"{len(shared)} times" if len(shared) > 1 else "once"
-    read, write, both = ([getattr(s, f) for s in shared] for f in ("read_s", "write_s", "both_s"))
+    read, write, both = [s.read_s for s in shared], [s.write_s for s in shared], [s.both_s for s in shared]
     overlap = [s.overlap or 0.0 for s in shared]
     one_by_one = [s.one_at_a_time or 0.0 for s in shared]
     return [f"- **disk shared by reads and engine writes** (measured {times} after the last round): the "
@@ -203,9 +203,10 @@ def limit_observation(run: Results) -> list[str]:
     lines = [f"- **build phase against its limit**: {format_seconds(limit.seconds)}, the largest of ({terms}): how "
              f"long a build that reads the checkpoint would take with reading and building overlapped as well as "
              f"these measurements allow. Each is measured apart from the builds, so a round can come in under it."]
+    peers = set(peers_of(HEADLINE_STRATEGY, list(run.metrics)))
     for s in run.metrics.values():
         rounds = strategy_rounds(s)
-        if not peers_of(HEADLINE_STRATEGY, [s.name]) and s.record.ok and rounds.build_s:
+        if s.name not in peers and s.record.ok and rounds.build_s:
             lines.append(f"  - {s.name}: build phase {_times_of(rounds.build_s, limit.seconds, 'the limit')}.")
     return lines
 
