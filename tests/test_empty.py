@@ -11,7 +11,14 @@ import torch
 from support import TinyNet, seeded, snapshot
 from torch import nn
 
-from weightmap import MappingError, init_empty_weights, map_weights, preview_mapping, save_weights_for_mapping
+from weightmap import (
+    MappingError,
+    assert_runnable,
+    init_empty_weights,
+    map_weights,
+    preview_mapping,
+    save_weights_for_mapping,
+)
 
 
 class Rotary(nn.Module):
@@ -194,7 +201,7 @@ def test_real_non_persistent_buffer_is_left_alone_even_when_the_checkpoint_has_i
     torch.testing.assert_close(model(tokens), reference(tokens), rtol=0, atol=0)
 
 
-def test_strict_names_every_meta_buffer_in_one_message(tmp_path: Path) -> None:
+def test_strict_accepts_meta_buffers_and_assert_runnable_names_them(tmp_path: Path) -> None:
     class TwoBuffers(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -205,35 +212,64 @@ def test_strict_names_every_meta_buffer_in_one_message(tmp_path: Path) -> None:
     path = save_weights_for_mapping(TwoBuffers(), tmp_path / "two.safetensors")
     with torch.device("meta"):
         model = TwoBuffers()
-    before = snapshot(model)
+    mapped = map_weights(model, path, strict=True)  # the contract: non-persistent buffers are not required
+    assert sorted(mapped.mapped) == ["lin.bias", "lin.weight"]
+    assert mapped.still_meta == ["position_ids", "rotary.inv_freq"] and mapped.missing == []
     with pytest.raises(MappingError) as caught:
-        map_weights(model, path, strict=True)  # allow_meta_buffers=False is the default
+        assert_runnable(model)
     message = str(caught.value)
-    assert str(path) in message and "'position_ids', 'rotary.inv_freq'" in message
-    assert "2 non-persistent buffers are on the meta device" in message and "1 problem:" in message
-    assert "init_empty_weights" in message and "allow_meta_buffers=True" in message
-    assert snapshot(model) == before
-
-    mapped = map_weights(model, path, strict=True, allow_meta_buffers=True)  # the caller fills them
-    assert mapped.still_meta == ["position_ids", "rotary.inv_freq"]
+    assert "'position_ids', 'rotary.inv_freq'" in message
+    assert "2 non-persistent buffers are on the meta device" in message and "init_empty_weights" in message
 
     with torch.device("meta"):
         again = TwoBuffers()
     with init_empty_weights():
         del again.rotary
         again.rotary = Rotary(8)
+    map_weights(again, path, strict=True)
     with pytest.raises(MappingError, match=r"1 non-persistent buffer is on the meta device .*: 'position_ids'\."):
-        map_weights(again, path, strict=True, allow_meta_buffers=False)
+        assert_runnable(again)
+    again.position_ids = torch.arange(16)
+    assert_runnable(again)  # filled by the caller: runnable
 
 
-@pytest.mark.filterwarnings("error")
-def test_allow_meta_buffers_is_silent_and_leaves_them_on_meta(tmp_path: Path) -> None:
+def test_assert_runnable_names_persistent_tensors_left_on_meta(tmp_path: Path) -> None:
+    reference = seeded(TinyNet())
+    path = save_weights_for_mapping(reference, tmp_path / "tiny.safetensors")
+    with init_empty_weights():
+        model = TinyNet()
+    model.extra = nn.Parameter(torch.empty(2, device="meta"))
+    mapped = map_weights(model, path)
+    assert mapped.missing == ["extra"]
+    with pytest.raises(MappingError, match=r"1 parameter or persistent buffer is on the meta device.*'extra'"):
+        assert_runnable(model)
+
+
+def test_deprecated_allow_meta_buffers_warns_and_false_still_refuses(tmp_path: Path) -> None:
     reference = seeded(TinyNet())
     path = save_weights_for_mapping(reference, tmp_path / "tiny.safetensors")
     with torch.device("meta"):
         model = TinyNet()
-    mapped = map_weights(model, path, strict=True, allow_meta_buffers=True)
+    before = snapshot(model)
+    with pytest.warns(DeprecationWarning, match="assert_runnable"), pytest.raises(
+        MappingError, match=r"non-persistent buffer is on the meta device.*'inv_freq'"
+    ):
+        map_weights(model, path, strict=True, allow_meta_buffers=False)
+    assert snapshot(model) == before
+    with pytest.warns(DeprecationWarning):
+        mapped = map_weights(model, path, strict=True, allow_meta_buffers=True)
     assert mapped.still_meta == ["inv_freq"]
+
+
+@pytest.mark.filterwarnings("error")
+def test_strict_is_silent_and_leaves_meta_buffers_on_meta(tmp_path: Path) -> None:
+    reference = seeded(TinyNet())
+    path = save_weights_for_mapping(reference, tmp_path / "tiny.safetensors")
+    with torch.device("meta"):
+        model = TinyNet()
+    mapped = map_weights(model, path, strict=True)
+    assert mapped.still_meta == ["inv_freq"]
+    assert preview_mapping(model, path).strict_problems == []
 
 
 def test_counted_messages_agree_with_their_number(tmp_path: Path) -> None:
@@ -262,7 +298,7 @@ def test_preview_says_what_map_weights_would_do_and_changes_nothing(tmp_path: Pa
     assert preview.computed == ["inv_freq"] and preview.unused == []
     assert "embed.weight" in preview.mapped and "head.weight" in preview.mapped
     assert preview.copied_bytes == 32 * 2
-    assert len(preview.strict_problems) == 2
+    assert len(preview.strict_problems) == 2  # the cast and the missing 'extra'
     mapped = map_weights(model, path)
     assert sorted(mapped.mapped) == sorted(preview.mapped) and mapped.nbytes == preview.nbytes
     assert mapped.still_meta == preview.still_meta

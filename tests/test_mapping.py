@@ -69,7 +69,7 @@ def test_bf16_checkpoint_maps_without_copies(tmp_path: Path) -> None:
     path = tmp_path / "bf16.safetensors"
     save_model(reference, str(path))
     model = meta_tiny(dtype=torch.bfloat16)
-    mapped = map_weights(model, path, strict=True, allow_meta_buffers=True)
+    mapped = map_weights(model, path, strict=True)
     assert mapped.copied == []
     assert model.embed.weight.dtype == torch.bfloat16
     assert_all_mapped(model, path, reference)
@@ -97,7 +97,7 @@ def test_meta_exported_program_with_tied_weights(tiny: tuple[TinyNet, Path]) -> 
     reference, path = tiny
     with torch.device("meta"):
         program = _export(TinyNet(), torch.tensor([[2, 4, 6]], device="meta"))
-    mapped = map_weights(program, path, strict=True, allow_meta_buffers=True)
+    mapped = map_weights(program, path, strict=True)
     assert mapped.missing == [] and mapped.copied == []
     assert mapped.still_meta == ["inv_freq"]
     state = program.state_dict
@@ -138,7 +138,7 @@ def test_key_map_dict_and_callable(tiny: tuple[TinyNet, Path], tmp_path: Path) -
     save_file({f"model.{k}": v for k, v in load_file(str(path)).items()}, str(prefixed))
 
     model = meta_tiny()
-    mapped = map_weights(model, prefixed, key_map=lambda n: f"model.{n}", strict=True, allow_meta_buffers=True)
+    mapped = map_weights(model, prefixed, key_map=lambda n: f"model.{n}", strict=True)
     assert mapped.missing == []
     assert_all_mapped(model, prefixed, reference)
 
@@ -148,7 +148,7 @@ def test_key_map_dict_and_callable(tiny: tuple[TinyNet, Path], tmp_path: Path) -
     tensors["emb"] = tensors.pop("embed.weight")
     save_file(tensors, str(renamed))
     model = meta_tiny()
-    mapped = map_weights(model, renamed, key_map={"embed.weight": "emb"}, strict=True, allow_meta_buffers=True)
+    mapped = map_weights(model, renamed, key_map={"embed.weight": "emb"}, strict=True)
     assert model.embed.weight is model.head.weight
     torch.testing.assert_close(model.head.weight, reference.embed.weight, rtol=0, atol=0)
 
@@ -195,7 +195,7 @@ def test_strict_accepts_missing_non_persistent_buffer_when_allowed(tmp_path: Pat
     state = {k: v.clone() for k, v in reference.state_dict().items()}  # both tied names, separate copies
     save_file(state, str(path))
     model = meta_tiny()
-    mapped = map_weights(model, path, strict=True, allow_meta_buffers=True)
+    mapped = map_weights(model, path, strict=True)
     assert mapped.missing == []
     assert mapped.still_meta == ["inv_freq"]
 
@@ -293,7 +293,7 @@ def test_sharded_checkpoint(tiny: tuple[TinyNet, Path], tmp_path: Path) -> None:
 
     for source in (folder, index):
         model = meta_tiny()
-        mapped = map_weights(model, source, strict=True, allow_meta_buffers=True)
+        mapped = map_weights(model, source, strict=True)
         assert sorted(p.name for p in mapped.paths) == sorted(shards)
         ranges = [r for shard in shards for r in mapped_ranges(folder / shard)]
         for name, t in model.state_dict().items():

@@ -65,7 +65,7 @@ def test_default_plan_keeps_ordinary_buffers_so_the_model_still_runs() -> None:
         path = tempfile.mkdtemp() + "/tiny.safetensors"
         save_model(reference, path)
         model = meta_tiny(width=64)
-        map_weights(model, path, strict=True, allow_meta_buffers=True)
+        map_weights(model, path, strict=True)
         model.inv_freq = reference.inv_freq.clone()
         parts = model.partitions()
         parts[0].append("inv_freq")
@@ -186,7 +186,7 @@ def test_every_storage_is_released_once_whatever_reread_does(tmp_path: Path) -> 
     save_model(reference, str(path))
     for reread in (True, False):
         model = meta_tiny(width=256)
-        map_weights(model, path, strict=True, allow_meta_buffers=True)
+        map_weights(model, path, strict=True)
         plan = ReleasePlan.from_names(model, model.partitions(), reread=reread)
         total = plan.pending_bytes
         steps = [plan.built(i) for i in range(4)]

@@ -181,7 +181,7 @@ def test_partitioned_build_releases_after_last_use(tmp_path: Path, monkeypatch: 
     path = tmp_path / "tiny.safetensors"
     save_model(reference, str(path))
     model = meta_tiny(width=256)
-    map_weights(model, path, strict=True, allow_meta_buffers=True)
+    map_weights(model, path, strict=True)
     model.inv_freq = reference.inv_freq.clone()
 
     released: list[tuple[int, int]] = []  # (partition being built, storage address)

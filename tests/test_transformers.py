@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from weightmap import MappingError, convert_checkpoint, init_empty_weights, map_weights, save_weights_for_mapping
+from weightmap import (
+    MappingError,
+    assert_runnable,
+    convert_checkpoint,
+    init_empty_weights,
+    map_weights,
+    save_weights_for_mapping,
+)
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (it is optional)")
 
@@ -52,12 +59,15 @@ def test_bert_with_non_persistent_buffers_runs_like_from_pretrained(bert_dir: Pa
     torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, rtol=0, atol=0)
 
 
-def test_bert_built_on_meta_is_refused_naming_its_buffers(bert_dir: Path) -> None:
+def test_bert_built_on_meta_maps_strictly_and_assert_runnable_names_its_buffers(bert_dir: Path) -> None:
     config = transformers.AutoConfig.from_pretrained(bert_dir)
     with torch.device("meta"):
         model = transformers.AutoModel.from_config(config)
+    mapped = map_weights(model, bert_dir / "model.safetensors", strict=True)
+    assert mapped.missing == [] and mapped.copied == []
+    assert mapped.still_meta and all(name.startswith("embeddings.") for name in mapped.still_meta)
     with pytest.raises(MappingError, match=r"non-persistent buffers? .*'embeddings\.\w+_ids'"):
-        map_weights(model, bert_dir / "model.safetensors", strict=True, allow_meta_buffers=False)
+        assert_runnable(model)
 
 
 def test_bert_converted_to_bfloat16_maps_into_the_bfloat16_model(bert_dir: Path, tmp_path: Path) -> None:

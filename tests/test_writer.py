@@ -26,7 +26,7 @@ def test_saved_file_loads_with_safetensors_and_maps_without_copies(tmp_path: Pat
     for name, t in loaded.items():
         assert torch.equal(t, model.state_dict()[name])
     target = meta_tiny(dtype=torch.bfloat16)
-    mapped = map_weights(target, path, strict=True, allow_meta_buffers=True)
+    mapped = map_weights(target, path, strict=True)
     assert mapped.copied == [] and mapped.missing == []
     assert target.head.weight is target.embed.weight
 
@@ -59,7 +59,7 @@ def test_cast_once_then_map_without_copies(tmp_path: Path) -> None:
     assert map_weights(cast, fp32).copied
     bf16 = save_weights_for_mapping(cast, tmp_path / "bf16.safetensors")
     again = meta_tiny(dtype=torch.bfloat16)
-    mapped = map_weights(again, bf16, strict=True, allow_meta_buffers=True)
+    mapped = map_weights(again, bf16, strict=True)
     assert mapped.copied == []
     ranges = mapped_ranges(bf16)
     for name, t in again.state_dict().items():
@@ -88,7 +88,7 @@ def test_overwriting_the_mapped_file_is_safe(tmp_path: Path) -> None:
     reference = seeded(TinyNet())
     save_weights_for_mapping(reference, path)
     model = meta_tiny()
-    map_weights(model, path, strict=True, allow_meta_buffers=True)
+    map_weights(model, path, strict=True)
     with torch.no_grad():
         model.blocks[0].weight.mul_(2)  # a private copy-on-write change
     expected = {k: v.clone() for k, v in model.state_dict().items()}

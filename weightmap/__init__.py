@@ -15,6 +15,9 @@ Public API:
   zero-copy, copy-on-write views of a checkpoint and returns a
   :class:`MappedWeights` report/handle. :func:`preview_mapping` says what it
   would do (a :class:`MappingPreview`) from the headers alone.
+* :func:`assert_runnable` raises unless no tensor of a model is left on the meta
+  device (``map_weights`` accepts non-persistent buffers that no checkpoint holds,
+  as ``load_state_dict`` does; this says whether the model can run).
 * :func:`release_mapped_storage` drops a mapped storage's resident pages
   (``madvise(MADV_DONTNEED)``); the tensor stays valid and re-reads the file.
   :func:`release_storage` releases any weight after its last use: mapped ones
@@ -72,6 +75,7 @@ if TYPE_CHECKING:
     from weightmap.plan import ReleasePlan, ReleaseStep
     from weightmap.prefetch import PREFETCH_METHODS, FileRange, Prefetcher, PrefetchMethod, PrefetchStats, file_ranges
     from weightmap.release import release_mapped_storage, release_storage
+    from weightmap.runnable import assert_runnable
     from weightmap.writer import save_weights_for_mapping
 
 __version__ = "0.1.0"
@@ -89,6 +93,7 @@ __all__ = [
     "Prefetcher",
     "ReleasePlan",
     "ReleaseStep",
+    "assert_runnable",
     "convert_checkpoint",
     "file_ranges",
     "init_empty_weights",
@@ -122,6 +127,7 @@ _WHERE: dict[str, str] = {
     "file_ranges": "weightmap.prefetch",
     "release_mapped_storage": "weightmap.release",
     "release_storage": "weightmap.release",
+    "assert_runnable": "weightmap.runnable",
     "save_weights_for_mapping": "weightmap.writer",
 }
 """The module each public name lives in."""

@@ -181,6 +181,15 @@ class CheckpointFile:
         state = "closed" if self.closed else f"fd={self._fd}"
         return f"CheckpointFile({str(self.path)!r}, {state}, size={self.identity.size})"
 
+    def read(self, offset: int, count: int) -> bytes:
+        """``count`` bytes from ``offset`` of the descriptor (fewer only past the end); a
+        :class:`MappingError` naming the file if the read fails."""
+        try:
+            return _pread_all(self.fd, count, offset)
+        except OSError as exc:
+            where = f"bytes {offset}-{offset + count}"
+            raise MappingError(f"{self.path}: cannot read {where}: {exc.strerror or exc}") from exc
+
     def _raw_header(self) -> bytes:
         """The file's first bytes: the length and the whole header when the length is plausible.
 

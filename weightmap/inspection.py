@@ -125,7 +125,8 @@ def inspect_checkpoint(
       ``fit``, a :class:`weightmap.MappingPreview`: what ``map_weights`` would map,
       copy (and why), miss, leave on meta, leave alone, and what ``strict=True``
       would refuse. A model that ``map_weights`` would refuse whatever ``strict``
-      says (a shape mismatch) raises its :class:`MappingError`. The model is not
+      says (a shape mismatch, a tie held twice with different values) raises its
+      :class:`MappingError`. The model is not
       changed. ``model_name`` is how the report names it.
 
     Example::
@@ -135,7 +136,7 @@ def inspect_checkpoint(
     """
     check_little_endian()
     source = Path(os.fsdecode(path))
-    with open_checkpoint(source) as checkpoint:
+    with open_checkpoint(source, keep_open=model is not None) as checkpoint:
         fit = preview_from(model, checkpoint, key_map=key_map) if model is not None else None
         return _report(checkpoint, fit, model_name if model is not None else None)
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,8 +38,9 @@ import torch
 from weightmap.checkpoint import Checkpoint, open_checkpoint
 from weightmap.errors import MappingError
 from weightmap.format import Header, TensorEntry, check_little_endian
+from weightmap.runnable import meta_buffer_problem
 from weightmap.targets import Target, collect_targets
-from weightmap.text import counted, is_are
+from weightmap.text import counted
 
 __all__ = ["MappedWeights", "MappingPreview", "map_weights", "preview_mapping"]
 
@@ -111,6 +113,8 @@ class _Plan:
     entry: TensorEntry | None = None
     copy_reason: str | None = None  # set when the tensor cannot be a view
     computed: bool = False  # a real non-persistent buffer: the model computed it, it is left alone
+    # The other entries of a tie that the checkpoint holds under other names: (model name, header, entry).
+    twins: list[tuple[str, Header, TensorEntry]] = field(default_factory=list)
 
     @property
     def found(self) -> bool:
@@ -121,6 +125,12 @@ class _Plan:
         """A non-persistent buffer on meta that the checkpoint does not hold: the model cannot run."""
         target = self.target
         return not self.found and not target.persistent and target.tensor.device.type == "meta"
+
+    @property
+    def entry_names(self) -> list[str]:
+        """The checkpoint names this plan takes: its own entry's and its twins'."""
+        own = [self.entry.name] if self.entry is not None else []
+        return own + [entry.name for _, _, entry in self.twins]
 
 
 def _key_function(key_map: KeyMap | None) -> Callable[[str], str | None]:
@@ -135,7 +145,8 @@ def _key_function(key_map: KeyMap | None) -> Callable[[str], str | None]:
 
 
 def _lookup(target: Target, keys: Callable[[str], str | None], checkpoint: Checkpoint) -> _Plan:
-    """The first of the target's names that the checkpoint holds (ties: any one name will do).
+    """The checkpoint entry of the target's first name that the checkpoint holds, and any other
+    entries its tied names find (checked against it by :func:`_check_twins`).
 
     A real non-persistent buffer is the model's own (its ``__init__`` computed it, as under
     :func:`weightmap.init_empty_weights`): it is left alone even when the checkpoint holds a
@@ -143,12 +154,17 @@ def _lookup(target: Target, keys: Callable[[str], str | None], checkpoint: Check
     """
     if not target.persistent and target.tensor.device.type != "meta":
         return _Plan(target, computed=True)
+    plan = _Plan(target)
     for name in target.names:
         key = keys(name)
-        if key is not None and key in checkpoint.entries:
-            header, entry = checkpoint.entries[key]
-            return _Plan(target, header, entry)
-    return _Plan(target)
+        if key is None or key not in checkpoint.entries:
+            continue
+        header, entry = checkpoint.entries[key]
+        if plan.entry is None:
+            plan.header, plan.entry = header, entry
+        elif all(entry is not other for other in (plan.entry, *(e for _, _, e in plan.twins))):
+            plan.twins.append((name, header, entry))
+    return plan
 
 
 def _unreplaceable(tensor: torch.Tensor) -> str | None:
@@ -186,11 +202,38 @@ def _check_replaceable(plan: _Plan) -> None:
 def _check_shape(plan: _Plan) -> None:
     assert plan.entry is not None and plan.header is not None
     want = tuple(plan.target.tensor.shape)
-    if plan.entry.shape != want:
+    for model_name, header, entry in [(plan.target.names[0], plan.header, plan.entry), *plan.twins]:
+        if entry.shape != want:
+            raise MappingError(
+                f"{header.path}: tensor {entry.name!r} (model name {model_name!r}) "
+                f"has shape {list(entry.shape)} in the checkpoint but {list(want)} in the model: "
+                "shapes must match"
+            )
+
+
+def _check_twins(plan: _Plan, checkpoint: Checkpoint) -> None:
+    """A tied tensor found under several checkpoint names: every entry must hold the same bytes.
+
+    A mapped tensor is one storage, so it can hold one value only. ``load_state_dict`` would
+    copy each name in turn and keep the last one's value; mapping refuses instead of silently
+    picking one, whatever ``strict`` is. Byte-equal entries (a checkpoint that saved the tie
+    twice) map to one storage, and every name counts as mapped.
+    """
+    assert plan.entry is not None and plan.header is not None
+    first = (plan.header, plan.entry)
+    for _, header, entry in plan.twins:
+        if checkpoint.same_bytes(first, (header, entry)):
+            continue
+        names = plan.target.names
+        held = f"dtype {entry.dtype} against {plan.entry.dtype}" if entry.dtype != plan.entry.dtype else "other bytes"
         raise MappingError(
-            f"{plan.header.path}: tensor {plan.entry.name!r} (model name {plan.target.names[0]!r}) "
-            f"has shape {list(plan.entry.shape)} in the checkpoint but {list(want)} in the model: "
-            "shapes must match"
+            f"{header.path}: tensors {plan.entry.name!r} and {entry.name!r} are one tied tensor in the model "
+            f"(model names {_names_shown(names)}) but the checkpoint holds different values for them "
+            f"({entry.name!r} holds {held} than {plan.entry.name!r}, in {plan.header.path}): a mapped tensor "
+            "holds one value only (load_state_dict would keep the value of the last of these names in "
+            "state_dict order). Pass "
+            f"key_map to say which checkpoint tensor every tied name takes, or write the checkpoint with "
+            "save_weights_for_mapping (one entry per tie). The model was left unchanged."
         )
 
 
@@ -230,38 +273,22 @@ def _names_shown(names: list[str]) -> str:
     return shown + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
 
 
-def _meta_buffer_problem(names: list[str]) -> str:
-    n = len(names)
-    them = "it" if n == 1 else "them"
-    return (
-        f"{counted(n, 'non-persistent buffer')} {is_are(n)} on the meta device and no checkpoint holds "
-        f"{them}, so the model cannot run: {_names_shown(names)}. Build the model under "
-        f"weightmap.init_empty_weights() so that its __init__ computes {them}, or pass "
-        f"allow_meta_buffers=True and fill {them} yourself"
-    )
-
-
 def _strict_error(source: Path, problems: list[str]) -> MappingError:
     n = len(problems)
     shown = "\n  ".join(problems[:_SHOWN])
     more = f"\n  ... and {n - _SHOWN} more" if n > _SHOWN else ""
     return MappingError(
-        f"{source}: strict=True requires every persistent tensor to be mapped without a copy and, unless "
-        f"allow_meta_buffers=True, no buffer left on the meta device; {counted(n, 'problem')}:\n  {shown}{more}\n"
-        "The model was left unchanged."
+        f"{source}: strict=True requires every persistent tensor to be mapped without a copy; "
+        f"{counted(n, 'problem')}:\n  {shown}{more}\nThe model was left unchanged."
     )
 
 
-def _check_strict(source: Path, plans: list[_Plan], allow_meta_buffers: bool) -> None:
-    """Raise what ``strict=True`` refuses, every problem in one message."""
-    buffers = [] if allow_meta_buffers else _meta_buffer_names(plans)
-    problems = ([_meta_buffer_problem(buffers)] if buffers else []) + _strict_problems(plans)
-    if problems:
-        raise _strict_error(source, problems)
-
-
 def _resolve(targets: list[Target], checkpoint: Checkpoint, keys: Callable[[str], str | None]) -> list[_Plan]:
-    """Decide every target from the headers alone; shape and kind errors raise here, before any change."""
+    """Decide every target; shape, kind and tie errors raise here, before any change.
+
+    Decided from the headers alone, except a tie found under several checkpoint names,
+    whose entries are read and compared (:func:`_check_twins`).
+    """
     plans = []
     for target in targets:
         plan = _lookup(target, keys, checkpoint)
@@ -270,6 +297,9 @@ def _resolve(targets: list[Target], checkpoint: Checkpoint, keys: Callable[[str]
             _check_shape(plan)
             plan.copy_reason = _copy_reason(plan)
         plans.append(plan)
+    for plan in plans:
+        if plan.twins:
+            _check_twins(plan, checkpoint)
     return plans
 
 
@@ -357,7 +387,7 @@ def map_weights(
     *,
     key_map: KeyMap | None = None,
     strict: bool = False,
-    allow_meta_buffers: bool = False,
+    allow_meta_buffers: bool | None = None,
 ) -> MappedWeights:
     """Point a model's weights at zero-copy views of a safetensors checkpoint.
 
@@ -388,12 +418,23 @@ def map_weights(
       ``__init__``, as under :func:`weightmap.init_empty_weights`) is left alone,
       even when the checkpoint holds that name; one on the meta device is mapped
       when the checkpoint holds it, and otherwise stays on meta (``still_meta``).
-    * ``strict=True`` raises unless every persistent tensor (parameters,
-      persistent buffers, an ExportedProgram's lifted constants) is mapped
-      without a copy, and, unless ``allow_meta_buffers=True``, no non-persistent
-      buffer is left on the meta device (the model could not run): one
-      :class:`MappingError` lists every problem. ``allow_meta_buffers=True`` is
-      for callers that fill those buffers themselves after mapping.
+    * ``strict=True`` raises unless every tensor in the model's state_dict
+      (parameters, persistent buffers, an ExportedProgram's lifted constants) is
+      mapped without a copy: no name missing, as with
+      ``load_state_dict(strict=True)``, and no dtype mismatch; one
+      :class:`MappingError` lists every problem. Non-persistent buffers, such as
+      rotary frequencies, are not required: one on meta that no checkpoint holds
+      is accepted and reported in ``still_meta``. Whether the model can run (no
+      tensor left on meta) is a separate check: :func:`weightmap.assert_runnable`.
+    * A tied tensor is one storage, so it takes one checkpoint entry. When the
+      checkpoint holds it under several of its names, those entries must hold the
+      same bytes (they are read and compared): then they map to one storage and
+      every name counts as mapped. Entries that differ raise a
+      :class:`MappingError` naming both, whatever ``strict`` is
+      (``load_state_dict`` would silently keep the last name's value).
+    * ``allow_meta_buffers`` is deprecated (a ``DeprecationWarning``): ``True``
+      changes nothing; ``False`` refuses, before any change, a non-persistent
+      buffer left on meta, as :func:`weightmap.assert_runnable` would after.
     * Each file is opened once and must be a regular file; its header is read
       from that descriptor and that descriptor is mapped, so the file mapped is
       the file validated. A file changed between the two is an error.
@@ -414,11 +455,25 @@ def map_weights(
         print(mapped.nbytes, mapped.still_meta)   # nothing was read yet; still_meta is []
     """
     check_little_endian()
+    if allow_meta_buffers is not None:
+        warnings.warn(
+            "map_weights(allow_meta_buffers=...) is deprecated: strict=True accepts non-persistent buffers left "
+            "on meta (they are reported in still_meta); call weightmap.assert_runnable(model) to check that "
+            "the model can run",
+            DeprecationWarning,
+            stacklevel=2,
+        )
     targets = collect_targets(model)
     with open_checkpoint(path, keep_open=True) as checkpoint:
         plans = _resolve(targets, checkpoint, _key_function(key_map))
         if strict:
-            _check_strict(checkpoint.source, plans, allow_meta_buffers)
+            problems = _strict_problems(plans)
+            if problems:
+                raise _strict_error(checkpoint.source, problems)
+        if allow_meta_buffers is False and _meta_buffer_names(plans):
+            raise MappingError(
+                f"{checkpoint.source}: {meta_buffer_problem(_meta_buffer_names(plans))}. The model was left unchanged."
+            )
         needed = {plan.header.path for plan in plans if plan.header is not None and plan.entry and plan.entry.numel}
         maps = {h.path: checkpoint.file(h).map() for h in checkpoint.headers if h.path in needed}
     new = [(plan, _materialise(plan, maps)) for plan in plans if plan.found]
@@ -454,8 +509,8 @@ class MappingPreview:
         unused: checkpoint tensors that no tensor of the model takes (checkpoint names).
         nbytes: bytes that would be views of the file.
         copied_bytes: bytes of new memory the copies would take, in the model's dtypes.
-        strict_problems: what ``map_weights(..., strict=True, allow_meta_buffers=False)``
-            would refuse, one line each; empty when it would pass.
+        strict_problems: what ``map_weights(..., strict=True)`` would refuse, one line
+            each; empty when it would pass.
         dtypes: checkpoint name -> the dtype of the model tensor it would fill.
     """
 
@@ -485,8 +540,7 @@ def preview_from(
 ) -> MappingPreview:
     """:func:`preview_mapping` for a checkpoint already opened (its headers validated)."""
     plans = _resolve(collect_targets(model), checkpoint, _key_function(key_map))
-    buffers = _meta_buffer_names(plans)
-    used = {plan.entry.name for plan in plans if plan.entry is not None}
+    used = {name for plan in plans for name in plan.entry_names}
     copied_bytes = 0
     for plan in plans:
         if plan.entry is not None and plan.copy_reason:
@@ -501,7 +555,7 @@ def preview_from(
         unused=[name for name in checkpoint.entries if name not in used],
         nbytes=sum(p.entry.nbytes for p in plans if p.entry is not None and not p.copy_reason),
         copied_bytes=copied_bytes,
-        strict_problems=([_meta_buffer_problem(buffers)] if buffers else []) + _strict_problems(plans),
+        strict_problems=_strict_problems(plans),
         dtypes={plan.entry.name: plan.target.tensor.dtype for plan in plans if plan.entry is not None},
     )
 
@@ -526,5 +580,5 @@ def preview_mapping(
         print(preview.copied, preview.strict_problems)
     """
     check_little_endian()
-    with open_checkpoint(path) as checkpoint:
+    with open_checkpoint(path, keep_open=True) as checkpoint:
         return preview_from(model, checkpoint, key_map=key_map)

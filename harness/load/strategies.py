@@ -59,7 +59,7 @@ __all__ = ["STRATEGIES", "EngineHooks", "ReadFileHooks", "StreamHooks", "Strateg
 
 def load_map(model: torch.nn.Module, path: Path) -> Loaded:
     """Map the checkpoint: every persistent tensor becomes a view of the file."""
-    mapped = map_weights(model, path, strict=True, allow_meta_buffers=True)
+    mapped = map_weights(model, path, strict=True)
     mapped.close()  # the views keep the mapping alive; the handle is not needed
     return Loaded(model, f"map_weights: {len(mapped.mapped)} tensors mapped, {mapped.nbytes} bytes, no copy")
 

@@ -37,7 +37,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _mapped(path: Path) -> SyntheticTransformer:
     model = SyntheticTransformer(**SHAPE)
-    map_weights(model, path, strict=True, allow_meta_buffers=True).close()
+    map_weights(model, path, strict=True).close()
     fill_non_persistent(model)
     return model
 

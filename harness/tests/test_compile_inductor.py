@@ -58,7 +58,7 @@ MIB = 2**20
 
 def _mapped(path: Path) -> SyntheticTransformer:
     model = SyntheticTransformer(**SHAPE)
-    map_weights(model, path, strict=True, allow_meta_buffers=True).close()
+    map_weights(model, path, strict=True).close()
     fill_non_persistent(model)
     return model
 

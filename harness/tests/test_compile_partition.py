@@ -40,7 +40,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Exported]:
     path, _ = ensure_checkpoint(SyntheticTransformer(**SHAPE), tmp_path_factory.mktemp("ckpt") / "m.safetensors",
                                 seed=3, progress=False)
     model = SyntheticTransformer(**SHAPE)
-    map_weights(model, path, strict=True, allow_meta_buffers=True).close()
+    map_weights(model, path, strict=True).close()
     fill_non_persistent(model)
     tokens = torch.tensor([[5, 17, 900, 3, 3, 64, 1000, 2]])
     yield Exported(model, torch.export.export(model, (tokens,)), tokens, path)

@@ -122,7 +122,7 @@ def _mapped_reference(source: ModelSource) -> tuple[nn.Module, tuple[Any, ...], 
     from weightmap import map_weights
 
     reference = build_model(source.config).module
-    map_weights(reference, source.checkpoint, strict=True, allow_meta_buffers=True).close()
+    map_weights(reference, source.checkpoint, strict=True).close()
     fill_non_persistent(reference)
     entry = source.entry(reference)
     return entry.module, entry.args, entry.kwargs

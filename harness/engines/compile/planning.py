@@ -48,7 +48,7 @@ def plan_graph_engines(scenario: Scenario, checkpoint: Path) -> tuple[list[Graph
     cap = build.engine_cap_bytes
     rule = rule_for(build.engines, cap)
     model = build_model(scenario.model).module
-    map_weights(model, checkpoint, strict=True, allow_meta_buffers=True).close()
+    map_weights(model, checkpoint, strict=True).close()
     fill_non_persistent(model)
     entry = export_entry(scenario.model, model, tokens=build.tokens, seed=scenario.checkpoint.seed)
     with torch.no_grad():
