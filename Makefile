@@ -8,16 +8,28 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 TORCH_PIN := torch==2.13.0
 
-.PHONY: install test lint typecheck pytest bench-map bench-smoke bench-pi05 bench-pi05-trim plot clean-data \
+.PHONY: install venv-tools test lint typecheck pytest bench-map bench-smoke bench-pi05 bench-pi05-trim plot clean-data \
 	bench-smoke-compile bench-pi05-compile bench-lerobot-compile lerobot-venv budget-smoke budget-pi05 \
 	budget-pi05-compile
 
-# --system-site-packages: a machine that already has torch (a CUDA image, say) keeps it.
+# The command-line tools the README names, whose scripts must be in $(VENV)/bin.
+VENV_TOOLS := pytest ruff mypy
+
 $(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
+	$(MAKE) --no-print-directory venv-tools
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH_PIN)
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
+
+# The venv, made if missing, with its own copy of each of VENV_TOOLS. --system-site-packages:
+# a machine that already has torch (a CUDA image, say) keeps it. A tool the base Python has
+# counts as installed there, so pip would write no script into $(VENV)/bin and an activated
+# venv's `pytest` would be the base's, which imports no torch: --force-reinstall installs
+# the tools into the venv all the same (replacing the venv's own copy cleanly on a rerun),
+# --no-deps leaves their dependencies to the '.[dev]' install that follows.
+venv-tools:
+	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
+	$(PY) -m pip install -q --force-reinstall --no-deps $(VENV_TOOLS)
 
 install: $(STAMP)
 
