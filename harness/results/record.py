@@ -700,15 +700,24 @@ class RunRecord(Record):
         """A copy with strategy ``name`` set to ``record`` (appended when new)."""
         return replace(self, strategies={**self.strategies, name: record})
 
+    @property
+    def rounds(self) -> int:
+        """How many measured rounds the run has: ``repeats``, at least one."""
+        return max(1, self.repeats or 1)
+
     def after_decode(self, version: int, fail: Callable[[str, str], RecordError]) -> RunRecord:
-        """Every engine index below the run's engines; every round's order the same strategies, each once; a
-        version-1 strategy's build-phase peak filled in; a version 3 to 5 ``"packaged"`` read as the compiler's
-        packaging it was; before version 9, the scenario's order in every round."""
+        """Every engine index below the run's engines; from version 9, one order per round (:attr:`rounds`), none
+        left out where a strategy ran; every round's order the same strategies, each once; a version-1
+        strategy's build-phase peak filled in; a version 3 to 5 ``"packaged"`` read as the compiler's packaging
+        it was; before version 9, the scenario's order in every round."""
         for name, record in self.strategies.items():
             for i, engine in enumerate(record.engines):
                 if engine.index >= self.engines:
                     raise fail(f"strategies.{name}.engines[{i}].index",
                                f"engine {engine.index} of a run of {self.engines} engines")
+        if version >= 9 and (self.round_orders or self.strategies) and len(self.round_orders) != self.rounds:
+            raise fail("round_orders", f"expected one order per measured round, {self.rounds} (repeats = "
+                                       f"{self.repeats}), got {len(self.round_orders)}")
         for i, order in enumerate(self.round_orders):  # a run being written holds the strategies done so far
             if len(set(order)) != len(order) or not set(self.strategies) <= set(order) or (
                     set(order) != set(self.round_orders[0])):
@@ -716,7 +725,7 @@ class RunRecord(Record):
                                                  f"got {list(order)}")
         run = self
         if version < 9:
-            run = run.replace(round_orders=(tuple(self.strategies),) * max(1, self.repeats or 1))
+            run = run.replace(round_orders=(tuple(self.strategies),) * self.rounds)
         if version == 1:
             return run.replace(strategies={n: s.upgraded_from_v1(self.device) for n, s in self.strategies.items()})
         if version < 6:

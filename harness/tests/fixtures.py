@@ -249,6 +249,7 @@ def make_results(
         ),
         scenario_config={"name": name},
         strategies={},
+        round_orders=(strategies,),
     )
     for strategy in strategies:
         trace, record = _simulate(strategy, cuda, 2 if strategy == failed else None)

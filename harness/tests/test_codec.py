@@ -162,7 +162,7 @@ RUN = RunRecord(scenario="s", name="smoke", description="d", created="2024-01-01
                 scenario_config={"name": "smoke", "run": {"repeats": 1}}, strategies={"map": STRATEGY},
                 repeats=1, prefetch="madvise", disk_reads=(DiskRead(0, 1100, 0.5, 2200.0, 0.4, "read", 0),),
                 speed=SpeedChoice("madvise", False, "chosen: why", "set by the scenario"),
-                shared_disk=(SharedDisk(1100, 10, 0.5, 0.75, 1.0),))
+                shared_disk=(SharedDisk(1100, 10, 0.5, 0.75, 1.0),), round_orders=(("map",),))
 ATTEMPT = AttemptRecord("unconstrained", 1 << 30, True, -9, 1.0, 100, 0, None, 0.9, None, 0.5, 10, 0)
 BUDGET = BudgetRecord("sweep", "s", "", "2024-01-01", "abc", MACHINE, {"torch": None}, "m", 1000, "/c", 1, 10, "copy",
                       "cpu", "v2", 1 << 20, 1 << 32, 3.0, 60.0, 10.0,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -140,3 +141,17 @@ def test_stored_peaks_are_the_derivation_of_the_samples(run_dir: Path) -> None:
         metrics = StrategyMetrics.of(name, record, results.record)
         assert metrics.floor_bytes == record.floor_bytes
         assert metrics.compared_peak_bytes == record.build_peak_bytes  # no GPU: the build-phase host peak
+
+
+@pytest.mark.parametrize(("repeats", "orders", "problem"), [
+    (2, [["map", "load", "load_file"]] * 3, "expected one order per measured round, 2 (repeats = 2), got 3"),
+    (None, [["map", "load", "load_file"]] * 2, "expected one order per measured round, 1 (repeats = None), got 2"),
+    (3, [], "expected one order per measured round, 3 (repeats = 3), got 0"),
+])
+def test_round_orders_hold_one_order_per_round(run_dir: Path, repeats: int | None, orders: list[list[str]],
+                                               problem: str) -> None:
+    data = _summary(run_dir)
+    data["repeats"], data["round_orders"] = repeats, orders
+    _rewrite(run_dir, data)
+    with pytest.raises(RecordError, match=rf"summary.json: round_orders: {re.escape(problem)}$"):
+        load_results(run_dir)
