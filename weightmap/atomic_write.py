@@ -143,11 +143,19 @@ class AtomicFile:
     On an exception, including :class:`KeyboardInterrupt`, the new file is discarded and
     ``path`` is as it was. See the module docstring for how the new file is made, what it
     inherits and which errors are raised.
+
+    With ``deferred=True`` the block's end only makes the new file complete and durable
+    (``fsync``), still unnamed or under its locked hidden name: nothing is visible at
+    ``path`` until :meth:`publish` renames it there, and :meth:`discard` drops it. That lets
+    several files be written first and made visible in an order of the caller's choosing
+    (:mod:`weightmap.commit`). A deferred file neither published nor discarded is dropped
+    when the process ends: unnamed, it never had a name; hidden, the next save removes it.
     """
 
-    def __init__(self, path: PathArg) -> None:
+    def __init__(self, path: PathArg, *, deferred: bool = False) -> None:
         self.path = Path(os.fsdecode(path))
         self.target = resolve_target(self.path)
+        self._deferred = deferred
         self._dir_fd = -1
         self._fd = -1
         self._temp: str | None = None  # the hidden name, while the new file has one
@@ -264,23 +272,40 @@ class AtomicFile:
             self._discard()
             return
         try:
-            self._commit()
+            os.fsync(self._fd)
+        except BaseException as error:
+            self._discard()
+            if isinstance(error, OSError):
+                raise _failure(error, self.target, "flushing the new file to disk") from error
+            raise
+        if not self._deferred:
+            self.publish()
+
+    def publish(self) -> None:
+        """Rename the complete new file onto its target (done by the ``with`` block unless deferred).
+
+        On a failure the new file is discarded and the target is as it was.
+        """
+        if self._fd < 0:
+            raise ValueError(f"{self.target}: the new file was already published or discarded")
+        try:
+            if self._unnamed:
+                self._link()
+            assert self._temp is not None
+            os.replace(self._temp, self.target.name, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+            self._temp = None
+            with contextlib.suppress(OSError):  # makes the rename durable where directories can be synced
+                os.fsync(self._dir_fd)
+            self._close()
         except BaseException as error:
             self._discard()
             if isinstance(error, OSError):
                 raise _failure(error, self.target, "putting the new file in place") from error
             raise
 
-    def _commit(self) -> None:
-        os.fsync(self._fd)
-        if self._unnamed:
-            self._link()
-        assert self._temp is not None
-        os.replace(self._temp, self.target.name, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
-        self._temp = None
-        with contextlib.suppress(OSError):  # makes the rename durable where directories can be synced
-            os.fsync(self._dir_fd)
-        self._close()
+    def discard(self) -> None:
+        """Drop the new file (a deferred one not yet published); the target is left as it is. Never raises."""
+        self._discard()
 
     def _link(self) -> None:
         """Give the unnamed file a hidden name, locked as it is (it was locked when opened).

@@ -33,7 +33,7 @@ from weightmap.errors import HeaderError, MappingError
 from weightmap.files import CheckpointFile, describe_unusable, open_regular, read_all
 from weightmap.format import MAX_HEADER_BYTES, Header, TensorEntry
 
-__all__ = ["INDEX_NAME", "Checkpoint", "open_checkpoint"]
+__all__ = ["INDEX_NAME", "Checkpoint", "index_shards", "open_checkpoint"]
 
 INDEX_NAME = "model.safetensors.index.json"
 _SUFFIX = ".safetensors"
@@ -264,6 +264,11 @@ def _weight_map(index: Path) -> dict[str, str]:
             )
     # One spelling per shard, so that "a.safetensors" and "./a.safetensors" are one file.
     return {name: os.path.normpath(shard) for name, shard in weight_map.items()}
+
+
+def index_shards(index: Path) -> set[str]:
+    """The shard file names an index names (normalised); :class:`HeaderError` for a bad index."""
+    return set(_weight_map(index).values())
 
 
 def _read_shards(

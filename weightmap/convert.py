@@ -13,7 +13,7 @@ mapping) whatever the checkpoint's size.
 
 from __future__ import annotations
 
-import json
+import contextlib
 import math
 import mmap
 import os
@@ -26,14 +26,24 @@ from typing import Any
 import torch
 
 from weightmap.atomic_write import AtomicFile
-from weightmap.checkpoint import INDEX_NAME, Checkpoint, open_checkpoint
+from weightmap.checkpoint import INDEX_NAME, Checkpoint, index_shards, open_checkpoint
+from weightmap.commit import SINGLE_NAME, earlier_checkpoint, index_document, locked_directory, replace_checkpoint
 from weightmap.errors import MappingError
-from weightmap.format import DTYPE_CODES, Header, TensorEntry, TensorSpec, check_little_endian, write_checkpoint
+from weightmap.format import (
+    DTYPE_CODES,
+    Header,
+    Layout,
+    TensorEntry,
+    TensorSpec,
+    check_little_endian,
+    prepare_checkpoint,
+    write_checkpoint,
+    write_tensors,
+)
 from weightmap.mapping import KeyMap, preview_from
 
 __all__ = ["convert_checkpoint", "parse_size"]
 
-SINGLE_NAME = "model.safetensors"
 _SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
                "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
@@ -89,19 +99,34 @@ def convert_checkpoint(
       ``map_weights``), the dtype of the model's tensor it fills; otherwise, and
       for tensors the model does not take, ``dtype`` for floating-point tensors
       (integer and boolean ones keep theirs); with neither, the source dtype.
-      Names, shapes and values (up to the cast) are kept, and so is the metadata
-      of the source's first file. A shape the model disagrees with raises the
-      :class:`MappingError` ``map_weights`` would, before anything is written.
+      ``dtype`` must be a floating-point dtype. Names, shapes and values (up to the
+      cast) are kept, and so is the metadata of the source's first file. A shape
+      the model disagrees with raises the :class:`MappingError` ``map_weights``
+      would, before anything is written.
     * Output: without ``max_shard_size``, one file at ``destination``. With it,
-      ``destination`` is a directory (created if missing) that receives one
-      ``model.safetensors`` when everything fits in one shard, else shards
-      ``model-00001-of-0000N.safetensors`` of at most ``max_shard_size`` bytes
-      of tensors each (a larger tensor gets a shard of its own) and a
-      ``model.safetensors.index.json`` written after them.
+      ``destination`` is a directory (created if missing) whose checkpoint becomes
+      one ``model.safetensors`` when everything fits in one shard, else shards
+      ``model-00001-of-0000N.safetensors`` of at most ``max_shard_size`` bytes of
+      tensors each (a larger tensor gets a shard of its own) and a
+      ``model.safetensors.index.json``.
+    * Nothing is visible until everything is written: at every instant the
+      destination reads as the complete earlier checkpoint (or nothing) or as the
+      complete new one, whatever happens (an error, Ctrl-C, a full disk,
+      ``SIGKILL``). A file destination is replaced in one step, as
+      :func:`weightmap.save_weights_for_mapping` replaces it. A directory's
+      checkpoint is replaced as a whole (:mod:`weightmap.commit`): the new files are
+      written unnamed, made visible together, the index last, and the earlier
+      checkpoint's files (a lone file, or an index and its shards) are removed, never
+      left beside the new one. An error leaves nothing of the conversion behind.
+    * Writing onto the source works by the same rule: a single-file source onto
+      itself, a sharded source into its own directory. A file destination that is
+      one shard of a sharded checkpoint (the source's or another's), an index
+      (``.json``), or a ``model.safetensors`` beside an index (the directory would
+      go on reading the index) is refused before anything is written, and so is a
+      directory that holds files that are not a readable checkpoint.
     * Every file is aligned (each tensor at a multiple of its item size, as
-      safetensors' writer lays it out) and replaces its path in one step, as
-      :func:`weightmap.save_weights_for_mapping` does: an error or a kill leaves
-      no partial file under a final name. Writing onto the source itself is safe.
+      safetensors' writer lays it out); every header is parsed back by the reader's
+      rules before anything is written.
     * Memory: one tensor at a time. Its cast copy is the only anonymous memory
       (none when the dtype does not change: the bytes go from the mapping to the
       file); once it is written its source pages are dropped from this process,
@@ -110,51 +135,75 @@ def convert_checkpoint(
     * ``progress(done, total)`` is called once before the first tensor and after
       each one, with the bytes of tensors written so far and in all.
 
-    Raises :class:`MappingError` for a bad source (naming the file, the tensor
-    and the rule) and :class:`OSError` naming the destination for failures of the
-    system (no space, a read-only directory).
+    Raises :class:`MappingError` for a bad source or destination (naming the file, the
+    tensor and the rule) and :class:`OSError` naming the destination for failures of
+    the system (no space, a read-only directory).
 
     Example::
 
         convert_checkpoint("fp32.safetensors", "bf16.safetensors", dtype=torch.bfloat16)
     """
     check_little_endian()
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+        raise MappingError(
+            f"{destination}: dtype {dtype} is not a floating-point dtype; floating-point tensors are cast to it"
+        )
     if dtype is not None and dtype not in DTYPE_CODES:
         raise MappingError(f"{destination}: dtype {dtype} has no safetensors code")
     if max_shard_size is not None and max_shard_size < 1:
         raise MappingError(f"{destination}: max_shard_size must be at least one byte, got {max_shard_size}")
     target = Path(os.fsdecode(destination))
+    sharded = max_shard_size is not None
+    _check_kind(target, sharded=sharded)
     with open_checkpoint(source, keep_open=True) as checkpoint:
         items = _items(checkpoint, dtype, model, key_map)
-        _check_destination(target, sharded=max_shard_size is not None)
         metadata = checkpoint.headers[0].metadata if checkpoint.headers else None
         groups = _shards(items, max_shard_size)
         maps = {h.path: checkpoint.file(h).map() for h in checkpoint.headers if h.file_size > h.data_start}
         fds = {h.path: checkpoint.file(h).fd for h in checkpoint.headers}
-        writer = _Writer(maps, fds if drop_cache else {}, progress, sum(item.out_bytes for item in items))
-        written = _write_all(writer, target, items, groups, metadata, sharded=max_shard_size is not None)
+        writer = _Writer(maps, fds if drop_cache else {}, sum(item.out_bytes for item in items))
+        if sharded:
+            written = _write_directory(writer, target, groups, metadata, progress)
+        else:
+            _check_file_destination(target, checkpoint)
+            writer.start(progress)
+            written = [writer.write(target, items, metadata)]
         writer.finish()
         return written
 
 
-def _write_all(writer: _Writer, target: Path, items: list[_Item], groups: list[list[_Item]],
-               metadata: dict[str, str] | None, *, sharded: bool) -> list[Path]:
-    if not sharded:
-        return [writer.write(target, items, metadata)]
-    target.mkdir(parents=True, exist_ok=True)
+def _shard_names(groups: list[list[_Item]]) -> list[str]:
     if len(groups) == 1:
-        return [writer.write(target / SINGLE_NAME, groups[0], metadata)]
-    written = []
-    weight_map: dict[str, str] = {}
-    for number, group in enumerate(groups, start=1):
-        name = f"model-{number:05d}-of-{len(groups):05d}.safetensors"
-        written.append(writer.write(target / name, group, metadata))
-        weight_map.update(dict.fromkeys((item.name for item in group), name))
-    index = target / INDEX_NAME
-    document = {"metadata": {"total_size": sum(i.out_bytes for i in items)}, "weight_map": weight_map}
-    with AtomicFile(index) as out:
-        out.write(json.dumps(document, indent=2, ensure_ascii=False).encode("utf-8") + b"\n")
-    return [*written, index]
+        return [SINGLE_NAME]
+    return [f"model-{number:05d}-of-{len(groups):05d}.safetensors" for number in range(1, len(groups) + 1)]
+
+
+def _write_directory(writer: _Writer, target: Path, groups: list[list[_Item]], metadata: dict[str, str] | None,
+                     progress: Callable[[int, int], None] | None) -> list[Path]:
+    """Write every shard unnamed, then make them and the index the directory's checkpoint as a whole."""
+    created = not os.path.lexists(target)
+    try:
+        with locked_directory(target) as dir_fd, contextlib.ExitStack() as staged_files:
+            earlier_checkpoint(target)  # a directory that is not a readable checkpoint: refused now
+            names = _shard_names(groups)
+            prepared = [writer.prepare(target / name, group, metadata)
+                        for name, group in zip(names, groups, strict=True)]
+            writer.start(progress)
+            staged = []
+            for shard in prepared:
+                staged.append(writer.stage(shard))
+                staged_files.callback(staged[-1].discard)
+            index = None
+            if len(groups) > 1:
+                weight_map = {item.name: name for name, group in zip(names, groups, strict=True) for item in group}
+                index = index_document(weight_map, sum(item.out_bytes for group in groups for item in group))
+            replace_checkpoint(target, dir_fd, staged, index)
+    except BaseException:
+        if created:
+            with contextlib.suppress(OSError):
+                target.rmdir()  # only when empty: nothing of the failed conversion is left
+        raise
+    return [target / name for name in names] + ([target / INDEX_NAME] if len(groups) > 1 else [])
 
 
 def _items(checkpoint: Checkpoint, dtype: torch.dtype | None, model: Any, key_map: KeyMap | None) -> list[_Item]:
@@ -171,19 +220,55 @@ def _items(checkpoint: Checkpoint, dtype: torch.dtype | None, model: Any, key_ma
     return items
 
 
-def _check_destination(target: Path, *, sharded: bool) -> None:
+def _check_kind(target: Path, *, sharded: bool) -> None:
     """Refuse a destination of the wrong kind before anything is written."""
     try:
         mode = os.stat(target).st_mode
     except FileNotFoundError:
-        return
+        mode = None
     except OSError:
         return  # the write says what is wrong, naming the path
-    if sharded and not stat.S_ISDIR(mode):
+    if sharded and mode is not None and not stat.S_ISDIR(mode):
         raise MappingError(f"{target}: exists and is not a directory; shards are written into a directory")
-    if not sharded and stat.S_ISDIR(mode):
+    if not sharded and mode is not None and stat.S_ISDIR(mode):
         raise MappingError(
             f"{target}: is a directory; give a file path, or a maximum shard size to write shards into it"
+        )
+    if not sharded and target.suffix == ".json":
+        raise MappingError(
+            f"{target}: a checkpoint written to a .json path would be read as a sharded index; give a "
+            ".safetensors path"
+        )
+
+
+def _check_file_destination(target: Path, checkpoint: Checkpoint) -> None:
+    """Refuse a file destination that would break a sharded checkpoint or leave its directory stale."""
+    real = os.path.realpath(target)
+    index = target.parent / INDEX_NAME
+    sources = [os.path.realpath(path) for path in checkpoint.files]
+    if real in sources and (len(sources) > 1 or checkpoint.source.suffix == ".json" or os.path.lexists(index)):
+        raise MappingError(
+            f"{target}: is one shard of the source checkpoint {checkpoint.source}; writing the whole checkpoint "
+            "onto it would leave the source unreadable. Write into the source's directory with a maximum "
+            "shard size, or to another file"
+        )
+    if not os.path.lexists(index):
+        return
+    try:
+        shards = index_shards(index)
+    except MappingError:
+        shards = set()
+    if target.name in shards:
+        raise MappingError(
+            f"{target}: is a shard of the sharded checkpoint in its directory (named by {index}); replacing it "
+            "with a whole checkpoint would break that checkpoint. Write into the directory with a maximum shard "
+            "size, or to another file"
+        )
+    if target.name == SINGLE_NAME:
+        raise MappingError(
+            f"{target}: its directory holds a sharded checkpoint ({index}), which the directory would go on "
+            "reading instead of this file. Write into the directory with a maximum shard size (it replaces that "
+            "checkpoint as a whole), or to another file"
         )
 
 
@@ -242,19 +327,45 @@ class _Released:
             os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
 
+@dataclass(frozen=True)
+class _Prepared:
+    """One shard to write: its path, layout and header, validated before anything is written."""
+
+    path: Path
+    items: dict[str, _Item]
+    layout: Layout
+    head: bytes
+
+
 class _Writer:
     """Writes groups of items from the mapped source, dropping each tensor's source pages once it is written."""
 
-    def __init__(self, maps: dict[Path, mmap.mmap], fds: dict[Path, int],
-                 progress: Callable[[int, int], None] | None, total: int) -> None:
+    def __init__(self, maps: dict[Path, mmap.mmap], fds: dict[Path, int], total: int) -> None:
         self._maps = maps
         self._released = {path: _Released(mm, fds.get(path)) for path, mm in maps.items()}
-        self._progress = progress
+        self._progress: Callable[[int, int], None] | None = None
         self._done = 0
         self._total = total
         self._current: _Item | None = None
+
+    def start(self, progress: Callable[[int, int], None] | None) -> None:
+        """Report the start (``progress(0, total)``), once everything is validated."""
+        self._progress = progress
         if progress is not None:
-            progress(0, total)
+            progress(0, self._total)
+
+    def prepare(self, path: Path, items: Sequence[_Item], metadata: dict[str, str] | None) -> _Prepared:
+        specs = [TensorSpec(item.name, item.dtype, item.entry.shape) for item in items]
+        layout, head, _ = prepare_checkpoint(path, specs, metadata)
+        return _Prepared(path, {item.name: item for item in items}, layout, head)
+
+    def stage(self, shard: _Prepared) -> AtomicFile:
+        """Write one prepared shard as a deferred new file (complete, durable, not yet visible)."""
+        out = AtomicFile(shard.path, deferred=True)
+        with out:
+            write_tensors(out, shard.path, shard.layout, shard.head,
+                          lambda spec: self._fill(shard.items[spec.name]), progress=self._written)
+        return out
 
     def write(self, path: Path, items: Sequence[_Item], metadata: dict[str, str] | None) -> Path:
         by_name = {item.name: item for item in items}
@@ -270,8 +381,6 @@ class _Writer:
     def _fill(self, item: _Item) -> torch.Tensor:
         self._current = item
         entry = item.entry
-        if entry.numel == 0:
-            return torch.empty(entry.shape, dtype=item.dtype)
         mm = self._maps[item.header.path]
         if entry.start % entry.dtype.itemsize:  # an old writer's offset: align a copy of the bytes first
             raw = torch.frombuffer(mm, dtype=torch.uint8, count=entry.nbytes, offset=entry.start)

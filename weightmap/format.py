@@ -1036,7 +1036,8 @@ def write_checkpoint(
     The header is built from ``specs``; then, in file order (descending item size,
     then name), ``fill(spec)`` is called once per tensor, its result checked (dtype and
     shape must equal the spec, else :class:`MappingError` naming the tensor), copied to
-    CPU if needed, written and dropped. ``progress(nbytes)`` is called after each tensor.
+    CPU if needed, written and dropped (a tensor of no elements has nothing to write, and
+    ``fill`` is not called for it). ``progress(nbytes)`` is called after each tensor.
     The result may live on any device and be non-contiguous.
 
     The file is replaced in one step (:class:`~weightmap.atomic_write.AtomicFile`): it is
@@ -1050,22 +1051,58 @@ def write_checkpoint(
     not there before.
 
     Duplicate names, the reserved name ``__metadata__``, dtypes without a safetensors
-    code and metadata that is not string to string raise :class:`MappingError` before
-    anything is written. Failures of the system (no space, a missing or read-only
-    directory) raise :class:`OSError` with its errno whose message names ``path``; a
-    directory at ``path`` is an :class:`IsADirectoryError`. Returns the written file's
-    :class:`Header`.
+    code, metadata that is not string to string, and anything else the reader would
+    refuse in the header it would write (it is parsed back by :func:`parse_header`: more
+    than 64 dimensions, say) raise :class:`MappingError` before anything is written.
+    Failures of the system (no space, a missing or read-only directory) raise
+    :class:`OSError` with its errno whose message names ``path``; a directory at
+    ``path`` is an :class:`IsADirectoryError`. Returns the written file's :class:`Header`.
     """
     target = Path(os.fsdecode(path))
+    layout, head, header = prepare_checkpoint(target, specs, metadata)
+    with AtomicFile(target) as out:
+        write_tensors(out, target, layout, head, fill, progress)
+    return header
+
+
+Layout = list[tuple[TensorSpec, tuple[int, ...], int, int]]
+
+
+def prepare_checkpoint(
+    target: Path, specs: Sequence[TensorSpec], metadata: Mapping[str, str] | None
+) -> tuple[Layout, bytes, Header]:
+    """The layout, the encoded header and that header parsed back by :func:`parse_header`.
+
+    Everything a reader would refuse (more than 64 dimensions, a size that overflows, ...)
+    raises here, before anything is written.
+    """
     layout = _plan_layout(specs, target)
     head = _encode_header(layout, metadata, target)
     file_size = len(head) + (layout[-1][3] if layout else 0)
-    with AtomicFile(target) as out:
-        out.write(head)
-        for spec, shape, _, _ in layout:
-            tensor = _filled(spec, shape, fill, target)
-            written = _write_tensor(out, tensor)
-            del tensor
+    return layout, head, parse_header(head, file_size, target)
+
+
+def write_tensors(
+    out: AtomicFile,
+    target: Path,
+    layout: Layout,
+    head: bytes,
+    fill: Callable[[TensorSpec], torch.Tensor],
+    progress: Callable[[int], None] | None = None,
+) -> None:
+    """Write the header and then each tensor (from ``fill``) of a prepared checkpoint into ``out``.
+
+    A tensor of no elements has no bytes to write: ``fill`` is not called for it (its shape,
+    such as ``[0, 2**62, 2**62]``, may be one no tensor can be made with).
+    """
+    out.write(head)
+    for spec, shape, begin, end in layout:
+        if begin == end:
             if progress is not None:
-                progress(written)
-    return parse_header(head, file_size, target)
+                progress(0)
+            continue
+        tensor = _filled(spec, shape, fill, target)
+        written = _write_tensor(out, tensor)
+        del tensor
+        if progress is not None:
+            progress(written)
