@@ -17,9 +17,10 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "convert_memory.py"
 
 
-def test_half_a_gib_converts_under_a_384_mib_limit() -> None:
+def test_half_a_gib_converts_under_a_384_mib_limit(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--gib", "0.5", "--tensor-mib", "16", "--limit-mib", "384", "--json"],
+        [sys.executable, str(SCRIPT), "--gib", "0.5", "--tensor-mib", "16", "--limit-mib", "384", "--json",
+         "--dir", str(tmp_path)],
         capture_output=True, text=True, cwd=ROOT, timeout=300,
     )
     if result.returncode == 3:

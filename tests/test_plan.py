@@ -52,17 +52,17 @@ def touch(*tensors: torch.Tensor) -> None:
         t.sum()
 
 
-def test_default_plan_keeps_ordinary_buffers_so_the_model_still_runs() -> None:
+def test_default_plan_keeps_ordinary_buffers_so_the_model_still_runs(tmp_path: Path) -> None:
     # An ordinary non-persistent buffer (rotary frequencies) read by a partition:
     # resizing it would make the next forward a segmentation fault.
     code = """
-        import sys, tempfile, torch
+        import sys, torch
         sys.path.insert(0, "tests")
         from safetensors.torch import save_model
         from support import TinyNet, meta_tiny, returned_or_raised, seeded
         from weightmap import ReleasePlan, map_weights
         reference = seeded(TinyNet(width=64))
-        path = tempfile.mkdtemp() + "/tiny.safetensors"
+        path = sys.argv[1]
         save_model(reference, path)
         model = meta_tiny(width=64)
         map_weights(model, path, strict=True)
@@ -76,8 +76,8 @@ def test_default_plan_keeps_ordinary_buffers_so_the_model_still_runs() -> None:
         torch.testing.assert_close(model(tokens), reference(tokens))
         print("ran")
     """
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code), str(tmp_path / "tiny.safetensors")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, f"the child died (returncode {result.returncode}): {result.stderr[-2000:]}"
     assert result.stdout.split() == ["1", str(64 * 4), "ran"]  # inv_freq kept, not resized
 
