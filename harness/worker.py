@@ -90,12 +90,15 @@ class EventLog:
         self.rows.append({"t_s": round(t, 6), "event": event, **values})
         return t
 
-    def write_csv(self, path: Path) -> None:
+    def write_csv(self, path: Path) -> int:
+        """Write the events to ``path`` (atomically) under a header of :data:`EVENT_COLUMNS`; returns how many
+        rows it wrote."""
         text = io.StringIO(newline="")
         writer = csv.DictWriter(text, fieldnames=EVENT_COLUMNS, restval="")
         writer.writeheader()
         writer.writerows(self.rows)
         write_atomic(path, text.getvalue())
+        return len(self.rows)
 
 
 def process_start_monotonic() -> float:
@@ -361,9 +364,9 @@ class Measurement:
         if self.builder is not None:
             self.builder.close()
         if self.sampler is not None:
-            self.sampler.write_csv(self.out / samples_file(self.strategy))
+            self._set(sample_rows=self.sampler.write_csv(self.out / samples_file(self.strategy)))
             columns = self.sampler.columns()
-        self.events.write_csv(self.out / events_file(self.strategy))
+        self._set(event_rows=self.events.write_csv(self.out / events_file(self.strategy)))
         self._set(process_wall_s=round(time.monotonic() - self.t0, 3))
         record = self.record
         if columns is not None:

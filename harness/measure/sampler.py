@@ -273,13 +273,18 @@ class Sampler:
             for i in range(n)
         ]
 
-    def write_csv(self, path: Path) -> None:
-        """Write the rows to ``path`` (atomically) with a header of :attr:`COLUMNS`; empty cells stay empty."""
+    def write_csv(self, path: Path) -> int:
+        """Write the rows to ``path`` (atomically) with a header of :attr:`COLUMNS`; empty cells stay empty.
+
+        Returns how many rows it wrote (the record states it, so that a reader can tell a file cut at a
+        row's end from a whole one)."""
+        rows = self.rows()
         text = io.StringIO(newline="")
         writer = csv.writer(text)
         writer.writerow(self.COLUMNS)
-        writer.writerows(self.rows())  # csv writes None as an empty cell
+        writer.writerows(rows)  # csv writes None as an empty cell
         write_atomic(path, text.getvalue())
+        return len(rows)
 
     def columns(self) -> dict[str, np.ndarray]:
         """The numeric columns so far as float64 arrays (NaN for an empty cell), by column name."""

@@ -96,7 +96,7 @@ def load_results(directory: str | Path) -> Results:
     """Read ``directory``; raises :class:`~harness.results.record.RecordError` naming the file and key that are wrong.
 
     A strategy that failed before writing its samples or events reads with empty frames;
-    a finished one must have both files.
+    a finished one must have both files, each with as many rows as its record states (layout 11).
     """
     directory = Path(directory)
     if not directory.is_dir():
@@ -106,12 +106,12 @@ def load_results(directory: str | Path) -> Results:
     samples: dict[str, pd.DataFrame] = {}
     events: dict[str, pd.DataFrame] = {}
     for name, strategy in record.strategies.items():
-        for path, reader, empty, into in (
-            (directory / samples_file(name), read_samples, empty_samples, samples),
-            (directory / events_file(name), read_events, empty_events, events),
+        for path, reader, rows, empty, into in (
+            (directory / samples_file(name), read_samples, strategy.sample_rows, empty_samples, samples),
+            (directory / events_file(name), read_events, strategy.event_rows, empty_events, events),
         ):
             if path.exists():
-                into[name] = reader(path)
+                into[name] = reader(path, rows)
             elif strategy.ok:
                 raise RecordError(f"{path}: missing, but strategy {name!r} finished")
             else:

@@ -76,6 +76,11 @@ it is in ``layout``):
     read cold and as many bytes written as engine files, each alone and both at once, measured after
     the last round of a cold run whose engines are written as files of their weights; empty where
     none was made, and when reading versions 1 to 9.
+11. Adds, per strategy, ``sample_rows`` and ``event_rows``: how many data rows its process wrote into
+    ``samples-<strategy>.csv`` and ``events-<strategy>.csv``. A file with fewer or more rows than its record
+    states is refused (one cut exactly at the end of a row reads as a whole CSV otherwise). ``None`` where
+    the process wrote no such file or no record (the harness's record of a killed worker), and when reading
+    versions 1 to 10: such files are read without the check.
 
 A later version adds keys (each field says the version that added it, ``since`` in its
 :func:`~harness.results.codec.json_field`) and bumps :data:`LAYOUT_VERSION`; records of
@@ -91,8 +96,9 @@ the top-level ``name`` (of ``summary.json`` and ``budget.json``) and every strat
 least one byte. Files are read by
 :func:`read_file`, which refuses anything but a regular file without blocking on it (a
 FIFO, a device); JSON nested deeper than :data:`MAX_JSON_DEPTH` is refused before it is
-parsed. A CSV row must hold every column, the file must end with a whole row, and a
-number in it must be finite and in range.
+parsed. A CSV row must hold every column, the file must end with a whole row and hold as
+many rows as its strategy's record states (from layout 11), and a number in it must be finite
+and in range.
 
 What is *measured* lives here. What is *derived* from it (floors, excess, which peak is
 compared with the floor) is computed by :mod:`harness.results.metrics` only; ``floor_bytes`` and
@@ -178,7 +184,7 @@ __all__ = [
     "write_summary",
 ]
 
-LAYOUT_VERSION = 10
+LAYOUT_VERSION = 11
 """The layout this code writes; it reads every version from 1 to this one."""
 
 SUMMARY = "summary.json"
@@ -514,7 +520,8 @@ class StrategyRecord(Record):
     end of the last engine, ``host_gpu_peak_bytes`` host + GPU over that build phase,
     ``anon_peak_bytes`` and ``gpu_peak_bytes`` sampled over the whole run.
     ``floor_bytes`` and ``excess_over_floor`` are a copy of :mod:`harness.results.metrics`'
-    figures for readers outside the harness.
+    figures for readers outside the harness. ``sample_rows`` and ``event_rows``: the data rows written
+    into its samples and events CSVs (``None`` where not written), which their readers check.
     """
 
     status: str
@@ -558,6 +565,8 @@ class StrategyRecord(Record):
     repeats: tuple[RepeatRecord, ...] = field(default=(), metadata={"since": 4})
     prefetch_busy_s: float | None = field(default=None, metadata={"since": 8})
     prefetch_evict_s: float | None = field(default=None, metadata={"since": 8})
+    sample_rows: int | None = field(default=None, metadata={"since": 11})
+    event_rows: int | None = field(default=None, metadata={"since": 11})
 
     @property
     def ok(self) -> bool:
@@ -874,8 +883,9 @@ _NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?"
 """A number in a results CSV, as Python and pandas write them (``nan``, ``inf`` and the like are not numbers)."""
 
 
-def _csv_rows(path: Path, columns: tuple[str, ...]) -> list[list[str]]:
-    """The data rows of a results CSV, each with every column; the header must be ``columns``."""
+def _csv_rows(path: Path, columns: tuple[str, ...], expected_rows: int | None) -> list[list[str]]:
+    """The data rows of a results CSV, each with every column; the header must be ``columns``, and the
+    rows ``expected_rows`` in number where the record states it."""
     text = read_text_file(path)
     if text is None:
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
@@ -896,20 +906,23 @@ def _csv_rows(path: Path, columns: tuple[str, ...]) -> list[list[str]]:
         if len(row) != len(columns):
             raise RecordError(f"{path}: row {i + 2}: expected {len(columns)} fields, got {len(row)}"
                               + (" (a short or cut row)" if len(row) < len(columns) else ""))
+    if expected_rows is not None and len(rows) != expected_rows:
+        cut = " (it was cut short)" if len(rows) < expected_rows else ""
+        raise RecordError(f"{path}: {len(rows)} data rows, but the strategy's record states {expected_rows} were "
+                          f"written{cut}")
     return rows
 
 
-def _read_csv(path: Path, columns: tuple[str, ...], text_column: str) -> pd.DataFrame:
+def _read_csv(path: Path, columns: tuple[str, ...], text_column: str, rows: int | None) -> pd.DataFrame:
     """A results CSV: numbers as float64 (an empty cell NaN), ``text_column`` as text (an empty cell NA).
 
     A number must be finite and below :data:`MAX_BYTES` in a byte column, :data:`MAX_INTEGER`
     elsewhere; ``t_s`` must be present and not negative, byte columns not negative, ``engine``
-    at least -1 (no engine).
+    at least -1 (no engine). ``rows``: how many data rows the record states (None: not checked).
     """
     import pandas as pd
 
-    rows = _csv_rows(path, columns)
-    frame = pd.DataFrame(rows, columns=list(columns), dtype=object)
+    frame = pd.DataFrame(_csv_rows(path, columns, rows), columns=list(columns), dtype=object)
     for column in columns:
         cells = frame[column].astype(str)
         empty = cells == ""
@@ -955,11 +968,13 @@ def empty_events() -> pd.DataFrame:
     return _empty(EVENT_COLUMNS, "event")
 
 
-def read_samples(path: Path) -> pd.DataFrame:
-    """A ``samples-<strategy>.csv``: numbers as float64 (empty cells NaN), ``phase`` as text."""
-    return _read_csv(Path(path), SAMPLE_COLUMNS, "phase")
+def read_samples(path: Path, rows: int | None = None) -> pd.DataFrame:
+    """A ``samples-<strategy>.csv``: numbers as float64 (empty cells NaN), ``phase`` as text; with ``rows`` (the
+    record's ``sample_rows``), exactly that many rows or a :class:`RecordError`."""
+    return _read_csv(Path(path), SAMPLE_COLUMNS, "phase", rows)
 
 
-def read_events(path: Path) -> pd.DataFrame:
-    """An ``events-<strategy>.csv``: numbers as float64 (empty cells NaN), ``event`` as text."""
-    return _read_csv(Path(path), EVENT_COLUMNS, "event")
+def read_events(path: Path, rows: int | None = None) -> pd.DataFrame:
+    """An ``events-<strategy>.csv``: numbers as float64 (empty cells NaN), ``event`` as text; with ``rows`` (the
+    record's ``event_rows``), exactly that many rows or a :class:`RecordError`."""
+    return _read_csv(Path(path), EVENT_COLUMNS, "event", rows)

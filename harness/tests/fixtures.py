@@ -258,6 +258,7 @@ def make_results(
         events = pd.DataFrame(trace.events, columns=list(EVENT_COLUMNS))
         integers = {c: "Int64" for c in EVENT_COLUMNS if c not in ("t_s", "event")}
         events.astype(integers).to_csv(directory / events_file(strategy), index=False)
+        record = record.replace(sample_rows=len(trace.rows), event_rows=len(trace.events))
         metrics = StrategyMetrics.of(strategy, record, run)
         record = record.replace(floor_bytes=metrics.floor_bytes, excess_over_floor=metrics.excess)
         run = run.with_strategy(strategy, record)

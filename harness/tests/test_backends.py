@@ -20,7 +20,7 @@ from harness.engines.registry import BACKENDS, Backend, BackendUnavailable, chec
 from harness.load.strategies import load_map
 from harness.models import SyntheticTransformer, fill_non_persistent
 from harness.plan import Plan, make_plan
-from harness.results.record import ExportRecord
+from harness.results.record import ExportRecord, read_events, read_samples
 from harness.scenario import load_scenario
 from harness.tests.tiny_scenario import tiny_scenario_text
 from harness.worker import measure
@@ -209,6 +209,9 @@ def test_a_copy_builder_takes_no_compiler_step(plan: Plan, tmp_path: Path) -> No
     assert record.phases.export_start_s is None and record.phases.export_end_s is None
     assert all(e.compile_s is None and e.pages_s is not None and e.copy_s is not None for e in record.engines)
     assert "export" not in (tmp_path / "out" / "events-map.csv").read_text()
+    # the record states the rows of both CSVs, which their readers hold the files to
+    assert record.sample_rows == len(read_samples(tmp_path / "out" / "samples-map.csv")) > 0
+    assert record.event_rows == len(read_events(tmp_path / "out" / "events-map.csv")) > 0
 
 
 

@@ -16,6 +16,7 @@ from harness.results.record import (
     SUMMARY,
     RecordError,
     RunRecord,
+    events_file,
     read_samples,
     samples_file,
 )
@@ -155,3 +156,30 @@ def test_round_orders_hold_one_order_per_round(run_dir: Path, repeats: int | Non
     _rewrite(run_dir, data)
     with pytest.raises(RecordError, match=rf"summary.json: round_orders: {re.escape(problem)}$"):
         load_results(run_dir)
+
+
+def _cut_at_a_row(path: Path, rows_kept: int) -> None:
+    """``path`` cut at the end of data row ``rows_kept``: a whole CSV to look at, header and rows complete."""
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:1 + rows_kept]))
+
+
+@pytest.mark.parametrize(("file", "rows"), [(samples_file, "sample_rows"), (events_file, "event_rows")])
+def test_a_csv_cut_at_a_row_boundary_is_refused_by_the_rows_its_record_states(run_dir: Path, file: Any,
+                                                                               rows: str) -> None:
+    stated = _summary(run_dir)["strategies"]["map"][rows]
+    assert stated > 2
+    _cut_at_a_row(run_dir / file("map"), stated - 2)
+    with pytest.raises(RecordError, match=rf"{file('map')}: {stated - 2} data rows, but the strategy's record "
+                                          rf"states {stated} were written \(it was cut short\)$"):
+        load_results(run_dir)
+
+
+def test_a_csv_of_a_layout_before_row_counts_reads_without_the_check(run_dir: Path) -> None:
+    data = _summary(run_dir)
+    data["layout"] = 10
+    for strategy in data["strategies"].values():
+        del strategy["sample_rows"], strategy["event_rows"]
+    _rewrite(run_dir, data)
+    _cut_at_a_row(run_dir / samples_file("map"), 3)
+    assert len(load_results(run_dir).samples["map"]) == 3
