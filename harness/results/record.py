@@ -81,6 +81,11 @@ it is in ``layout``):
     states is refused (one cut exactly at the end of a row reads as a whole CSV otherwise). ``None`` where
     the process wrote no such file or no record (the harness's record of a killed worker), and when reading
     versions 1 to 10: such files are read without the check.
+12. Adds why a reference measurement failed, where one did (it is recorded as failed and the run goes
+    on): per run ``read_ceiling_error`` (the read-ceiling sweep; ``read_ceiling`` is then empty) and
+    ``shared_disk_error`` (the shared disk: ``shared_disk`` holds the times measured before it), and in
+    ``speed`` ``probe_error`` (the read probe: the settings are then chosen as for a checkpoint not
+    probed). ``None`` where it did not fail, and when reading versions 1 to 11.
 
 A later version adds keys (each field says the version that added it, ``since`` in its
 :func:`~harness.results.codec.json_field`) and bumps :data:`LAYOUT_VERSION`; records of
@@ -184,7 +189,7 @@ __all__ = [
     "write_summary",
 ]
 
-LAYOUT_VERSION = 11
+LAYOUT_VERSION = 12
 """The layout this code writes; it reads every version from 1 to this one."""
 
 SUMMARY = "summary.json"
@@ -483,13 +488,16 @@ class ReadProbe(Record):
 @dataclass(frozen=True)
 class SpeedChoice(Record):
     """The prefetch method (``None``: off) and drop-cache setting of the strategies that map, and why each
-    (version 7, :func:`harness.speed.choose_speed`): set by the scenario, or chosen from ``probe``."""
+    (version 7, :func:`harness.speed.choose_speed`): set by the scenario, or chosen from ``probe``;
+    ``probe_error`` says why the probe failed, where it did (version 12)."""
 
     prefetch: str | None
     drop_cache: bool
     prefetch_why: str
     drop_cache_why: str
     probe: ReadProbe | None = None
+    # version 12; plan.json, read at version 1, holds it too, and earlier ones lack it
+    probe_error: str | None = field(default=None, metadata={"absent_until": 11})
 
 
 @dataclass(frozen=True)
@@ -690,6 +698,8 @@ class RunRecord(Record):
     speed: SpeedChoice | None = field(default=None, metadata={"since": 7})
     round_orders: tuple[tuple[str, ...], ...] = field(default=(), metadata={"since": 9})
     shared_disk: tuple[SharedDisk, ...] = field(default=(), metadata={"since": 10})
+    read_ceiling_error: str | None = field(default=None, metadata={"since": 12})
+    shared_disk_error: str | None = field(default=None, metadata={"since": 12})
 
     @property
     def on_gpu(self) -> bool:

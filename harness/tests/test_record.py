@@ -178,6 +178,7 @@ def test_a_csv_cut_at_a_row_boundary_is_refused_by_the_rows_its_record_states(ru
 def test_a_csv_of_a_layout_before_row_counts_reads_without_the_check(run_dir: Path) -> None:
     data = _summary(run_dir)
     data["layout"] = 10
+    del data["read_ceiling_error"], data["shared_disk_error"]  # layout 12's
     for strategy in data["strategies"].values():
         del strategy["sample_rows"], strategy["event_rows"]
     _rewrite(run_dir, data)
