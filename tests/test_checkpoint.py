@@ -7,6 +7,8 @@ import json
 import os
 import socket
 import stat
+import subprocess
+import sys
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,8 @@ from support import returned_or_raised
 from weightmap.checkpoint import INDEX_NAME, Checkpoint, open_checkpoint
 from weightmap.errors import HeaderError, MappingError
 from weightmap.format import TensorSpec, write_checkpoint
+
+ROOT = Path(__file__).resolve().parent.parent
 
 SHARD_1 = "model-00001-of-00002.safetensors"
 SHARD_2 = "model-00002-of-00002.safetensors"
@@ -369,3 +373,53 @@ def test_a_large_real_index_opens_within_the_bound(tmp_path: Path) -> None:
     peak, raised = traced_peak(lambda: open_checkpoint(index))
     assert raised is None, raised
     assert peak <= 64 * 2**20 + 8 * index.stat().st_size + 8 * len(text), peak / 2**20
+
+
+WIDE_INDEX_CHILD = r"""
+import json, sys
+from pathlib import Path
+from weightmap.checkpoint import _load_index
+from weightmap.errors import HeaderError
+
+def status(key):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+base = status("VmRSS")
+try:
+    _load_index(Path(sys.argv[1]))
+    outcome = "parsed"
+except HeaderError as error:
+    outcome = str(error)
+print(json.dumps({"growth": status("VmHWM") - base, "outcome": outcome}))
+"""
+
+
+def test_an_index_of_wide_characters_stays_within_the_bound(tmp_path: Path) -> None:
+    # 94 MB of ASCII names plus one emoji: the decoded text takes 4 bytes a character, not 1.
+    if not sys.platform.startswith("linux"):
+        pytest.skip("reads VmHWM from /proc")
+    index = tmp_path / INDEX_NAME
+    weight_map = {f"model.layers.{i}.self_attn.q_proj.weight": "model-00001-of-00002.safetensors"
+                  for i in range(1_180_000)}
+    index.write_bytes(json.dumps({"metadata": {"note": "\U0001F600"}, "weight_map": weight_map},
+                                 ensure_ascii=False).encode())
+    del weight_map
+    size = index.stat().st_size
+    done = subprocess.run([sys.executable, "-c", WIDE_INDEX_CHILD, str(index)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    assert result["growth"] <= 64 * 2**20 + 8 * size, (result["growth"] / 2**20, result["outcome"][:200])
+    index.unlink()
+
+
+def test_a_nul_in_a_shard_name_is_a_header_error_naming_the_index(tmp_path: Path) -> None:
+    index = write_index(tmp_path / INDEX_NAME, {"w": "model\x00.safetensors"})
+    with pytest.raises(HeaderError, match=r"tensor 'w': shard name .* holds a NUL character") as caught:
+        open_checkpoint(index)
+    assert str(caught.value).startswith(f"{index}: ")

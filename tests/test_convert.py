@@ -224,7 +224,7 @@ def test_cli_convert_errors_are_one_line_and_exit_2(case: str, fp32: tuple[TinyN
     _, source = fp32
     args, expected = {
         "missing": ([str(tmp_path / "nope.safetensors"), str(tmp_path / "o.safetensors")], "nope.safetensors"),
-        "dtype": ([str(source), str(tmp_path / "o.safetensors"), "--dtype", "float99"], "--dtype float99"),
+        "dtype": ([str(source), str(tmp_path / "o.safetensors"), "--dtype", "float99"], "--dtype 'float99'"),
         "directory": ([str(source), str(tmp_path)], "is a directory"),
         "shard-size": ([str(source), str(tmp_path / "d"), "--max-shard-size", "lots"], "--max-shard-size"),
         "not-a-directory": ([str(source), str(source), "--max-shard-size", "1GB"], "is not a directory"),

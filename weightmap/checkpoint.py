@@ -25,6 +25,7 @@ import contextlib
 import json
 import os
 import stat
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 from typing import Any
@@ -201,25 +202,41 @@ def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
-def _parse_cost(raw: bytes) -> int:
+def _parse_cost(raw: bytes, width: int) -> int:
     """An upper bound on the bytes ``json.loads`` spends on ``raw`` (the decoded text included).
 
-    Counted without parsing: every string costs at most :data:`_STRING_COST` bytes beyond
-    its text, every other value (each one follows a ``,``, ``[``, ``{`` or the start)
-    at most :data:`_VALUE_COST`. Quotes, commas and brackets inside strings only make the
-    bound larger. Measured on CPython 3.11: 86 to 125 bytes per string, 7 to 40 per number.
+    ``width`` is the bytes per character of the decoded text (CPython stores a string in 1,
+    2 or 4 bytes per character, by its widest character: one emoji makes the whole text 4).
+    Counted without parsing: the raw bytes, the decoded text, and every string at most
+    :data:`_STRING_COST` bytes beyond its text, every other value (each one follows a ``,``,
+    ``[``, ``{`` or the start) at most :data:`_VALUE_COST`. Quotes, commas and brackets inside
+    strings only make the bound larger. Measured on CPython 3.11: 86 to 125 bytes per
+    string, 7 to 40 per number.
     """
     strings = raw.count(b'"') // 2
     others = raw.count(b",") + raw.count(b"[") + raw.count(b"{") + 1
-    return 2 * len(raw) + _STRING_COST * strings + _VALUE_COST * others
+    return len(raw) + width * len(raw) + _STRING_COST * strings + _VALUE_COST * others
+
+
+def _text_width(text: str) -> int:
+    """Bytes per character CPython stores ``text`` in (1, 2 or 4), read off its size.
+
+    ``getsizeof`` is a fixed header (tens of bytes) plus a byte, 2 or 4 per character; the
+    header is negligible for the texts where the width matters (megabytes).
+    """
+    if text.isascii():
+        return 1
+    per_character = (sys.getsizeof(text) - sys.getsizeof("")) / (len(text) + 1)
+    return 4 if per_character > 2.5 else 2 if per_character > 1.5 else 1
 
 
 def _load_index(index: Path) -> dict[str, Any]:
     """The index JSON as a dict; it must be an object.
 
     Parsing costs at most 64 MiB + 8 x the index's size: an index whose parse would cost
-    more (millions of tiny names or numbers) is refused before it is parsed. Real indexes
-    cost 4 to 6 x their size (names of tens of characters).
+    more (millions of tiny names or numbers, or a text of wide characters) is refused after
+    it is decoded (the raw bytes and the text cost at most 5 x its size) and before it is
+    parsed. Real indexes cost 4 to 6 x their size (names of tens of characters).
     """
     file = open_regular(index)
     try:
@@ -230,16 +247,23 @@ def _load_index(index: Path) -> dict[str, Any]:
         file.close()
     if len(raw) > MAX_HEADER_BYTES:
         raise HeaderError(f"{index}: index file is over {MAX_HEADER_BYTES} bytes")
-    cost, bound = _parse_cost(raw), _INDEX_BASE_COST + _INDEX_COST_FACTOR * len(raw)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise HeaderError(f"{index}: index is not valid UTF-8 JSON ({str(exc)[:200]})") from exc
+    width = _text_width(text)
+    cost, bound = _parse_cost(raw, width), _INDEX_BASE_COST + _INDEX_COST_FACTOR * len(raw)
     if cost > bound:
+        wide = f" (its text takes {width} bytes a character)" if width > 1 else ""
         raise HeaderError(
-            f"{index}: index of {len(raw)} bytes holds too many values for its size: parsing it could cost "
+            f"{index}: index of {len(raw)} bytes holds too many values for its size{wide}: parsing it could cost "
             f"{cost // 2**20} MiB, over the bound of 64 MiB + {_INDEX_COST_FACTOR} x its size "
             f"({bound // 2**20} MiB)"
         )
+    del raw
     try:
-        document = json.loads(raw.decode("utf-8"), object_pairs_hook=_object_without_duplicates)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        document = json.loads(text, object_pairs_hook=_object_without_duplicates)
+    except (ValueError, RecursionError) as exc:
         raise HeaderError(f"{index}: index is not valid UTF-8 JSON ({str(exc)[:200]})") from exc
     if not isinstance(document, dict):
         raise HeaderError(f"{index}: index is not a JSON object")
@@ -256,6 +280,8 @@ def _weight_map(index: Path) -> dict[str, str]:
             raise HeaderError(
                 f"{index}: tensor {name!r}: weight_map value must be a shard file name, got {shard!r}"
             )
+        if "\x00" in shard:
+            raise HeaderError(f"{index}: tensor {name!r}: shard name {shard!r} holds a NUL character")
         relative = PurePath(shard)
         if not shard or relative.is_absolute() or ".." in relative.parts:
             raise HeaderError(

@@ -11,21 +11,25 @@ weight read): ``MODULE`` is an importable module (the current directory is on th
 path) or a ``.py`` file, ``FACTORY`` a name in it (dots reach attributes:
 ``Model.tiny``).
 
-A bad checkpoint, model or destination is one line on stderr, ``error: <file>:
-<what is wrong>``, and exit status 2.
+A bad checkpoint, model, argument or destination is one line on stderr, ``error:
+<file>: <what is wrong>``, and exit status 2 (argparse's own usage errors too).
+Ctrl-C (``SIGINT``) is one line, ``interrupted``, and exit status 130; a conversion
+interrupted leaves its destination as it was.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import json
+import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -45,17 +49,50 @@ class UsageError(Exception):
 
 
 def parse_dtype(text: str) -> torch.dtype:
-    """A dtype from a torch name (``bfloat16``, ``float16``, ``half``...), an alias (``bf16``, ``fp16``,
-    ``fp32``) or a safetensors code (``BF16``, ``F32``)."""
+    """A floating-point dtype from a torch name (``bfloat16``, ``float16``, ``half``...), an alias
+    (``bf16``, ``fp16``, ``fp32``) or a safetensors code (``BF16``, ``F32``); anything else,
+    an integer, boolean or complex dtype included, is a :class:`UsageError`."""
     aliases = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64"}
     name = aliases.get(text.lower(), text)
-    if name in DTYPES:
-        return DTYPES[name]
-    found = getattr(torch, name, None)
-    if isinstance(found, torch.dtype) and found in DTYPE_CODES:
-        return found
+    found = DTYPES.get(name)
+    if found is None and name.isidentifier():
+        attribute = getattr(torch, name, None)
+        found = attribute if isinstance(attribute, torch.dtype) and attribute in DTYPE_CODES else None
     known = ", ".join(sorted({str(d).removeprefix("torch.") for d in DTYPE_CODES if d.is_floating_point}))
-    raise UsageError(f"--dtype {text}: not a dtype safetensors can store; floating-point ones: {known}")
+    if found is None:
+        raise UsageError(f"--dtype {text!r}: not a dtype safetensors can store; floating-point ones: {known}")
+    if not found.is_floating_point:
+        raise UsageError(f"--dtype {text!r}: {found} is not floating-point; floating-point tensors are cast to "
+                         f"it, so it must be one of: {known}")
+    return found
+
+
+class _FactoryExit(Exception):
+    """The model's module or factory tried to end the process."""
+
+
+@contextlib.contextmanager
+def _no_exit(reference: str) -> Iterator[None]:
+    """Turn an attempt of ``--model``'s code to end the process (``sys.exit``, ``os._exit``) into an error.
+
+    ``os._exit`` is replaced while the code runs (a call through the ``os`` module is caught;
+    a copy of the function taken before cannot be).
+    """
+    real_exit = os._exit
+
+    def refuse(status: int) -> NoReturn:
+        raise _FactoryExit(f"os._exit({status})")
+
+    os._exit = refuse
+    try:
+        yield
+    except SystemExit as exc:
+        raise UsageError(f"--model {reference}: the model's code called sys.exit({exc.code!r}) instead of "
+                         "returning a model") from None
+    except _FactoryExit as exc:
+        raise UsageError(f"--model {reference}: the model's code called {exc} instead of returning a model") from None
+    finally:
+        os._exit = real_exit
 
 
 def _import(module: str) -> Any:
@@ -79,7 +116,8 @@ def load_model(reference: str) -> torch.nn.Module | Any:
         raise UsageError(f"--model {reference}: give MODULE:FACTORY, a module and a function in it that builds "
                          "the model (for example mypackage.models:tiny)")
     try:
-        found: Any = _import(module_name)
+        with _no_exit(reference):
+            found: Any = _import(module_name)
     except UsageError:
         raise
     except Exception as exc:
@@ -91,8 +129,10 @@ def load_model(reference: str) -> torch.nn.Module | Any:
     if not callable(found):
         raise UsageError(f"--model {reference}: {factory_name!r} is not callable")
     try:
-        with init_empty_weights():
+        with _no_exit(reference), init_empty_weights():
             model = found()
+    except UsageError:
+        raise
     except Exception as exc:
         raise UsageError(f"--model {reference}: building the model failed: {type(exc).__name__}: {exc}") from exc
     if not isinstance(model, torch.nn.Module) and not is_exported_program(model):
@@ -110,47 +150,62 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _progress_bar(quiet: bool, label: str) -> tuple[Callable[[int, int], None] | None, Callable[[], None]]:
-    """A ``progress(done, total)`` for convert (tqdm where installed, plain lines otherwise) and its closer."""
-    if quiet:
-        return None, lambda: None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        tqdm = None
-    if tqdm is not None:
-        bar = tqdm(unit="B", unit_scale=True, unit_divisor=1024, desc=label, file=sys.stderr, mininterval=0.5)
+class _Progress:
+    """``progress(done, total)`` for convert: a tqdm bar (plain lines without tqdm), made on the first call.
 
-        def update(done: int, total: int) -> None:
-            bar.total = total
-            bar.update(done - bar.n)
+    Nothing is shown before the conversion starts writing (a bad source or destination is
+    one error line); :meth:`close` with ``failed=True`` clears the bar so that the error
+    line stands alone.
+    """
 
-        return update, bar.close
-    state = {"shown": -1}
+    def __init__(self, quiet: bool, label: str) -> None:
+        self._quiet = quiet
+        self._label = label
+        self._bar: Any = None
+        self._shown = -1
 
-    def plain(done: int, total: int) -> None:
-        tenth = done * 10 // total if total else 10
-        if tenth != state["shown"]:
-            state["shown"] = tenth
-            print(f"{label}: {human(done)} of {human(total)}", file=sys.stderr)
+    def __call__(self, done: int, total: int) -> None:
+        if self._quiet:
+            return
+        if self._bar is None:
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                tqdm = None
+            self._bar = False if tqdm is None else tqdm(
+                unit="B", unit_scale=True, unit_divisor=1024, desc=self._label, file=sys.stderr, mininterval=0.5
+            )
+        if self._bar is False:
+            tenth = done * 10 // total if total else 10
+            if tenth != self._shown:
+                self._shown = tenth
+                print(f"{self._label}: {human(done)} of {human(total)}", file=sys.stderr)
+            return
+        self._bar.total = total
+        self._bar.update(done - self._bar.n)
 
-    return plain, lambda: None
+    def close(self, *, failed: bool) -> None:
+        if self._bar:
+            self._bar.leave = not failed
+            self._bar.close()
 
 
 def _convert(args: argparse.Namespace) -> int:
-    dtype = parse_dtype(args.dtype) if args.dtype else None
+    dtype = parse_dtype(args.dtype) if args.dtype is not None else None
     try:
         shard = parse_size(args.max_shard_size) if args.max_shard_size else None
     except ValueError as exc:
         raise UsageError(f"--max-shard-size: {exc}") from exc
     model = load_model(args.model) if args.model else None
-    update, close = _progress_bar(args.quiet, f"writing {Path(args.dst).name}")
+    progress = _Progress(args.quiet, f"writing {Path(args.dst).name}")
     started = time.perf_counter()
     try:
         written = convert_checkpoint(args.src, args.dst, dtype=dtype, model=model, max_shard_size=shard,
-                                     drop_cache=not args.keep_cache, progress=update)
-    finally:
-        close()
+                                     drop_cache=not args.keep_cache, progress=progress)
+    except BaseException:
+        progress.close(failed=True)
+        raise
+    progress.close(failed=False)
     files = [p for p in written if p.suffix == ".safetensors"]
     size = sum(p.stat().st_size for p in files)
     if not args.quiet:
@@ -159,8 +214,15 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are a :class:`UsageError` (one line, exit 2) instead of usage text."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message} (see --help)")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m weightmap", description=__doc__.split("\n\n")[0])
+    parser = _Parser(prog="python -m weightmap", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     inspect = commands.add_parser(
@@ -194,15 +256,24 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (2 for a bad checkpoint, model or argument)."""
-    args = _parser().parse_args(argv)
+    """Run the command line; returns the exit status (2 for a bad checkpoint, model or argument, 130 when
+    interrupted)."""
     try:
+        args = _parser().parse_args(argv)
         status: int = args.run(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
     except (MappingError, UsageError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except OSError as exc:
         where = f"{exc.filename}: " if exc.filename else ""
-        print(f"error: {where}{exc.strerror or exc}", file=sys.stderr)
+        print(f"error: {_one_line(where + str(exc.strerror or exc))}", file=sys.stderr)
         return 2
     return status
+
+
+def _one_line(message: str) -> str:
+    """A message on one line: a strict error's list of problems joined with "; "."""
+    return "; ".join(part.strip() for part in message.splitlines() if part.strip())
