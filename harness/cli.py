@@ -68,7 +68,8 @@ def _parser() -> argparse.ArgumentParser:
                          help="write <base>-vs-<new>.md and <base>-vs-<new>.png here instead of printing")
     compare.add_argument("--fail-on-regression", type=float, default=None, metavar="PCT",
                          help="exit 1 when a regression beyond the noise is larger than PCT percent (memory: "
-                              "of the model; time: of BASE's median; a strategy failing in NEW: always)")
+                              "of the model; time: of BASE's median; a strategy failing in NEW or missing from "
+                              "it: always)")
     return parser
 
 
@@ -155,7 +156,7 @@ def _plot(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from harness.report.comparison import comparison_markdown, write_comparison
+    from harness.report.comparison import UNTIMED, comparison_markdown, write_comparison
     from harness.results.comparison import compare_results
     from harness.results.reading import load_results
 
@@ -173,6 +174,10 @@ def _compare(args: argparse.Namespace) -> int:
     beyond = [r for r in comparison.regressions() if r.exceeds(pct)]
     for regression in beyond:
         print(f"regression: {regression.describe()} (more than {pct:g}%)", file=sys.stderr)
+    untimed = comparison.untimed()
+    if untimed:
+        which = "any strategy" if len(untimed) == len(comparison.strategies) else ", ".join(untimed)
+        print(f"note: {UNTIMED.format(which=which)}", file=sys.stderr)
     return 1 if beyond else 0
 
 

@@ -10,6 +10,7 @@ intervals around 1, and the memory deltas as bars against the noise band.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -28,7 +29,6 @@ from harness.report.text import (
     GIB,
     TableColumn,
     format_gib,
-    format_percent,
     gib_decimals,
     machine_text,
     markdown_table,
@@ -39,7 +39,7 @@ from harness.results.comparison import TIME_RESOLUTION_S, TIMES, Comparison, Mem
 from harness.results.reading import Results
 from harness.results.spread import chance_flag
 
-__all__ = ["comparison_figure", "comparison_markdown", "comparison_name", "write_comparison"]
+__all__ = ["UNTIMED", "comparison_figure", "comparison_markdown", "comparison_name", "write_comparison"]
 
 _UP, _DOWN = "▲", "▼"
 _TIME_COLOURS = {"wall": "#000000", "load": "#E69F00", "build": "#0072B2"}
@@ -89,25 +89,42 @@ def _verdict(comparison: Comparison) -> list[str]:
         if names:
             lines.append(f"- Only in {which}, not compared: {', '.join(names)}.")
     flagged = comparison.flagged()
-    regressions = comparison.regressions()
+    regressions = "; ".join(r.describe() for r in comparison.regressions())
     if not flagged:
-        lines.append("- Nothing moved beyond the noise.")
+        lines.append("- Nothing moved beyond the noise" + (f"; regressions: {regressions}." if regressions else "."))
     else:
         lines.append(f"- {flagged} figure{'s' if flagged != 1 else ''} moved beyond the noise "
-                     f"({_UP} up or slower, {_DOWN} down or faster); regressions: "
-                     + ("; ".join(r.describe() for r in regressions) if regressions else "none") + ".")
+                     f"({_UP} up or slower, {_DOWN} down or faster); regressions: {regressions or 'none'}.")
+    untimed = comparison.untimed()
+    if untimed:
+        which = "any strategy" if len(untimed) == len(comparison.strategies) else ", ".join(untimed)
+        lines.append(f"- {UNTIMED.format(which=which)}")
     return lines
+
+
+UNTIMED = ("Time regressions cannot be marked for {which}: one round in BASE or in NEW gives a time no interval, "
+           "so no change of time is marked, however large; run both with [run] repeats = 3 or more to compare "
+           "times.")
+"""What the report (and ``compare --fail-on-regression``) says where a strategy has one round on a side."""
 
 
 def _mark(up: bool) -> str:
     return f" {_UP}" if up else f" {_DOWN}"
 
 
+def _signed(value: float, decimals: int) -> str:
+    """``value`` with its sign (``+1.25``, ``−0.40``) to ``decimals`` places; one that shows as zero has none
+    (``0.00``), whichever side of zero it was."""
+    text = f"{value:+.{decimals}f}"
+    if float(text) == 0:
+        return f"{0:.{decimals}f}"
+    return text.replace("-", "−")
+
+
 def _memory_cell(delta: MemoryDelta, decimals: int) -> str:
-    if delta.delta_bytes is None:
+    if delta.delta_bytes is None or delta.delta_fraction is None:
         return DASH
-    gib = f"{delta.delta_bytes / GIB:+.{decimals}f}".replace("-", "−")
-    text = f"{gib} GiB, {format_percent(delta.delta_fraction)}"
+    text = f"{_signed(delta.delta_bytes / GIB, decimals)} GiB, {_signed(delta.delta_fraction * 100, 1)}%"
     return text + (_mark(delta.delta_bytes > 0) if delta.flagged else "")
 
 
@@ -125,16 +142,25 @@ def _memory_table(comparison: Comparison) -> list[str]:
     return markdown_table(columns, comparison.strategies)
 
 
-def _seconds(value: float) -> str:
-    """Three significant digits (``0.0215``, ``10.9``), whole seconds from 1000 s."""
-    return f"{value:.0f}" if value >= 1000 else f"{value:.3g}"
+def _seconds(*values: float) -> list[str]:
+    """``values`` to the same decimal places, so that they read against each other: three significant digits
+    of the largest, less the trailing zeros they all have (``18.0 → 19.2``, ``0.023 → 0.020``, ``10 → 20``);
+    whole seconds from 100 s (``99 → 120``)."""
+    largest = max((abs(v) for v in values), default=0.0)
+    decimals = 0 if largest >= 100 or largest == 0 else min(6, 2 - math.floor(math.log10(largest)))
+    texts = [f"{v:.{decimals}f}" for v in values]
+    while decimals and all(t.endswith("0") for t in texts):
+        decimals -= 1
+        texts = [t[:-1].rstrip(".") if decimals == 0 else t[:-1] for t in texts]
+    return texts
 
 
 def _time_cell(ratio: TimeRatio) -> str:
     r = ratio.ratio
     if r is None:
         return DASH
-    text = f"{_seconds(r.base.median)} → {_seconds(r.new.median)} s: {r.value:.2f}×"
+    base, new = _seconds(r.base.median, r.new.median)
+    text = f"{base} → {new} s: {r.value:.2f}×"
     if r.low is not None and r.high is not None:
         text += f" [{r.low:.2f}, {r.high:.2f}]"
     return text + (_mark(r.value > 1) if ratio.flagged else "")

@@ -130,12 +130,16 @@ def disk_observation(run: Results) -> list[str]:
         return []
     model = run.record.model.bytes
     read_s = disk.read_s(model)
-    reads = f"{disk.reads} cold sequential reads" if disk.reads > 1 else "a cold sequential read"
-    text = (f"- **disk**: {reads} of the {format_gib(disk.bytes)} checkpoint (`read()` into a reused buffer, "
-            f"one before each round of strategies): median {disk.median_bytes_per_s / 1e6:.0f} MB/s "
-            f"({disk.min_bytes_per_s / 1e6:.0f}–{disk.max_bytes_per_s / 1e6:.0f}), "
-            f"{disk.median_cpu_seconds:.1f} CPU-s per read; reading the model once at that rate takes "
-            f"{format_seconds(read_s)}.")
+    if disk.reads > 1:
+        reads = (f"{disk.reads} cold sequential reads of the {format_gib(disk.bytes)} checkpoint (`read()` into a "
+                 f"reused buffer, one before each round of strategies): median {disk.median_bytes_per_s / 1e6:.0f} "
+                 f"MB/s ({disk.min_bytes_per_s / 1e6:.0f}–{disk.max_bytes_per_s / 1e6:.0f}), "
+                 f"{disk.median_cpu_seconds:.1f} CPU-s per read")
+    else:  # one read: no median, no range
+        reads = (f"a cold sequential read of the {format_gib(disk.bytes)} checkpoint (`read()` into a reused "
+                 f"buffer, before the strategies ran): {disk.median_bytes_per_s / 1e6:.0f} MB/s, "
+                 f"{disk.median_cpu_seconds:.1f} CPU-s")
+    text = f"- **disk**: {reads}; reading the model once at that rate takes {format_seconds(read_s)}."
     lines = [text]
     for s in run.metrics.values():
         rounds = strategy_rounds(s)

@@ -13,8 +13,11 @@
 A memory delta is *flagged* when it is larger than the strategy's noise (:func:`memory_noise`); a time
 when its interval excludes 1 and its median moved by at least :data:`TIME_RESOLUTION_S`. A
 *regression* is a flagged rise of memory (the floor excepted: it is the plan's, baseline + engines,
-not the strategy's doing) or a flagged slow-down, or a strategy that finished in BASE and failed in
-NEW.
+not the strategy's doing) or a flagged slow-down; and, at any threshold, a strategy of BASE that NEW
+failed or did not run: NEW has no figure to show that it did not regress.
+
+A time of a strategy with one round on either side has no interval, so it is never flagged however it
+moved: :meth:`Comparison.untimed` names those strategies, and the report says so.
 """
 
 from __future__ import annotations
@@ -125,7 +128,7 @@ class TimeRatio:
 @dataclass(frozen=True)
 class Regression:
     """A flagged regression: where, and how large (a share of BASE's model or of BASE's time; ``inf`` for a
-    strategy that failed in NEW only)."""
+    strategy that failed in NEW or is missing from it: larger than any threshold)."""
 
     strategy: str
     figure: str
@@ -137,10 +140,18 @@ class Regression:
 
     def describe(self) -> str:
         """``map: wall +27.3% of BASE`` in words."""
-        if self.figure == "status":
-            return f"{self.strategy}: finished in BASE, failed in NEW"
+        if self.figure in _OUTCOMES:
+            return f"{self.strategy}: {_OUTCOMES[self.figure]}"
         unit = "of the model" if self.figure not in TIMES else "of BASE"
         return f"{self.strategy}: {self.figure} {self.size:+.1%} {unit}"
+
+
+_OUTCOMES = {
+    "status": "finished in BASE, failed in NEW",
+    "failed": "failed in NEW, as in BASE",
+    "missing": "ran in BASE, missing from NEW",
+}
+"""The :attr:`Regression.figure` of a strategy NEW has no figures for, and its words."""
 
 
 @dataclass(frozen=True)
@@ -157,16 +168,22 @@ class StrategyComparison:
 
     @property
     def failed_in_new(self) -> bool:
-        """Finished in BASE, failed in NEW."""
-        return self.base.record.ok and not self.new.record.ok
+        """Failed in NEW (whether or not it finished in BASE)."""
+        return not self.new.record.ok
+
+    @property
+    def one_round(self) -> bool:
+        """Whether a time of it has a ratio without an interval (one round on a side): never flagged."""
+        return any(t.ratio is not None and t.ratio.low is None for t in self.times)
 
     def time(self, name: str) -> TimeRatio:
         """The ratio of time ``name`` (one of :data:`TIMES`)."""
         return next(t for t in self.times if t.time == name)
 
     def regressions(self) -> list[Regression]:
-        """Its flagged regressions."""
-        found = [Regression(self.name, "status", float("inf"))] if self.failed_in_new else []
+        """Its flagged regressions; failing in NEW is one whatever its size."""
+        status = "status" if self.base.record.ok else "failed"
+        found = [Regression(self.name, status, float("inf"))] if self.failed_in_new else []
         found += [Regression(self.name, d.label, d.delta_fraction) for d in self.memory
                   if d.regression and d.delta_fraction is not None]
         found += [Regression(self.name, t.time, t.ratio.value - 1.0) for t in self.times
@@ -194,13 +211,20 @@ class Comparison:
         return self.base.gpu_measured or self.new.gpu_measured
 
     def regressions(self) -> list[Regression]:
-        """Every flagged regression, strategy by strategy."""
-        return [r for s in self.strategies for r in s.regressions()]
+        """Every flagged regression, strategy by strategy, then each strategy of BASE missing from NEW."""
+        return ([r for s in self.strategies for r in s.regressions()]
+                + [Regression(name, "missing", float("inf")) for name in self.only_base])
 
     def flagged(self) -> int:
-        """How many figures moved beyond the noise, either way (a strategy failing in NEW included)."""
-        return sum(s.failed_in_new + sum(d.flagged for d in s.memory) + sum(t.flagged for t in s.times)
-                   for s in self.strategies)
+        """How many figures moved beyond the noise, either way (a strategy that finished in BASE and failed in
+        NEW included)."""
+        return sum((s.failed_in_new and s.base.record.ok) + sum(d.flagged for d in s.memory)
+                   + sum(t.flagged for t in s.times) for s in self.strategies)
+
+    def untimed(self) -> list[str]:
+        """The strategies whose times cannot be flagged, having one round in BASE or in NEW
+        (:attr:`StrategyComparison.one_round`)."""
+        return [s.name for s in self.strategies if s.one_round]
 
 
 def memory_noise(base: StrategyMetrics, new: StrategyMetrics, model_bytes: int) -> tuple[float, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -249,3 +250,79 @@ def test_every_recorded_run_compares_with_itself(directory: Path) -> None:
             assert time.ratio is None or time.ratio.value == 1.0
         assert all(d.delta_bytes in (0, None) for d in strategy.memory)
     assert "Nothing moved beyond the noise." in comparison_markdown(comparison)
+
+
+def _drop(strategy: str) -> Callable[[dict[str, Any]], None]:
+    def edit(summary: dict[str, Any]) -> None:
+        del summary["strategies"][strategy]
+    return edit
+
+
+def _fail(strategy: str) -> Callable[[dict[str, Any]], None]:
+    def edit(summary: dict[str, Any]) -> None:
+        summary["strategies"][strategy].update(status="failed", error="MemoryError: engine 2")
+        for repeat in summary["strategies"][strategy]["repeats"]:
+            repeat.update(status="failed", error="MemoryError: engine 2")
+    return edit
+
+
+def test_a_strategy_missing_from_new_is_a_regression_at_any_threshold(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    new = _copy(tmp_path, "smoke", "smoke-fewer", _drop("stream"))
+    code, out, err = _run(capsys, RESULTS / "smoke", new, "--fail-on-regression", "0")
+    assert code == 1
+    assert "regression: stream: ran in BASE, missing from NEW (more than 0%)" in err
+    assert "regressions: stream: ran in BASE, missing from NEW." in out
+    # a strategy NEW ran that BASE did not is no regression
+    assert _run(capsys, new, RESULTS / "smoke", "--fail-on-regression", "0")[0] == 0
+
+
+def test_a_strategy_failed_in_new_is_a_regression_even_where_it_failed_in_base(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = _copy(tmp_path, "smoke", "smoke-failed", _fail("load"))
+    new = _copy(tmp_path, "smoke", "smoke-failed-again", _fail("load"))
+    code, _, err = _run(capsys, base, new, "--fail-on-regression", "0")
+    assert code == 1
+    assert "regression: load: failed in NEW, as in BASE (more than 0%)" in err
+    assert _run(capsys, new, RESULTS / "smoke", "--fail-on-regression", "0")[0] == 0  # failed in BASE only
+
+
+def test_a_single_round_comparison_says_it_cannot_mark_times(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    base = _copy(tmp_path, "smoke-compile", "once")
+    new = _copy(tmp_path, "smoke-compile", "once-slower", _slower(3.0))
+    comparison = compare_results(load_results(base), load_results(new))
+    assert comparison.untimed() == [s.name for s in comparison.strategies]
+    assert not any(t.flagged for s in comparison.strategies for t in s.times)  # three times as slow, unmarked
+    code, out, err = _run(capsys, base, new, "--fail-on-regression", "0")
+    assert code == 0
+    assert ("- Time regressions cannot be marked for any strategy: one round in BASE or in NEW gives a time no "
+            "interval") in out
+    assert err.startswith("note: Time regressions cannot be marked for any strategy")
+    many = compare_results(load_results(RESULTS / "smoke"), load_results(RESULTS / "smoke"))
+    assert many.untimed() == [] and "cannot be marked" not in comparison_markdown(many)
+
+
+def test_a_delta_that_shows_as_zero_has_no_sign(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def lower(summary: dict[str, Any]) -> None:
+        summary["strategies"]["map"]["build_peak_bytes"] -= 1000  # far below 0.005 GiB and 0.05% of the model
+
+    new = _copy(tmp_path, "smoke", "smoke-lower", _then(_same_peaks, lower))
+    _, out, _ = _run(capsys, _copy(tmp_path, "smoke", "smoke-same", _same_peaks), new)
+    row = next(line for line in out.splitlines() if line.startswith("| map") and " GiB, " in line)
+    assert "−0.0" not in row and "-0.0" not in row
+    assert re.fullmatch(r"0\.0+ GiB, 0\.0%", row.split("|")[2].strip())
+
+
+@pytest.mark.parametrize(("base", "new", "shown"), [
+    (18.0, 19.2, "18.0 → 19.2 s"),
+    (0.023, 0.02, "0.023 → 0.020 s"),
+    (10.0, 20.0, "10 → 20 s"),
+    (95.0, 1250.0, "95 → 1250 s"),
+])
+def test_the_two_medians_of_a_time_have_the_same_decimals(base: float, new: float, shown: str) -> None:
+    from harness.report.comparison import _time_cell
+    from harness.results.comparison import TimeRatio
+    from harness.results.spread import ratio_of_medians
+
+    assert _time_cell(TimeRatio("wall", ratio_of_medians([base], [new]))).startswith(f"{shown}: ")
