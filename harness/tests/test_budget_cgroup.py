@@ -110,7 +110,7 @@ def test_a_timeout_stops_the_command(controller, no_leftovers) -> None:
     attempt = run_in_group(["sleep", "60"], 64 * MIB, 0.5, controller=controller, name_prefix=PREFIX)
     assert not attempt.completed
     assert attempt.reason is not None and "timeout" in attempt.reason
-    assert attempt.wall_s < 10
+    assert attempt.returncode == -9  # SIGKILL at the timeout: a sleep left to its end exits 0
 
 
 def test_a_failing_command_is_recorded_with_its_status_and_last_words(controller, no_leftovers) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,10 +42,47 @@ def test_each_point_reads_a_part_of_its_own_and_leaves_the_files_cold(shards: li
     assert best is not None and best.bytes_per_s == max(p.bytes_per_s for p in points)
 
 
-def test_a_point_stops_at_its_time(shards: list[Path]) -> None:
+class _TimedReads:
+    """``os`` and ``time`` for the sweep: each ``preadv`` takes ``read_s`` of a clock that moves only then."""
+
+    def __init__(self, read_s: float) -> None:
+        self.read_s = read_s
+        self.now = 0.0
+        self.reads = 0
+        self._lock = threading.Lock()
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def preadv(self, fd: int, buffers: list[memoryview], offset: int) -> int:
+        with self._lock:
+            self.reads += 1
+            self.now += self.read_s
+        return os.preadv(fd, buffers, offset)
+
+    def __getattr__(self, name: str) -> Any:  # the rest of ``os``
+        return getattr(os, name)
+
+
+@pytest.fixture
+def timed_reads(monkeypatch: pytest.MonkeyPatch) -> _TimedReads:
+    clock = _TimedReads(read_s=0.001)
+    monkeypatch.setattr("harness.measure.ceiling.os", clock)
+    monkeypatch.setattr("harness.measure.ceiling.time", clock)
+    return clock
+
+
+def test_a_point_stops_at_its_time(shards: list[Path], timed_reads: _TimedReads) -> None:
     (point,) = read_ceiling(shards, threads=(1,), requests=(4096,), point_s=0.005)
-    assert 0 < point.bytes < 2 * SIZE  # 4 KiB reads of 48 MiB take far longer than 5 ms
-    assert point.seconds < 5.0
+    # 1 ms a read: the fifth reaches 5 ms and is the last, of the more than 12,000 the point's part holds
+    assert timed_reads.reads == 5
+    assert point.bytes == 5 * 4096 and point.seconds == 0.005
+
+
+def test_each_reader_makes_one_request_however_late_it_starts(shards: list[Path], timed_reads: _TimedReads) -> None:
+    (point,) = read_ceiling(shards, threads=(3,), requests=(4096,), point_s=1e-6)
+    assert timed_reads.reads == 3  # the first read passes the time: each reader stops after its one
+    assert point.bytes == 3 * 4096
 
 
 def test_bad_settings_and_missing_files_are_refused(tmp_path: Path, shards: list[Path]) -> None:

@@ -313,38 +313,62 @@ def test_visible_devices_select_the_nvml_device(monkeypatch: pytest.MonkeyPatch)
 # -- what reading residency may cost ---------------------------------------------------------
 
 
-class _SlowResidency:
-    """A residency reader that takes ``cost_s`` per read, as cachestat does on a large cached file."""
+class _Clock:
+    """``time`` for the sampler: a monotonic clock that moves only when told to."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+class _CostlyResidency:
+    """A residency reader each of whose reads takes ``cost_s`` of ``clock``, as cachestat takes time
+    on a large cached file; ``reads`` holds the clock at the start of each."""
 
     cost_s = 0.02
+    clock = _Clock()
+    made: list[_CostlyResidency] = []
 
     def __init__(self, files: Sequence[Path]) -> None:
-        self.reads = 0
+        self.reads: list[float] = []
+        self.made.append(self)
 
     def resident_bytes(self) -> int:
-        self.reads += 1
-        time.sleep(self.cost_s)
-        return 4096 * self.reads
+        self.reads.append(self.clock.now)
+        self.clock.now += self.cost_s
+        return 4096 * len(self.reads)
 
     def close(self) -> None:
         pass
 
 
 def test_reading_residency_stays_within_its_budget(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr("harness.measure.sampler.FileResidency", _SlowResidency)
-    sampler = Sampler(interval_s=0.005, files=[tmp_path / "ckpt"], residency_every=1, residency_budget=0.1)
+    clock = _Clock()
+    monkeypatch.setattr(_CostlyResidency, "clock", clock)
+    monkeypatch.setattr(_CostlyResidency, "made", [])
+    monkeypatch.setattr("harness.measure.sampler.time", clock)
+    monkeypatch.setattr("harness.measure.sampler.FileResidency", _CostlyResidency)
+    budget = 0.1
+    sampler = Sampler(interval_s=0.005, files=[tmp_path / "ckpt"], residency_every=1, residency_budget=budget)
     sampler.start()
-    started = time.monotonic()
-    for _ in range(20):  # marks on the measured thread are throttled too
-        time.sleep(0.05)
+    for _ in range(20):  # 50 ms of the sampler's clock each, with a mark: marks are throttled too
+        clock.now += 0.05
+        time.sleep(0.01)  # the thread, polling every 5 ms, samples at the new time
         sampler.mark(engine=1)
     sampler.stop()
-    elapsed = time.monotonic() - started
-    # Unthrottled: a read every 5 ms sample and every mark, 20 ms each, would take all of the time.
-    assert sampler.residency_s <= 0.1 * elapsed + 2 * _SlowResidency.cost_s + 0.03  # + start's and stop's reads
-    assert sampler.residency_reads >= 3  # it still reads, less often
+    (residency,) = _CostlyResidency.made
+    reads = residency.reads
+    assert sampler.residency_reads == len(reads)
+    assert sampler.residency_s >= len(reads) * _CostlyResidency.cost_s - 1e-9
+    # start reads first and stop last, whatever the budget; every read in between came at least
+    # cost / budget after the one before (unthrottled: at every sample and every mark).
+    gaps = [later - earlier for earlier, later in zip(reads[:-2], reads[1:-1], strict=True)]
+    assert all(gap >= _CostlyResidency.cost_s / budget - 1e-9 for gap in gaps), gaps
+    assert len(reads) >= 3  # it still reads, less often: start's, at least one in between, stop's
     resident = [row[4] for row in sampler.rows()]  # the resident_bytes column
-    assert resident[-1] == 4096 * sampler.residency_reads  # stop reads it
+    assert resident[-1] == 4096 * len(reads)  # stop reads it
 
 
 def test_residency_budget_must_be_a_fraction() -> None:
