@@ -64,8 +64,6 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-import psutil
-
 from harness.errors import HarnessError, OutputError
 from harness.measure import machine
 from harness.measure.ceiling import read_ceiling
@@ -202,9 +200,12 @@ def watch(
     poll_s: float = 0.05,
     stop: _Stop | None = None,
 ) -> Outcome:
-    """Run ``command``, killing it when its RSS passes ``limit_bytes`` or it outlives ``timeout_s``.
+    """Run ``command``, killing it and every process it started when together they hold more than
+    ``limit_bytes``, or when it outlives ``timeout_s``.
 
-    With ``stop``, a signal it caught ends the process and raises :class:`RunInterrupted`.
+    What they hold is their summed PSS (:mod:`harness.measure.proctree`: each page shared among them counted
+    once), read where their summed RSS passes the limit; ``peak_rss_bytes`` is the command's own largest
+    RSS. With ``stop``, a signal it caught ends the process and raises :class:`RunInterrupted`.
     """
     with stop.deferred() if stop is not None else contextlib.nullcontext():
         return _watch(command, limit_bytes, timeout_s, poll_s, stop)
@@ -212,31 +213,32 @@ def watch(
 
 def _watch(command: Sequence[str], limit_bytes: int | None, timeout_s: float, poll_s: float,
            stop: _Stop | None) -> Outcome:
+    from harness.measure.proctree import kill_tree, read_tree
+
     process = subprocess.Popen(list(command), stderr=subprocess.PIPE, preexec_fn=die_with_parent,  # noqa: PLW1509
                                start_new_session=True)
     tail: collections.deque[str] = collections.deque(maxlen=40)
     assert process.stderr is not None
     pump = threading.Thread(target=_pump, args=(process.stderr, tail), daemon=True)
     pump.start()
-    handle = psutil.Process(process.pid)
     started, peak, reason = time.monotonic(), 0, None
     while process.poll() is None:
         if stop is not None and stop.signum is not None:
             _stop_process(process)
             pump.join(timeout=5)
             raise stop.interrupted("; the running strategy's process was stopped")
-        try:
-            rss = handle.memory_info().rss
-        except psutil.Error:
-            rss = 0
-        peak = max(peak, rss)
-        if limit_bytes is not None and rss > limit_bytes:
-            reason = (f"stopped by the harness: RSS {rss / GIB:.2f} GiB passed the scenario's memory limit "
-                      f"of {limit_bytes / GIB:.2f} GiB")
-            process.kill()
+        tree = read_tree(process.pid, exact_over=limit_bytes)
+        peak = max(peak, tree.rss_bytes)
+        if limit_bytes is not None and tree.over(limit_bytes):
+            held = tree.pss_sum_bytes if tree.pss_sum_bytes is not None else tree.rss_sum_bytes
+            who = (f"the worker and the {tree.started} process{'es' if tree.started > 1 else ''} it started held "
+                   f"{held / GIB:.2f} GiB (PSS summed)" if tree.started else f"the worker held {held / GIB:.2f} GiB "
+                   "(PSS)")
+            reason = f"stopped by the harness: {who}, past the scenario's memory limit of {limit_bytes / GIB:.2f} GiB"
+            kill_tree(process.pid, tree.pids[1:])
         elif time.monotonic() - started > timeout_s:
             reason = f"stopped by the harness: still running after the scenario's timeout of {timeout_s:.0f} s"
-            process.kill()
+            kill_tree(process.pid, tree.pids[1:])
         time.sleep(poll_s)
     pump.join(timeout=5)
     code = process.returncode
