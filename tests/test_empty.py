@@ -20,6 +20,8 @@ from weightmap import (
     save_weights_for_mapping,
 )
 
+ORIGINAL_REGISTER_PARAMETER = nn.Module.register_parameter
+
 
 class Rotary(nn.Module):
     """Rotary position embedding as Llama-style models have it: frequencies computed in __init__, never saved."""
@@ -302,3 +304,70 @@ def test_preview_says_what_map_weights_would_do_and_changes_nothing(tmp_path: Pa
     mapped = map_weights(model, path)
     assert sorted(mapped.mapped) == sorted(preview.mapped) and mapped.nbytes == preview.nbytes
     assert mapped.still_meta == preview.still_meta
+
+
+def test_the_innermost_block_decides_whether_buffers_are_real() -> None:
+    class WithBuffer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+            self.register_buffer("ids", torch.arange(3), persistent=False)
+
+    with init_empty_weights(include_buffers=True):
+        outer = WithBuffer()
+        with init_empty_weights():
+            inner = WithBuffer()
+        after = WithBuffer()
+    assert outer.ids.device.type == "meta" and after.ids.device.type == "meta"
+    assert inner.ids.device.type == "cpu" and torch.equal(inner.ids, torch.arange(3))
+    assert inner.lin.weight.device.type == "meta"
+    assert torch.arange(2).device.type == "cpu"
+
+
+def test_lazy_modules_are_built_and_run() -> None:
+    with init_empty_weights():
+        lazy = nn.LazyLinear(4)
+    assert isinstance(lazy.weight, nn.parameter.UninitializedParameter)
+    assert lazy(torch.ones(2, 3)).shape == (2, 4)  # materialised on first use, outside the block
+
+
+def test_a_storage_tie_stays_one_tensor_after_mapping(tmp_path: Path) -> None:
+    class StorageTied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(4, 4, bias=False)
+            self.b = nn.Linear(4, 4, bias=False)
+            self.b.weight = nn.Parameter(self.a.weight.data)  # another object on the same storage
+
+    reference = seeded(StorageTied())
+    assert reference.b.weight.untyped_storage().data_ptr() == reference.a.weight.untyped_storage().data_ptr()
+    path = save_weights_for_mapping(reference, tmp_path / "tied.safetensors")
+    with init_empty_weights():
+        model = StorageTied()
+    mapped = map_weights(model, path, strict=True)
+    assert sorted(mapped.mapped) == ["a.weight", "b.weight"]
+    assert model.b.weight.data_ptr() == model.a.weight.data_ptr()
+    assert torch.equal(model.b.weight, reference.a.weight)
+    real = StorageTied()
+    map_weights(real, path, strict=True)
+    assert real.b.weight.data_ptr() == real.a.weight.data_ptr()  # real objects share the view again
+
+
+@pytest.mark.parametrize("include_buffers", [False, True])
+def test_a_block_closed_on_another_thread_leaves_nothing_on(include_buffers: bool) -> None:
+    block = init_empty_weights(include_buffers=include_buffers)
+    block.__enter__()
+    errors: list[BaseException] = []
+
+    def close() -> None:
+        try:
+            block.__exit__(None, None, None)
+        except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
+            errors.append(exc)
+
+    closer = threading.Thread(target=close)
+    closer.start()
+    closer.join()
+    assert errors == []
+    assert nn.Linear(2, 2).weight.device.type == "cpu" and torch.arange(2).device.type == "cpu"
+    assert nn.Module.register_parameter is ORIGINAL_REGISTER_PARAMETER

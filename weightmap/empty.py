@@ -28,8 +28,12 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import torch
+from torch.nn.parameter import UninitializedParameter
+from torch.overrides import TorchFunctionMode
+from torch.utils._device import _device_constructors
 from torch.utils.weak import WeakIdKeyDictionary
 
 __all__ = ["init_empty_weights"]
@@ -50,18 +54,24 @@ _state = _ThreadState()
 
 
 class _Context:
-    """One open ``init_empty_weights`` block: what it moves, and the meta copies it made (for ties)."""
+    """One open ``init_empty_weights`` block: what it moves, and the meta copies it made (for ties).
+
+    ``stack`` is the opening thread's stack of blocks (the block removes itself from it, on
+    whichever thread it ends); ``thread`` the opening thread.
+    """
 
     def __init__(self, include_buffers: bool) -> None:
         self.include_buffers = include_buffers
+        self.stack = _state.stack
+        self.thread = threading.get_ident()
         # The real tensor -> its meta copy. Weak keys: a real parameter nobody else holds
         # (nn.Linear's ``torch.empty``) is freed at once, so building never holds a model's
         # worth of real memory.
         self.copies: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
     def meta_parameter(self, param: torch.nn.Parameter) -> torch.nn.Parameter:
-        if param.device.type == "meta":
-            return param
+        if param.device.type == "meta" or isinstance(param, UninitializedParameter):
+            return param  # on meta already, or a lazy module's parameter: it has no data yet
         copy = self.copies.get(param)
         if copy is None:
             data = param.detach().to("meta")
@@ -148,7 +158,12 @@ def init_empty_weights(include_buffers: bool = False) -> Iterator[None]:
       ``reset_parameters`` that runs after registration costs nothing.
     * Only this thread is affected: ``torch.nn.Module.register_parameter`` and
       ``register_buffer`` are wrapped while any block is open, and the wrappers do
-      nothing on threads without one. Blocks nest; the innermost decides.
+      nothing on threads without one. Blocks nest; the innermost decides: an
+      ``include_buffers=False`` block inside an ``include_buffers=True`` one makes
+      buffers and tensors real again (on the default device).
+      A block may be closed on another thread than the one that opened it.
+    * Lazy modules' parameters (``nn.LazyLinear``: ``UninitializedParameter``) have
+      no data until the module first runs; they are registered as they are.
     * Tensors put straight into ``module._parameters`` (not through
       ``register_parameter``) are not seen, and stay real.
 
@@ -161,10 +176,34 @@ def init_empty_weights(include_buffers: bool = False) -> Iterator[None]:
     """
     context = _Context(include_buffers)
     _install()
-    _state.stack.append(context)
+    context.stack.append(context)
+    mode = _MetaTensors() if include_buffers else None
+    if mode is not None:
+        mode.__enter__()
     try:
-        with torch.device("meta") if include_buffers else contextlib.nullcontext():
-            yield
+        yield
     finally:
-        _state.stack.pop()
+        # Removed from the stack of the thread that opened it, even when another thread
+        # closes it (a generator or a coroutine resumed elsewhere).
+        for i in range(len(context.stack) - 1, -1, -1):
+            if context.stack[i] is context:
+                del context.stack[i]
+                break
         _uninstall()
+        # torch's mode stack is per thread: closed on another thread, the mode stays on the
+        # opening thread's stack, where it does nothing once no include_buffers block is open.
+        if mode is not None and threading.get_ident() == context.thread:
+            mode.__exit__(None, None, None)
+
+
+class _MetaTensors(TorchFunctionMode):
+    """Creates tensors on meta (as ``torch.device("meta")`` does) while the innermost open block on
+    this thread has ``include_buffers=True``; does nothing otherwise."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        context = _current()
+        if context is not None and context.include_buffers and kwargs.get("device") is None \
+                and func in _device_constructors():
+            kwargs["device"] = "meta"
+        return func(*args, **kwargs)

@@ -191,7 +191,8 @@ def _unreplaceable(tensor: torch.Tensor) -> str | None:
 
 def _check_replaceable(plan: _Plan) -> None:
     assert plan.entry is not None and plan.header is not None
-    reason = _unreplaceable(plan.target.tensor)
+    reasons = [_unreplaceable(tensor) for tensor in plan.target.objects]
+    reason = next((r for r in reasons if r is not None), None)
     if reason is not None:
         raise MappingError(
             f"{plan.header.path}: tensor {plan.entry.name!r} (model name {plan.target.names[0]!r}): "
@@ -327,14 +328,21 @@ def _assign(target: Target, new: torch.Tensor) -> Callable[[], None]:
     """Put ``new`` where the target's tensor is; returns what puts the old one back."""
     old = target.tensor
     if old.device.type != "meta":
-        previous = old.data
+        objects = target.objects  # a storage tie: every object gets the view, so they share it again
+        previous = [tensor.data for tensor in objects]
 
         def restore_data() -> None:
             with torch.no_grad():
-                old.data = previous
+                for tensor, data in zip(objects, previous, strict=True):
+                    tensor.data = data
 
-        with torch.no_grad():
-            old.data = new
+        try:
+            with torch.no_grad():
+                for tensor in objects:
+                    tensor.data = new
+        except BaseException:
+            restore_data()
+            raise
         return restore_data
     replacement: torch.Tensor = new
     if isinstance(old, torch.nn.Parameter):
