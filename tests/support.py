@@ -5,8 +5,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shutil
+import subprocess
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -125,3 +128,18 @@ def returned_or_raised(call: Callable[[], object], fifo: Path, what: str, second
         thread.join(seconds)
         pytest.fail(f"{what} blocked on the named pipe {fifo}")
     return outcome[0]
+
+
+@contextlib.contextmanager
+def tmpfs(where: Path, options: str) -> Iterator[Path]:
+    """A small tmpfs mounted at ``where``; skips the test where mounting is not allowed."""
+    where.mkdir()
+    if not sys.platform.startswith("linux") or shutil.which("mount") is None:
+        pytest.skip("needs Linux's mount")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)

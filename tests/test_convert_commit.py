@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
+from support import tmpfs
 
 from weightmap import MappingError, convert_checkpoint, inspect_checkpoint, save_weights_for_mapping
 from weightmap.checkpoint import INDEX_NAME, open_checkpoint
@@ -235,3 +236,18 @@ def test_a_zero_element_tensor_of_huge_shape_converts(tmp_path: Path) -> None:
     convert_checkpoint(source, out, dtype=torch.bfloat16)
     entry = open_checkpoint(out).entries["empty"][1]
     assert entry.shape == (0, 2**62, 2**62) and entry.dtype == torch.bfloat16  # F32 is floating: cast
+
+
+def test_a_full_disk_leaves_the_earlier_checkpoint_and_nothing_else(tmp_path: Path) -> None:
+    source = tmp_path / "big.safetensors"
+    save_file({f"t{i}": torch.ones(64, 1024) for i in range(8)}, str(source))  # 2 MiB of float32
+    with tmpfs(tmp_path / "small", "size=1536k") as small:
+        folder = small / "ckpt"
+        folder.mkdir()
+        save_file(tensors(0), str(folder / "model.safetensors"))
+        before = {name: (folder / name).read_bytes() for name in listing(folder)}
+        with pytest.raises(OSError) as caught:
+            convert_checkpoint(source, folder, max_shard_size=256 * 1024)
+        assert caught.value.errno == errno.ENOSPC and str(folder) in str(caught.value)
+        assert {name: (folder / name).read_bytes() for name in listing(folder)} == before
+        assert same(read(folder), tensors(0))

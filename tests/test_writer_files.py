@@ -6,21 +6,18 @@ weightmap.atomic_write.AtomicFile.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
-import shutil
 import signal
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from support import TinyNet, seeded
+from support import TinyNet, seeded, tmpfs
 
 from weightmap import atomic_write, save_weights_for_mapping
 from weightmap.atomic_write import SUFFIX, AtomicFile
@@ -177,21 +174,6 @@ def test_no_space_is_an_error_naming_the_target_and_leaves_nothing(
     monkeypatch.undo()
     assert_names_target(info.value, target, errno.ENOSPC)
     assert os.listdir(tmp_path) == ["m.safetensors"] and value_of(target) == 1.0
-
-
-@contextlib.contextmanager
-def tmpfs(where: Path, options: str) -> Iterator[Path]:
-    """A small tmpfs mounted at ``where``; skips the test where mounting is not allowed."""
-    where.mkdir()
-    if not sys.platform.startswith("linux") or shutil.which("mount") is None:
-        pytest.skip("needs Linux's mount")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
 def test_a_full_file_system_is_an_error_naming_the_target(tmp_path: Path) -> None:
