@@ -4,6 +4,9 @@
   memory cgroup with a limit and swap off, and returns an :class:`Attempt`
   (completed or not and why, wall time, the group's own peak, OOM kills);
   :class:`MemoryGroup` is the group itself, removed whatever happens.
+* :mod:`harness.budget.enclosing`: the limits of the groups above the budget's own (a job's, a
+  container's) and the machine's memory: the most a budget's group can use
+  (:func:`~harness.budget.enclosing.effective_limit`), and which of them an OOM kill came from.
 * :mod:`harness.budget.sweep`: :func:`smallest_limit` bisects for the smallest
   limit at which a run completes, keeping every attempt for a wall-time curve.
 * each attempt starts cold (:func:`harness.measure.coldcache.prepare_cold`), so its

@@ -14,7 +14,10 @@ Where groups are made
     above ours. On cgroup v2 a group that holds processes cannot hand the
     memory controller to children, so when the memory controller is not
     already in this group's ``cgroup.subtree_control`` the groups are made
-    beside it, under its parent.
+    beside it, under its parent. The limits of the groups above
+    (:meth:`MemoryController.enclosing`, :mod:`harness.budget.enclosing`) hold
+    every group made there: a command OOM-killed while its own group stayed
+    below its limit is reported with the enclosing group whose limit it met.
 
 v1 (``/sys/fs/cgroup/memory``) and v2 (``memory.max``), as this module sets and reads them
     ===================  ===========================================  ==================================
@@ -90,6 +93,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from harness.budget.enclosing import AT_LIMIT_SLACK, Enclosing, enclosing_groups, limit_reached, read_marks
 from harness.budget.signals import deferred
 from harness.measure.coldcache import prepare_cold
 
@@ -196,16 +200,25 @@ class MemoryController:
     """The memory controller this process can make groups with.
 
     ``version`` is 1 or 2; ``own`` is the group this process runs in; ``parent`` is the
-    directory new groups are made in (``own`` itself, or on v2 possibly its parent).
+    directory new groups are made in (``own`` itself, or on v2 possibly its parent); ``mount``
+    is the hierarchy's root directory (None where unknown: :meth:`enclosing` then walks up to
+    the first directory that is no memory group).
     """
 
     version: int
     own: Path
     parent: Path
+    mount: Path | None = field(default=None, compare=False)
 
     def describe(self) -> str:
         """One line for the results: which controller and where the groups go."""
         return f"cgroup v{self.version} memory controller; groups made under {self.parent}"
+
+    def enclosing(self) -> list[Enclosing]:
+        """The limited groups above the groups made here, innermost first (:func:`~harness.budget.enclosing.
+        enclosing_groups`): ``parent`` and its ancestors. On v2 without delegation ``own`` is a sibling of the
+        groups made, and its limit does not cover them."""
+        return enclosing_groups(self.version, self.parent, self.mount)
 
 
 def _group_dir(mount: Mount, path: str) -> Path:
@@ -245,7 +258,7 @@ def find_controller(proc: Path = Path("/proc/self")) -> MemoryController:
         if not (own / "memory.limit_in_bytes").is_file():
             raise _unavailable(f"this process's memory group {own} is not visible under {mount.point} "
                                "(no memory.limit_in_bytes there)")
-        return MemoryController(1, own, own)
+        return MemoryController(1, own, own, mount.point)
     v2 = [m for m in mounts if m.fstype == "cgroup2"]
     if not v2:
         raise _unavailable("no memory controller is mounted: no cgroup v1 'memory' hierarchy and no cgroup2 "
@@ -259,9 +272,9 @@ def find_controller(proc: Path = Path("/proc/self")) -> MemoryController:
                            "(not in its cgroup.controllers); delegate it (e.g. systemd-run --scope -p "
                            "Delegate=yes) or run in a container with its own cgroup")
     if "memory" in _read_words(own / "cgroup.subtree_control"):
-        return MemoryController(2, own, own)
+        return MemoryController(2, own, own, v2[0].point)
     # A group with processes in it cannot enable controllers for children: make siblings.
-    return MemoryController(2, own, own.parent)
+    return MemoryController(2, own, own.parent, v2[0].point)
 
 
 # --------------------------------------------------------------------------- files per version
@@ -610,15 +623,22 @@ def _signal_name(number: int) -> str:
 
 
 def _reason(limit: int, returncode: int | None, timed_out: bool, timeout_s: float,
-            reading: GroupReading, tail: Sequence[str]) -> str | None:
+            reading: GroupReading, tail: Sequence[str], above: Enclosing | None = None) -> str | None:
+    """Why the command did not complete (or the OOM kill it survived); ``above``: the enclosing group whose limit
+    was reached meanwhile, where the group itself stayed below its own (see :func:`run_in_group`)."""
     where = f"under a {_gib(limit)} limit"
     kills = reading.oom_kills or 0
     peak = reading.peak_bytes
+    if above is not None:  # not its own limit: say whose, and how far below its own the group stayed
+        peaked = "" if peak is None else f", its group peaking at {_gib(peak)}"
+        where = f"under {above.describe()}, not its own group's {_gib(limit)} limit{peaked}"
     if timed_out:
-        return f"stopped after the timeout of {timeout_s:.0f} s {where}"
+        return f"stopped after the timeout of {timeout_s:.0f} s under a {_gib(limit)} limit"
     if kills:
         if returncode == 0:
             return f"completed, but the kernel OOM-killed {kills} process(es) in its group {where}"
+        if above is not None:
+            return f"OOM-killed by the kernel {where} ({kills} OOM kill(s) in the group's counters)"
         return f"OOM-killed by the kernel in its memory cgroup {where} ({kills} OOM kill(s) in the group's counters)"
     if returncode is not None and returncode < 0:
         text = f"killed by {_signal_name(-returncode)} {where}"
@@ -652,12 +672,19 @@ def run_in_group(command: Sequence[str], limit_bytes: int, timeout_s: float, *,
     lines kept for the reason of a failure. ``wall_s`` runs from the command's release
     into its group to its exit. Raises :class:`CgroupUnavailable` when no group can be
     made; a failure of the command itself is an :class:`Attempt` with ``completed=False``.
+
+    A command killed while its group stayed below its own limit (its peak more than
+    :data:`~harness.budget.enclosing.AT_LIMIT_SLACK` under it) was killed for another limit: the
+    reason names the enclosing group whose limit was reached during the run
+    (:func:`~harness.budget.enclosing.limit_reached`), where one was.
     """
     tail: collections.deque[str] = collections.deque(maxlen=20)
     with MemoryGroup.create(limit_bytes, name_prefix, controller) as group:
         cold = list(cold_files)
         if cold:
             prepare_cold(cold, settle=False)
+        enclosing = group.controller.enclosing()
+        marks = read_marks(group.controller.version, enclosing)
         process = group.popen(list(command), env=None if env is None else dict(env), cwd=cwd, stdout=stdout,
                               stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1)
         started = time.monotonic()
@@ -675,7 +702,11 @@ def run_in_group(command: Sequence[str], limit_bytes: int, timeout_s: float, *,
         group.kill()  # anything the command left running
         pump.join(timeout=5)
         reading = group.read()
-    reason = _reason(limit_bytes, returncode, timed_out, timeout_s, reading, tail)
+        above = None
+        killed = bool(reading.oom_kills) or (returncode == -signal.SIGKILL and not timed_out)  # the OOM killer's
+        if killed and (reading.peak_bytes is None or reading.peak_bytes < limit_bytes - AT_LIMIT_SLACK):
+            above = limit_reached(enclosing, marks, read_marks(group.controller.version, enclosing))
+    reason = _reason(limit_bytes, returncode, timed_out, timeout_s, reading, tail, above)
     return Attempt(limit_bytes=limit_bytes, completed=returncode == 0 and not timed_out, returncode=returncode,
                    wall_s=wall_s, group_peak_bytes=reading.peak_bytes, oom_kills=reading.oom_kills,
                    reason=reason, counters=reading.counters)

@@ -5,7 +5,11 @@ also makes one-off conversions such as ``torch_mmap``'s ``.pt``), then for each 
 
 1. **unconstrained**: one run of the strategy's worker (:mod:`harness.worker`, the same
    process ``harness run`` measures) in a memory cgroup whose limit is the scenario's
-   ``run.memory_limit_gib`` (the machine's memory where it has none). Its group peak
+   ``run.memory_limit_gib`` (the machine's memory where it has none), or the effective limit
+   where that is lower: the smallest of every enclosing group's limit (the job or container the
+   harness runs in) and the machine's memory (:func:`harness.budget.enclosing.effective_limit`);
+   no group made below those can use more. The record's ``controller`` line says which it is, and
+   an attempt OOM-killed by an enclosing group's limit says so, naming the group. Its group peak
    (page cache charged to the group included) is the sweep's upper bound, the anonymous
    part of its baseline (Python, torch, the model on meta: what no limit can reclaim; the
    rest of its baseline RSS is shared libraries' page cache, charged to whoever read them
@@ -66,8 +70,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-import psutil
-
 from harness.budget import signals
 from harness.budget.cgroup import (
     DEFAULT_PREFIX,
@@ -78,6 +80,7 @@ from harness.budget.cgroup import (
     find_controller,
     run_in_group,
 )
+from harness.budget.enclosing import EffectiveLimit, effective_limit
 from harness.budget.record import (
     AttemptRecord,
     BudgetRecord,
@@ -152,6 +155,18 @@ def groups_of_this_process(controller: MemoryController, prefix: str = DEFAULT_P
         return sorted(p for p in controller.parent.iterdir() if p.name.startswith(mark) and p.is_dir())
     except OSError:
         return []
+
+
+def unconstrained_limit(scenario_bytes: int | None, effective: EffectiveLimit) -> tuple[int, str]:
+    """The limit of a strategy's unconstrained run and where it comes from: the scenario's ``memory_limit_gib``
+    where it has one and it is not above ``effective``, else ``effective`` (an enclosing group's limit or the
+    machine's memory)."""
+    if scenario_bytes is not None and scenario_bytes <= effective.limit_bytes:
+        return scenario_bytes, "the scenario's run.memory_limit_gib"
+    if scenario_bytes is not None:
+        return effective.limit_bytes, (f"{effective.describe()}, below the scenario's run.memory_limit_gib of "
+                                       f"{_size(scenario_bytes)}")
+    return effective.limit_bytes, effective.describe()
 
 
 def _baseline_anon(samples: Path) -> int | None:
@@ -391,17 +406,18 @@ def _sweep_all(scenario: Scenario, name: str, results: Path, precision_bytes: in
     """Everything up to the record of the last strategy, staged in ``staging``."""
     plan = make_plan(scenario, name=name, workdir=workdir or Path.cwd() / "data" / "engines", progress=progress)
     plan_path = write_plan(staging / PLAN, plan)
-    unconstrained = plan.memory_limit_bytes or psutil.virtual_memory().total
+    unconstrained, source = unconstrained_limit(plan.memory_limit_bytes, effective_limit(controller.enclosing()))
     precision = precision_bytes or default_precision(plan.model.bytes)
     progress(f"{controller.describe()}; {len(plan.scenario.strategies)} strategies, precision {_size(precision)}, "
-             f"unconstrained limit {_size(unconstrained)}; results go to {results / name}")
+             f"unconstrained limit {_size(unconstrained)} ({source}); results go to {results / name}")
     record = BudgetRecord(
         name=name, scenario=scenario.name, description=scenario.description,
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), commit=machine.commit(),
         machine=MachineInfo(**machine.machine()), versions=machine.versions(), model_name=plan.model.name,
         model_bytes=plan.model.bytes, checkpoint=plan.checkpoint.path, engines=len(plan.engines),
         largest_engine_bytes=plan.largest_engine_bytes, backend=plan.scenario.build.backend, device=plan.device,
-        controller=controller.describe(), precision_bytes=precision, unconstrained_limit_bytes=unconstrained,
+        controller=f"{controller.describe()}; unconstrained limit: {source}", precision_bytes=precision,
+        unconstrained_limit_bytes=unconstrained,
         timeout_factor=timeout_factor, min_timeout_s=min_timeout_s, sweep_wall_s=0.0)
     started = time.monotonic()
     for strategy in plan.scenario.strategies:

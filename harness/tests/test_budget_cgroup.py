@@ -6,10 +6,12 @@ page-cache test streams a 512 MiB file through a 128 MiB limit.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,7 @@ from harness.budget.cgroup import (
     remove_stale_groups,
     run_in_group,
 )
+from harness.budget.enclosing import Enclosing, effective_limit, enclosing_groups, limit_reached, read_marks
 
 MIB = 1 << 20
 # One prefix per test process: groups are named in the machine's cgroup tree, which another test run
@@ -318,3 +321,149 @@ def test_a_sweep_of_real_runs_finds_what_the_command_needs(controller, no_leftov
     assert sweep.minimum_bytes - sweep.largest_failing_bytes <= 32 * MIB
     failed = [a for a in sweep.attempts if not a.completed]
     assert failed and all(a.oom_kills and "OOM-killed" in (a.reason or "") for a in failed)
+
+
+# --------------------------------------------------------------------------- limits of the groups above
+
+
+@contextlib.contextmanager
+def _enclosing(controller: MemoryController, limit: int, memsw: bool = False) -> Iterator[MemoryController]:
+    """A group under ``controller.parent`` limited to ``limit`` (on v1 with ``memsw``, its memory + swap too), and
+    a controller that makes its groups inside it: as a job's or a container's limit encloses the harness's."""
+    path = controller.parent / f"{PREFIX}-enclosing"
+    path.mkdir()
+    try:
+        if controller.version == 1:
+            (path / "memory.limit_in_bytes").write_text(str(limit))
+            if memsw:
+                (path / "memory.memsw.limit_in_bytes").write_text(str(limit))
+        else:
+            (path / "memory.max").write_text(str(limit))
+            (path / "cgroup.subtree_control").write_text("+memory")
+        yield MemoryController(controller.version, path, path, controller.mount)
+    finally:
+        path.rmdir()
+
+
+@pytest.mark.parametrize("memsw", [False, True])
+def test_a_kill_by_an_enclosing_groups_limit_names_that_group(controller, no_leftovers, memsw: bool) -> None:
+    if memsw and not (controller.parent / "memory.memsw.limit_in_bytes").exists():
+        pytest.skip("no memory + swap limit on this controller (v2, or v1 without swap accounting)")
+    with _enclosing(controller, 192 * MIB, memsw) as inside:
+        attempt = run_in_group([sys.executable, "-c", ALLOCATE_300_MIB], 1024 * MIB, 60, controller=inside,
+                               name_prefix=PREFIX)
+        enclosing = inside.parent
+    assert not attempt.completed and attempt.returncode == -9
+    assert attempt.reason is not None
+    assert attempt.reason.startswith(f"OOM-killed by the kernel under the 192 MiB limit of the enclosing memory "
+                                     f"cgroup {enclosing} (")
+    assert "not its own group's 1.00 GiB limit, its group peaking at " in attempt.reason
+
+
+def test_a_kill_by_the_groups_own_limit_names_none_above(controller, no_leftovers) -> None:
+    with _enclosing(controller, 512 * MIB) as inside:
+        attempt = run_in_group([sys.executable, "-c", ALLOCATE_300_MIB], 128 * MIB, 60, controller=inside,
+                               name_prefix=PREFIX)
+    assert attempt.reason is not None and "in its memory cgroup under a 128 MiB limit" in attempt.reason
+    assert "enclosing" not in attempt.reason
+
+
+def test_what_the_command_starts_is_in_its_group_and_counted(controller, no_leftovers, tmp_path) -> None:
+    out = tmp_path / "child-cgroup.txt"
+    # the command writes nothing and allocates nothing: its child writes its cgroup, then touches 300 MiB
+    spawn = ("import subprocess, sys\n"
+             "child = 'import sys\\nopen(sys.argv[1], \"w\").write(open(\"/proc/self/cgroup\").read())\\n'\n"
+             "sys.exit(subprocess.call([sys.executable, '-c', child + sys.argv[2], sys.argv[1]]))\n")
+    under = run_in_group([sys.executable, "-c", spawn, str(out), ALLOCATE_300_MIB], 1024 * MIB, 60,
+                         controller=controller, name_prefix=PREFIX)
+    assert under.completed, under.reason
+    assert under.group_peak_bytes is not None and under.group_peak_bytes >= 300 * MIB  # the child's, charged here
+    memory = [line for line in out.read_text().splitlines()
+              if "memory" in line.split(":")[1].split(",") or line.startswith("0::")]
+    assert memory and f"/{PREFIX}-{os.getpid()}-" in memory[0]
+    over = run_in_group([sys.executable, "-c", spawn, str(out), ALLOCATE_300_MIB], 128 * MIB, 60,
+                        controller=controller, name_prefix=PREFIX)
+    assert not over.completed and over.oom_kills and "OOM-killed" in (over.reason or "")
+
+
+V1_MAX = "9223372036854771712\n"
+
+
+def _meminfo(tmp_path: Path, gib: int) -> Path:
+    path = tmp_path / "meminfo"
+    path.write_text(f"MemTotal:       {gib << 20} kB\nMemFree:        1024 kB\n")
+    return path
+
+
+def _tree(mount: Path, limits: dict[str, str], name: str) -> None:
+    """``mount/<path>`` directories, each with ``name`` holding its limit."""
+    for relative, limit in limits.items():
+        group = mount / relative if relative else mount
+        group.mkdir(parents=True, exist_ok=True)
+        (group / name).write_text(limit)
+
+
+def test_v1_effective_limit_is_the_smallest_of_the_groups_above_and_the_machine(tmp_path) -> None:
+    mount = tmp_path / "memory"
+    _tree(mount, {"": V1_MAX, "slurm": V1_MAX, "slurm/uid_0": str(2 << 30), "slurm/uid_0/job_7": str(560 * MIB)},
+          "memory.limit_in_bytes")
+    proc = _fake_proc(tmp_path, f"35 31 0:32 / {mount} rw,relatime - cgroup cgroup rw,memory\n",
+                      "4:memory:/slurm/uid_0/job_7\n0::/\n")
+    controller = find_controller(proc)
+    job, uid = mount / "slurm/uid_0/job_7", mount / "slurm/uid_0"
+    assert [(g.path, g.limit_bytes) for g in controller.enclosing()] == [(job, 560 * MIB), (uid, 2 << 30)]
+    effective = effective_limit(controller.enclosing(), _meminfo(tmp_path, 24))
+    assert effective.limit_bytes == 560 * MIB
+    assert effective.describe() == f"the 560 MiB limit of the enclosing memory cgroup {job} (memory.limit_in_bytes)"
+    unlimited = effective_limit(enclosing_groups(1, mount, mount), _meminfo(tmp_path, 24))
+    assert (unlimited.limit_bytes, unlimited.describe()) == (24 << 30, "the machine's memory (MemTotal)")
+    assert effective_limit(controller.enclosing(), _meminfo(tmp_path, 1)).limit_bytes == 560 * MIB
+    assert effective_limit(controller.enclosing(), _meminfo(tmp_path, 0)).group is None  # less memory than any
+
+
+def test_v1_a_group_above_without_hierarchy_does_not_enclose(tmp_path) -> None:
+    mount = tmp_path / "memory"
+    _tree(mount, {"": V1_MAX, "top": str(256 * MIB), "top/job": V1_MAX}, "memory.limit_in_bytes")
+    (mount / "top" / "memory.use_hierarchy").write_text("0\n")
+    assert enclosing_groups(1, mount / "top" / "job", mount) == []
+    (mount / "top" / "memory.use_hierarchy").write_text("1\n")
+    assert [g.limit_bytes for g in enclosing_groups(1, mount / "top" / "job", mount)] == [256 * MIB]
+
+
+@pytest.mark.parametrize("delegated", [True, False])
+def test_v2_effective_limit_counts_the_groups_that_enclose_the_ones_made(tmp_path, delegated: bool) -> None:
+    mount = tmp_path / "cg2"
+    _tree(mount, {"kubepods.slice": str(3 << 30), "kubepods.slice/pod": "max\n",
+                  "kubepods.slice/pod/container": str(700 * MIB)}, "memory.max")
+    own = mount / "kubepods.slice/pod/container"
+    (own / "cgroup.controllers").write_text("cpu memory pids\n")
+    (own / "cgroup.subtree_control").write_text("memory\n" if delegated else "\n")
+    proc = _fake_proc(tmp_path, f"30 23 0:26 / {mount} rw,nosuid - cgroup2 cgroup2 rw\n",
+                      "0::/kubepods.slice/pod/container\n")
+    controller = find_controller(proc)
+    # delegated, groups are made in the container's group and its limit holds them; else they are its siblings
+    expected = [own, mount / "kubepods.slice"] if delegated else [mount / "kubepods.slice"]
+    assert [g.path for g in controller.enclosing()] == expected
+    effective = effective_limit(controller.enclosing(), _meminfo(tmp_path, 24))
+    assert effective.limit_bytes == (700 * MIB if delegated else 3 << 30)
+
+
+def test_the_limit_reached_is_read_from_the_counters_then_the_peaks(tmp_path) -> None:
+    inner, outer = tmp_path / "job", tmp_path
+    groups = [Enclosing(inner, "memory.max", 512 * MIB), Enclosing(outer, "memory.max", 1 << 30)]
+    (inner / "memory.events.local").parent.mkdir()
+    (inner / "memory.events.local").write_text("low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n")
+    (outer / "memory.events.local").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    (inner / "memory.peak").write_text(f"{512 * MIB}\n")  # at its limit, but long before
+    before = read_marks(2, groups)
+    (outer / "memory.events.local").write_text("low 0\nhigh 0\nmax 9\noom 2\noom_kill 2\n")
+    assert limit_reached(groups, before, read_marks(2, groups)) == groups[1]  # the counters say the outer
+    assert limit_reached(groups, before, before) == groups[0]  # no counter rose: the peak at its limit
+    (inner / "memory.peak").write_text(f"{100 * MIB}\n")
+    assert limit_reached(groups, read_marks(2, groups), read_marks(2, groups)) is None
+    v1 = [Enclosing(inner, "memory.limit_in_bytes", 512 * MIB)]
+    (inner / "memory.failcnt").write_text("0\n")
+    (inner / "memory.max_usage_in_bytes").write_text(f"{10 * MIB}\n")
+    before = read_marks(1, v1)
+    (inner / "memory.failcnt").write_text("4\n")
+    assert limit_reached(v1, before, read_marks(1, v1)) == v1[0]

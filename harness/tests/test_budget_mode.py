@@ -125,7 +125,7 @@ def test_without_a_run_at_the_goals_limit_its_timing_is_judged_at_the_nearest_li
     under = [a.limit_bytes for a in swept_only.strategies["map"].attempts
              if a.completed and a.limit_bytes <= goal_limit]
     assert under and goal_limit not in under
-    (timing,) = [g for g in budget_goals(swept_only) if g.goal.startswith("map's load + build at that limit")]
+    (timing,) = [g for g in budget_goals(swept_only) if g.goal.startswith("map's load + build at the goal limit")]
     assert timing.met is not None, timing.measured
     assert timing.measured.startswith(f"at {max(under) / 2**30:.3f} GiB, the nearest completed limit under it: ")
 
@@ -139,7 +139,7 @@ def test_the_record_reads_back_as_written_and_the_report_shows_it(swept) -> None
     assert "## Smallest host memory to compile" in report
     for name, s in record.strategies.items():
         assert f"{s.minimum_bytes / 2**30:.3f} GiB" in report, name
-    assert (out.parent / "tiny-budget-wall.png").stat().st_size > 10_000
+    assert (out.parent / "tiny-budget.wall.png").stat().st_size > 10_000
     goals = {g.goal.split(" (")[0]: g for g in budget_goals(record)}
     assert goals["no memory cgroup left behind by any attempt"].met is True
 
@@ -164,7 +164,7 @@ def test_the_record_is_read_strictly(swept, tmp_path: Path) -> None:
 def test_plot_rerenders_a_budget_directory(swept, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out, _ = swept
     assert main(["plot", str(out), "--out", str(tmp_path)]) == 0
-    assert {p.name for p in tmp_path.iterdir()} == {"tiny-budget-wall.png", "tiny-budget.md"}
+    assert {p.name for p in tmp_path.iterdir()} == {"tiny-budget.wall.png", "tiny-budget.md"}
     assert render_budget(out, tmp_path)[1].read_text() == (tmp_path / "tiny-budget.md").read_text()
 
 
@@ -263,3 +263,25 @@ def test_the_cli_refuses_a_bad_at_in_one_line(tmp_path: Path, capsys: pytest.Cap
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize(("enclosing_mib", "completes"), [(384, True), (128, False)])
+def test_the_unconstrained_run_gets_no_more_than_the_groups_above_allow(controller: MemoryController, tmp_path: Path,
+                                                                       enclosing_mib: int, completes: bool) -> None:
+    from harness.tests.test_budget_cgroup import _enclosing
+
+    with _enclosing(controller, enclosing_mib * MIB) as inside:
+        record = run_budget(scenario(tmp_path, "load"), results=tmp_path / "results", command=stand_in,
+                            workdir=tmp_path / "engines", controller=inside, min_timeout_s=30,
+                            at={"load": 256 * MIB}, progress=lambda line: None)
+    # the scenario asks for 1 GiB; the group the sweep runs in allows less, and says whose limit it is
+    assert record.unconstrained_limit_bytes == enclosing_mib * MIB
+    file = "memory.limit_in_bytes" if controller.version == 1 else "memory.max"
+    assert record.controller.endswith(f"; unconstrained limit: the {enclosing_mib} MiB limit of the enclosing memory "
+                                      f"cgroup {inside.parent} ({file}), below the scenario's run.memory_limit_gib "
+                                      "of 1.00 GiB")
+    load = record.strategies["load"]  # needs 160 MiB
+    assert load.attempts[0].limit_bytes == enclosing_mib * MIB and load.attempts[0].completed is completes
+    if not completes:
+        assert load.error is not None and load.error.startswith(
+            "does not complete under the unconstrained limit of 128 MiB: OOM-killed by the kernel")
