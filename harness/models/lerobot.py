@@ -32,10 +32,22 @@ __all__ = ["build_lerobot"]
 _MAX_LISTED = 20
 
 
-def _lerobot_reason(exc: BaseException) -> str:
-    version = ".".join(map(str, sys.version_info[:3]))
-    needs = "lerobot 0.6 needs Python >= 3.12, torch < 2.12 and transformers >= 5.4, < 5.6"
-    return f"Python {version}, torch {torch.__version__}; {needs}; {type(exc).__name__}: {exc}"
+def lerobot_reason(exc: BaseException, python: tuple[int, ...] = tuple(sys.version_info[:3]),
+                   torch_version: str = torch.__version__) -> str:
+    """Why lerobot did not import: the requirements this interpreter does not meet, else the error itself."""
+    version = ".".join(map(str, python))
+    torch_release = tuple(int(p) for p in torch_version.split("+")[0].split(".")[:2])
+    unmet = []
+    if python < (3, 12):
+        unmet.append(f"Python >= 3.12 (this is {version})")
+    if torch_release >= (2, 12):
+        unmet.append(f"torch < 2.12 (this is {torch_version})")
+    error = f"{type(exc).__name__}: {exc}"
+    if unmet:
+        return f"lerobot 0.6 needs {' and '.join(unmet)}; {error}"
+    if isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == "lerobot":
+        return f"not installed (Python {version} and torch {torch_version} would do); {error}"
+    return error
 
 
 def _build_lerobot_pi05() -> tuple[nn.Module, str, dict[str, Any]]:
@@ -51,7 +63,7 @@ def _build_lerobot_pi05() -> tuple[nn.Module, str, dict[str, Any]]:
         from lerobot.policies.pi05.configuration_pi05 import PI05Config
         from lerobot.policies.pi05.modeling_pi05 import PI05Pytorch
     except Exception as exc:  # ImportError, or a version check raising something else
-        raise LerobotUnavailableError(f"lerobot is not importable here ({_lerobot_reason(exc)})") from exc
+        raise LerobotUnavailableError(f"lerobot is not importable here ({lerobot_reason(exc)})") from exc
     config = PI05Config(dtype="bfloat16", device="cpu")
     config.input_features = {
         "observation.images.base_0_rgb": PolicyFeature(type=FeatureType.VISUAL, shape=(3, 224, 224)),

@@ -158,7 +158,8 @@ def build_from_spec(cfg: ModelConfig, spec: Mapping[str, Any], note: str) -> Mod
     assert cfg.spec is not None
     module = SpecModel(spec, cfg.trim)
     trimmed = f"; trimmed {', '.join(cfg.trim)}" if cfg.trim else ""
-    text = f"{note}weights only, from {spec.get('source') or 'a weight spec'}{trimmed}; {describe(module)}"
+    made = f" (made from {spec['source']})" if spec.get("source") else ""
+    text = f"{note}weights only, from a weight spec{made}{trimmed}; {describe(module)}"
     return ModelInfo(module, cfg.key, f"spec:{show_path(cfg.spec)}", text)
 
 

@@ -23,6 +23,7 @@ from harness.models import (
     spec_of,
     weight_order,
 )
+from harness.models.lerobot import lerobot_reason
 from harness.scenario import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -300,8 +301,17 @@ def test_lerobot_missing_without_fallback(no_lerobot: None) -> None:
         build_model(ModelConfig(source="lerobot", spec=PI05))
     message = str(info.value)
     assert "lerobot is not importable here" in message
-    assert f"Python {sys.version_info.major}.{sys.version_info.minor}" in message
+    assert f"(this is {sys.version_info.major}.{sys.version_info.minor}" in message
     assert "Python >= 3.12" in message
+
+
+def test_lerobot_reason_names_only_requirements_this_interpreter_misses() -> None:
+    missing = ModuleNotFoundError("No module named 'lerobot'", name="lerobot")
+    met = lerobot_reason(missing, (3, 12, 3), "2.11.0+cu130")
+    assert met.startswith("not installed (Python 3.12.3 and torch 2.11.0+cu130 would do)")
+    assert "needs" not in met
+    torch_only = lerobot_reason(missing, (3, 12, 3), "2.13.0+cpu")
+    assert torch_only.startswith("lerobot 0.6 needs torch < 2.12 (this is 2.13.0+cpu); ") and "Python >=" not in torch_only
 
 
 def test_lerobot_missing_with_fallback(no_lerobot: None, pi05_spec: dict) -> None:
