@@ -311,7 +311,8 @@ def test_lerobot_reason_names_only_requirements_this_interpreter_misses() -> Non
     assert met.startswith("not installed (Python 3.12.3 and torch 2.11.0+cu130 would do)")
     assert "needs" not in met
     torch_only = lerobot_reason(missing, (3, 12, 3), "2.13.0+cpu")
-    assert torch_only.startswith("lerobot 0.6 needs torch < 2.12 (this is 2.13.0+cpu); ") and "Python >=" not in torch_only
+    assert torch_only.startswith("lerobot 0.6 needs torch < 2.12 (this is 2.13.0+cpu); ")
+    assert "Python >=" not in torch_only
 
 
 def test_lerobot_missing_with_fallback(no_lerobot: None, pi05_spec: dict) -> None:
