@@ -18,6 +18,14 @@ once the notes have been re-read. Figures are compared as the table prints them,
 change below the table's precision is not flagged; nor is a time that moved inside the
 run-to-run spread (a strategy's time columns, when its old and new ranges of wall times
 over the rounds overlap).
+
+Orderings are checked too: where two strategies' median wall times swapped order since the
+stamp (even inside the spread), a sentence that names either with an ordering word
+("lower", "faster", "above", ...) and a time word is listed as stale (a comparison may
+name one side only: "with `b`'s median the lower"). A timing claim no stamp can check
+(an ordering of single rounds, "round 9 ... above its median", or of another run, "the run
+before this one") is listed every time, whatever changed: such claims belong in the
+generated report, where they are derived from the record, or nowhere.
 """
 
 from __future__ import annotations
@@ -34,8 +42,8 @@ from harness.results.atomic import write_atomic
 from harness.results.reading import Results
 from harness.results.record import RecordError, parse_json, read_text_file
 
-__all__ = ["FigureChange", "Notes", "check_notes", "figure_changes", "notes_path", "read_notes", "sentences",
-           "stamp_notes"]
+__all__ = ["UNCHECKABLE", "FigureChange", "Notes", "check_notes", "figure_changes", "notes_path", "order_changes",
+           "orders_times", "read_notes", "sentences", "stamp_notes", "uncheckable_claims"]
 
 _STAMP = re.compile(r"\A<!-- notes checked against:\s*(?P<figures>.*?) -->\n?", re.S)
 _IGNORED = ("strategy", "status")
@@ -101,6 +109,17 @@ def migrate_notes(report: Path) -> Notes | None:
 
 
 _TIME_COLUMNS = frozenset({"load time", "build time", "wall time", "runs"})
+_SECONDS = re.compile(r"(\d+(?:\.\d+)?) s\b")
+_ORDERING = re.compile(
+    r"\b(?:lower|higher|faster|slower|above|below|lowest|highest|fastest|slowest|shorter|longer|quicker|ahead)\b",
+    re.I,
+)
+_UNCHECKABLE = (
+    re.compile(r"\brounds?\s+\d", re.I),  # a claim about single rounds
+    re.compile(r"\b(?:run|runs) before this one\b|\bprevious run\b|\bearlier run\b", re.I),  # about another run
+)
+UNCHECKABLE = "a timing claim that no rerun check covers (state it in the generated report or drop it)"
+"""How :func:`check_notes` introduces a sentence that orders times no stamp can check."""
 _RANGE = re.compile(r"(\d+(?:\.\d+)?)–(\d+(?:\.\d+)?) s")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z*`(\[])|\n\s*\n|\n(?=\s*[-*] )")
 
@@ -149,6 +168,44 @@ def figure_changes(notes: Notes, run: Results) -> list[FigureChange]:
     return changes
 
 
+def _seconds(cells: dict[str, str]) -> float | None:
+    match = _SECONDS.search(cells.get("wall time", ""))
+    return float(match[1]) if match else None
+
+
+def order_changes(notes: Notes, run: Results) -> list[tuple[str, str]]:
+    """Pairs of strategies whose median wall times swapped order since the stamp (ties count as no order)."""
+    assert notes.checked is not None
+    now = _figures(run)
+    then_s = {name: _seconds(cells) for name, cells in notes.checked.items()}
+    now_s = {name: _seconds(cells) for name, cells in now.items()}
+    names = sorted(n for n in set(then_s) & set(now_s) if then_s[n] is not None and now_s[n] is not None)
+    swapped = []
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            before = (then_s[a] or 0) - (then_s[b] or 0)
+            after = (now_s[a] or 0) - (now_s[b] or 0)
+            if before * after < 0:
+                swapped.append((a, b))
+    return swapped
+
+
+def _names(sentence: str, name: str) -> bool:
+    return re.search(rf"(?<![\w]){re.escape(name)}(?![\w])", sentence) is not None
+
+
+def orders_times(sentence: str) -> bool:
+    """Whether a sentence orders times: an ordering word and a time word in one sentence."""
+    sentence = re.sub(r"\bno longer\b", "", sentence, flags=re.I)  # "no longer" orders nothing
+    return _ORDERING.search(sentence) is not None and re.search(
+        r"\b(?:median|medians|interval|wall|time|times|round|rounds|build|s)\b", sentence, re.I) is not None
+
+
+def uncheckable_claims(text: str) -> list[str]:
+    """The notes' sentences that order times of single rounds or of another run: no stamp can check them."""
+    return [s for s in sentences(text) if orders_times(s) and any(p.search(s) for p in _UNCHECKABLE)]
+
+
 def sentences(text: str) -> list[str]:
     """The notes' sentences and list items, each on one line (tables and the stamp are not prose)."""
     prose = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("|"))
@@ -163,12 +220,18 @@ def check_notes(notes: Notes, run: Results) -> list[str]:
     if notes.checked is None:
         return [NEVER_CHECKED]
     changes = figure_changes(notes, run)
+    swapped = order_changes(notes, run)
     cited: set[FigureChange] = set()
     stale = []
+    uncheckable = set(uncheckable_claims(notes.text))
     for sentence in sentences(notes.text):
+        if sentence in uncheckable:
+            stale.append(f"{UNCHECKABLE}: {sentence}")
+            continue
         hits = [c for c in changes if c.then and re.search(rf"(?<![\d.]){re.escape(c.then.lstrip('+−-'))}",
                                                               sentence)]
-        if hits:
+        reordered = orders_times(sentence) and any(_names(sentence, a) or _names(sentence, b) for a, b in swapped)
+        if hits or reordered:
             stale.append(sentence)
             cited.update(hits)
     others = [c for c in changes if c not in cited]
