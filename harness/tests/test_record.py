@@ -175,12 +175,12 @@ def test_a_csv_cut_at_a_row_boundary_is_refused_by_the_rows_its_record_states(ru
         load_results(run_dir)
 
 
-def test_a_csv_of_a_layout_before_row_counts_reads_without_the_check(run_dir: Path) -> None:
+def test_a_csv_whose_record_states_no_rows_reads_without_the_check(run_dir: Path) -> None:
+    # as every layout before 11 reads (the committed runs of those layouts: test_recorded_results_read_with_their_
+    # version), and the record the harness makes for a worker that wrote none; set at the current layout, so that
+    # the test does not follow each later layout's keys
     data = _summary(run_dir)
-    data["layout"] = 10
-    del data["read_ceiling_error"], data["shared_disk_error"]  # layout 12's
-    for strategy in data["strategies"].values():
-        del strategy["sample_rows"], strategy["event_rows"]
+    data["strategies"]["map"].update(sample_rows=None, event_rows=None)
     _rewrite(run_dir, data)
     _cut_at_a_row(run_dir / samples_file("map"), 3)
     assert len(load_results(run_dir).samples["map"]) == 3
