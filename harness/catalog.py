@@ -20,6 +20,7 @@ __all__ = [
     "BUILT_WITHOUT_READING_WEIGHTS",
     "BUILT_WITHOUT_RESIDENT_WEIGHTS",
     "ENGINE_WEIGHTS",
+    "FETCHED_PER_ENGINE",
     "HOLDS_WEIGHTS",
     "STRATEGY_LISTINGS",
     "StrategyListing",
@@ -59,6 +60,13 @@ STRATEGY_LISTINGS: dict[str, StrategyListing] = {
     )
 }
 """Every strategy, in the order scenarios run them by default."""
+
+FETCHED_PER_ENGINE: dict[str, str] = {
+    "stream": "opening its tensors as views",
+    "read_file": "reading its tensors with pread",
+}
+"""The strategies that get each engine's tensors inside its span, right before its build (their per-engine
+hooks, :class:`harness.load.strategies.EngineHooks`), and what getting them is."""
 
 HEADLINE_STRATEGY = "map"
 """The strategy the project is about: budget mode sweeps it more finely and holds it to the goal limit."""

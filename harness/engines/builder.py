@@ -66,7 +66,8 @@ class BuildTarget(Protocol):
 class BuiltEngine:
     """One engine's build: ``columns``, the :class:`~harness.results.record.EngineRecord` fields the
     builder measured, by name and as stored (copy builders: ``pages_s`` and ``copy_s``; a compiler:
-    ``compile_s``, ``artifact_bytes``, ``rss_before_bytes``, ``children_peak_bytes``, ``cache_bytes``);
+    ``compile_s``, ``artifact_bytes``, ``rss_before_bytes``, ``children_peak_bytes``, ``children_pss_bytes``,
+    ``cache_bytes``);
     ``artifact``, the engine's file (None for an engine in device memory); ``nbytes``, the engine's size."""
 
     nbytes: int

@@ -6,14 +6,18 @@ the record, the samples and :mod:`harness.results.metrics`' figures) and writes,
 * ``<name>.md`` (:mod:`harness.report.markdown`): context, the table, observations, and
   the hand-written notes kept in ``<name>.notes.md`` (flagged when the figures they were
   checked against have changed);
-* ``<name>-timeline.png`` (:mod:`harness.report.timeline`): memory over time, one panel
+* ``<name>.timeline.png`` (:mod:`harness.report.timeline`): memory over time, one panel
   per strategy;
-* ``<name>-peaks.png`` (:mod:`harness.report.peaks`): the strategies' peaks side by side;
-* ``<name>-engines.png`` (:mod:`harness.report.engines`): engine by engine;
-* ``<name>-compiler.png`` (:mod:`harness.report.compiler`): what a compiler added per engine,
+* ``<name>.peaks.png`` (:mod:`harness.report.peaks`): the strategies' peaks side by side;
+* ``<name>.engines.png`` (:mod:`harness.report.engines`): engine by engine;
+* ``<name>.compiler.png`` (:mod:`harness.report.compiler`): what a compiler added per engine,
   for runs of a compiler backend only (:data:`FIGURE_APPLIES`).
-* ``<name>-engine-times.png`` (:mod:`harness.report.enginetimes`): each engine's build
-  time, split into waiting for pages and copying, against the disk's read time.
+* ``<name>.engine-times.png`` (:mod:`harness.report.enginetimes`): each engine's build
+  time, split into waiting for pages and copying, against the disk's read time; not for a
+  compiler's run that recorded no such split, whose build times the compiler figure shows.
+
+Figure files are named by :func:`harness.report.names.figure_name`: the results name, a dot
+(which no results name holds), the kind.
 
 All of them are put in place together once every one is written, so a failed render (a full
 disk) leaves the earlier report and figures as they were.
@@ -33,9 +37,10 @@ from matplotlib.figure import Figure
 from harness.errors import HarnessError
 from harness.report.compiler import compiler_figure, has_compiler
 from harness.report.engines import engines_figure
-from harness.report.enginetimes import engine_times_figure
+from harness.report.enginetimes import engine_times_applies, engine_times_figure
 from harness.report.headline import headline_figure
 from harness.report.markdown import write_report
+from harness.report.names import figure_name
 from harness.report.notes import notes_path, read_notes, stamp_notes
 from harness.report.peaks import peaks_figure
 from harness.report.style import figure_png
@@ -53,10 +58,12 @@ FIGURES: dict[str, Callable[[Results], Figure]] = {
     "compiler": compiler_figure,
     "engine-times": engine_times_figure,
 }
-"""Every figure of a run, by the suffix of its file name, in the order the report shows them."""
+"""Every figure of a run, by its kind (:func:`~harness.report.names.figure_name`), in the order the report shows
+them."""
 
 FIGURE_APPLIES: dict[str, Callable[[Results], bool]] = {
     "compiler": has_compiler,
+    "engine-times": engine_times_applies,
 }
 """Figures drawn only for some runs: the kind, and which runs it is drawn for (every other figure: all)."""
 
@@ -64,7 +71,7 @@ FIGURE_APPLIES: dict[str, Callable[[Results], bool]] = {
 def figure_paths(name: str, out_dir: Path, run: Results | None = None) -> dict[str, Path]:
     """Where each figure of run ``name`` goes; with ``run``, only the figures that apply to it."""
     kinds = [k for k in FIGURES if run is None or FIGURE_APPLIES.get(k, lambda r: True)(run)]
-    return {kind: Path(out_dir) / f"{name}-{kind}.png" for kind in kinds}
+    return {kind: Path(out_dir) / figure_name(name, kind) for kind in kinds}
 
 
 @dataclass(frozen=True)

@@ -7,15 +7,19 @@ writes beside the results directory:
   smallest completing limit beside its unconstrained group peak and wall time), the goals
   checked against the record, every attempt, and the hand-written notes kept in
   ``<name>.notes.md``;
-* ``<name>-wall.png`` (:func:`wall_figure`): wall time against the memory limit, one line
+* ``<name>.wall.png`` (:func:`wall_figure`): wall time against the memory limit, one line
   per strategy through the limits it completed under, failures marked at the time they
-  failed, and one dotted line per smallest completing limit, naming every strategy that
-  has it (strategies with the same smallest limit share one line).
+  failed (strategies' marks at one limit set side by side), and one dotted line per smallest
+  completing limit, naming every strategy that has it (strategies with the same smallest limit
+  share one line).
+
+Where a limit was tried more than once, the table, the goals and the figure all show one attempt
+there, the same one (:func:`shown_attempts`): the first that completed, or the unconstrained run at
+its own limit.
 """
 
 from __future__ import annotations
 
-import statistics
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,12 +33,14 @@ from matplotlib.lines import Line2D
 
 from harness.budget.record import AttemptRecord, BudgetRecord, StrategyBudget, read_budget
 from harness.catalog import HEADLINE_STRATEGY, strategy_colour
+from harness.report.names import figure_name
 from harness.report.style import STYLE, figure_png, strategy_line, wrapped_title
 from harness.report.text import DASH, GIB, cell, gib_decimals, short_commit
 from harness.results.atomic import FileBatch
 from harness.results.record import read_text_file
 
-__all__ = ["Goal", "budget_goals", "budget_markdown", "render_budget", "wall_figure"]
+__all__ = ["Goal", "budget_goals", "budget_markdown", "failure_shifts", "render_budget", "shown_attempts",
+           "wall_figure"]
 
 MIB = 1 << 20
 
@@ -43,17 +49,22 @@ def _gib(n: int | float | None, decimals: int) -> str:
     return DASH if n is None else f"{n / GIB:.{decimals}f} GiB"
 
 
-def _completed_walls(strategy: StrategyBudget, compile_only: bool = False) -> dict[int, float]:
-    """Limit -> median wall time of the runs that completed there (the unconstrained run included).
-
-    ``compile_only``: the worker's load and build instead of the whole process.
-    """
-    walls: dict[int, list[float]] = {}
+def shown_attempts(strategy: StrategyBudget) -> dict[int, AttemptRecord]:
+    """Limit -> the attempt the report shows there, limits in increasing order: the unconstrained run at its own
+    limit, elsewhere the first attempt that completed (the one :attr:`StrategyBudget.minimum_attempt` gives at the
+    smallest limit). Limits where none completed are left out."""
+    shown: dict[int, AttemptRecord] = {}
     for a in strategy.attempts:
-        value = a.compile_s if compile_only else a.wall_s
-        if a.completed and value is not None:
-            walls.setdefault(a.limit_bytes, []).append(value)
-    return {limit: statistics.median(values) for limit, values in sorted(walls.items())}
+        if a.completed and (a.phase == "unconstrained" or a.limit_bytes not in shown):
+            shown[a.limit_bytes] = a
+    return dict(sorted(shown.items()))
+
+
+def _walls(strategy: StrategyBudget, compile_only: bool = False) -> dict[int, float]:
+    """Limit -> wall time of the attempt shown there (:func:`shown_attempts`): the whole process, or with
+    ``compile_only`` the worker's load and build (limits whose attempt has none left out)."""
+    walls = {limit: a.compile_s if compile_only else a.wall_s for limit, a in shown_attempts(strategy).items()}
+    return {limit: wall for limit, wall in walls.items() if wall is not None}
 
 
 @dataclass(frozen=True)
@@ -79,13 +90,14 @@ def budget_goals(record: BudgetRecord) -> list[Goal]:
         else:
             goals.append(Goal(f"{title} ({_gib(limit, d)})", f"smallest completing limit {_gib(m.minimum_bytes, d)}",
                               m.minimum_bytes <= limit))
-            title = "map's load + build at that limit within 1.5x of its unconstrained one"
+            title = f"map's load + build at the goal limit ({_gib(limit, d)}) within 1.5x of its unconstrained one"
             free = m.unconstrained
-            compile_walls, whole_walls = _completed_walls(m, compile_only=True), _completed_walls(m)
+            compile_walls, whole_walls = _walls(m, compile_only=True), _walls(m)
             # The limit itself where a run completed there, else the nearest completed limit under it (a
             # compiler's sweep adds no run at the limit): a run with less memory is not faster.
             at = max((lim for lim in compile_walls if lim <= limit and lim in whole_walls), default=None)
-            where = "" if at is None or at == limit else f"at {_gib(at, d)}, the nearest completed limit under it: "
+            where = "" if at is None else f"at {_gib(at, d)}" + (
+                "" if at == limit else ", the nearest completed limit under it") + ": "
             if free is None or free.compile_s is None or at is None:
                 goals.append(Goal(title, "no completed run at or under that limit", None))
             elif free.compile_s <= 0 or free.wall_s <= 0:  # times are recorded to the millisecond
@@ -125,13 +137,23 @@ def _mark(met: bool | None) -> str:
     return {True: "met", False: "not met", None: "cannot tell"}[met]
 
 
+def _subtitle(record: BudgetRecord) -> str:
+    """What the sweep is, from its record: the model, and how many attempts of one run each."""
+    attempts = sum(len(s.attempts) for s in record.strategies.values())
+    limits = len({a.limit_bytes for s in record.strategies.values() for a in s.attempts})
+    d = gib_decimals(record.model_bytes)
+    return (f"{record.model_name}, {_gib(record.model_bytes, d)}, {record.engines} engines, backend "
+            f"{record.backend} on {record.device}: {attempts} attempts of {len(record.strategies)} strategies "
+            f"under {limits} memory limits, each attempt one run of a fresh process on a cold cache")
+
+
 def budget_markdown(record: BudgetRecord, figure_names: list[str], notes: str | None) -> str:
     """The whole markdown report of a budget sweep."""
     d = gib_decimals(record.model_bytes)
     m = record.machine
     lines = [
         f"# {record.name}: smallest host memory to compile, by loading strategy", "",
-        f"*{record.description}*", "",
+        f"*{_subtitle(record)}*", "",
         f"Model **{record.model_name}** ({_gib(record.model_bytes, d)}), {record.engines} engines (the largest "
         f"{_gib(record.largest_engine_bytes, d)}), backend `{record.backend}`, device `{record.device}`; "
         f"machine: {m.cpus} CPUs, {_gib(m.mem_total_bytes, 1)} memory, kernel {m.kernel}; {record.controller}, "
@@ -148,7 +170,7 @@ def budget_markdown(record: BudgetRecord, figure_names: list[str], notes: str | 
     ]
     for name, s in record.strategies.items():
         free = s.unconstrained
-        at_min = s.minimum_attempt
+        at_min = None if s.minimum_bytes is None else shown_attempts(s).get(s.minimum_bytes)
         if (at := s.at_limit) is not None:  # run at one limit, not swept
             smallest = (f"≤ {_gib(at.limit_bytes, d)} (one run at it, not swept)" if at.completed
                         else f"> {_gib(at.limit_bytes, d)} (one run at it, not swept)")
@@ -189,6 +211,21 @@ def budget_markdown(record: BudgetRecord, figure_names: list[str], notes: str | 
     return "\n".join(lines)
 
 
+_SIDE_BY_SIDE = 0.08
+"""How far apart failure marks at one limit are set, in powers of two of the limit (the axis is log 2)."""
+
+
+def failure_shifts(record: BudgetRecord) -> dict[tuple[int, str], float]:
+    """``(limit, strategy) -> factor`` the failure marks are drawn at (limit x factor): where several strategies
+    failed at one limit, their marks side by side in the record's order, centred on the limit; 1 elsewhere."""
+    failing: dict[int, list[str]] = {}
+    for name, s in record.strategies.items():
+        for limit in dict.fromkeys(a.limit_bytes for a in s.attempts if not a.completed):
+            failing.setdefault(limit, []).append(name)
+    return {(limit, name): 2.0 ** ((i - (len(names) - 1) / 2) * _SIDE_BY_SIDE)
+            for limit, names in failing.items() for i, name in enumerate(names)}
+
+
 def wall_figure(record: BudgetRecord) -> Figure:
     """Wall time against the memory limit, one line per strategy: the whole process (failures marked where
     they stopped) on the left, the load + build of the runs that completed on the right."""
@@ -202,18 +239,20 @@ def wall_figure(record: BudgetRecord) -> Figure:
         goal = record.goal_limit_bytes(HEADLINE_STRATEGY)
         m = record.strategies.get(HEADLINE_STRATEGY)
         smallest: dict[str, tuple[int, list[str]]] = {}  # smallest limit as written -> (bytes, strategies)
+        shift = failure_shifts(record)
         for name, s in record.strategies.items():
             colour = strategy_colour(name, order)
             marker = strategy_line(name, order)["marker"]
             for ax, compile_only in ((whole, False), (compile_ax, True)):
-                walls = _completed_walls(s, compile_only)
+                walls = _walls(s, compile_only)
                 if walls:
                     ax.plot([limit / GIB for limit in walls], list(walls.values()), marker=marker, markersize=4,
                             color=colour, linewidth=1.6, gid=f"wall:{name}")
             failed = [a for a in s.attempts if not a.completed]
             if failed:
-                whole.scatter([a.limit_bytes / GIB for a in failed], [a.wall_s for a in failed], marker="x", s=40,
-                              color=colour, linewidths=1.5, zorder=3)
+                whole.scatter([a.limit_bytes / GIB * shift.get((a.limit_bytes, name), 1.0) for a in failed],
+                              [a.wall_s for a in failed], marker="x", s=40, color=colour, linewidths=1.5, zorder=3,
+                              gid=f"failed:{name}")
             if s.minimum_bytes is not None:
                 text = f"smallest {'≤ ' if s.at_lower_bound else ''}{_gib(s.minimum_bytes, d)}"
                 smallest.setdefault(text, (s.minimum_bytes, []))[1].append(name)
@@ -237,8 +276,10 @@ def wall_figure(record: BudgetRecord) -> Figure:
             compile_ax.axhline(bound, color="#0072B2", linewidth=0.9, linestyle="-.")
             handles.append(Line2D([], [], color="#0072B2", linestyle="-.",
                                   label=f"1.5 x map's unconstrained load + build ({bound:.1f} s)"))
+        spread = "; several at one limit side by side, in the legend's order" if any(
+            factor != 1.0 for factor in shift.values()) else ""
         handles.append(Line2D([], [], color="#555555", marker="x", linestyle="", label="did not complete "
-                              "(OOM-killed or timed out), at the time it stopped"))
+                              f"(OOM-killed or timed out), at the time it stopped{spread}"))
         for ax, ylabel in ((whole, "wall time of the whole process (s)"),
                            (compile_ax, "load + build of the runs that completed (s)")):
             ax.set_xscale("log", base=2)
@@ -247,8 +288,11 @@ def wall_figure(record: BudgetRecord) -> Figure:
             ax.set_ylabel(ylabel)
             ax.set_ylim(bottom=0)
             ax.grid(True, which="both", alpha=0.25)
-        title = (f"{record.name}: wall time against the memory limit (each point a fresh process on a "
-                 "cold cache; the unconstrained run is the rightmost)")
+        title = (f"{record.name}: wall time against the memory limit (each point one attempt, a fresh process on a "
+                 "cold cache: the first to complete at its limit, as the table gives it; the unconstrained run is "
+                 "the rightmost)")
+        for handle in handles:  # long labels wrap, so that three columns fit the figure's width
+            handle.set_label("\n".join(textwrap.wrap(str(handle.get_label()), 58)))
         fig.legend(handles=handles, loc="outside upper center", ncols=3, frameon=False,
                    title=wrapped_title(fig, title, 11),
                    title_fontproperties={"size": 11, "weight": "bold"})
@@ -265,7 +309,7 @@ def wall_figure(record: BudgetRecord) -> Figure:
 
 
 def render_budget(results_dir: Path, out_dir: Path | None = None) -> list[Path]:
-    """Write ``<name>-wall.png`` and ``<name>.md`` for the budget results in ``results_dir``; returns the paths.
+    """Write ``<name>.wall.png`` and ``<name>.md`` for the budget results in ``results_dir``; returns the paths.
 
     Both are put in place together once both are written; when either cannot be (a full
     disk), the earlier ones stay as they were.
@@ -275,6 +319,6 @@ def render_budget(results_dir: Path, out_dir: Path | None = None) -> list[Path]:
     record = read_budget(results_dir)
     notes = read_text_file(out / f"{record.name}.notes.md")
     with FileBatch("the earlier report and figure are unchanged") as batch:
-        figure = batch.write(out / f"{record.name}-wall.png", figure_png(wall_figure(record)))
+        figure = batch.write(out / figure_name(record.name, "wall"), figure_png(wall_figure(record)))
         batch.write(out / f"{record.name}.md", budget_markdown(record, [figure.name], notes))
         return batch.commit()

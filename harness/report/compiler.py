@@ -3,7 +3,7 @@
 Drawn and tabled only for runs of a compiler backend (records of layout 3 with
 ``compiler`` set); :func:`has_compiler` says which.
 
-* :func:`compiler_figure`, ``<name>-compiler.png``: per engine, how far each strategy's host
+* :func:`compiler_figure`, ``<name>.compiler.png``: per engine, how far each strategy's host
   memory rose while it was built (the high-water mark minus RSS at its start) beside the
   engine's weights (what a build that copies them adds: the copy floor's share), and, where
   the weights were written into the artifact after the compile (``packaged``), the rise when
@@ -11,7 +11,8 @@ Drawn and tabled only for runs of a compiler backend (records of layout 3 with
   artifact's bytes;
 * :func:`compiler_lines`: the markdown section with the export phase per strategy (time,
   checkpoint pages read, host memory it cost, the built model against eager) and a row
-  per engine and strategy.
+  per engine and strategy, with the memory of the processes the compiler started: their summed
+  PSS, or, in records before layout 13, their summed RSS, named as such.
 """
 
 from __future__ import annotations
@@ -191,10 +192,38 @@ _ENGINE_COLUMNS: list[TableColumn[tuple[str, EngineRecord]]] = [
     TableColumn("compiler's own", lambda row: _mib(row[1].compiler_own_bytes)),
     TableColumn("weights read", lambda row: _mib(row[1].write_read_bytes)),
     TableColumn("artifact write", lambda row: _mib(row[1].write_buffers_bytes)),
-    TableColumn("compiler processes", lambda row: _mib(row[1].children_peak_bytes)),
     TableColumn("cache growth", lambda row: _mib(row[1].cache_bytes)),
 ]
-"""The per-engine table: a row per engine a compiler built, per strategy."""
+"""The per-engine table's columns before the compiler processes' (:func:`_children_column`, last): a row per engine a
+compiler built, per strategy."""
+
+
+def _children_measured_pss(run: Results) -> bool:
+    """Whether the run measured its compilers' processes by summed PSS (layout 13 on); older records hold their
+    summed RSS only."""
+    return any(e.children_pss_bytes is not None for r in run.strategies.values() for e in _compiled(r))
+
+
+def _children_column(run: Results) -> TableColumn[tuple[str, EngineRecord]]:
+    """The compiler processes' column, named for what the run measured: summed PSS, or, in older records, summed
+    RSS."""
+    if _children_measured_pss(run):
+        return TableColumn("compiler processes (summed PSS)", lambda row: _mib(row[1].children_pss_bytes))
+    return TableColumn("compiler processes (summed RSS)", lambda row: _mib(row[1].children_peak_bytes))
+
+
+def _children_text(run: Results) -> str:
+    """What the compiler processes' column holds, in words."""
+    measured = ("the largest summed PSS of the processes the build started (the C++ compiler, the linker, the "
+                "compiler's worker processes), sampled: each page they share split among the processes that map "
+                "it, so a shared library counts once across them; what they add to the machine's memory, outside "
+                "this process" if _children_measured_pss(run) else
+                "the largest summed RSS of the processes the build started (the C++ compiler, the linker, the "
+                "compiler's worker processes), sampled, as this run's record holds it: it counts every page they "
+                "share (the shared libraries each maps, what a worker shares with the process it was forked from) "
+                "once per process, so it overstates what they add to the machine's memory, by gigabytes where "
+                "workers import torch; records from layout 13 on hold their summed PSS instead")
+    return f"compiler processes: {measured}"
 
 
 def compiler_lines(run: Results) -> list[str]:
@@ -216,9 +245,8 @@ def compiler_lines(run: Results) -> list[str]:
               "of that and RSS when the write began (what compiling and packaging left) − RSS at its start, "
               "weights read = the largest rise of file-backed RSS while they were written (the source's pages "
               "resident at once) and artifact write = the largest RSS meanwhile − RSS when the write began − "
-              "weights read: where the write sets the peak, the three add up to the host rise; "
-              "compiler processes: the largest summed RSS of the C++ compiler and "
-              "linker the build started, sampled, memory outside this process):", "",
-              *markdown_table(_ENGINE_COLUMNS, ((name, e) for name, r in run.strategies.items()
-                                                for e in _compiled(r)))]
+              f"weights read: where the write sets the peak, the three add up to the host rise; "
+              f"{_children_text(run)}):", "",
+              *markdown_table([*_ENGINE_COLUMNS, _children_column(run)],
+                              ((name, e) for name, r in run.strategies.items() for e in _compiled(r)))]
     return lines + [""]

@@ -1,9 +1,12 @@
-"""``<name>-engines.png``: engine by engine, each strategy's host high-water mark, what it released, its build time.
+"""``<name>.engines.png``: engine by engine, each strategy's host high-water mark, what it released, its build time.
 
 Every strategy's marks, bars and line sit at its own small offset from the engine's
 position, with its own marker and line style, so that no line hides another; a strategy
 whose marks equal an earlier one's at every engine, to the decimals the report prints
-(:func:`harness.report.style.coinciding`), says so in the legend.
+(:func:`harness.report.style.coinciding`), says so in the legend. Each legend entry gives the
+strategy's build phase as the report's table prints it (:attr:`~harness.results.metrics.StrategyMetrics.build_s`
+formatted by :func:`~harness.report.text.format_seconds`); the bars under it are each engine's
+own span, whose sum leaves out the moments between engines.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from harness.report.style import SERIES_COLOURS, coinciding, figure_legend, gib, new_figure, strategy_line, styled
-from harness.report.text import GIB, gib_decimals
+from harness.report.text import GIB, format_seconds, gib_decimals
 from harness.results.reading import Results
 
 __all__ = ["engines_figure"]
@@ -63,7 +66,8 @@ def engines_figure(run: Results) -> Figure:
         if metrics.engine_s:
             xs, seconds = zip(*metrics.engine_s, strict=True)
             bottom.bar(np.asarray(xs) + offsets, seconds, width, color=colour, zorder=2, gid=f"build-s:{name}")
-            label += f", engines built in {sum(seconds):.1f} s"
+        if metrics.build_s is not None:
+            label += f", build phase {format_seconds(metrics.build_s)}"
         handles.append(Line2D([], [], linewidth=1.6, markersize=5, label=label, **line))
     top.set_ylabel("host high-water\nmark (GiB)")
     top.set_ylim(bottom=0)

@@ -1,15 +1,21 @@
-"""``<name>-engine-times.png``: each engine's build time per strategy, split into waiting for pages and copying.
+"""``<name>.engine-times.png``: each engine's build time per strategy, split into waiting for pages and copying.
 
 One group of bars per engine, one bar per strategy: the lower, hatched part is the time
 the build spent bringing the engine's weights into memory (one read of every page:
 page faults, and disk reads for what was not in the page cache), the upper, solid part
 the time it spent copying the resident weights to the engine and flushing it (see
-:mod:`harness.engines.backends`), and an outlined cap the rest of the engine's span: releasing its
-weights (and, with prefetch, asking for the next engine's pages) and the harness's own
-bookkeeping. Where the run measured the disk, a black tick over each group
-marks the engine's weights ÷ the disk's median cold read rate: the time reading them
-once takes on this disk. Strategies without the split (another backend) show one solid
-bar of the whole engine time.
+:mod:`harness.engines.backends`), and an outlined cap the rest of the engine's span: for the
+strategies that get each engine's tensors right before its build
+(:data:`~harness.catalog.FETCHED_PER_ENGINE`: ``stream`` opens them as views, ``read_file`` reads
+them with ``pread``), getting them; then releasing its weights (and, with prefetch, asking for the
+next engine's pages) and the harness's own bookkeeping. Each strategy's legend entry sets its
+engines' summed time beside its build phase, the figure the report's table prints. Where the run
+measured the disk, a black tick over each group marks the engine's weights ÷ the disk's median
+cold read rate: the time reading them once takes on this disk. Strategies without the split
+(another backend) show one solid bar of the whole engine time.
+
+A compiler's run that recorded no split is not drawn (:func:`engine_times_applies`): its bars
+would be the compile times the compiler figure and the engines figure already show.
 """
 
 from __future__ import annotations
@@ -21,11 +27,31 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from harness.catalog import FETCHED_PER_ENGINE
+from harness.report.compiler import has_compiler
 from harness.report.style import figure_legend, new_figure, strategy_colour, styled
 from harness.report.text import format_seconds
 from harness.results.reading import Results
 
-__all__ = ["engine_times_figure"]
+__all__ = ["engine_times_applies", "engine_times_figure"]
+
+
+def _split(run: Results) -> bool:
+    """Whether any strategy's engines recorded the split into pages and copying."""
+    return any(m.engine_copy_s for m in run.metrics.values())
+
+
+def engine_times_applies(run: Results) -> bool:
+    """Whether the figure is drawn for ``run``: unless it is a compiler's run without the split, whose engine times
+    are the compile times the compiler figure and the engines figure show."""
+    return not has_compiler(run) or _split(run)
+
+
+def _rest_text(names: list[str]) -> str:
+    """What the outlined top holds, for the strategies ``names`` of the run."""
+    fetched = [f"{name} {FETCHED_PER_ENGINE[name]}" for name in names if name in FETCHED_PER_ENGINE]
+    text = "outlined top: the rest of the engine's span: "
+    return text + (f"first {', '.join(fetched)}; then " if fetched else "") + "releasing its weights, bookkeeping"
 
 
 @styled
@@ -61,19 +87,22 @@ def engine_times_figure(run: Results) -> Figure:
         ax.bar(at, rest, width, bottom=low + high, facecolor="#FFFFFF", edgecolor=colour, linewidth=1.0, zorder=2,
                gid=f"rest-s:{name}")
         label = f"{name}: engines {format_seconds(sum(totals[x] for x in xs))}"
+        if metrics.build_s is not None:
+            label += f" of its {format_seconds(metrics.build_s)} build phase"
         if metrics.pages_s is not None and metrics.copy_s is not None:
+            fetched = f": {FETCHED_PER_ENGINE[name]} first" if name in FETCHED_PER_ENGINE else ""
             label += (f" ({format_seconds(metrics.pages_s)} pages, {format_seconds(metrics.copy_s)} copy, "
-                      f"{format_seconds(float(rest.sum()))} rest)")
+                      f"{format_seconds(float(rest.sum()))} rest{fetched})")
         if not metrics.record.ok:
             label += " (FAILED, partial)"
         handles.append(Patch(color=colour, label=label))
-    split = any(run.metrics[name].engine_copy_s for name in names)
+    split = _split(run)
     if split:
         handles += [
             Patch(facecolor="#FFFFFF", edgecolor="#555555", hatch="///",
                   label="hatched bottom: bringing weights' pages in"),
             Patch(facecolor="#555555", label="middle: copying to the engine and flushing it"),
-            Patch(facecolor="#FFFFFF", edgecolor="#555555", label="outlined top: releasing its weights, the rest"),
+            Patch(facecolor="#FFFFFF", edgecolor="#555555", label=_rest_text(names)),
         ]
     else:
         handles.append(Patch(facecolor="#555555", label="solid: the engine's whole build (this run recorded no "
@@ -90,7 +119,7 @@ def engine_times_figure(run: Results) -> Figure:
     ax.set_ylim(bottom=0)
     ax.set_xlabel("engine (build order)")
     ax.set_title("time to build each engine: waiting for its weights' pages (hatched), copying (solid), "
-                 "releasing (outlined)" if split else "time to build each engine", loc="left")
+                 "the rest of its span (outlined)" if split else "time to build each engine", loc="left")
     ax.set_ylim(0, ax.get_ylim()[1] * 1.06)  # room above the tallest bar
     ax.grid(axis="y", color="#E5E5E5", zorder=0)
     if indices:

@@ -22,6 +22,9 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
 from harness.catalog import strategy_label
+from harness.report.enginetimes import engine_times_applies
+from harness.report.markdown import spread_text
+from harness.report.names import figure_name
 from harness.report.style import FLOOR_STYLE, figure_legend, new_figure, strategy_colour, styled
 from harness.report.text import (
     GIB,
@@ -34,6 +37,7 @@ from harness.report.text import (
 )
 from harness.results.metrics import StrategyMetrics, floor_formula, phase_spans
 from harness.results.reading import Results
+from harness.results.spread import MedianSpread, median_spread, strategy_rounds
 
 __all__ = ["PHASE_COLOURS", "headline_figure"]
 
@@ -44,6 +48,12 @@ _OTHER_PHASE = "#AAAAAA"
 _BETWEEN: dict[str, Any] = {"facecolor": "#FFFFFF", "edgecolor": "#888888", "hatch": "...."}
 _BAR = 0.62  # bar height, in rows
 _HOST_GPU_ALPHA = 0.4
+_INTERVAL_COLOUR = "#000000"
+_LABEL_PT = 10
+_TEXT_GAP_PT = 4
+_BOLD_EM = 0.64  # width of a bold character, in ems, on average (digits and lower case)
+_AXIS_IN = 9.7  # both panels' width in a 12-inch figure, beside the strategies' described tick labels
+_REGULAR_EM = 0.56
 
 
 def _failure(m: StrategyMetrics, planned: int) -> str:
@@ -62,8 +72,10 @@ def _excess_text(peak: int, excess: float, decimals: int, floor: str, what: str 
 
 
 def _bar(ax: Axes, y: float, height: float, m: StrategyMetrics, peak: int, floor: int | None, text: str,
-         order: list[str], gid: str, alpha: float) -> None:
-    """One peak bar from zero (baseline shaded) to ``peak``, ``floor`` drawn across it, ``text`` at its end."""
+         order: list[str], gid: str, alpha: float, text_at: int | None = None) -> tuple[float, str]:
+    """One peak bar from zero (baseline shaded) to ``peak``, ``floor`` drawn across it, ``text`` at its end (at
+    ``text_at`` bytes where something is drawn past the bar: the whole-run outline). Returns where the text
+    starts (GiB) and the text, for :func:`_axis_end`."""
     colour = strategy_colour(m.name, order)
     base = min(m.record.baseline_rss_bytes or 0, peak)
     ax.barh(y, base / GIB, height, color=BASELINE_COLOUR, zorder=2)
@@ -73,18 +85,39 @@ def _bar(ax: Axes, y: float, height: float, m: StrategyMetrics, peak: int, floor
     if floor is not None:
         line = ax.vlines(floor / GIB, y - height / 2 - 0.05, y + height / 2 + 0.05, zorder=4, **FLOOR_STYLE)
         line.set_gid(f"{'floor' if gid == 'compared' else gid + '-floor'}:{m.name}")
-    label = ax.text(peak / GIB + ax.get_xlim()[1] * 0.01, y + 0.02, text, va="center", ha="left", fontsize=10,
-                    fontweight="bold", color="#000000" if m.record.ok else "#B00000", zorder=5,
-                    bbox={"boxstyle": "square,pad=0.15", "facecolor": "white", "edgecolor": "none", "alpha": 0.85})
+    start = max(peak, text_at or 0) / GIB
+    label = ax.annotate(text, (start, y + 0.02), xytext=(_TEXT_GAP_PT, 0), textcoords="offset points", va="center",
+                        ha="left", fontsize=_LABEL_PT, fontweight="bold",
+                        color="#000000" if m.record.ok else "#B00000", zorder=5,
+                        bbox={"boxstyle": "square,pad=0.15", "facecolor": "white", "edgecolor": "none", "alpha": 0.85})
     label.set_gid(f"{'excess' if gid == 'compared' else gid + '-excess'}:{m.name}")
-    label.set_in_layout(False)  # the axis leaves room for it; it must not shrink the axes
+    label.set_in_layout(False)  # the axis leaves room for it (_axis_end); it must not shrink the axes
+    return start, text
+
+
+def _axis_end(labels: list[tuple[float, str]], points: float = _LABEL_PT, em: float = _BOLD_EM) -> float:
+    """The right end of an axis (in its units) that leaves room for every label: one starting at ``start`` and
+    ``w`` inches wide (its longest line, in type of ``points`` whose characters are ``em`` wide) needs
+    ``end >= start / (1 - w / axis width)`` (a label is given at most 70% of the axis)."""
+    def needed(start: float, text: str) -> float:
+        width = (max(len(line) for line in text.splitlines()) * em * points + _TEXT_GAP_PT + 6) / 72
+        return start / (1.0 - min(0.7, width / _AXIS_IN))
+
+    return max((needed(start, text) for start, text in labels), default=0.0)
+
+
+def _whole_run_end(m: StrategyMetrics, peak: int, right: float) -> int | None:
+    """Where the outline carrying a bar of ``peak`` on to the whole-run host peak ends, in bytes; None where no
+    outline is drawn (the whole run went no higher than 3% of the axis, ``right`` GiB, past the bar)."""
+    whole = m.record.host_peak_bytes
+    return None if whole is None or (whole - peak) / GIB <= 0.03 * right else whole
 
 
 def _whole_run(ax: Axes, y: float, height: float, m: StrategyMetrics, peak: int, right: float, order: list[str],
                decimals: int) -> None:
     """The outline carrying a host bar on to the whole-run host peak, where that is higher."""
-    whole = m.record.host_peak_bytes
-    if whole is None or (whole - peak) / GIB <= 0.03 * right:
+    whole = _whole_run_end(m, peak, right)
+    if whole is None:
         return
     outline = Rectangle((peak / GIB, y - height / 2), (whole - peak) / GIB, height, fill=False,
                         edgecolor=strategy_colour(m.name, order), linestyle=(0, (4, 2)), linewidth=1.4, zorder=2)
@@ -112,10 +145,7 @@ def _peaks_panel(ax: Axes, run: Results, order: list[str]) -> None:
     values = [v for m in metrics for v in (m.compared_peak_bytes, m.record.build_peak_bytes,
                                            m.record.host_peak_bytes, m.floor_bytes) if v]
     right = max(values, default=GIB) / GIB
-    # room for the text after each bar (about 44% of the axis); an outline's label sits above its end
-    ends = [max(max(m.compared_peak_bytes or 0, m.record.build_peak_bytes or 0) / GIB / 0.56,
-                (m.record.host_peak_bytes or 0) / GIB * 1.04) for m in metrics]
-    ax.set_xlim(0, max(ends, default=0.0) or 1.0)  # no peak at all (every strategy failed before one): 1 GiB
+    labels: list[tuple[float, str]] = []
     height = _BAR / 2 if gpu else _BAR
     for row, m in enumerate(metrics):
         y = len(metrics) - 1 - row
@@ -124,7 +154,8 @@ def _peaks_panel(ax: Axes, run: Results, order: list[str]) -> None:
             host = m.record.build_peak_bytes
             text = (_excess_text(host, m.build_host_excess, decimals, "host floor", " host")
                     if m.record.ok and m.build_host_excess is not None else f"{format_gib(host, decimals)} host")
-            _bar(ax, host_y, height, m, host, m.build_host_floor_bytes, text, order, "host", 1.0)
+            labels.append(_bar(ax, host_y, height, m, host, m.build_host_floor_bytes, text, order, "host", 1.0,
+                               _whole_run_end(m, host, right)))
             _whole_run(ax, host_y, height, m, host, right, order, decimals)
         peak = m.compared_peak_bytes
         if peak is None:
@@ -133,10 +164,13 @@ def _peaks_panel(ax: Axes, run: Results, order: list[str]) -> None:
         text = (_excess_text(peak, m.excess, decimals, "floor") if m.record.ok and m.excess is not None
                 else f"{format_gib(peak, decimals)}, {_failure(m, run.record.engines)}")
         compared_y = y - height / 2 - 0.02 if gpu else y
-        _bar(ax, compared_y, height, m, peak, m.floor_bytes, text, order, "compared",
-             _HOST_GPU_ALPHA if gpu else 1.0)
+        labels.append(_bar(ax, compared_y, height, m, peak, m.floor_bytes, text, order, "compared",
+                           _HOST_GPU_ALPHA if gpu else 1.0, None if gpu else _whole_run_end(m, peak, right)))
         if not gpu:
             _whole_run(ax, y, height, m, peak, right, order, decimals)
+    # room for every label after its bar or the outline past it; no peak at all (every strategy failed before one):
+    # 1 GiB
+    ax.set_xlim(0, max(_axis_end(labels), right * 1.04) if labels else 1.0)
     _strategy_ticks(ax, metrics, order, described=True)
     ax.set_xlabel("GiB")
     ax.grid(axis="x", color="#E5E5E5", zorder=0)
@@ -158,11 +192,22 @@ def _wall_text(m: StrategyMetrics) -> str:
     return text + ("" if m.record.ok else " (FAILED)")
 
 
+def _wall_spread(m: StrategyMetrics) -> MedianSpread | None:
+    """The median of the strategy's finished rounds' wall times and its interval, as the report prints it
+    (:func:`~harness.results.spread.median_spread`); None for fewer than two rounds (no interval)."""
+    walls = strategy_rounds(m).wall_s
+    if len(walls) < 2:
+        return None
+    spread = median_spread(walls)
+    return spread if spread.low is not None and spread.high is not None else None
+
+
 def _times_panel(ax: Axes, run: Results, order: list[str]) -> list[str]:
-    """Each strategy's wall time as one bar of its phases in time order; returns the phases drawn."""
+    """Each strategy's wall time as one bar of its phases in time order, and, over several rounds, the median
+    wall with its interval as an error bar; returns what was drawn (phases, and ``interval``)."""
     metrics = list(run.metrics.values())
     drawn: list[str] = []
-    ends = []
+    labels: list[tuple[float, str]] = []
     for row, m in enumerate(metrics):
         y = len(metrics) - 1 - row
         spans = phase_spans(m.record.phases)
@@ -181,30 +226,52 @@ def _times_panel(ax: Axes, run: Results, order: list[str]) -> list[str]:
         if total > at:
             ax.barh(y, total - at, _BAR, left=at, zorder=2, gid=f"time:{m.name}:between", **_BETWEEN)
             drawn.append("between")
-        label = ax.text(total, y, _wall_text(m).replace("\n", "\n  ").join(("  ", "")), va="center", ha="left",
-                        fontsize=9,
-                        color="#000000" if m.record.ok else "#B00000", zorder=5)
+        text = _wall_text(m)
+        end = total
+        spread = _wall_spread(m)
+        if spread is not None and spread.low is not None and spread.high is not None:
+            bars = ax.errorbar(spread.median, y, xerr=[[spread.median - spread.low], [spread.high - spread.median]],
+                               fmt="o", markersize=4, color=_INTERVAL_COLOUR, ecolor=_INTERVAL_COLOUR, elinewidth=1.6,
+                               capsize=5, capthick=1.6, zorder=6)
+            bars.lines[0].set_gid(f"wall-median:{m.name}")
+            for line in bars.lines[2]:
+                line.set_gid(f"wall-interval:{m.name}")
+            text += "\nrounds: " + spread_text(strategy_rounds(m).wall_s)
+            end = max(end, spread.high)
+            drawn.append("interval")
+        label = ax.annotate(text, (end, y), xytext=(_TEXT_GAP_PT, 0), textcoords="offset points", va="center",
+                            ha="left", fontsize=9, color="#000000" if m.record.ok else "#B00000", zorder=5)
         label.set_gid(f"wall:{m.name}")
         label.set_in_layout(False)
-        ends.append(total)
+        labels.append((end, text))
     _strategy_ticks(ax, metrics, order, described=False)
-    ax.set_xlim(0, (max(ends, default=0.0) or 1.0) / 0.55)  # room for the text after each bar
-    ax.set_xlabel(f"seconds from the strategy's load start (each engine's build: {run.name}-engine-times.png)")
+    ax.set_xlim(0, _axis_end(labels, 9, _REGULAR_EM) or 1.0)  # room for the text after each bar
+    ax.set_xlabel(f"seconds from the strategy's load start ({_engine_times_pointer(run)})")
     ax.grid(axis="x", color="#E5E5E5", zorder=0)
     ax.set_title("where the wall time goes, phase by phase", loc="left")
     return list(dict.fromkeys(drawn))
 
 
-def _phase_legend(ax: Axes, phases: list[str]) -> None:
-    """The time panel's own legend: the colour of each phase drawn."""
+def _engine_times_pointer(run: Results) -> str:
+    """Which figure shows each engine's own time: the engine-times figure, or, where it is not drawn, the
+    compiler's."""
+    if engine_times_applies(run):
+        return f"each engine's build: {figure_name(run.name, 'engine-times')}"
+    return f"each engine's compile: {figure_name(run.name, 'compiler')}"
+
+
+def _phase_legend(ax: Axes, drawn: list[str]) -> None:
+    """The time panel's own legend: the colour of each phase drawn (the error bar is in the figure's legend)."""
     names = {"load": "load", "export": "export", "build": "build (every engine)", "between": "between phases"}
+    phases = [phase for phase in drawn if phase != "interval"]
     handles = [Patch(label=names.get(phase, phase), **_BETWEEN) if phase == "between" else
                Patch(label=names.get(phase, phase), color=PHASE_COLOURS.get(phase, _OTHER_PHASE)) for phase in phases]
     ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncols=len(handles), frameon=False,
               borderaxespad=0.2, handlelength=1.6, columnspacing=1.2)
 
 
-def _legend(run: Results) -> list[Any]:
+def _legend(run: Results, interval: bool) -> list[Any]:
+    """The figure's legend: the peak panel's marks, and the time panel's error bar where one is drawn."""
     handles: list[Any] = [Patch(color=BASELINE_COLOUR, label="baseline (before the load)")]
     if run.on_gpu:
         handles += [
@@ -216,6 +283,9 @@ def _legend(run: Results) -> list[Any]:
         handles.append(Line2D([], [], label="floor", **FLOOR_STYLE))
     handles.append(Patch(fill=False, edgecolor="#555555", linestyle=(0, (4, 2)),
                          label="whole-run host peak, where higher"))
+    if interval:
+        handles.append(Line2D([], [], color=_INTERVAL_COLOUR, marker="o", markersize=4, linewidth=1.6,
+                              label="wall times: the rounds' median and its interval, as the report gives them"))
     return handles
 
 
@@ -229,11 +299,12 @@ def headline_figure(run: Results) -> Figure:
     """Each strategy's peaks against their floors (the host first), and its wall time phase by phase."""
     order = list(run.metrics)
     rows = max(1, len(order))
-    times_height = 0.45 * rows + 0.9
+    times_height = (0.6 if any(_wall_spread(m) for m in run.metrics.values()) else 0.45) * rows + 0.9
     fig = new_figure(12.0, 3.0 + 0.95 * rows + times_height, run)
     top, bottom = fig.subplots(2, 1, height_ratios=(0.95 * rows + 0.6, times_height))
     _peaks_panel(top, run, order)
-    _phase_legend(bottom, _times_panel(bottom, run, order))
+    drawn = _times_panel(bottom, run, order)
+    _phase_legend(bottom, drawn)
     title = f"{run.name}: how far each loading strategy lands from its floor ({_model_text(run)})"
-    figure_legend(fig, _legend(run), title)
+    figure_legend(fig, _legend(run, "interval" in drawn), title)
     return fig

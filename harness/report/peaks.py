@@ -1,9 +1,13 @@
-"""``<name>-peaks.png``: the strategies' peaks side by side.
+"""``<name>.peaks.png``: the strategies' peaks side by side.
 
 Groups, left to right: host at partitioning; the peak compared with the floor (the
 build-phase host peak, or host + GPU on a GPU), with each strategy's floor drawn over
 its bar; then the whole-run peaks, which include the load. The values are
 :mod:`harness.results.metrics`' and are written on the bars as the table prints them.
+
+The model-size line and the floors are named at their heights in a margin right of the last
+group (:func:`level_labels`), nudged apart where they lie closer than a label's height, so that
+a floor a few hundredths of a GiB above the model size (a GPU run's) is told from it.
 
 A scenario's references (figures measured on another setup: another model export,
 another GPU, another builder) are not drawn: beside the run's own bars they would invite
@@ -23,14 +27,24 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from harness.report.style import FLOOR_STYLE, MODEL_STYLE, model_label, new_figure, strategy_colour, styled
+from harness.report.style import (
+    FLOOR_STYLE,
+    MODEL_STYLE,
+    keep_units,
+    model_label,
+    new_figure,
+    strategy_colour,
+    styled,
+)
 from harness.report.text import GIB, gib_decimals
 from harness.results.metrics import StrategyMetrics
 from harness.results.reading import Results
 
-__all__ = ["peak_groups", "peaks_figure"]
+__all__ = ["level_labels", "peak_groups", "peaks_figure"]
 
 Group = tuple[str, Callable[[StrategyMetrics], int | None]]
+
+_MARGIN = 1.0  # x units right of the last group where the levels are named
 
 
 def peak_groups(run: Results) -> list[Group]:
@@ -44,6 +58,26 @@ def peak_groups(run: Results) -> list[Group]:
     if run.gpu_measured:
         groups.append(("whole-run\nGPU peak", lambda m: m.record.gpu_peak_bytes))
     return groups
+
+
+def level_labels(levels: list[tuple[str, float]], gap: float) -> list[tuple[str, float, float]]:
+    """``(text, level, label height)`` of horizontal levels ``(text, value)``: each label at its level, moved up
+    as little as keeps it ``gap`` above the label below (lowest first), so that none overlaps another."""
+    placed: list[tuple[str, float, float]] = []
+    for text, value in sorted(levels, key=lambda level: level[1]):
+        at = value if not placed else max(value, placed[-1][2] + gap)
+        placed.append((text, value, at))
+    return placed
+
+
+def _name_levels(ax: Axes, levels: list[tuple[str, float, dict[str, Any]]], x: float, top: float) -> None:
+    """Each level's line carried into the margin at ``x`` and named there, labels kept apart (:func:`level_labels`)."""
+    styles = {text: style for text, _, style in levels}
+    for text, value, at in level_labels([(text, value) for text, value, _ in levels], top * 0.045):
+        ax.hlines(value, x, x + 0.18, zorder=5, **styles[text])
+        if abs(at - value) > top * 0.005:  # moved: a leader from the line to its name
+            ax.plot([x + 0.18, x + 0.24], [value, at], color="#777777", linewidth=0.8, zorder=5)
+        ax.text(x + 0.26, at, text, va="center", ha="left", fontsize=9, zorder=6, gid=f"level:{text}")
 
 
 def _bar_label(ax: Axes, x: float, value: float | None, text: str, top: float) -> None:
@@ -90,20 +124,26 @@ def peaks_figure(run: Results) -> Figure:
     top = (max(values) or 1.0) * 1.22
     for offset, value, text in bars:
         _bar_label(ax, offset, value, text, top)
-    ax.axhline(record.model.bytes / GIB, zorder=4, **MODEL_STYLE)
+    ax.hlines(record.model.bytes / GIB, -0.5, len(groups) - 0.5, zorder=4, gid="model", **MODEL_STYLE)
     handles.append(Line2D([], [], label=model_label(run), **MODEL_STYLE))
     if floor_drawn:
         handles.append(Line2D([], [], label=f"floor of the {run.compared_label}", **FLOOR_STYLE))
+    floors = {f"{s.floor_bytes / GIB:.{decimals}f}": s.floor_bytes / GIB for s in strategies
+              if s.floor_bytes is not None}
+    levels = [(f"model size {record.model.bytes / GIB:.{decimals}f}", record.model.bytes / GIB, MODEL_STYLE)]
+    levels += [(f"floor {text}", value, FLOOR_STYLE) for text, value in floors.items()]
+    _name_levels(ax, levels, len(groups) - 0.45, top)
     ax.set_xticks(x, [label for label, _ in groups])
-    ax.set_xlim(-0.5, len(groups) - 0.5)
+    ax.set_xlim(-0.5, len(groups) - 0.5 + _MARGIN)
     ax.set_ylim(0, top)
     ax.set_ylabel("GiB")
-    subtitle = f"values in GiB, {decimals} decimals" + ("" if run.gpu_measured else "; no GPU")
+    subtitle = (f"values in GiB, {decimals} decimals; model size and floors named on the right"
+                + ("" if run.gpu_measured else "; no GPU"))
     if record.references:
         subtitle += "; the references measured on another setup are in the report's table, not drawn here"
-    ax.set_title(subtitle, loc="left", color="#555555")
+    ax.set_title(textwrap.fill(subtitle, 120), loc="left", color="#555555")
     for handle in handles:
-        handle.set_label("\n".join(textwrap.wrap(handle.get_label(), 36)))
+        handle.set_label("\n".join(textwrap.wrap(keep_units(handle.get_label()), 36)))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, borderaxespad=0)
     fig.suptitle(f"{run.name}: memory peaks by loading strategy ({record.model.name})", fontsize=12,
                  fontweight="bold")

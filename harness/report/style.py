@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import io
+import re
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -32,6 +33,7 @@ __all__ = [
     "figure_legend",
     "figure_png",
     "gib",
+    "keep_units",
     "model_label",
     "new_figure",
     "save_figure",
@@ -72,6 +74,8 @@ _LINESTYLES: tuple[Any, ...] = ("-", "--", "-.", ":", (0, (6, 2, 1, 2, 1, 2)))
 _FOOTER_PT = 9
 _LEGEND_CHARS = 60
 _DPI = 120
+_UNIT_SPACE = re.compile(r"(?<=\d) (?=(?:s|GiB|MiB|KiB|MB/s|ms|x|×)(?![A-Za-z]))")
+"""The space between a number and its unit (``12.7 s``, ``1.2 GiB``), where a wrapped line must not break."""
 
 
 def styled(build: Callable[[Results], Figure]) -> Callable[[Results], Figure]:
@@ -120,6 +124,12 @@ def _legend_columns(widths: list[float], ncols: int) -> list[list[float]]:
     return columns
 
 
+def keep_units(text: str) -> str:
+    """``text`` with every space between a number and its unit made a no-break space, so that wrapping it
+    (:mod:`textwrap` breaks at ASCII whitespace only) never puts a unit on a line of its own."""
+    return _UNIT_SPACE.sub("\u00a0", text)
+
+
 def wrapped_title(fig: Figure, title: str, size: float) -> str:
     """``title`` broken into lines that fit 95% of the figure's width in bold type of ``size`` points
     (about 0.62 em a character)."""
@@ -133,7 +143,7 @@ def figure_legend(fig: Figure, handles: list[Any], title: str) -> None:
     legend placed outside the axes. Columns are as many as the figure's width holds.
     """
     for handle in handles:  # long labels wrap, so that entries can sit side by side
-        handle.set_label("\n".join(textwrap.wrap(handle.get_label(), _LEGEND_CHARS)))
+        handle.set_label("\n".join(textwrap.wrap(keep_units(handle.get_label()), _LEGEND_CHARS)))
     widths = [(max(len(line) for line in h.get_label().splitlines()) * 0.6 * 9 + 45) / 72 for h in handles]
     ncols = 1
     for candidate in range(len(widths), 0, -1):

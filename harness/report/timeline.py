@@ -1,15 +1,16 @@
-"""``<name>-timeline.png``: one panel per strategy, on one time axis and one memory scale.
+"""``<name>.timeline.png``: one panel per strategy, on one time axis, each on a memory scale of its own.
 
 Each panel shows the process's RSS split into anonymous and file-backed memory, GPU
 memory where there is a GPU, the floor, the model size, and every engine build shaded and
-numbered (a narrow band's number moves down a row rather than being left out). Every panel
-has the same memory scale, from zero to the highest value any panel draws or the model
-size, whichever is higher: a strategy that stays near its floor looks as small as it is
-beside one that holds the whole model, and the model-size line sits at the same height in
-every panel. The checkpoint's page-cache residency, which belongs to the machine rather
-than to the process, is drawn against its own axis on the right, in per cent of the
-checkpoint, on the same scale: 100% at the checkpoint's size in GiB, just above the
-model-size line.
+numbered (a narrow band's number moves down a row rather than being left out). Each panel's
+memory axis runs from zero to the highest value that panel draws (the floor included), with
+room above for the engine numbers (:func:`panel_top`): a strategy that stays near its floor
+fills its panel as one that holds the whole model fills its own, so both can be read. The
+panels' scales therefore differ; the figure's title says so, and the model size, drawn
+where it fits a panel's scale, is named at the panel's top where it does not. The
+checkpoint's page-cache residency, which belongs to the machine rather than to the process,
+is drawn in a strip of its own under each panel, in per cent of the checkpoint, so that it
+never lies on the RSS it often equals.
 """
 
 from __future__ import annotations
@@ -34,11 +35,11 @@ from harness.report.style import (
     new_figure,
     styled,
 )
-from harness.report.text import GIB, status_text
+from harness.report.text import GIB, format_gib, gib_decimals, status_text
 from harness.results.reading import Results
 from harness.results.record import StrategyRecord
 
-__all__ = ["engine_spans", "label_rows", "memory_top", "time_origin", "timeline_figure"]
+__all__ = ["engine_spans", "label_rows", "panel_top", "time_origin", "timeline_figure"]
 
 _BANDS = ("#E3E3E3", "#F2F2F2")
 _LABEL_ROWS = (0.975, 0.90, 0.825, 0.75)  # axes fractions where engine numbers go, top first
@@ -122,24 +123,51 @@ def _label_engines(ax: Axes, spans: list[tuple[int, float, float]], seconds_per_
                 ha="center", va="top", fontsize=9, color="#444444", zorder=6, gid=f"engine:{index}")
 
 
-def memory_top(run: Results) -> float:
-    """The top of every panel's memory axis (GiB): the highest value any panel draws, or the model size if
-    higher, with room above for the engine numbers."""
-    tops = [_panel_top(run, name) for name in run.strategies] + [run.record.model.bytes / GIB]
-    return max(tops) * 1.3
+def panel_top(run: Results, name: str) -> float:
+    """The top of strategy ``name``'s memory axis (GiB): the highest value its panel draws (the floor included),
+    with room above for the engine numbers."""
+    return _panel_top(run, name) * 1.3
 
 
-def _timeline_panel(ax: Axes, run: Results, name: str, seconds_per_inch: float, top: float) -> None:
-    """One strategy's memory over time, in seconds from its load start, on the memory axis from 0 to ``top``."""
+def _model_line(ax: Axes, run: Results, top: float) -> str | None:
+    """The model size across the panel where it fits the panel's scale; else a note naming it, for the panel's
+    right-hand title."""
+    model = run.record.model.bytes
+    if model / GIB <= top:
+        ax.axhline(model / GIB, zorder=2, **MODEL_STYLE)
+        return None
+    return f"model size {format_gib(model, gib_decimals(model))}: above this panel's scale"
+
+
+def _residency_strip(strip: Axes, run: Results, name: str, frame: pd.DataFrame, origin: float,
+                     spans: list[tuple[int, float, float]]) -> None:
+    """The checkpoint's page-cache residency over time, in per cent of the checkpoint, under its panel."""
+    for index, start, end in spans:
+        strip.axvspan(start, end, color=_BANDS[index % 2], linewidth=0, zorder=0)
+    checkpoint = run.record.checkpoint.bytes
+    if len(frame) and checkpoint > 0:
+        t = frame["t_s"].to_numpy(dtype="float64") - origin
+        share = frame["resident_bytes"].to_numpy(dtype="float64") / checkpoint * 100
+        strip.plot(t, share, color=SERIES_COLOURS["resident"], linewidth=1.4, zorder=3, gid=f"resident:{name}")
+    strip.set_ylim(0, 110)
+    strip.set_yticks([0, 50, 100])
+    strip.set_ylabel("page cache\n(% of ckpt)", color=SERIES_COLOURS["resident"])
+    strip.tick_params(axis="y", colors=SERIES_COLOURS["resident"])
+    strip.grid(axis="y", color="#E5E5E5", zorder=0)
+
+
+def _timeline_panel(ax: Axes, strip: Axes, run: Results, name: str, seconds_per_inch: float) -> None:
+    """One strategy's memory over time, in seconds from its load start, on its own memory scale
+    (:func:`panel_top`), and its page-cache residency in ``strip``."""
     s, m, samples = run.strategies[name], run.metrics[name], run.samples[name]
+    top = panel_top(run, name)
     origin = time_origin(s, samples)
     frame = samples.dropna(subset=["t_s", "rss_bytes"])
     spans = engine_spans(s, samples, origin)
     for index, start, end in spans:
         ax.axvspan(start, end, color=_BANDS[index % 2], linewidth=0, zorder=0)
     _label_engines(ax, spans, seconds_per_inch)
-    residency = ax.twinx()
-    residency.spines["right"].set_visible(True)
+    _residency_strip(strip, run, name, frame, origin, spans)
     if len(frame):
         t = frame["t_s"].to_numpy(dtype="float64") - origin
         anon = np.nan_to_num(gib(frame["anon_bytes"]))
@@ -151,38 +179,30 @@ def _timeline_panel(ax: Axes, run: Results, name: str, seconds_per_inch: float, 
             ax.plot(t, gpu, color=SERIES_COLOURS["gpu"], linewidth=1.5, zorder=3)
             ax.plot(t, gib(frame["rss_bytes"] + frame["gpu_used_bytes"]), color=SERIES_COLOURS["host_gpu"],
                     linewidth=1.5, zorder=4)
-        checkpoint = run.record.checkpoint.bytes
-        if checkpoint > 0:
-            share = frame["resident_bytes"].to_numpy(dtype="float64") / checkpoint * 100
-            residency.plot(t, share, color=SERIES_COLOURS["resident"], linewidth=1.4, zorder=3)
     else:
         ax.text(0.5, 0.5, "no samples", transform=ax.transAxes, ha="center", va="center", color="#777777")
-    for value, style in ((s.phases.load_start_s, ":"), (s.phases.partition_s, "-.")):
-        if value is not None:
-            ax.axvline(value - origin, color=SERIES_COLOURS["phase"], linestyle=style, linewidth=1.2, zorder=5)
-    ax.axhline(run.record.model.bytes / GIB, zorder=2, **MODEL_STYLE)
+    for target in (ax, strip):
+        for value, style in ((s.phases.load_start_s, ":"), (s.phases.partition_s, "-.")):
+            if value is not None:
+                target.axvline(value - origin, color=SERIES_COLOURS["phase"], linestyle=style, linewidth=1.2,
+                               zorder=5)
+    notes = [note for note in (None if m.gpu_measured else "no GPU", _model_line(ax, run, top)) if note]
     if m.floor_bytes is not None:
         ax.axhline(m.floor_bytes / GIB, zorder=2, **FLOOR_STYLE)
     ax.set_ylim(0, top)
-    checkpoint_gib = run.record.checkpoint.bytes / GIB
-    # on the memory scale: the whole checkpoint cached sits at its size in GiB, at the model-size line
-    residency.set_ylim(0, top / checkpoint_gib * 100 if checkpoint_gib > 0 else 130)
-    residency.set_yticks([0, 25, 50, 75, 100])
-    residency.set_ylabel("page cache\n(% of checkpoint)", color=SERIES_COLOURS["resident"])
-    residency.tick_params(axis="y", colors=SERIES_COLOURS["resident"])
     title = f"{name}: {'ok' if s.ok else 'FAILED'}"
     if m.record.wall_s is not None:
         title += f", wall {m.record.wall_s:.1f} s"
     if origin > 0:
         title += f", load began {origin:.1f} s after process start"
     ax.set_title(title, loc="left", color="#000000" if s.ok else "#B00000", fontweight="bold")
-    if not m.gpu_measured:
-        ax.set_title("no GPU", loc="right", color="#555555")
+    if notes:
+        ax.set_title("; ".join(notes), loc="right", color="#555555")
     if not s.ok:
         ax.text(0.99, 0.5, textwrap.fill(status_text(m), width=70), transform=ax.transAxes, ha="right",
                 va="center", fontsize=10, color="#B00000", zorder=10,
                 bbox={"boxstyle": "round,pad=0.4", "facecolor": "white", "edgecolor": "#B00000", "alpha": 0.95})
-    ax.set_ylabel("process memory (GiB)")
+    ax.set_ylabel("process memory\n(GiB, own scale)")
 
 
 def _timeline_legend(run: Results) -> list[Any]:
@@ -199,7 +219,8 @@ def _timeline_legend(run: Results) -> list[Any]:
     handles += [
         Line2D([], [], label=f"floor of the {run.compared_label}", **FLOOR_STYLE),
         Line2D([], [], label=model_label(run), **MODEL_STYLE),
-        Line2D([], [], color=SERIES_COLOURS["resident"], linewidth=1.4, label="checkpoint in page cache (right)"),
+        Line2D([], [], color=SERIES_COLOURS["resident"], linewidth=1.4,
+               label="checkpoint in page cache (the strip under each panel)"),
         Line2D([], [], color=SERIES_COLOURS["phase"], linestyle=":", linewidth=1.2, label="load start"),
         Line2D([], [], color=SERIES_COLOURS["phase"], linestyle="-.", linewidth=1.2, label="partitioning"),
         Patch(facecolor=_BANDS[0], edgecolor="#BBBBBB", label="engine build (its number above)"),
@@ -209,24 +230,32 @@ def _timeline_legend(run: Results) -> list[Any]:
 
 @styled
 def timeline_figure(run: Results) -> Figure:
-    """One panel per strategy, on one time axis and one memory scale (:func:`memory_top`)."""
+    """One panel per strategy, on one time axis, each on its own memory scale (:func:`panel_top`), each with its
+    page-cache strip under it. The memory panels are the figure's first axes, in run order; their strips
+    follow."""
     strategies = list(run.strategies)
     panels = max(1, len(strategies))
-    fig = new_figure(12.0, 2.2 + 2.7 * panels, run)
-    axes = fig.subplots(panels, 1, sharex=True, sharey=True, squeeze=False)[:, 0]
+    fig = new_figure(12.0, 2.2 + 3.2 * panels, run)
+    grid = fig.add_gridspec(2 * panels, 1, height_ratios=(3.0, 1.0) * panels)
+    axes = [fig.add_subplot(grid[2 * i, 0]) for i in range(panels)]
+    strips = [fig.add_subplot(grid[2 * i + 1, 0], sharex=axes[0]) for i in range(panels)]
+    for ax in axes[1:]:
+        ax.sharex(axes[0])
+    for ax in (*axes, *strips[:-1]):
+        ax.tick_params(labelbottom=False)
     extents = [_time_extent(run.strategies[s], run.samples[s]) for s in strategies] or [(0.0, 1.0)]
     x_min = min(0.0, *(lo for lo, _ in extents))
     x_max = max(hi for _, hi in extents)
     x_max = x_max if x_max > x_min else x_min + 1.0
     margin = (x_max - x_min) * 0.01
     seconds_per_inch = (x_max - x_min + 2 * margin) / (fig.get_figwidth() * 0.78)
-    top = memory_top(run)
-    for ax, name in zip(axes, strategies, strict=False):
-        _timeline_panel(ax, run, name, seconds_per_inch, top)
+    for ax, strip, name in zip(axes, strips, strategies, strict=False):
+        _timeline_panel(ax, strip, run, name, seconds_per_inch)
     if not strategies:
         axes[0].text(0.5, 0.5, "no strategies in this run", transform=axes[0].transAxes, ha="center")
     axes[0].set_xlim(x_min - margin, x_max + margin)
-    axes[-1].set_xlabel("seconds from each strategy's load start")
-    title = f"{run.name}: memory over time by loading strategy ({run.record.model.name}; one memory scale for all)"
+    strips[-1].set_xlabel("seconds from each strategy's load start")
+    title = (f"{run.name}: memory over time by loading strategy ({run.record.model.name}; each panel on its own "
+             "memory scale, from zero to what it draws: read the values on its axis)")
     figure_legend(fig, _timeline_legend(run), title)
     return fig

@@ -32,7 +32,7 @@ it is in ``layout``):
 
 3. Adds, for compiler backends (``inductor``): per engine ``compile_s``, ``artifact_bytes``,
    ``rss_before_bytes`` (RSS when its build began), ``children_peak_bytes`` (the compiler's
-   subprocesses, sampled) and ``cache_bytes`` (growth of the compiler's cache); per strategy
+   subprocesses' summed RSS, sampled) and ``cache_bytes`` (growth of the compiler's cache); per strategy
    ``compiler`` and ``compiler_weights`` (the backend's weight setting), ``export`` (an
    :class:`ExportRecord`: the export phase), ``max_abs_diff`` and ``check`` (the built model
    against eager); ``phases`` gains ``export_start_s`` and ``export_end_s``. All ``None`` for
@@ -86,6 +86,11 @@ it is in ``layout``):
     ``shared_disk_error`` (the shared disk: ``shared_disk`` holds the times measured before it), and in
     ``speed`` ``probe_error`` (the read probe: the settings are then chosen as for a checkpoint not
     probed). ``None`` where it did not fail, and when reading versions 1 to 11.
+13. Adds, per engine a compiler built, ``children_pss_bytes``: the largest sum of the PSS of the compiler's
+    subprocesses (each page they share split among the processes that map it), what they add to the
+    machine's memory; ``children_peak_bytes`` beside it stays their summed RSS, which counts every shared
+    library once per process. ``None`` when reading versions 1 to 12, whose records hold the summed RSS
+    only.
 
 A later version adds keys (each field says the version that added it, ``since`` in its
 :func:`~harness.results.codec.json_field`) and bumps :data:`LAYOUT_VERSION`; records of
@@ -189,7 +194,7 @@ __all__ = [
     "write_summary",
 ]
 
-LAYOUT_VERSION = 12
+LAYOUT_VERSION = 13
 """The layout this code writes; it reads every version from 1 to this one."""
 
 SUMMARY = "summary.json"
@@ -277,6 +282,7 @@ class EngineRecord(Record):
     write_rss_bytes: int | None = field(default=None, metadata={"since": 7})
     write_peak_bytes: int | None = field(default=None, metadata={"since": 7})
     write_read_bytes: int | None = field(default=None, metadata={"since": 7})
+    children_pss_bytes: int | None = field(default=None, metadata={"since": 13})
 
     @property
     def compiler_over_floor_bytes(self) -> int | None:

@@ -166,7 +166,8 @@ def test_compiler_fields_round_trip_and_v2_reads_them_as_none() -> None:
                           released_bytes=10 * MiB, rss_after_bytes=400 * MiB, gpu_used_bytes=None, tensors=3,
                           compile_s=30.5, artifact_bytes=2 * MiB, rss_before_bytes=480 * MiB,
                           children_peak_bytes=300 * MiB, cache_bytes=MiB, compile_hwm_bytes=495 * MiB,
-                          write_rss_bytes=482 * MiB, write_peak_bytes=500 * MiB, write_read_bytes=16 * MiB)
+                          write_rss_bytes=482 * MiB, write_peak_bytes=500 * MiB, write_read_bytes=16 * MiB,
+                          children_pss_bytes=120 * MiB)
     assert engine.compiler_over_floor_bytes == 10 * MiB
     # the split of a packaged build: the compiler's own rise, the weights read and the write's own buffers
     assert (engine.compiler_own_bytes, engine.write_read_bytes, engine.write_buffers_bytes) == (
@@ -184,19 +185,22 @@ def test_compiler_fields_round_trip_and_v2_reads_them_as_none() -> None:
     data = json.loads(json.dumps(record.to_json()))
     assert StrategyRecord.from_json(data, "s.json", "x", LAYOUT_VERSION) == record
     layout_8 = {"prefetch_busy_s", "prefetch_evict_s"}
-    v6 = {k: v for k, v in data.items() if k not in {"check_peak_bytes"} | layout_8}
-    v6["engines"] = [{k: v for k, v in data["engines"][0].items() if not k.startswith(("compile_hwm", "write_"))}]
+    layout_11 = {"sample_rows", "event_rows"}
+    v6 = {k: v for k, v in data.items() if k not in {"check_peak_bytes"} | layout_8 | layout_11}
+    v6["engines"] = [{k: v for k, v in data["engines"][0].items()
+                      if not k.startswith(("compile_hwm", "write_", "children_pss"))}]
     six = StrategyRecord.from_json(v6, "s.json", "x", 6)
     assert six.check_peak_bytes is None and six.engines[0].compiler_own_bytes is None
     assert six.engines[0].write_buffers_bytes is None and six.engines[0].compiler_over_floor_bytes == 10 * MiB
+    assert six.engines[0].children_pss_bytes is None and six.engines[0].children_peak_bytes == 300 * MiB
     later = {"cache", "prefetch", "drop_cache", "prefetch_warmed_bytes", "repeat", "repeats",  # layout 4's
-             "check_peak_bytes"} | layout_8  # layout 7's and 8's
+             "check_peak_bytes"} | layout_8 | layout_11  # layout 7's, 8's and 11's
     v2 = {k: v for k, v in data.items() if k not in {"compiler", "compiler_weights", "export", "max_abs_diff",
                                                       "check"} | later}
     v2["engines"] = [{k: v for k, v in data["engines"][0].items()
                       if k not in {"compile_s", "artifact_bytes", "rss_before_bytes", "children_peak_bytes",
                                    "cache_bytes", "pages_s", "copy_s", "major_faults", "compile_hwm_bytes",
-                                   "write_rss_bytes", "write_peak_bytes", "write_read_bytes"}}]
+                                   "write_rss_bytes", "write_peak_bytes", "write_read_bytes", "children_pss_bytes"}}]
     v2["phases"] = {k: v for k, v in data["phases"].items() if not k.startswith(("export", "check"))}
     old = StrategyRecord.from_json(v2, "s.json", "x", 2)
     assert old.export is None and old.compiler is None and old.engines[0].compile_s is None
@@ -232,7 +236,7 @@ def test_map_with_mapped_engines_reads_nothing_to_export_and_equals_eager(tmp_pa
     assert record.released_bytes and record.released_bytes >= run.model.bytes - MiB
     again = RunRecord.from_json(json.loads((tmp_path / "results" / "tiny-compile" / SUMMARY).read_text()), "s")
     assert again.strategies["map"].export == export
-    figure = tmp_path / "results" / "tiny-compile-compiler.png"
+    figure = tmp_path / "results" / "tiny-compile.compiler.png"
     assert figure.is_file() and figure.stat().st_size > 10_000
     report = (tmp_path / "results" / "tiny-compile.md").read_text(encoding="utf-8")
     assert "## Compiler" in report and "| map | 0 |" in report

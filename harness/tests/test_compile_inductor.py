@@ -140,6 +140,7 @@ def test_mapped_engines_build_in_order_releasing_after_each(mapped: Build) -> No
         assert record["compile_s"] > 0 and record["cache_bytes"] > 0
         assert hwm is None or hwm >= record["rss_before_bytes"]
         assert record["children_peak_bytes"] > 0  # the compiler's subprocesses, sampled
+        assert 0 < record["children_pss_bytes"] <= record["children_peak_bytes"]  # shared pages split among them
         assert built.artifact is not None and built.artifact.is_file()
 
 

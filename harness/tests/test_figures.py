@@ -3,27 +3,36 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 from matplotlib.text import Text
 
 from harness.budget.record import read_budget
-from harness.report.budget import wall_figure
+from harness.report import figure_paths
+from harness.report.budget import budget_goals, budget_markdown, shown_attempts, wall_figure
 from harness.report.engines import engines_figure
+from harness.report.enginetimes import engine_times_figure
 from harness.report.headline import headline_figure
-from harness.report.peaks import peaks_figure
-from harness.report.style import coinciding
+from harness.report.markdown import spread_text
+from harness.report.names import figure_name
+from harness.report.peaks import level_labels, peaks_figure
+from harness.report.style import coinciding, figure_legend
+from harness.report.table import strategy_cells
 from harness.report.text import GIB
-from harness.report.timeline import timeline_figure
+from harness.report.timeline import panel_top, timeline_figure
 from harness.results.metrics import host_floor_bytes, phase_spans
 from harness.results.reading import load_results
 from harness.results.record import Phases
+from harness.results.spread import median_spread, strategy_rounds
 from harness.tests.fixtures import make_results
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
@@ -34,7 +43,7 @@ def results_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
     return make_results(tmp_path / "results", device=request.param)
 
 
-def _gid(fig: Figure, gid: str) -> list[Any]:
+def _gid(fig: Figure | Axes, gid: str) -> list[Any]:
     return [a for a in fig.findobj() if a.get_gid() == gid]
 
 
@@ -87,29 +96,59 @@ def test_without_a_gpu_the_host_floor_is_the_floor(tmp_path: Path) -> None:
 # Timeline
 
 
-def test_timeline_panels_share_one_memory_range_with_the_model_at_one_height(results_dir: Path) -> None:
+def _panel_values(run: Any, name: str) -> list[float]:
+    """What a strategy's timeline panel draws on its memory axis, in GiB: its peaks and its floor."""
+    m = run.metrics[name]
+    return [v / GIB for v in (m.floor_bytes, m.compared_peak_bytes, m.record.host_peak_bytes) if v is not None]
+
+
+def test_each_timeline_panel_is_scaled_to_what_it_draws(results_dir: Path) -> None:
     run = load_results(results_dir)
     fig = timeline_figure(run)
-    panels = fig.axes[: len(run.strategies)]  # the right-hand residency axes come after the panels
-    assert len({ax.get_ylim() for ax in panels}) == 1
-    top = panels[0].get_ylim()[1]
-    peaks = [m.record.host_peak_bytes for m in run.metrics.values() if m.record.host_peak_bytes is not None]
-    assert top >= max(peaks) / GIB and top >= run.record.model.bytes / GIB
-    model = run.record.model.bytes / GIB
-    for ax in panels:
-        levels = [np.asarray(line.get_ydata(), dtype="float64") for line in ax.get_lines()]
-        heights = [float(y[0]) for y in levels if y.size and (y == y[0]).all()]
-        assert model in heights, "every panel draws the model size, at the same height"
+    panels = dict(zip(run.strategies, fig.axes[: len(run.strategies)], strict=True))  # the strips come after
+    for name, ax in panels.items():
+        top = ax.get_ylim()[1]
+        assert top == pytest.approx(panel_top(run, name))
+        assert max(_panel_values(run, name)) / top >= 0.7, f"{name} fills its own panel"
+    assert "each panel on its own memory scale" in " ".join(_legend_texts(fig) + [
+        " ".join(legend.get_title().get_text().split()) for legend in fig.legends])
 
 
-def test_a_strategy_near_its_floor_fills_little_of_its_panel(tmp_path: Path) -> None:
+def test_a_strategy_near_its_floor_is_readable_beside_one_that_holds_the_model(tmp_path: Path) -> None:
     run = load_results(make_results(tmp_path / "results", failed=None))
     fig = timeline_figure(run)
     axes = dict(zip(run.strategies, fig.axes[: len(run.strategies)], strict=True))
-    top = axes["map"].get_ylim()[1]
     map_peak, load_peak = run.strategies["map"].host_peak_bytes, run.strategies["load"].host_peak_bytes
-    assert map_peak is not None and load_peak is not None
-    assert map_peak / GIB / top < 0.6 * load_peak / GIB / top  # map's panel looks as much smaller as it is
+    assert map_peak is not None and load_peak is not None and map_peak < 0.6 * load_peak
+    assert map_peak / GIB / axes["map"].get_ylim()[1] == pytest.approx(
+        load_peak / GIB / axes["load"].get_ylim()[1], rel=0.15), "both peaks fill their panels alike"
+
+
+def test_the_model_size_is_drawn_where_it_fits_a_panel_and_named_where_it_does_not(results_dir: Path) -> None:
+    run = load_results(results_dir)
+    fig = timeline_figure(run)
+    model = run.record.model.bytes / GIB
+    for name, ax in zip(run.strategies, fig.axes[: len(run.strategies)], strict=True):
+        levels = [np.asarray(line.get_ydata(), dtype="float64") for line in ax.get_lines()]
+        heights = [float(y[0]) for y in levels if y.size and (y == y[0]).all()]
+        if model <= ax.get_ylim()[1]:
+            assert model in heights, name
+        else:
+            assert model not in heights and "model size" in ax.get_title(loc="right"), name
+
+
+def test_page_cache_residency_has_a_strip_of_its_own(results_dir: Path) -> None:
+    run = load_results(results_dir)
+    fig = timeline_figure(run)
+    n = len(run.strategies)
+    panels, strips = fig.axes[:n], fig.axes[n:]
+    assert len(strips) == n
+    for name, panel, strip in zip(run.strategies, panels, strips, strict=True):
+        assert not _gid(panel, f"resident:{name}") and not panel.child_axes
+        (line,) = _gid(strip, f"resident:{name}")
+        assert strip.get_ylim() == (0, 110)
+        share = np.asarray(line.get_ydata(), dtype="float64")
+        assert np.nanmax(share) <= 100.0
 
 
 # Engines
@@ -151,7 +190,106 @@ def test_lines_that_differ_are_not_called_the_same(tmp_path: Path) -> None:
     assert not any("same as" in t for t in _legend_texts(fig))
 
 
+PI05 = RESULTS / "pi05"
+
+
+def test_the_engines_legend_gives_the_build_phase_the_table_prints(results_dir: Path) -> None:
+    run = load_results(results_dir)
+    legend = _legend_texts(engines_figure(run))
+    cells = strategy_cells(run)
+    for name in run.strategies:
+        (entry,) = [t for t in legend if t.split(",")[0].split(" (")[0] == name]
+        if run.metrics[name].build_s is not None:
+            assert f"build phase {cells[name]['build time']}" in entry, entry
+
+
+def test_a_wrapped_legend_entry_keeps_each_number_with_its_unit() -> None:
+    fig = Figure()
+    label = "x" * 55 + " 12.7 s, then 1.25 GiB"  # wrapped at 60 characters, the break would fall before "s"
+    figure_legend(fig, [Line2D([], [], label=label)], "title")
+    (text,) = fig.legends[0].get_texts()
+    lines = text.get_text().splitlines()
+    assert len(lines) == 2 and lines[1].startswith("12.7") and "1.25\u00a0GiB" in lines[1]
+
+
+@pytest.mark.skipif(not (PI05 / "summary.json").is_file(), reason="no committed pi0.5 results")
+def test_no_legend_puts_a_unit_on_a_line_of_its_own() -> None:
+    run = load_results(PI05)
+    for build in (engines_figure, engine_times_figure, headline_figure, timeline_figure):
+        for legend in build(run).legends:
+            for text in legend.get_texts():
+                assert not re.search(r"\d\n(s|GiB|MiB|MB/s)\b", text.get_text()), (build.__name__, text.get_text())
+
+
+@pytest.mark.skipif(not (PI05 / "summary.json").is_file(), reason="no committed pi0.5 results")
+def test_the_engine_times_legend_says_what_the_rest_of_a_span_holds() -> None:
+    run = load_results(PI05)
+    legend = _legend_texts(engine_times_figure(run))
+    (rest,) = [t for t in legend if t.startswith("outlined top")]
+    assert "read_file reading its tensors with pread" in rest and "stream opening its tensors as views" in rest
+    (read_file,) = [t for t in legend if t.startswith("read_file:")]
+    assert "rest: reading its tensors with pread first" in read_file
+    (map_,) = [t for t in legend if t.startswith("map:")]
+    assert f"of its {run.metrics['map'].build_s:.1f} s build phase" in map_ and "pread" not in map_
+
+
+def _compiled(summary: dict[str, Any]) -> None:
+    for strategy in summary["strategies"].values():
+        strategy.update(compiler="inductor", compiler_weights="mapped")
+        for engine in strategy["engines"]:
+            engine.update(compile_s=1.0, artifact_bytes=1 << 20, rss_before_bytes=engine["host_hwm_bytes"])
+
+
+def test_a_compilers_run_without_the_split_gets_no_engine_times_figure(tmp_path: Path) -> None:
+    directory = make_results(tmp_path / "results", failed=None)
+    assert "engine-times" in figure_paths("smoke", tmp_path, load_results(directory))
+    _edit_summary(directory, _compiled)
+    run = load_results(directory)
+    kinds = figure_paths("smoke", tmp_path, run)
+    assert "compiler" in kinds and "engine-times" not in kinds  # its bars: the compiler figure's compile times
+    axes = headline_figure(run).axes
+    assert any(figure_name("smoke", "compiler") in ax.get_xlabel() for ax in axes)
+    assert not any("engine-times" in ax.get_xlabel() for ax in axes)
+
+
 # Headline
+
+
+def test_the_whole_run_outline_leaves_its_label_clear(results_dir: Path) -> None:
+    def higher_during_the_load(summary: dict[str, Any]) -> None:  # as load's whole run does on pi0.5
+        load = summary["strategies"]["load"]
+        load["host_peak_bytes"] = 2 * max(load["build_peak_bytes"], load["host_gpu_peak_bytes"])
+
+    _edit_summary(results_dir, higher_during_the_load)
+    fig = headline_figure(load_results(results_dir))
+    fig.canvas.draw()
+    outlines = [p for p in fig.findobj(Rectangle) if str(p.get_gid()).startswith("whole-run:")]
+    assert outlines
+    for outline in outlines:
+        name = str(outline.get_gid()).split(":")[1]
+        box = outline.get_window_extent()
+        labels = [t for t in _gid_prefix(fig, "") if isinstance(t, Text) and str(t.get_gid()).endswith(f"xcess:{name}")]
+        (label,) = [t for t in labels if abs(t.get_window_extent().y0 + t.get_window_extent().y1 - box.y0 - box.y1)
+                    < box.height]  # the label of the bar the outline carries on
+        extent = label.get_window_extent()
+        assert extent.x0 >= box.x1, f"{name}'s label starts after its whole-run outline"
+        axes = outline.axes
+        assert axes is not None and extent.x1 <= axes.get_window_extent().x1 + 1, f"{name}'s label ends in the axes"
+
+
+@pytest.mark.skipif(not (PI05 / "summary.json").is_file(), reason="no committed pi0.5 results")
+def test_the_headline_draws_each_wall_times_interval_as_the_report_gives_it() -> None:
+    run = load_results(PI05)
+    fig = headline_figure(run)
+    for name, m in run.metrics.items():
+        spread = median_spread(strategy_rounds(m).wall_s)
+        assert spread.low is not None and spread.high is not None and spread.rounds == 9
+        (whisker,) = [line for line in _gid(fig, f"wall-interval:{name}") if len(line.get_segments()[0]) == 2]
+        (start, _), (end, _) = whisker.get_segments()[0]
+        assert (start, end) == pytest.approx((spread.low, spread.high))
+        (label,) = _gid(fig, f"wall:{name}")
+        assert spread_text(strategy_rounds(m).wall_s) in label.get_text()
+    assert any("interval, as the report gives them" in t for t in _legend_texts(fig))
 
 
 def test_the_headline_time_bar_of_a_strategy_sums_to_its_wall(results_dir: Path) -> None:
@@ -222,12 +360,37 @@ def test_without_a_gpu_the_headline_draws_one_memory_bar_per_strategy(tmp_path: 
 # Peaks
 
 
+def test_levels_closer_than_a_label_are_named_apart() -> None:
+    placed = level_labels([("model size 8.71", 8.71), ("floor 8.76", 8.76), ("floor 1.21", 1.21)], gap=1.0)
+    assert [(text, value) for text, value, _ in placed] == [("floor 1.21", 1.21), ("model size 8.71", 8.71),
+                                                            ("floor 8.76", 8.76)]
+    heights = [at for _, _, at in placed]
+    assert heights[:2] == [1.21, 8.71] and heights[2] == pytest.approx(9.71)
+
+
+def test_the_peaks_figure_names_the_floor_and_the_model_size_at_their_heights(tmp_path: Path) -> None:
+    directory = make_results(tmp_path / "results", device="cuda", failed=None)
+    run = load_results(directory)
+    floor = run.metrics["map"].floor_bytes
+    assert floor is not None
+    near = floor - GIB // 20  # a model 0.05 GiB under the floor, as lerobot-compile's is
+    _edit_summary(directory, lambda summary: summary["model"].update(bytes=near))
+    run = load_results(directory)
+    fig = peaks_figure(run)
+    (model,) = _gid_prefix(fig, "level:model size")
+    floors = _gid_prefix(fig, "level:floor")
+    assert floors and model.get_text() == f"model size {near / GIB:.2f}"
+    top = fig.axes[0].get_ylim()[1]
+    for label in floors:
+        assert abs(label.get_position()[1] - model.get_position()[1]) >= 0.04 * top, "apart from the model's"
+
+
 def test_references_from_another_setup_are_left_to_the_table(tmp_path: Path) -> None:
     run = load_results(make_results(tmp_path / "results"))
     assert run.record.references
     fig = peaks_figure(run)
     assert not [p for p in fig.findobj(Rectangle) if p.get_hatch()]
-    texts = [t.get_text() for t in fig.findobj(Text)]
+    texts = [" ".join(t.get_text().split()) for t in fig.findobj(Text)]
     assert not any("seed run" in t for t in texts)
     assert any("references measured on another setup are in the report's table" in t for t in texts)
     plain = peaks_figure(load_results(make_results(tmp_path / "plain", references=False)))
@@ -262,6 +425,62 @@ def test_coinciding_smallest_limits_are_drawn_once_with_every_name() -> None:
     separate = _gid_prefix(wall_figure(apart), "smallest:")
     assert len(separate) == 2 * sum(s.minimum_bytes is not None for s in record.strategies.values())
     assert all("," not in line.get_gid() for line in separate)
+
+
+@pytest.mark.skipif(not (BUDGET / "budget.json").is_file(), reason="no committed budget results")
+def test_the_budget_figure_plots_at_each_limit_the_attempt_the_table_gives() -> None:
+    record = read_budget(BUDGET)
+    m = record.strategies["map"]
+    assert m.minimum_bytes is not None
+    tried = [a for a in m.attempts if a.limit_bytes == m.minimum_bytes and a.completed]
+    assert len({a.compile_s for a in tried}) > 1, "the committed sweep tried map's smallest limit twice"
+    (row,) = [line for line in budget_markdown(record, [], None).splitlines() if line.startswith("| map (")]
+    table = row.split(" | ")[5]  # load + build at the smallest limit
+    fig = wall_figure(record)
+    whole, load_build = (line for line in _gid(fig, "wall:map"))
+    at = list(load_build.get_xdata()).index(m.minimum_bytes / GIB)
+    plotted = load_build.get_ydata()[at]
+    assert table.startswith(f"{plotted:.1f} s (process {whole.get_ydata()[at]:.1f} s)")
+    assert shown_attempts(m)[m.minimum_bytes] == tried[0]
+
+
+@pytest.mark.skipif(not (BUDGET / "budget.json").is_file(), reason="no committed budget results")
+def test_failure_marks_at_one_limit_are_set_side_by_side() -> None:
+    record = read_budget(BUDGET)
+    failing: dict[int, list[str]] = {}
+    for name, s in record.strategies.items():
+        for limit in {a.limit_bytes for a in s.attempts if not a.completed}:
+            failing.setdefault(limit, []).append(name)
+    limit, names = max(failing.items(), key=lambda item: len(item[1]))
+    assert len(names) > 2, "the committed sweep has strategies failing at one limit"
+    fig = wall_figure(record)
+    at = {name: {float(x) for mark in _gid(fig, f"failed:{name}") for x in np.asarray(mark.get_offsets())[:, 0]
+                 if abs(np.log2(x * GIB / limit)) < 0.5} for name in names}  # each strategy's marks near the limit
+    assert all(len(xs) == 1 for xs in at.values()), at
+    xs = [x for found in at.values() for x in found]
+    assert len(set(xs)) == len(names), "no strategy's marks hide another's"
+    assert min(xs) < limit / GIB < max(xs)
+    assert any("side by side" in text for text in _legend_texts(fig))
+
+
+@pytest.mark.skipif(not (BUDGET / "budget.json").is_file(), reason="no committed budget results")
+def test_the_budget_goal_names_the_limit_it_judges_the_time_at() -> None:
+    record = read_budget(BUDGET)
+    goal = record.goal_limit_bytes("map")
+    assert goal is not None
+    (timing,) = [g for g in budget_goals(record) if g.goal.startswith("map's load + build at the goal limit")]
+    assert f"({goal / GIB:.2f} GiB)" in timing.goal
+    assert timing.measured.startswith(f"at {goal / GIB:.2f} GiB: ")
+
+
+@pytest.mark.skipif(not (BUDGET / "budget.json").is_file(), reason="no committed budget results")
+def test_the_budget_report_says_what_its_attempts_are_from_the_record() -> None:
+    record = replace(read_budget(BUDGET), description="pi0.5, 8.71 GiB, cold cache, 3 runs each")
+    subtitle = budget_markdown(record, [], None).splitlines()[2]
+    attempts = sum(len(s.attempts) for s in record.strategies.values())
+    assert "runs each" not in subtitle
+    assert f"{attempts} attempts of {len(record.strategies)} strategies" in subtitle
+    assert "each attempt one run" in subtitle
 
 
 def test_the_engine_times_legend_explains_only_the_parts_a_run_recorded(tmp_path: Path) -> None:

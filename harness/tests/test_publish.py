@@ -229,7 +229,7 @@ def test_a_run_that_runs_out_of_space_for_its_figures_keeps_the_earlier_results(
     source = make_results(tmp_path / "source", name="tiny", failed=None, strategies=("map", "load"))
     leave = 160 * 1024 if small_fs.mounted else -1  # the summary fits; the figures do not, all of them
     stand_in(monkeypatch, HANDS_IN_A_RESULT, str(source), str(small_fs.path), str(leave))
-    no_space_for(monkeypatch, small_fs, lambda prefix: prefix.startswith(".tiny-timeline.png"))
+    no_space_for(monkeypatch, small_fs, lambda prefix: prefix.startswith(".tiny.timeline.png"))
     message = run_ending_in_error(capsys, "run", str(scenario(tmp_path, "map", "load")), "--results", str(results))
     assert "cannot write (No space left on device)" in message
     staging = results / ".tiny.partial"
@@ -251,7 +251,7 @@ def test_a_plot_that_runs_out_of_space_leaves_every_earlier_figure_and_the_repor
     summary.write_text(json.dumps(data))
     before = snapshot(results)
     small_fs.fill(leave=200 * 1024)  # the first figure fits, the rest do not
-    no_space_for(monkeypatch, small_fs, lambda prefix: prefix.startswith(".tiny-timeline.png"))
+    no_space_for(monkeypatch, small_fs, lambda prefix: prefix.startswith(".tiny.timeline.png"))
     assert main(["plot", str(directory)]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1, err

@@ -687,3 +687,47 @@ def test_the_disk_line_gives_a_median_and_a_range_only_over_several_reads(tmp_pa
     else:
         assert "3 cold sequential reads" in line and "one before each round of strategies): median 1575 MB/s " \
                                                      "(1574–1576), 1.2 CPU-s per read;" in line
+
+
+def _as_compiled(directory: Path, children_pss_bytes: int | None) -> None:
+    """Make the fixture's run one of a compiler whose workers summed 8 GiB of RSS; without ``children_pss_bytes``
+    a record of layout 12, from before the PSS was recorded."""
+    path = directory / "summary.json"
+    data = json.loads(path.read_text())
+    for strategy in data["strategies"].values():
+        strategy.update(compiler="inductor", compiler_weights="mapped")
+        for engine in strategy["engines"]:
+            engine.update(compile_s=1.0, artifact_bytes=1 << 20, rss_before_bytes=engine["host_hwm_bytes"],
+                          children_peak_bytes=8 * GIB, children_pss_bytes=children_pss_bytes)
+            if children_pss_bytes is None:
+                del engine["children_pss_bytes"]
+    if children_pss_bytes is None:
+        data["layout"] = 12
+    path.write_text(json.dumps(data))
+
+
+def _engine_table(markdown: str) -> list[dict[str, str]]:
+    """The compiler section's per-engine table."""
+    section = markdown[markdown.index("Per engine (host rise"):]
+    lines = [line for line in section.splitlines() if line.startswith("| ")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    return [dict(zip(header, (c.strip() for c in line.strip("|").split(" | ")), strict=True)) for line in lines[2:]]
+
+
+def test_the_compiler_processes_column_names_what_was_measured(cpu_dir: Path) -> None:
+    _as_compiled(cpu_dir, 700 << 20)
+    markdown = _markdown(cpu_dir)
+    rows = _engine_table(markdown)
+    assert rows and all(row["compiler processes (summed PSS)"] == "700.0 MiB" for row in rows)
+    assert "compiler processes: the largest summed PSS" in markdown
+
+
+def test_older_records_show_their_compiler_processes_as_summed_rss(cpu_dir: Path) -> None:
+    _as_compiled(cpu_dir, None)
+    run = load_results(cpu_dir)
+    assert all(e.children_pss_bytes is None for r in run.strategies.values() for e in r.engines)
+    markdown = render_report(run)
+    rows = _engine_table(markdown)
+    assert rows and all(row["compiler processes (summed RSS)"] == "8,192.0 MiB" for row in rows)
+    assert "summed PSS" not in rows[0]
+    assert "once per process, so it overstates what they add" in markdown

@@ -190,7 +190,7 @@ def test_the_report_shows_the_disk_row_runs_and_engine_times(repeated: tuple[Run
     assert "| madvise |" in row and "| 2: " in row
     assert "bringing weights' pages in" in text
     assert "prefetch `madvise` one engine ahead" in text and "s of the thread's calls" in text
-    assert (out.parent / "speedy-engine-times.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out.parent / "speedy.engine-times.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     results = load_results(out)
     assert results.disk is not None and results.disk.reads == 2
 

@@ -224,7 +224,7 @@ def test_results_gitignore_ignores_every_staging_name_and_nothing_else(tmp_path:
     staging = staging_dir(results, "tiny")
     ignored = [staging / "summary.json", staging / LOCK, staging.with_name(f"{staging.name}.k2j3h4") / LOCK,
                results / ".tiny.old" / "summary.json"]
-    kept = [results / "tiny" / "summary.json", results / "tiny.md", results / "tiny-timeline.png",
+    kept = [results / "tiny" / "summary.json", results / "tiny.md", results / "tiny.timeline.png",
             results / "tiny.notes.md"]
     for path in ignored + kept:
         path.parent.mkdir(parents=True, exist_ok=True)

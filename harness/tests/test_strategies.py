@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.catalog import STRATEGY_LISTINGS, StrategyListing, strategy_colour, strategy_label
+from harness.catalog import (
+    FETCHED_PER_ENGINE,
+    STRATEGY_LISTINGS,
+    StrategyListing,
+    strategy_colour,
+    strategy_label,
+)
 from harness.load.peers import READ_FILE_BACKENDS, read_file_backend
 from harness.load.strategies import STRATEGIES, ReadFileHooks
 from harness.plan import make_plan
@@ -51,6 +57,11 @@ def test_the_registry_has_an_entry_for_each_name_of_the_catalog_in_its_order() -
     from harness.scenario import Scenario
 
     assert Scenario.__dataclass_fields__["strategies"].default == tuple(STRATEGY_LISTINGS), "a scenario runs all"
+
+
+def test_the_catalog_names_what_each_strategy_with_per_engine_hooks_does_in_an_engines_span() -> None:
+    # the engine-times figure says what the rest of an engine's span holds for these strategies
+    assert set(FETCHED_PER_ENGINE) == {name for name, s in STRATEGIES.items() if s.hooks is not None}
 
 
 def test_every_strategy_has_its_own_colour_and_label() -> None:

@@ -171,7 +171,8 @@ class CompilerBackend(EngineBuilder):
         return BuiltEngine(nbytes=size, artifact=artifact.path, columns={
             **artifact.columns,
             "compile_s": round(seconds, 3), "artifact_bytes": size, "rss_before_bytes": rss_before,
-            "children_peak_bytes": children.peak_bytes, "cache_bytes": _tree_bytes(cache) - cache_before,
+            "children_peak_bytes": children.peak_bytes, "children_pss_bytes": children.pss_peak_bytes,
+            "cache_bytes": _tree_bytes(cache) - cache_before,
         })
 
     def release_note(self, unreleased_bytes: int) -> str | None:

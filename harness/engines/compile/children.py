@@ -3,9 +3,17 @@
 The kernel's high-water mark (``VmHWM``) covers this process only, and
 ``getrusage(RUSAGE_CHILDREN).ru_maxrss`` does not help either: a child that forked from a
 large process and then exec'd the compiler reports the parent's RSS at fork as its own
-peak. :class:`ChildPeak` samples instead: a thread reads the RSS of every descendant
-process (``psutil``) every ``interval_s`` and keeps the largest sum and the largest single
-process seen. A child that lives shorter than the interval can be missed.
+peak. :class:`ChildPeak` samples instead: a thread reads the memory of every descendant
+process (``psutil``'s ``memory_full_info``, from ``/proc/<pid>/smaps_rollup``) every
+``interval_s`` and keeps the largest sums and the largest single process seen. A child that
+lives shorter than the interval can be missed.
+
+Summed RSS counts every page a descendant maps, so pages several processes share (the shared
+libraries, the interpreter's pages a forked worker shares with its parent) count once per
+process: a pool of compile workers that import torch sums to gigabytes they do not add. Summed
+PSS (each shared page split among the processes that map it) counts each such page once across
+them, and only a share of those they map with this process: what the descendants add to the
+machine's memory.
 """
 
 from __future__ import annotations
@@ -19,16 +27,19 @@ __all__ = ["ChildPeak"]
 
 
 class ChildPeak:
-    """Peak RSS of this process's descendants over a ``with`` block, sampled on a thread.
+    """Peak memory of this process's descendants over a ``with`` block, sampled on a thread.
 
-    ``peak_bytes``: the largest sum over all descendants at one sample. ``largest_bytes`` and
-    ``largest_name``: the largest single process seen and its executable's name.
-    ``samples``: how many samples were taken.
+    ``pss_peak_bytes``: the largest sum of their PSS at one sample (what they add, shared pages
+    split among the processes that map them); ``peak_bytes``: the largest sum of their RSS (each
+    shared page counted once per process that maps it). ``largest_bytes`` and ``largest_name``:
+    the largest single process seen, by RSS, and its executable's name. ``samples``: how many
+    samples were taken.
     """
 
     def __init__(self, interval_s: float = 0.02) -> None:
         self.interval_s = interval_s
         self.peak_bytes = 0
+        self.pss_peak_bytes = 0
         self.largest_bytes = 0
         self.largest_name = ""
         self.samples = 0
@@ -37,16 +48,18 @@ class ChildPeak:
         self._me = psutil.Process()
 
     def _sample(self) -> None:
-        total = 0
+        total = pss = 0
         for child in self._me.children(recursive=True):
             try:
-                rss = child.memory_info().rss
-                if rss > self.largest_bytes:
-                    self.largest_bytes, self.largest_name = rss, child.name()
+                memory = child.memory_full_info()
+                if memory.rss > self.largest_bytes:
+                    self.largest_bytes, self.largest_name = memory.rss, child.name()
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
-            total += rss
+            total += memory.rss
+            pss += memory.pss
         self.peak_bytes = max(self.peak_bytes, total)
+        self.pss_peak_bytes = max(self.pss_peak_bytes, pss)
         self.samples += 1
 
     def _run(self) -> None:
