@@ -1,6 +1,6 @@
 # Two commands set everything up on a fresh machine:
 #   make test         install into .venv, lint, type-check, run every test
-#   make bench-pi05   install into .venv, run the pi0.5 scenario, render results/pi05-*.png
+#   make bench-pi05   install into .venv, run the pi0.5 scenario, render results/pi05.*.png
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
