@@ -25,6 +25,15 @@ from harness.errors import HarnessError
 __all__ = ["main"]
 
 
+def _results_root(text: str) -> Path:
+    """``--results TEXT`` as a path; an empty one is refused in one line (``Path('')`` is ``.``: the results
+    and figures would go into the current directory unasked)."""
+    if text == "":
+        raise HarnessError("--results '': expected a directory (an empty path would put the results and figures "
+                           "in the current directory; pass --results . to mean it)")
+    return Path(text)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m harness", description="Memory benchmarks of loading strategies.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="{run,budget,plot,compare}")
@@ -32,14 +41,14 @@ def _parser() -> argparse.ArgumentParser:
                               description="Run every strategy of a scenario; write results/<name>/ and its figures.")
     run.add_argument("scenario", type=Path, help="a scenario file, e.g. scenarios/smoke.toml")
     run.add_argument("--name", help="name of the results: results/<name>/ (default: the scenario's name)")
-    run.add_argument("--results", type=Path, default=Path("results"), help="results root (default: results)")
+    run.add_argument("--results", default="results", help="results root (default: results)")
     budget = commands.add_parser(
         "budget", help="find each strategy's smallest memory limit under a kernel memory cgroup",
         description="Sweep every strategy of a scenario for the smallest memory-cgroup limit it completes "
                     "under; write results/<name>/ (default <scenario>-budget) and its report and figure.")
     budget.add_argument("scenario", type=Path, help="a scenario file, e.g. scenarios/smoke.toml")
     budget.add_argument("--name", help="name of the results (default: <scenario name>-budget)")
-    budget.add_argument("--results", type=Path, default=Path("results"), help="results root (default: results)")
+    budget.add_argument("--results", default="results", help="results root (default: results)")
     budget.add_argument("--precision-mib", type=float, default=None,
                         help="stop bisecting when the bracket is this narrow (default: 2%% of the model, "
                              "at least 64 MiB)")
@@ -89,7 +98,8 @@ def _run(args: argparse.Namespace) -> int:
     def render(staging: Path, published_as: Path, batch: FileBatch) -> None:
         rendered.append(render_staged(staging, published_as, batch))
 
-    record = run_scenario(load_scenario(args.scenario), name=args.name, results=args.results, render=render)
+    results = _results_root(args.results)  # before the scenario is read: nothing runs with a bad one
+    record = run_scenario(load_scenario(args.scenario), name=args.name, results=results, render=render)
     for done in rendered:
         for path in done.paths:
             _say("harness", f"wrote {path}")
@@ -117,6 +127,7 @@ def _budget(args: argparse.Namespace) -> int:
     from harness.report.budget import render_budget
     from harness.scenario import load_scenario
 
+    results = _results_root(args.results)
     for flag, value, limit in (("--precision-mib", args.precision_mib, PRECISION_MIB),
                                ("--timeout-factor", args.timeout_factor, TIMEOUT_FACTOR)):
         if value is not None and not limit.accepts(value):  # nan, inf: before anything runs
@@ -128,9 +139,9 @@ def _budget(args: argparse.Namespace) -> int:
     if unknown:
         raise HarnessError(f"--at {unknown[0]}: not a strategy of {args.scenario} (it runs "
                            f"{', '.join(scenario.strategies)})")
-    record = run_budget(scenario, name=args.name, results=args.results,
+    record = run_budget(scenario, name=args.name, results=results,
                         precision_bytes=precision, timeout_factor=args.timeout_factor, at=at)
-    for path in render_budget(args.results / record.name):
+    for path in render_budget(results / record.name):
         _say("budget", f"wrote {path}")
     return 1 if any(not s.ok for s in record.strategies.values()) else 0
 

@@ -11,9 +11,15 @@ own, unless it holds finished strategies: then it is kept and the error says whe
 Whether a staging directory's run is still going is told by a lock: the run holds an exclusive
 ``flock`` on ``.lock`` inside it for its whole life (the kernel lets go when the process dies,
 however it dies), with the run's process id in it for messages. The next run, of any name,
-removes every staging directory whose lock nobody holds (``.<name>.partial`` and the
-``.<name>.partial.<random>`` it is made as), and refuses to start where a run of the same name
-still holds one. ``results/.gitignore`` keeps these names out of ``git status``.
+removes every staging directory whose lock nobody holds (``.<name>.partial``, and the
+``.<name>.partial.<random>`` earlier versions made it as), and refuses to start where a run of the
+same name still holds one.
+
+Starts take turns: each removes stale staging directories and makes and locks its own while it holds
+an exclusive ``flock`` on the results root itself (:func:`_root_locked`), so no start ever finds
+another's directory between its making and its locking, which it would take for stale and remove.
+A staging directory is made with the mode ``0o777`` less the umask, as the published results keep.
+``results/.gitignore`` keeps these names out of ``git status``.
 """
 
 from __future__ import annotations
@@ -23,8 +29,7 @@ import fcntl
 import os
 import shutil
 import signal
-import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -33,7 +38,7 @@ from harness.results.atomic import write_atomic
 from harness.results.record import NAME
 from harness.stopping import RunInterrupted
 
-__all__ = ["LOCK", "Staging", "check_results_root", "publish", "staging_dir"]
+__all__ = ["FILE_NAME_BYTES", "LOCK", "MAX_NAME_CHARS", "Staging", "check_results_root", "publish", "staging_dir"]
 
 LOCK = ".lock"
 """In a staging directory: the file its run holds an exclusive ``flock`` on, with the run's process id."""
@@ -81,6 +86,18 @@ def _lock(directory: Path) -> int:
     return fd
 
 
+@contextlib.contextmanager
+def _root_locked(results: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on the directory ``results`` itself while the block runs (waiting for it): the
+    section in which a start removes stale staging directories and makes and locks its own."""
+    fd = os.open(results, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # lets the lock go
+
+
 def _owner(directory: Path) -> str:
     """``process <pid>``, as the run holding ``directory``'s lock wrote it, or ``another process``."""
     with contextlib.suppress(OSError, ValueError):
@@ -89,7 +106,8 @@ def _owner(directory: Path) -> str:
 
 
 def _remove_stale(results: Path, say: Callable[[str], None]) -> None:
-    """Remove every staging directory under ``results`` whose run no longer holds it (see the module)."""
+    """Remove every staging directory under ``results`` whose run no longer holds it (see the module); called
+    with the root locked (:func:`_root_locked`), so that none is removed between its making and its locking."""
     for path in sorted(results.iterdir()):
         if not _is_staging(path):
             continue
@@ -110,16 +128,44 @@ def _remove_stale(results: Path, say: Callable[[str], None]) -> None:
             os.close(fd)
 
 
+FILE_NAME_BYTES = 255
+"""The longest file name Linux file systems take (``NAME_MAX``)."""
+
+MAX_NAME_CHARS = 200
+"""The longest results name. The file names made from it add up to 31 characters to it (the longest, a
+figure's temporary file: a dot, the figure's name, a dot, 8 random characters and ``.tmp``, the
+engine-times figure's name adding 17; the staging directory ``.<name>.partial`` adds 9): this leaves
+them room under :data:`FILE_NAME_BYTES`."""
+
+
+def _shown(text: str) -> str:
+    """``text`` for a one-line message: quoted, a long one cut to its first 40 characters."""
+    return repr(text) if len(text) <= 48 else f"{text[:40]!r}... ({len(text)} characters)"
+
+
 def check_results_root(results: Path, name: str) -> None:
     """Refuse, before anything is written, results a run of ``name`` could not write or publish.
 
     Raises :class:`~harness.errors.HarnessError` for a name that is not ``[a-z0-9_-]+`` (a
-    path separator would write outside ``results``), and :class:`~harness.errors.OutputError`
-    when ``results`` is a file, or ``results/<name>`` is a link or a file (a run replaces it as a whole).
+    path separator would write outside ``results``) or is longer than :data:`MAX_NAME_CHARS`, and
+    for a ``results`` path holding a NUL byte or a part longer than :data:`FILE_NAME_BYTES`; and
+    :class:`~harness.errors.OutputError` when ``results`` is a file, or ``results/<name>`` is a link or a
+    file (a run replaces it as a whole).
     """
     if not NAME.fullmatch(name):
-        raise HarnessError(f"--name {name!r}: expected letters a-z, digits, '_' or '-' only "
+        raise HarnessError(f"--name {_shown(name)}: expected letters a-z, digits, '_' or '-' only "
                            f"(it names {results}/<name>/ and the figures beside it)")
+    if len(name) > MAX_NAME_CHARS:
+        raise HarnessError(f"--name {_shown(name)}: at most {MAX_NAME_CHARS} characters (the files named after "
+                           f"it, such as its staging directory .<name>.partial, must fit the {FILE_NAME_BYTES} "
+                           f"bytes of a file name)")
+    text = str(results)
+    if "\0" in text:
+        raise HarnessError(f"--results {_shown(text)}: a path cannot hold a NUL byte")
+    long = next((part for part in results.parts if len(os.fsencode(part)) > FILE_NAME_BYTES), None)
+    if long is not None:
+        raise HarnessError(f"--results {_shown(text)}: its part {_shown(long)} is longer than the "
+                           f"{FILE_NAME_BYTES} bytes of a file name")
     if results.exists() and not results.is_dir():
         raise OutputError(f"{results}: the results root is a file, not a directory; pass --results DIR")
     _check_replaceable(results / name)
@@ -131,7 +177,7 @@ class Staging:
     On entry (:meth:`__enter__`, which returns the directory): the checks of :func:`check_results_root`;
     stale staging directories of any name removed (each said through ``say``); an
     :class:`~harness.errors.OutputError` when a live run of ``name`` holds its staging directory;
-    then the directory made, already locked (made under a temporary name and renamed), and written
+    then the directory made and locked (both with the results root locked: see the module), and written
     once as a probe (``OutputError`` when ``results`` cannot be written).
 
     On an exception (a failed or interrupted run, the staging directory not yet published):
@@ -151,20 +197,24 @@ class Staging:
 
     def __enter__(self) -> Path:
         check_results_root(self.results, self.name)
+        made = False
         try:
             self.results.mkdir(parents=True, exist_ok=True)
-            _remove_stale(self.results, self.say)
-            if os.path.lexists(self.path):  # still there: a live run holds it
-                raise OutputError(f"{self.path}: a run of {self.name} is in progress ({_owner(self.path)}); "
-                                  f"wait for it to end, or pass --name")
-            made = Path(tempfile.mkdtemp(prefix=f"{self.path.name}.", dir=self.results))
-            self._fd = _lock(made)
-            os.write(self._fd, f"{os.getpid()}\n".encode())
-            os.rename(made, self.path)
+            with _root_locked(self.results):  # no other start removes or makes one meanwhile
+                _remove_stale(self.results, self.say)
+                if os.path.lexists(self.path):  # still there: a live run holds it
+                    raise OutputError(f"{self.path}: a run of {self.name} is in progress ({_owner(self.path)}); "
+                                      f"wait for it to end, or pass --name")
+                self.path.mkdir()  # 0o777 less the umask
+                made = True
+                self._fd = _lock(self.path)
+                os.write(self._fd, f"{os.getpid()}\n".encode())
         except OSError as exc:
+            if made:
+                shutil.rmtree(self.path, ignore_errors=True)
+            self._release()
             if isinstance(exc, OutputError):
                 raise
-            self._release()
             raise OutputError(f"{self.results}: cannot write results there ({exc.strerror or exc})") from exc
         try:
             write_atomic(self.path / ".probe", b"")

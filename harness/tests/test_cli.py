@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from harness.cli import main
+from harness.results.publish import MAX_NAME_CHARS
 from harness.tests.fixtures import make_results
 from harness.tests.tiny_scenario import tiny_scenario_text
 
@@ -160,6 +161,75 @@ def test_name_with_a_path_separator_or_other_characters(
     message = run_error(capsys, scenario(tmp_path), "--name", name)
     assert message.startswith(f"--name {name!r}: expected letters a-z, digits, '_' or '-' only")
     assert not (tmp_path / "x").exists() and not (tmp_path / "results").exists()
+
+
+def test_a_name_too_long_for_the_files_named_after_it_is_refused_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "results").mkdir()  # an existing root: nothing is made in it
+    name = "n" * (MAX_NAME_CHARS + 1)
+    message = run_error(capsys, scenario(tmp_path), "--name", name)
+    assert message == (f"--name {name[:40]!r}... ({len(name)} characters): at most {MAX_NAME_CHARS} characters (the "
+                       f"files named after it, such as its staging directory .<name>.partial, must fit the 255 bytes "
+                       f"of a file name)")
+    assert list((tmp_path / "results").iterdir()) == [] and not (tmp_path / "c.safetensors").exists()
+    message = run_error(capsys, scenario(tmp_path), "--name", "n" * 300)
+    assert message.startswith("--name 'nnnn") and "(300 characters): at most" in message
+
+
+def test_the_longest_name_runs_and_publishes_its_results_report_and_figures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from harness.tests.test_publish import HANDS_IN_A_RESULT, stand_in
+    from harness.tests.test_publish import scenario as four_engines
+
+    name = "n" * MAX_NAME_CHARS
+    source = make_results(tmp_path / "source", name=name, failed=None, strategies=("map",))
+    stand_in(monkeypatch, HANDS_IN_A_RESULT, str(source), str(tmp_path), "-1")
+    results = tmp_path / "results"
+    assert main(["run", str(four_engines(tmp_path, "map")), "--results", str(results), "--name", name]) == 0
+    assert (results / name / "summary.json").is_file() and (results / f"{name}.md").is_file()
+    assert [p for p in results.iterdir() if p.suffix == ".png"], "its figures are written"
+
+
+def test_results_that_are_an_empty_path_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    path = scenario(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for command in ("run", "budget"):
+        message = error_of(capsys, command, str(path), "--results", "")
+        assert message == ("--results '': expected a directory (an empty path would put the results and figures in "
+                           "the current directory; pass --results . to mean it)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_results_with_a_part_too_long_for_a_file_name_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    part = "r" * 256
+    message = error_of(capsys, "run", str(scenario(tmp_path)), "--results", str(tmp_path / part / "results"))
+    assert message.startswith(f"--results {str(tmp_path / part / 'results')[:40]!r}... (")
+    assert message.endswith(f"its part {part[:40]!r}... (256 characters) is longer than the 255 bytes of a file name")
+    assert not (tmp_path / "c.safetensors").exists()
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o002])
+def test_published_results_have_the_mode_the_umask_gives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, umask: int
+) -> None:
+    from harness.tests.test_publish import RECORDS_A_FAILURE, stand_in
+
+    stand_in(monkeypatch, RECORDS_A_FAILURE)
+    results = tmp_path / "results"
+    results.mkdir()
+    before = os.umask(umask)
+    try:
+        assert main(["run", str(scenario(tmp_path)), "--results", str(results)]) == 1
+    finally:
+        os.umask(before)
+    assert (results / "tiny").stat().st_mode & 0o7777 == 0o777 & ~umask
 
 
 def test_plot_of_a_corrupt_results_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

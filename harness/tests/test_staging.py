@@ -236,3 +236,47 @@ def test_results_gitignore_ignores_every_staging_name_and_nothing_else(tmp_path:
         str(p.relative_to(repo)) for p in [*kept, results / ".gitignore"])
     for path in ignored:
         assert subprocess.run([git, "check-ignore", "-q", str(path)], cwd=repo).returncode == 0, path
+
+
+STARTS = """
+import fcntl, os, sys, time
+from pathlib import Path
+real_flock = fcntl.flock
+def slow_flock(fd, operation):
+    time.sleep(0.002)  # a lock slow to take: any gap between making a directory and locking it is wide open
+    return real_flock(fd, operation)
+fcntl.flock = slow_flock
+from harness.results.publish import Staging, publish
+results, starts = Path(sys.argv[1]), int(sys.argv[2])
+failed = removed = 0
+for i in range(starts):
+    name = f"p{os.getpid()}-{i}"
+    try:
+        with Staging(results, name, lambda staging: [], lambda line: None) as staging:
+            (staging / "mine").write_text(name)
+            time.sleep(0.001)
+            if (staging / "mine").read_text() != name:
+                removed += 1
+            if i % 3 == 0:  # a run that finished: published
+                publish(staging, results / name)
+            elif i % 3 == 1:  # a run that failed: its staging directory goes
+                raise LookupError(name)
+            # else a run killed outright: its staging directory is left for the next start to remove
+    except LookupError:
+        pass
+    except Exception as exc:
+        failed += 1
+        print(f"start {i}: {type(exc).__name__}: {exc}", file=sys.stderr)
+print(failed, removed)
+"""
+
+
+def test_starts_racing_in_one_root_never_remove_a_live_staging_directory_or_fail(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    results.mkdir()
+    racers = [subprocess.Popen([sys.executable, "-c", STARTS, str(results), "100"], cwd=ROOT, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(3)]
+    outcomes = [racer.communicate(timeout=600) for racer in racers]
+    for racer, (out, err) in zip(racers, outcomes, strict=True):
+        assert racer.returncode == 0, err
+        assert out.split() == ["0", "0"], f"failed starts, live directories removed: {out}{err}"
