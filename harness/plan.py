@@ -229,7 +229,9 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
     files = tuple(str(f) for f in open_checkpoint(path).files)
     speed = choose_speed(scenario.run, files, builds_read_weights(
         on_gpu=device != "cpu", compiler_weights=scenario.build.compiler_weights))
-    if speed.probe is not None:
+    if speed.probe_error is not None:
+        say(f"read probe: failed ({speed.probe_error})")
+    if speed.probe is not None or speed.probe_error is not None:
         say(f"read probe: prefetch {speed.prefetch or 'off'} ({speed.prefetch_why}); "
             f"drop_cache {'on' if speed.drop_cache else 'off'} ({speed.drop_cache_why})")
     return Plan(

@@ -25,7 +25,10 @@ cannot all be written, the earlier results, report and figures all stay. A run i
 strategy has a result of its own (each could not write its record, a full disk say, or
 was killed by a signal the harness did not send) does not replace earlier results.
 A strategy that crashes, is killed or times out gets ``"status": "failed"`` with the
-reason; the others still run.
+reason; the others still run. A reference measurement that fails (the read probe,
+:func:`harness.speed.choose_speed`; the read-ceiling sweep; the shared disk) is recorded as failed
+with its reason (``read_ceiling_error``, ``shared_disk_error``, ``speed.probe_error``) and costs
+the run nothing.
 
 Repeats (``[run] repeats = N``): the strategies run in rounds, each strategy once per
 round, each run a fresh worker on a cache prepared again (cold: flushed and dropped), in an
@@ -62,7 +65,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import IO
+from typing import IO, TypeVar
 
 from harness.errors import HarnessError, OutputError
 from harness.measure import machine
@@ -105,6 +108,7 @@ figures into ``batch``, which goes in place together with the results (``python 
 :func:`harness.report.render_staged`)."""
 
 GIB = 1 << 30
+T = TypeVar("T")
 
 
 @dataclass
@@ -541,9 +545,10 @@ def _measure(plan: Plan, staging: Path, command: WorkerCommand, stop: _Stop) -> 
         if scenario.run.cache == "cold":
             if repeat == 0 and scenario.run.read_ceiling:  # first: a part read before would come from a cache
                 _progress("the disk's read ceiling: a cold read sweep over reader threads and request sizes")
-                run = run.replace(read_ceiling=read_ceiling([Path(f) for f in plan.checkpoint_files]))
+                points, error = _reference(lambda: read_ceiling([Path(f) for f in plan.checkpoint_files]))
+                run = run.replace(read_ceiling=points or (), read_ceiling_error=error)
                 write_summary(staging, run)
-                _progress(_ceiling_line(run.read_ceiling))
+                _progress(_ceiling_line(run.read_ceiling) if error is None else f"disk ceiling: failed ({error})")
             disk = measure_disk(plan, repeat)
             run = run.replace(disk_reads=(*run.disk_reads, disk))
             write_summary(staging, run)
@@ -573,7 +578,14 @@ def _measure(plan: Plan, staging: Path, command: WorkerCommand, stop: _Stop) -> 
         # after the rounds: its writes would slow whatever ran next, beyond what a cold cache resets
         for time_ in range(SHARED_DISK_TIMES):
             _progress(f"the disk read and written at once, {time_ + 1} of {SHARED_DISK_TIMES}")
-            shared = shared_disk(plan.checkpoint_files, plan.workdir, plan.largest_engine_bytes)
+            shared, error = _reference(
+                lambda: shared_disk(plan.checkpoint_files, plan.workdir, plan.largest_engine_bytes))
+            if error is not None:  # the times measured before it stand; no more are taken
+                run = run.replace(shared_disk_error=f"time {time_ + 1} of {SHARED_DISK_TIMES}: {error}")
+                write_summary(staging, run)
+                _progress(f"disk shared: failed ({run.shared_disk_error})")
+                break
+            assert shared is not None
             run = run.replace(shared_disk=(*run.shared_disk, shared))
             write_summary(staging, run)
             _progress(_shared_line(shared))
@@ -581,3 +593,12 @@ def _measure(plan: Plan, staging: Path, command: WorkerCommand, stop: _Stop) -> 
         for strategy, done in runs.items():
             _drop_repeat_samples(staging, strategy, done)
     return _Measured(run, no_result)
+
+
+def _reference(measurement: Callable[[], T]) -> tuple[T | None, str | None]:
+    """A reference measurement's result, or ``None`` and why it failed: it is recorded as failed, with its
+    reason, and never costs the run (a disk that fills up, a file gone under it)."""
+    try:
+        return measurement(), None
+    except Exception as exc:
+        return None, " ".join(f"{type(exc).__name__}: {exc}".split())

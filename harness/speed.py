@@ -35,7 +35,9 @@ recorded with the reason (:class:`~harness.results.record.SpeedChoice`). The rul
 
 A checkpoint smaller than the probe needs (:func:`~harness.measure.probe.probe_bytes`, 2.4 GiB) is
 not probed and its page cache stays small: drop-cache is off and prefetch ``madvise`` (what earlier
-layouts ran by default), and the reason says so.
+layouts ran by default), and the reason says so. A probe that fails (a read error, the file gone) costs
+the run nothing: the settings are chosen as for a checkpoint not probed, the reason says the probe
+failed, and :attr:`~harness.results.record.SpeedChoice.probe_error` says why.
 """
 
 from __future__ import annotations
@@ -63,14 +65,20 @@ def _mb(rate: float) -> str:
     return f"{rate / 1e6:.0f} MB/s"
 
 
+def _unprobed(probe_error: str | None) -> str:
+    """Why there is no probe: the checkpoint is too small for one, or the probe failed."""
+    if probe_error is not None:
+        return "the default where the read probe failed"
+    return f"the default for a checkpoint under {probe_bytes() / 2**30:.1f} GiB, which is not probed"
+
+
 def _drop_cache(probe: ReadProbe | None, checkpoint_bytes: int, available: int | None,
-                reporting: str | None) -> tuple[bool, str]:
+                reporting: str | None, probe_error: str | None = None) -> tuple[bool, str]:
     if available is not None and checkpoint_bytes > available:
         return True, (f"chosen: the checkpoint ({checkpoint_bytes / 2**30:.2f} GiB) is larger than the memory "
                       f"available ({available / 2**30:.2f} GiB)")
     if probe is None:
-        return False, (f"chosen: off, the default for a checkpoint under {probe_bytes() / 2**30:.1f} GiB, "
-                       "which is not probed")
+        return False, f"chosen: off, {_unprobed(probe_error)}"
     if reporting is not None:
         return True, (f"chosen: this kernel reports its free pages to the host ({reporting} negotiated free page "
                       "reporting), so a page the cache keeps leaves the build memory the host must back again")
@@ -78,13 +86,13 @@ def _drop_cache(probe: ReadProbe | None, checkpoint_bytes: int, available: int |
                    "and a later reader may find it")
 
 
-def _prefetch(probe: ReadProbe | None, builds_read_weights: bool) -> tuple[str | None, str]:
+def _prefetch(probe: ReadProbe | None, builds_read_weights: bool,
+              probe_error: str | None = None) -> tuple[str | None, str]:
     if not builds_read_weights:
         return None, ("chosen: off: the engines are compiled to run on the mapped weights where they lie, so no "
                       "build reads them and warming their pages would read the checkpoint for nothing")
     if probe is None:
-        return PREFETCH_METHOD, (f"chosen: `{PREFETCH_METHOD}`, the default for a checkpoint under "
-                                 f"{probe_bytes() / 2**30:.1f} GiB, which is not probed")
+        return PREFETCH_METHOD, f"chosen: `{PREFETCH_METHOD}`, {_unprobed(probe_error)}"
     faulted, willneed = probe.faulted_bytes_per_s, probe.willneed_bytes_per_s
     if faulted > 0 and willneed < WILLNEED_FLOOR * faulted:
         return None, (f"chosen: off: regions asked for ahead came in at {_mb(willneed)}, under "
@@ -96,30 +104,38 @@ def _prefetch(probe: ReadProbe | None, builds_read_weights: bool) -> tuple[str |
 
 
 def decide(run: RunConfig, probe: ReadProbe | None, checkpoint_bytes: int, available: int | None,
-           reporting: str | None = None, builds_read_weights: bool = True) -> SpeedChoice:
-    """The settings for ``run`` given the probe's figures, the balloon device that reports this kernel's free
-    pages to its host (``reporting``, or ``None``) and whether the engine builds read their weights; all are
-    ignored for settings the scenario made."""
+           reporting: str | None = None, builds_read_weights: bool = True,
+           probe_error: str | None = None) -> SpeedChoice:
+    """The settings for ``run`` given the probe's figures (or why the probe failed, ``probe_error``), the
+    balloon device that reports this kernel's free pages to its host (``reporting``, or ``None``) and whether
+    the engine builds read their weights; all are ignored for settings the scenario made."""
     if run.prefetch == PREFETCH_AUTO:
-        prefetch, prefetch_why = _prefetch(probe, builds_read_weights)
+        prefetch, prefetch_why = _prefetch(probe, builds_read_weights, probe_error)
     else:
         prefetch = None if run.prefetch == PREFETCH_OFF else run.prefetch
         prefetch_why = "set by the scenario"
     if run.drop_cache is None:
-        drop, drop_why = _drop_cache(probe, checkpoint_bytes, available, reporting)
+        drop, drop_why = _drop_cache(probe, checkpoint_bytes, available, reporting, probe_error)
     else:
         drop, drop_why = run.drop_cache, "set by the scenario"
     return SpeedChoice(prefetch=prefetch, drop_cache=drop, prefetch_why=prefetch_why, drop_cache_why=drop_why,
-                       probe=probe)
+                       probe=probe, probe_error=probe_error)
 
 
 def choose_speed(run: RunConfig, files: Sequence[str | os.PathLike[str]],
                  builds_read_weights: bool = True) -> SpeedChoice:
     """The run's settings: the scenario's where it made them, the rest chosen from a probe of ``files``
-    (:func:`decide`); the probe runs only where something is left to choose. ``builds_read_weights``: whether
-    the engine builds read the weights (false for engines compiled to run on the mapped weights in place)."""
+    (:func:`decide`); the probe runs only where something is left to choose, and one that fails is recorded
+    (``probe_error``), not raised. ``builds_read_weights``: whether the engine builds read the weights (false
+    for engines compiled to run on the mapped weights in place)."""
     needs_probe = run.drop_cache is None or (run.prefetch == PREFETCH_AUTO and builds_read_weights)
-    probe = read_probe(files) if needs_probe else None
+    probe, probe_error = None, None
+    if needs_probe:
+        try:
+            probe = read_probe(files)
+        except Exception as exc:  # a reference measurement: recorded as failed, it never costs the run
+            probe_error = " ".join(f"{type(exc).__name__}: {exc}".split())
     checkpoint_bytes = sum(os.stat(f).st_size for f in files)
     reporting = free_page_reporting() if run.drop_cache is None else None
-    return decide(run, probe, checkpoint_bytes, psutil.virtual_memory().available, reporting, builds_read_weights)
+    return decide(run, probe, checkpoint_bytes, psutil.virtual_memory().available, reporting, builds_read_weights,
+                  probe_error)

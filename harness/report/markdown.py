@@ -155,6 +155,8 @@ def ceiling_observation(run: Results) -> list[str]:
     set against the model's read time at that rate."""
     points = run.record.read_ceiling
     best = best_ceiling(points)
+    if run.record.read_ceiling_error is not None:
+        return [f"- **disk ceiling**: not measured, the sweep failed ({run.record.read_ceiling_error})."]
     if best is None:
         return []
     model = run.record.model.bytes
@@ -175,8 +177,12 @@ def shared_disk_observation(run: Results) -> list[str]:
     """How the disk served the checkpoint's reads and engine-sized writes, alone and both at once, where the run
     measured it (its engines are written as files: after its last round)."""
     shared = [s for s in run.record.shared_disk if s.overlap is not None and s.one_at_a_time is not None]
+    failed = run.record.shared_disk_error
+    failure = [] if failed is None else [f"- **disk shared by reads and engine writes**: the measurement failed "
+                                         f"({failed}); {len(shared) or 'no'} time{'s' if len(shared) != 1 else ''} "
+                                         f"measured before it."]
     if not shared:
-        return []
+        return failure
     first = shared[0]
     times = f"{len(shared)} times" if len(shared) > 1 else "once"
     read, write, both = [s.read_s for s in shared], [s.write_s for s in shared], [s.both_s for s in shared]
@@ -187,7 +193,7 @@ def shared_disk_observation(run: Results) -> list[str]:
             f"written alone as {format_gib(first.file_bytes)} files (each fsynced, dropped from the page cache and "
             f"removed), {spread_text(write, 'times')}; the two started together, {spread_text(both, 'times')}: "
             f"{_ratio_text(overlap)} × the longer alone, where 1 is reads and writes served side by side and "
-            f"{_ratio_text(one_by_one)} one at a time."]
+            f"{_ratio_text(one_by_one)} one at a time."] + failure
 
 
 def _ratio_text(values: Sequence[float]) -> str:
@@ -224,6 +230,8 @@ def speed_observation(run: Results) -> list[str]:
     lines = [f"- **settings of the strategies that map**: prefetch {prefetch} ({speed.prefetch_why}); "
              f"drop_cache {'on' if speed.drop_cache else 'off'} ({speed.drop_cache_why})."]
     probe = speed.probe
+    if speed.probe_error is not None:
+        lines.append(f"  - read probe at the run's start: failed ({speed.probe_error}).")
     if probe is not None:
         kept = ", ".join(f"{probe.cache_region_bytes / s / 1e6:.0f}" for s in probe.kept_s)
         lines.append(f"  - read probe at the run's start (cold regions of the checkpoint, each read once): "

@@ -28,6 +28,7 @@ import harness.worker
 from harness.cli import main
 from harness.plan import make_plan, write_plan
 from harness.report import render_all
+from harness.results.reading import load_results
 from harness.results.record import SUMMARY, StrategyRecord, read_strategy_file
 from harness.scenario import load_scenario
 from harness.tests.fixtures import make_results
@@ -238,6 +239,41 @@ def test_a_run_that_runs_out_of_space_for_its_figures_keeps_the_earlier_results(
     assert snapshot(results, skip=".tiny.partial") == before, "the earlier results, report and figures stay"
     assert {p.name for p in staging.iterdir()} >= {"strategy-map.json", "strategy-load.json", SUMMARY}
     assert not [p for p in results.iterdir() if p.name.endswith(".tmp")], "no temporary file is left"
+
+
+REFERENCE_FAILURES = {
+    # what fails: (where it is made to, the record's key, the start of the reason, the report's line)
+    "shared disk": ("harness.measure.shared_disk.write_files", "shared_disk_error", "time 1 of 3: OSError: ",
+                    "- **disk shared by reads and engine writes**: the measurement failed (time 1 of 3: OSError: "),
+    "read ceiling": ("harness.measure.ceiling._point", "read_ceiling_error", "OSError: ",
+                     "- **disk ceiling**: not measured, the sweep failed (OSError: "),
+    "read probe": ("harness.speed.read_probe", "probe_error", "OSError: ",
+                   "  - read probe at the run's start: failed (OSError: "),
+}
+
+
+@pytest.mark.parametrize("which", sorted(REFERENCE_FAILURES))
+def test_a_reference_measurement_that_fails_is_recorded_and_the_run_is_published(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, which: str
+) -> None:
+    target, key, reason, line = REFERENCE_FAILURES[which]
+
+    def no_space(*args: object, **kwargs: object) -> object:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(target, no_space)
+    results = tmp_path / "results"
+    source = make_results(tmp_path / "source", name="tiny", failed=None, strategies=("map", "load"))
+    stand_in(monkeypatch, HANDS_IN_A_RESULT, str(source), str(tmp_path), "-1")
+    assert main(["run", str(scenario(tmp_path, "map", "load")), "--results", str(results)]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    record = load_results(results / "tiny").record  # read back by the codec
+    error = getattr(record.speed if key == "probe_error" else record, key)
+    assert error is not None and error.startswith(reason) and error.endswith("No space left on device"), error
+    report = (results / "tiny.md").read_text()
+    assert line in report and f"({error})" in report
+    assert all(s.ok for s in record.strategies.values())
+    assert sorted(p.name for p in results.iterdir() if p.name.startswith(".")) == []
 
 
 def test_a_plot_that_runs_out_of_space_leaves_every_earlier_figure_and_the_report(
