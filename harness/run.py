@@ -16,7 +16,10 @@ run or a full disk leaves the earlier results as they were. ``summary.json`` (a
 :class:`~harness.results.record.RunRecord`) is rewritten after each strategy, so the partial
 directory always holds what finished. A run that fails or is interrupted removes it, unless
 a strategy finished there (:func:`finished_strategies`): then it is kept until the next run and
-the error names it and them (:class:`~harness.results.publish.Staging`).
+the error names it and them (:class:`~harness.results.publish.Staging`). Engines built as files
+go under it too (:data:`ENGINES`, unless ``workdir`` names the run's own directory elsewhere), so
+that no other run shares them; whatever a worker left there is removed once it ends, and the
+whole directory once the measurements end, however they end.
 
 This module draws nothing: the caller that wants the report and figures (``python -m harness
 run``) passes ``render``, which writes them from the partial directory before anything is
@@ -109,6 +112,10 @@ figures into ``batch``, which goes in place together with the results (``python 
 
 GIB = 1 << 30
 T = TypeVar("T")
+
+ENGINES = "engines"
+"""In the staging directory: where the run's engines built as files go (unless ``workdir`` names another);
+removed before the results are published."""
 
 
 @dataclass
@@ -366,8 +373,12 @@ def combine_repeats(runs: Sequence[StrategyRecord]) -> StrategyRecord:
 
 
 def _watch_worker(plan: Plan, command: Sequence[str], stop: _Stop) -> Outcome:
-    """One strategy's worker, watched under the plan's memory limit and timeout (:func:`watch`)."""
-    return watch(command, plan.memory_limit_bytes, plan.scenario.run.timeout_s, stop=stop)
+    """One strategy's worker, watched under the plan's memory limit and timeout (:func:`watch`); whatever it
+    left in the run's engine directory (a worker killed mid-build leaves its engines) is removed after it."""
+    try:
+        return watch(command, plan.memory_limit_bytes, plan.scenario.run.timeout_s, stop=stop)
+    finally:
+        shutil.rmtree(plan.workdir, ignore_errors=True)
 
 
 def _warm_up(plan: Plan, plan_path: Path, out_dir: Path, command: WorkerCommand, stop: _Stop, index: int,
@@ -488,9 +499,10 @@ def run_scenario(
     published, into a batch that goes in place with them: when it fails (a full disk), the earlier
     results, report and figures all stay, and :class:`~harness.errors.OutputError` says where this
     run's files are. Without it, no report or figure is written.
-    ``workdir``: where engines built as files go (default ``data/engines`` under the current
-    directory). Raises :class:`~harness.errors.HarnessError` for what a user can fix (see
-    :func:`~harness.results.publish.check_results_root` and :func:`~harness.plan.make_plan`), before any strategy runs,
+    ``workdir``: where engines built as files go, a directory of this run's own, removed when the run
+    ends (default: ``engines/`` in the staging directory). Raises :class:`~harness.errors.HarnessError`
+    for what a user can fix (see :func:`~harness.results.publish.check_results_root` and
+    :func:`~harness.plan.make_plan`), before any strategy runs,
     and :class:`~harness.stopping.RunInterrupted` on SIGINT, SIGTERM or SIGHUP. On any error the staging
     directory goes, unless a strategy finished there (:class:`~harness.results.publish.Staging`).
     """
@@ -500,9 +512,12 @@ def run_scenario(
     out = results / name
     stage = Staging(results, name, lambda staging: finished_strategies(staging, scenario.strategies), _progress)
     with _Stop(out).installed() as stop, stage as staging:
-        plan = make_plan(scenario, name=name, workdir=workdir or Path.cwd() / "data" / "engines",
-                         progress=_progress)
-        run = _measure(plan, staging, command, stop)
+        engines = workdir or staging / ENGINES
+        try:
+            plan = make_plan(scenario, name=name, workdir=engines, progress=_progress)
+            run = _measure(plan, staging, command, stop)
+        finally:
+            shutil.rmtree(engines, ignore_errors=True)  # the run's own: gone however the run ends
         reasons = [(s, why) for s, whys in run.no_result.items() for why in whys]
         if reasons and all(why is not None for _, why in reasons) and os.path.lexists(out):
             strategy, why = reasons[-1]

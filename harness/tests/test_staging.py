@@ -15,6 +15,8 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +25,7 @@ import pytest
 from harness.cli import main
 from harness.errors import OutputError
 from harness.results.publish import LOCK, staging_dir
+from harness.results.record import RunRecord
 from harness.tests.fixtures import make_results
 from harness.tests.test_publish import HANDS_IN_A_RESULT, RECORDS_A_FAILURE, scenario
 from harness.tests.tiny_scenario import tiny_scenario_text
@@ -280,3 +283,97 @@ def test_starts_racing_in_one_root_never_remove_a_live_staging_directory_or_fail
     for racer, (out, err) in zip(racers, outcomes, strict=True):
         assert racer.returncode == 0, err
         assert out.split() == ["0", "0"], f"failed starts, live directories removed: {out}{err}"
+
+
+BUILDS_ENGINES = """
+import json, shutil, sys, time
+from pathlib import Path
+from harness.results.reading import load_results
+from harness.results.record import StrategyRecord, events_file, samples_file, write_strategy_file
+plan, strategy, out, source, marks = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4]), sys.argv[5:]
+engines = Path(json.loads(plan.read_text())["workdir"]) / f"tiny-{strategy}"  # where the worker builds
+engines.mkdir(parents=True, exist_ok=True)
+engine = engines / "engine-000.safetensors"
+engine.write_bytes(b"an engine")
+if marks:  # the slow run: say it is building, then wait until the other run is over
+    building, done = Path(marks[0]), Path(marks[1])
+    building.write_text("")
+    deadline = time.monotonic() + 120
+    while not done.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+if not engine.is_file():
+    write_strategy_file(out, strategy, StrategyRecord(status="failed", error=f"{engine} was removed under it"))
+    sys.exit(1)
+shutil.rmtree(engines)  # as the builders' close() does
+for name in (samples_file(strategy), events_file(strategy)):
+    shutil.copyfile(source / name, out / name)
+write_strategy_file(out, strategy, load_results(source).strategies[strategy])
+"""
+
+
+def test_two_runs_of_one_scenario_at_once_build_their_engines_apart_and_leave_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from harness.run import run_scenario
+    from harness.scenario import load_scenario
+
+    monkeypatch.chdir(tmp_path)  # where engines went by default: data/engines under the current directory
+    source = make_results(tmp_path / "source", name="tiny", failed=None, strategies=("map",))
+    building, done = tmp_path / "slow-is-building", tmp_path / "fast-is-done"
+
+    def slow(plan: Path, strategy: str, out: Path) -> list[str]:
+        return [sys.executable, "-c", BUILDS_ENGINES, str(plan), strategy, str(out), str(source), str(building),
+                str(done)]
+
+    def fast(plan: Path, strategy: str, out: Path) -> list[str]:
+        return [sys.executable, "-c", BUILDS_ENGINES, str(plan), strategy, str(out), str(source)]
+
+    path = scenario(tmp_path, "map")
+    outcome: dict[str, object] = {}
+
+    def first() -> None:
+        try:
+            outcome["record"] = run_scenario(load_scenario(path), results=tmp_path / "a", command=slow)
+        except BaseException as exc:  # reported by the test's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not building.exists() and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert building.exists(), outcome
+        second = run_scenario(load_scenario(path), results=tmp_path / "b", command=fast)
+    finally:
+        done.write_text("")
+        thread.join(timeout=180)
+    assert "error" not in outcome, outcome
+    assert second.strategies["map"].ok
+    record = outcome["record"]
+    assert isinstance(record, RunRecord), outcome
+    assert record.strategies["map"].ok, record.strategies["map"].error
+    assert not list(tmp_path.rglob("engine-*")), "no run leaves an engine behind"
+    assert dot_entries(tmp_path / "a") == [] and dot_entries(tmp_path / "b") == []
+
+
+def test_an_interrupted_run_leaves_no_engine_behind(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    source = make_results(tmp_path / "source", name="tiny", failed=None, strategies=("map",))
+    code = BUILDS_ENGINES.replace("if marks:", "import os, signal\nos.kill(os.getppid(), signal.SIGTERM)\n"
+                                              "time.sleep(60)\nif marks:")
+
+    def command(plan: Path, strategy: str, out: Path) -> list[str]:
+        return [sys.executable, "-c", BUILDS_ENGINES if strategy == "map" else code, str(plan), strategy,
+                str(out), str(source)]
+
+    monkeypatch.setattr("harness.run.worker_command", command)
+    results = tmp_path / "results"
+    assert main(["run", str(scenario(tmp_path, "map", "load")), "--results", str(results)]) == 128 + signal.SIGTERM
+    staging = staging_dir(results, "tiny")
+    assert last_error(capsys).endswith(f"kept {staging} until the next run, for its finished strategies map")
+    assert not list(tmp_path.rglob("engine-*")), "the engine load's process was building is gone"
+    assert sorted(p.name for p in staging.iterdir()) == sorted(
+        [LOCK, "plan.json", "summary.json", "strategy-map.json", "samples-map.csv", "events-map.csv"])
