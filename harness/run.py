@@ -24,14 +24,19 @@ whole directory once the measurements end, however they end.
 This module draws nothing: the caller that wants the report and figures (``python -m harness
 run``) passes ``render``, which writes them from the partial directory before anything is
 replaced; they go in place with it (:class:`~harness.results.atomic.FileBatch`): when they
-cannot all be written, the earlier results, report and figures all stay. A run in which no
-strategy has a result of its own (each could not write its record, a full disk say, or
-was killed by a signal the harness did not send) does not replace earlier results.
-A strategy that crashes, is killed or times out gets ``"status": "failed"`` with the
-reason; the others still run. A reference measurement that fails (the read probe,
-:func:`harness.speed.choose_speed`; the read-ceiling sweep; the shared disk) is recorded as failed
-with its reason (``read_ceiling_error``, ``shared_disk_error``, ``speed.probe_error``) and costs
-the run nothing.
+cannot all be written, the earlier results, report and figures all stay.
+
+The rule for a strategy that fails: one that fails on its own (an error it records, a crash,
+the scenario's memory limit or timeout) gets ``"status": "failed"`` with the reason, and the
+others still run. One that fails for a reason outside it, the machine's (it could not write its
+record, a full disk, its files removed under it, a signal it did not cause and the harness did
+not send: :func:`_no_result_of_its_own`), has no result to publish, and its earlier result must
+not be replaced by this one: the run stops there and is not published at all; the
+:class:`~harness.errors.OutputError` names the strategy, the reason and, with
+:class:`~harness.results.publish.Staging`'s note, where the strategies that finished are kept.
+A reference measurement that fails (the read probe, :func:`harness.speed.choose_speed`; the
+read-ceiling sweep; the shared disk) is recorded as failed with its reason
+(``read_ceiling_error``, ``shared_disk_error``, ``speed.probe_error``) and costs the run nothing.
 
 Repeats (``[run] repeats = N``): the strategies run in rounds, each strategy once per
 round, each run a fresh worker on a cache prepared again (cold: flushed and dropped), in an
@@ -98,7 +103,7 @@ from harness.results.record import (
 from harness.rounds import round_orders
 from harness.scenario import RunConfig, Scenario
 from harness.stopping import STOP_SIGNALS, RunInterrupted, die_with_parent
-from harness.worker import FAILURE_PREFIX, worker_command
+from harness.worker import FAILURE_PREFIX, OUTSIDE_STATUS, worker_command
 
 __all__ = ["Render", "WorkerCommand", "finished_strategies", "planned_runs", "run_label", "run_scenario", "watch"]
 
@@ -258,7 +263,7 @@ def _watch(command: Sequence[str], limit_bytes: int | None, timeout_s: float, po
                         None)
     if reason is None and code is not None and code < 0:
         reason = f"killed by signal {-code}" + (" (out of memory?)" if -code == 9 else "")
-    if reason is None and code not in (0, 1):
+    if reason is None and code not in (0, 1, OUTSIDE_STATUS):
         reason = f"exited with status {code}: " + " | ".join(list(tail)[-3:])
     return Outcome(code, reason, peak, worker_error, stopped_by_harness)
 
@@ -461,15 +466,27 @@ def _disk_line(disk: DiskRead) -> str:
             f"{disk.bytes_per_s / 1e6:.0f} MB/s ({disk.cpu_seconds:.1f} CPU-s)")
 
 
+SELF_INFLICTED = frozenset({signal.SIGSEGV, signal.SIGFPE, signal.SIGILL, signal.SIGABRT, signal.SIGSYS,
+                            signal.SIGTRAP})
+"""Signals a process's own code brings on itself (a bad access, an abort): a crash of the strategy, its result.
+Any other signal that kills a worker (SIGKILL, SIGTERM, SIGBUS of a file truncated under it, ...) comes
+from outside it, unless the harness sent it for the scenario's memory limit or timeout."""
+
+
 def _no_result_of_its_own(outcome: Outcome, written: StrategyRecord | None) -> str | None:
     """Why a strategy's process left no result of its own, for a cause outside the strategy: it could not
-    write its record (a full disk, say), or a signal the harness did not send killed it. ``None`` when it has
-    a result: it finished, or recorded why it failed, or the harness stopped it for its memory or time."""
-    if outcome.stopped_by_harness:
+    write its record (a full disk, say), it recorded a failure that was the machine's (exit status
+    :data:`~harness.worker.OUTSIDE_STATUS`: a full disk, its files removed under it), or a signal it did
+    not cause and the harness did not send killed it. ``None`` when it has a result: it finished, or
+    recorded why it failed, or crashed, or the harness stopped it for its memory or time."""
+    code = outcome.returncode
+    if outcome.stopped_by_harness or (code is not None and code < 0 and -code in SELF_INFLICTED):
         return None
     if written is None:
-        return outcome.worker_error or outcome.reason or f"no record written (exit status {outcome.returncode})"
-    if outcome.returncode is not None and outcome.returncode < 0:
+        return outcome.worker_error or outcome.reason or f"no record written (exit status {code})"
+    if code == OUTSIDE_STATUS:
+        return written.error or f"exit status {code}"
+    if code is not None and code < 0:
         return outcome.reason
     return None
 
@@ -502,9 +519,11 @@ def run_scenario(
     ``workdir``: where engines built as files go, a directory of this run's own, removed when the run
     ends (default: ``engines/`` in the staging directory). Raises :class:`~harness.errors.HarnessError`
     for what a user can fix (see :func:`~harness.results.publish.check_results_root` and
-    :func:`~harness.plan.make_plan`), before any strategy runs,
-    and :class:`~harness.stopping.RunInterrupted` on SIGINT, SIGTERM or SIGHUP. On any error the staging
-    directory goes, unless a strategy finished there (:class:`~harness.results.publish.Staging`).
+    :func:`~harness.plan.make_plan`), before any strategy runs, :class:`~harness.stopping.RunInterrupted`
+    on SIGINT, SIGTERM or SIGHUP, and
+    :class:`~harness.errors.OutputError` when a strategy failed for a reason outside it (see the module
+    docstring: nothing is published). On any error the staging directory goes, unless a strategy
+    finished there (:class:`~harness.results.publish.Staging`).
     """
     name = scenario.name if name is None else name
     command = command or worker_command
@@ -515,14 +534,9 @@ def run_scenario(
         engines = workdir or staging / ENGINES
         try:
             plan = make_plan(scenario, name=name, workdir=engines, progress=_progress)
-            run = _measure(plan, staging, command, stop)
+            record = _measure(plan, staging, command, stop)
         finally:
             shutil.rmtree(engines, ignore_errors=True)  # the run's own: gone however the run ends
-        reasons = [(s, why) for s, whys in run.no_result.items() for why in whys]
-        if reasons and all(why is not None for _, why in reasons) and os.path.lexists(out):
-            strategy, why = reasons[-1]
-            raise OutputError(f"{out}: kept as it was: no strategy of this run has a result of its own, every one "
-                              f"failed for a reason outside it (last: {strategy}: {why})")
         with FileBatch("the earlier report and figures are unchanged") as figures:
             if render is not None:  # before anything is replaced: the results and their figures go in place together
                 try:
@@ -532,19 +546,13 @@ def run_scenario(
             stop.deferring = True  # from here on the run ends as it is: a signal no longer stops it half-published
             publish(staging, out)
             figures.commit()
-    return run.record
+    return record
 
 
-@dataclass
-class _Measured:
-    """What the strategies' runs left: the record, and per strategy per run why it had no result of its own."""
-
-    record: RunRecord
-    no_result: dict[str, list[str | None]]
-
-
-def _measure(plan: Plan, staging: Path, command: WorkerCommand, stop: _Stop) -> _Measured:
-    """Every warm-up round and measured run of the plan, into ``staging``."""
+def _measure(plan: Plan, staging: Path, command: WorkerCommand, stop: _Stop) -> RunRecord:
+    """Every warm-up round and measured run of the plan, into ``staging``, and the reference measurements
+    (:func:`_reference`); raises :class:`~harness.errors.OutputError` as soon as a measured run has no
+    result of its own (:func:`_no_result_of_its_own`): such a run is not published."""
     plan_path = write_plan(staging / PLAN, plan)
     scenario = plan.scenario
     _progress(f"{len(plan.engines)} engines, the largest {plan.largest_engine_bytes / GIB:.2f} GiB, "
@@ -552,7 +560,6 @@ def _measure(plan: Plan, staging: Path, command: WorkerCommand, stop: _Stop) -> 
     run = _run_record(plan)
     repeats = max(1, scenario.run.repeats)
     runs: dict[str, list[StrategyRecord]] = {s: [] for s in scenario.strategies}
-    no_result: dict[str, list[str | None]] = {s: [] for s in scenario.strategies}
     counter = RunCounter(planned_runs(scenario.run, len(scenario.strategies)))
     for warm in range(scenario.run.warmup):
         _warm_up(plan, plan_path, staging / f"warmup-{warm}", command, stop, warm, counter)
@@ -577,7 +584,7 @@ def _measure(plan: Plan, staging: Path, command: WorkerCommand, stop: _Stop) -> 
             except RunInterrupted as exc:
                 raise RunInterrupted(f"{exc} ({strategy}); {stop.unchanged} is unchanged", exc.signum) from exc
             written = read_strategy_file(out_dir, strategy)
-            no_result[strategy].append(_no_result_of_its_own(outcome, written))
+            outside = _no_result_of_its_own(outcome, written)
             record = _strategy_record(outcome, written).replace(repeat=repeat)
             metrics = StrategyMetrics.of(strategy, record, run)
             record = record.replace(floor_bytes=metrics.floor_bytes,
@@ -589,6 +596,10 @@ def _measure(plan: Plan, staging: Path, command: WorkerCommand, stop: _Stop) -> 
             run = run.with_strategy(strategy, combined)
             write_summary(staging, run)
             _progress(_result_line(strategy, metrics))
+            if outside is not None:  # not the strategy's result: the earlier one, if any, stays
+                raise OutputError(f"{stop.unchanged}: kept as it was, this run is not published: "
+                                  f"{run_label(strategy, scenario.run, repeat=repeat)} failed for a reason outside "
+                                  f"the strategy ({outside})")
     if scenario.run.cache == "cold" and scenario.run.shared_disk and plan.writes_weights_to_files:
         # after the rounds: its writes would slow whatever ran next, beyond what a cold cache resets
         for time_ in range(SHARED_DISK_TIMES):
@@ -607,7 +618,7 @@ def _measure(plan: Plan, staging: Path, command: WorkerCommand, stop: _Stop) -> 
     if repeats > 1:
         for strategy, done in runs.items():
             _drop_repeat_samples(staging, strategy, done)
-    return _Measured(run, no_result)
+    return run
 
 
 def _reference(measurement: Callable[[], T]) -> tuple[T | None, str | None]:

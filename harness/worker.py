@@ -14,7 +14,11 @@ Times are seconds from this process's start. The exit status is 0 when the strat
 ran to the end and 1 when it failed: the reason is in the record, or, when not even
 the record could be written (a full disk, say), on the last line of stderr,
 ``error: harness worker failed: <reason>`` (after :data:`FAILURE_PREFIX`), where the parent
-picks it up; a failure of the file system is that one line, without a traceback.
+picks it up; a failure of the file system is that one line, without a traceback. It is
+:data:`OUTSIDE_STATUS` when the record was written but the strategy failed for a reason outside
+it, the machine's (:func:`outside`): a file system that refused a write, or its own files (its
+engines, its results) removed under it. Such a failure says nothing of the strategy, and the
+parent does not publish it as its result.
 """
 
 from __future__ import annotations
@@ -24,11 +28,12 @@ import csv
 import errno
 import gc
 import io
+import os
 import resource
 import sys
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -63,10 +68,14 @@ from harness.results.record import (
 )
 from weightmap import ReleasePlan
 
-__all__ = ["FAILURE_PREFIX", "measure", "worker_command"]
+__all__ = ["FAILURE_PREFIX", "OUTSIDE_STATUS", "engine_directory", "measure", "outside", "worker_command"]
 
 FAILURE_PREFIX = "harness worker failed: "
 """Starts the last stderr line of a worker that could not write its record."""
+
+OUTSIDE_STATUS = 3
+"""The exit status of a worker whose strategy failed for a reason outside it (:func:`outside`); its record
+says why."""
 
 SETTLE_TIMEOUT_S = 30.0
 """How long a cold preparation waits for the machine's writeback to settle before it drops the
@@ -76,6 +85,11 @@ checkpoint anyway (a shared machine may never settle; the record says so)."""
 def worker_command(plan_path: Path, strategy: str, out: Path) -> list[str]:
     """The command line of one strategy's process."""
     return [sys.executable, "-m", "harness.worker", str(plan_path), strategy, str(out)]
+
+
+def engine_directory(plan: Plan, strategy: str) -> Path:
+    """Where ``strategy``'s process builds its engines: ``<plan.workdir>/<name>-<strategy>``."""
+    return Path(plan.workdir) / f"{plan.name}-{strategy}"
 
 
 @dataclass
@@ -128,7 +142,7 @@ class Measurement:
     def __init__(self, plan: Plan, strategy: str, out: Path, t0: float) -> None:
         self.plan, self.strategy, self.out, self.t0 = plan, strategy, out, t0
         self.spec: Strategy = STRATEGIES[strategy]
-        self.workdir = Path(plan.workdir) / f"{plan.name}-{strategy}"
+        self.workdir = engine_directory(plan, strategy)
         self.record = StrategyRecord(status="running", engine_cap_bytes=plan.engine_cap_bytes, released_bytes=0,
                                      unreleased_bytes=0, peak_source="kernel high-water mark")
         self.events = EventLog(t0)
@@ -383,8 +397,14 @@ def measure(plan: Plan, strategy: str, out: Path, t0: float | None = None, *, ch
     built model's check against eager (budget mode's constrained attempts: whether the build
     fits is the question there, and their unconstrained run checked the same build).
     """
+    return _measure(plan, strategy, out, t0, check=check)[0]
+
+
+def _measure(plan: Plan, strategy: str, out: Path, t0: float | None, *, check: bool) -> tuple[StrategyRecord, bool]:
+    """:func:`measure`, and whether the strategy failed for a reason outside it (:func:`outside`)."""
     out.mkdir(parents=True, exist_ok=True)
     run = Measurement(plan, strategy, out, time.monotonic() if t0 is None else t0)
+    failed_outside = False
     try:
         model = run.prepare()
         model = run.load(model)
@@ -398,23 +418,41 @@ def measure(plan: Plan, strategy: str, out: Path, t0: float | None = None, *, ch
             run.check()
         run._set(status="ok")
     except Exception as exc:
-        if _outside(exc):  # the machine's fault (a full disk, say), not the strategy's: its reason is enough
+        failed_outside = outside(exc, (run.workdir, out))
+        if failed_outside or isinstance(exc, HarnessError):  # its reason is enough: no traceback
             print(f"error: {strategy}: {_one_line(exc)}", file=sys.stderr, flush=True)
         else:
             traceback.print_exc(file=sys.stderr)
         run._set(status="failed", error=f"{type(exc).__name__}: {exc}")
-    return run.finish()
+    return run.finish(), failed_outside
 
 
 _FILE_SYSTEM_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
 """A file system that refused a write: no space left, over a quota, read-only, an I/O error."""
 
+_GONE_ERRNOS = frozenset({errno.ENOENT, errno.ESTALE})
+"""A file or directory that is no longer there."""
 
-def _outside(exc: BaseException) -> bool:
-    """Whether ``exc`` comes from outside the code, so that its message says all there is: a file system
-    that refused a write (:data:`_FILE_SYSTEM_ERRNOS`), or an error the harness reports as the user's
-    (:class:`~harness.errors.HarnessError`, such as a write that failed for one of those reasons)."""
-    return isinstance(exc, HarnessError) or (isinstance(exc, OSError) and exc.errno in _FILE_SYSTEM_ERRNOS)
+
+def _under(path: str | bytes | os.PathLike[str] | None, directories: Sequence[Path]) -> bool:
+    if path is None:
+        return False
+    absolute = Path(os.path.abspath(os.fsdecode(path)))
+    return any(absolute.is_relative_to(os.path.abspath(d)) for d in directories)
+
+
+def outside(exc: BaseException, own: Sequence[Path] = ()) -> bool:
+    """Whether ``exc`` is the machine's failure, not the strategy's: a file system that refused a write
+    (:data:`_FILE_SYSTEM_ERRNOS`, also when the harness reports it as an
+    :class:`~harness.errors.OutputError`), or a file or directory under ``own`` (the strategy's engine and
+    results directories) removed under it; ``exc`` or any error it was raised from."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, OSError) and (cause.errno in _FILE_SYSTEM_ERRNOS or (
+                cause.errno in _GONE_ERRNOS and (_under(cause.filename, own) or _under(cause.filename2, own)))):
+            return True
+        cause = cause.__cause__
+    return False
 
 
 def _one_line(exc: BaseException) -> str:
@@ -433,12 +471,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sys.setswitchinterval(0.001)  # hand the GIL to the sampler thread often, so its interval holds
     try:
-        record = measure(read_plan(args.plan), args.strategy, args.out, t0, check=args.check)
+        record, failed_outside = _measure(read_plan(args.plan), args.strategy, args.out, t0, check=args.check)
     except Exception as exc:  # the record itself could not be written: tell the parent why, in one line
-        if not _outside(exc):
+        if not (outside(exc) or isinstance(exc, HarnessError)):
             traceback.print_exc(file=sys.stderr)
         print("error: " + FAILURE_PREFIX + _one_line(exc), file=sys.stderr, flush=True)
         return 1
+    if failed_outside:
+        return OUTSIDE_STATUS
     return 0 if record.ok else 1
 
 

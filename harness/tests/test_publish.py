@@ -26,6 +26,7 @@ import pytest
 
 import harness.worker
 from harness.cli import main
+from harness.engines.backends import CopyToFiles
 from harness.plan import make_plan, write_plan
 from harness.report import render_all
 from harness.results.reading import load_results
@@ -33,6 +34,7 @@ from harness.results.record import SUMMARY, StrategyRecord, read_strategy_file
 from harness.scenario import load_scenario
 from harness.tests.fixtures import make_results
 from harness.tests.tiny_scenario import tiny_scenario_text
+from harness.worker import OUTSIDE_STATUS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -161,15 +163,42 @@ def test_a_run_whose_strategies_all_ran_out_of_space_keeps_the_earlier_results(
     stand_in(monkeypatch, CANNOT_WRITE, str(int(small_fs.mounted)))
     message = run_ending_in_error(capsys, "run", str(scenario(tmp_path, "map", "load")), "--results", str(results))
     staging = results / ".tiny.partial"
-    assert message.startswith(f"{results / 'tiny'}: kept as it was: no strategy of this run has a result of its own, "
-                              f"every one failed for a reason outside it (last: load: OutputError: "
-                              f"{staging / 'samples-load.csv'}: cannot write (No space left on device)")
-    assert message.endswith("(No space left on device); any earlier file there is unchanged)")
+    assert message == (f"{results / 'tiny'}: kept as it was, this run is not published: map failed for a reason "
+                       f"outside the strategy (OutputError: {staging / 'samples-map.csv'}: cannot write (No space left "
+                       "on device); any earlier file there is unchanged)")
     assert snapshot(results) == before, "the earlier results, report and figures stay"
     assert not os.path.lexists(staging), "nothing finished: the staging directory goes"
 
 
-def test_a_run_whose_strategies_were_all_killed_keeps_the_earlier_results(
+def test_a_strategy_that_ran_out_of_space_keeps_its_earlier_result_whatever_the_others_did(
+    tmp_path: Path, small_fs: SmallFs, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk is full only while map's process runs: load finishes, map cannot write. map's earlier samples,
+    events and record stay, and nothing of this run is published over them."""
+    results = small_fs.path / "results"
+    earlier_results(results)
+    before = snapshot(results)
+    source = make_results(tmp_path / "source", name="tiny", failed=None, strategies=("map", "load"))
+
+    def command(plan: Path, strategy: str, out: Path) -> list[str]:
+        if strategy == "load":
+            return [sys.executable, "-c", textwrap.dedent(HANDS_IN_A_RESULT), str(out), strategy, str(source),
+                    str(small_fs.path), "-1"]
+        small_fs.fill(leave=512 * 1024)  # full while map runs
+        return [sys.executable, "-c", textwrap.dedent(CANNOT_WRITE), str(out), strategy, str(int(small_fs.mounted))]
+
+    monkeypatch.setattr("harness.run.worker_command", command)
+    message = run_ending_in_error(capsys, "run", str(scenario(tmp_path, "load", "map")), "--results", str(results))
+    staging = results / ".tiny.partial"
+    assert message == (f"{results / 'tiny'}: kept as it was, this run is not published: map failed for a reason "
+                       f"outside the strategy (OutputError: {staging / 'samples-map.csv'}: cannot write (No space left "
+                       f"on device); any earlier file there is unchanged); kept {staging} until the next run, for its "
+                       "finished strategies load")
+    assert snapshot(results, skip=".tiny.partial") == before, "map's earlier samples, events and record stay"
+    assert (staging / "strategy-load.json").is_file()
+
+
+def test_a_run_whose_strategy_was_killed_by_a_signal_it_did_not_cause_keeps_the_earlier_results(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     results = tmp_path / "results"
@@ -177,9 +206,45 @@ def test_a_run_whose_strategies_were_all_killed_keeps_the_earlier_results(
     before = snapshot(results)
     stand_in(monkeypatch, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
     message = run_ending_in_error(capsys, "run", str(scenario(tmp_path, "map", "load")), "--results", str(results))
-    assert message == (f"{results / 'tiny'}: kept as it was: no strategy of this run has a result of its own, every "
-                       f"one failed for a reason outside it (last: load: killed by signal 9 (out of memory?))")
+    assert message == (f"{results / 'tiny'}: kept as it was, this run is not published: map failed for a reason "
+                       "outside the strategy (killed by signal 9 (out of memory?))")
     assert snapshot(results) == before, "nothing finished: the staging directory goes"
+
+
+RECORDS_AN_OUTSIDE_FAILURE = """
+import sys
+from pathlib import Path
+from harness.results.record import StrategyRecord, write_strategy_file
+from harness.worker import OUTSIDE_STATUS
+error = "FileNotFoundError: [Errno 2] No such file or directory: 'engines/tiny-map/engine-001.safetensors'"
+write_strategy_file(Path(sys.argv[1]), sys.argv[2], StrategyRecord(status="failed", error=error))
+sys.exit(OUTSIDE_STATUS)
+"""
+
+
+def test_a_strategy_whose_recorded_failure_was_the_machines_keeps_the_earlier_results(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    results = tmp_path / "results"
+    earlier_results(results)
+    before = snapshot(results)
+    stand_in(monkeypatch, RECORDS_AN_OUTSIDE_FAILURE)
+    message = run_ending_in_error(capsys, "run", str(scenario(tmp_path, "map")), "--results", str(results))
+    assert message == (f"{results / 'tiny'}: kept as it was, this run is not published: map failed for a reason "
+                       "outside the strategy (FileNotFoundError: [Errno 2] No such file or directory: "
+                       "'engines/tiny-map/engine-001.safetensors')")
+    assert snapshot(results) == before
+
+
+def test_a_strategy_that_crashes_is_a_result_and_is_published(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    results = tmp_path / "results"
+    earlier_results(results)
+    stand_in(monkeypatch, "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    assert main(["run", str(scenario(tmp_path, "map")), "--results", str(results)]) == 1
+    record = json.loads((results / "tiny" / SUMMARY).read_text())
+    assert record["strategies"]["map"]["error"] == "killed by signal 11"
 
 
 RECORDS_A_FAILURE = """
@@ -335,6 +400,45 @@ def test_a_strategy_that_runs_out_of_space_is_recorded_in_one_line(
     assert [line for line in err.splitlines() if "error" in line.lower()] == [f"error: map: {reason}"], err
     assert record.status == "failed" and record.error == reason
     assert isinstance(read_strategy_file(tmp_path / "out", "map"), StrategyRecord)
+
+
+def test_a_worker_whose_engines_are_removed_under_it_says_the_failure_was_the_machines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plan = make_plan(load_scenario(scenario(tmp_path, "map")), name="tiny", workdir=tmp_path / "engines")
+    plan_path = write_plan(tmp_path / "plan.json", plan)
+    build = CopyToFiles.build_engine
+
+    def removed_under_it(self: CopyToFiles, index: int, tensors: dict[str, object]) -> object:
+        if index == 1:
+            shutil.rmtree(self.workdir)  # as another process did
+        return build(self, index, tensors)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(CopyToFiles, "build_engine", removed_under_it)
+    monkeypatch.setattr(sys, "setswitchinterval", lambda interval: None)
+    assert harness.worker.main([str(plan_path), "map", str(tmp_path / "out")]) == OUTSIDE_STATUS
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    record = read_strategy_file(tmp_path / "out", "map")
+    engine = tmp_path / "engines" / "tiny-map" / "engine-001.safetensors"
+    assert record is not None and record.status == "failed" and str(engine) in (record.error or ""), record
+
+
+def test_a_worker_whose_own_code_fails_is_a_result_of_the_strategy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plan = make_plan(load_scenario(scenario(tmp_path, "map")), name="tiny", workdir=tmp_path / "engines")
+    plan_path = write_plan(tmp_path / "plan.json", plan)
+
+    def missing_elsewhere(self: object, model: object) -> object:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(tmp_path / "not-its-own"))
+
+    monkeypatch.setattr(harness.worker.Measurement, "load", missing_elsewhere)
+    monkeypatch.setattr(sys, "setswitchinterval", lambda interval: None)
+    assert harness.worker.main([str(plan_path), "map", str(tmp_path / "out")]) == 1
+    assert "Traceback" in capsys.readouterr().err
+    record = read_strategy_file(tmp_path / "out", "map")
+    assert record is not None and record.status == "failed" and "not-its-own" in (record.error or "")
 
 
 # Links

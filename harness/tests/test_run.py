@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from harness.engines.partition import split_into
+from harness.errors import OutputError
 from harness.models import SyntheticTransformer
 from harness.plan import make_plan, read_plan
 from harness.report import render_staged
@@ -182,16 +183,16 @@ def test_record_agrees_with_the_samples(tiny_run: tuple[RunRecord, Path, Path]) 
         assert set(samples["engine"]) >= set(range(len(entry.engines)))
 
 
-def test_a_scenario_built_in_code_runs_and_a_dying_strategy_is_recorded(shared: Path, tmp_path: Path) -> None:
-    def dying(plan: Path, strategy: str, out: Path) -> list[str]:
+def test_a_scenario_built_in_code_runs_and_a_crashing_strategy_is_recorded(shared: Path, tmp_path: Path) -> None:
+    def crashing(plan: Path, strategy: str, out: Path) -> list[str]:
         if strategy == "load":
-            return [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]
+            return [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"]
         return worker_command(plan, strategy, out)
 
-    record = run_scenario(tiny_scenario(shared, "load", "map"), results=tmp_path / "results", command=dying,
+    record = run_scenario(tiny_scenario(shared, "load", "map"), results=tmp_path / "results", command=crashing,
                           workdir=tmp_path / "engines")
     load = record.strategies["load"]
-    assert load.status == "failed" and load.error is not None and "signal 9" in load.error
+    assert load.status == "failed" and load.error == "killed by signal 11"
     assert record.strategies["map"].status == "ok", record.strategies["map"].error
     on_disk = json.loads((tmp_path / "results" / "tiny" / "summary.json").read_text())
     assert on_disk["strategies"]["load"]["status"] == "failed"
@@ -208,16 +209,21 @@ def test_memory_limit_stops_a_strategy(shared: Path, tmp_path: Path) -> None:
     assert error is not None and "memory limit of 2.00 GiB" in error
 
 
-def test_a_worker_that_cannot_write_its_record_says_why(shared: Path, tmp_path: Path) -> None:
+def test_a_worker_that_cannot_write_its_record_says_why_and_the_run_is_not_published(
+    shared: Path, tmp_path: Path
+) -> None:
     message = "OutputError: samples-map.csv: cannot write (No space left on device)"
     code = f"import sys; print({FAILURE_PREFIX + message!r}, file=sys.stderr); sys.exit(1)"
 
     def full_disk(plan: Path, strategy: str, out: Path) -> list[str]:
         return [sys.executable, "-c", code]
 
-    record = run_scenario(tiny_scenario(shared, "map"), results=tmp_path / "results", command=full_disk,
-                          workdir=tmp_path / "engines")
-    assert record.strategies["map"].error == message
+    with pytest.raises(OutputError) as raised:
+        run_scenario(tiny_scenario(shared, "map"), results=tmp_path / "results", command=full_disk,
+                     workdir=tmp_path / "engines")
+    assert str(raised.value) == (f"{tmp_path / 'results' / 'tiny'}: kept as it was, this run is not published: map "
+                                 f"failed for a reason outside the strategy ({message})")
+    assert not (tmp_path / "results" / "tiny").exists()
 
 
 def test_the_plan_is_resolved_once_and_carries_the_engines(shared: Path, tmp_path: Path) -> None:
