@@ -132,6 +132,19 @@ class Outcome:
     peak_rss_bytes: int
     worker_error: str | None = None  # the worker's own last word, when it could not write its record
     stopped_by_harness: bool = False  # killed for the scenario's memory limit or timeout: a result of its own
+    out_of_memory: bool = False  # killed by the kernel's out-of-memory killer: its memory, a result of its own
+
+
+def oom_kills(vmstat: Path = Path("/proc/vmstat")) -> int | None:
+    """How many processes the kernel's out-of-memory killer has killed since boot (None where not told)."""
+    try:
+        for line in vmstat.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def _pump(stream: IO[bytes], tail: collections.deque[str]) -> None:
@@ -237,6 +250,7 @@ def _watch(command: Sequence[str], limit_bytes: int | None, timeout_s: float, po
     assert process.stderr is not None
     pump = threading.Thread(target=_pump, args=(process.stderr, tail), daemon=True)
     pump.start()
+    kills_before = oom_kills()
     started, peak, reason = time.monotonic(), 0, None
     while process.poll() is None:
         if stop is not None and stop.signum is not None:
@@ -261,11 +275,16 @@ def _watch(command: Sequence[str], limit_bytes: int | None, timeout_s: float, po
     stopped_by_harness = reason is not None
     worker_error = next((line.split(FAILURE_PREFIX, 1)[1] for line in reversed(tail) if FAILURE_PREFIX in line),
                         None)
+    kills_after = oom_kills() if code == -signal.SIGKILL else None
+    out_of_memory = kills_before is not None and kills_after is not None and kills_after > kills_before
+    if reason is None and out_of_memory:
+        reason = (f"killed by the kernel's out-of-memory killer (the machine ran out of memory; the worker's RSS "
+                  f"peaked at {peak / GIB:.2f} GiB)")
     if reason is None and code is not None and code < 0:
-        reason = f"killed by signal {-code}" + (" (out of memory?)" if -code == 9 else "")
+        reason = f"killed by signal {-code}"
     if reason is None and code not in (0, 1, OUTSIDE_STATUS):
         reason = f"exited with status {code}: " + " | ".join(list(tail)[-3:])
-    return Outcome(code, reason, peak, worker_error, stopped_by_harness)
+    return Outcome(code, reason, peak, worker_error, stopped_by_harness, out_of_memory)
 
 
 def _progress(message: str) -> None:
@@ -478,9 +497,11 @@ def _no_result_of_its_own(outcome: Outcome, written: StrategyRecord | None) -> s
     write its record (a full disk, say), it recorded a failure that was the machine's (exit status
     :data:`~harness.worker.OUTSIDE_STATUS`: a full disk, its files removed under it), or a signal it did
     not cause and the harness did not send killed it. ``None`` when it has a result: it finished, or
-    recorded why it failed, or crashed, or the harness stopped it for its memory or time."""
+    recorded why it failed, or crashed, or the harness stopped it for its memory or time, or the kernel's
+    out-of-memory killer killed it (the count in ``/proc/vmstat`` rose while it ran)."""
     code = outcome.returncode
-    if outcome.stopped_by_harness or (code is not None and code < 0 and -code in SELF_INFLICTED):
+    if outcome.stopped_by_harness or outcome.out_of_memory or (code is not None and code < 0
+                                                                and -code in SELF_INFLICTED):
         return None
     if written is None:
         return outcome.worker_error or outcome.reason or f"no record written (exit status {code})"

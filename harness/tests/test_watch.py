@@ -134,3 +134,31 @@ def test_a_process_gone_while_read_counts_as_nothing(tmp_path: Path, gone: bool)
         for name in ("statm", "smaps_rollup", "task/11/children", "task/1011/children"):
             (proc / "11" / name).unlink()
     assert pss_sum([10, 11], proc) == (4 if gone else 12) * 1024
+
+
+@pytest.mark.parametrize("killed_by_oom", [True, False])
+def test_a_worker_the_kernel_kills_for_memory_has_a_result_of_its_own(
+    monkeypatch: pytest.MonkeyPatch, killed_by_oom: bool
+) -> None:
+    import harness.run as run_module
+
+    counts = iter([89, 90 if killed_by_oom else 89])
+    monkeypatch.setattr(run_module, "oom_kills", lambda: next(counts))
+    outcome = watch([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+                    limit_bytes=None, timeout_s=60)
+    assert outcome.returncode == -9 and outcome.out_of_memory is killed_by_oom
+    outside = run_module._no_result_of_its_own(outcome, None)
+    if killed_by_oom:
+        assert outside is None and outcome.reason is not None and "out-of-memory killer" in outcome.reason
+    else:
+        assert outside == "killed by signal 9"  # a SIGKILL from elsewhere: not the strategy's result
+
+
+def test_oom_kills_reads_the_kernel_counter(tmp_path: Path) -> None:
+    from harness.run import oom_kills
+
+    vmstat = tmp_path / "vmstat"
+    vmstat.write_text("nr_free_pages 5\noom_kill 7\n")
+    assert oom_kills(vmstat) == 7
+    vmstat.write_text("nr_free_pages 5\n")
+    assert oom_kills(vmstat) is None
