@@ -36,6 +36,13 @@ from the page cache just before it starts, so the group is charged for reading t
 After each attempt the groups of this process still present are counted (``groups_left``,
 0 unless cleanup failed).
 
+Engines built as files go under the sweep's own staging directory
+(:data:`~harness.run.ENGINES`, unless ``workdir`` names the sweep's own directory elsewhere), so
+that no other run or sweep shares them; whatever an attempt left there (one killed at its limit
+mid-build leaves its engines) is removed once it ends, and the whole directory once the sweep
+ends, however it ends (a SIGKILLed sweep's goes with its staging directory, at the next start in
+its results root).
+
 Results go to ``results/<name>/`` (default name ``<scenario>-budget``): ``budget.json``
 (:mod:`harness.budget.record`), ``attempts.csv`` (one row per attempt) and ``plan.json``,
 staged in ``results/.<name>.partial/`` and put in place once every strategy was swept
@@ -63,6 +70,7 @@ import datetime
 import io
 import math
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -106,7 +114,7 @@ from harness.results.record import (
     read_strategy_file,
     samples_file,
 )
-from harness.run import WorkerCommand
+from harness.run import ENGINES, WorkerCommand
 from harness.scenario import LIMITS, Limit, Scenario
 from harness.stopping import RunInterrupted
 from harness.worker import worker_command
@@ -197,8 +205,11 @@ class _Strategy:
             command = [*self.command(self.plan_path, self.strategy, Path(out))]
             if phase != "unconstrained":  # whether the build fits is the question; the first run checked it
                 command.append("--no-check")
-            result = run_in_group(command, limit, self.timeout_s,
-                                  cold_files=self.cold_files, echo_stderr=False, controller=self.controller)
+            try:
+                result = run_in_group(command, limit, self.timeout_s,
+                                      cold_files=self.cold_files, echo_stderr=False, controller=self.controller)
+            finally:  # what a worker killed mid-build left, before the next attempt builds again
+                shutil.rmtree(self.plan.workdir, ignore_errors=True)
             try:
                 worker = read_strategy_file(Path(out), self.strategy)
             except RecordError:
@@ -371,7 +382,8 @@ def run_budget(scenario: Scenario, *, name: str | None = None, results: Path = P
     (:mod:`harness.budget.signals`). ``at``: strategies run at one limit (bytes) instead of swept:
     the unconstrained run and one attempt under that limit (a sweep of a strategy whose attempts
     take minutes costs hours); a name the scenario does not run, or a limit below 1 MiB, is a
-    ``ValueError``.
+    ``ValueError``. ``workdir``: where engines built as files go, a directory of this sweep's own, emptied
+    after each attempt and removed when the sweep ends (default: ``engines/`` in the staging directory).
     """
     _check_settings(precision_bytes, timeout_factor, min_timeout_s)
     at = dict(at or {})
@@ -389,8 +401,12 @@ def run_budget(scenario: Scenario, *, name: str | None = None, results: Path = P
         with signals.raising():
             controller = check_cgroup(controller)
             with stage as staging:
-                record = _sweep_all(scenario, name, results, precision_bytes, timeout_factor, min_timeout_s,
-                                    command, workdir, controller, progress, staging, at)
+                engines = workdir or staging / ENGINES
+                try:
+                    record = _sweep_all(scenario, name, results, precision_bytes, timeout_factor, min_timeout_s,
+                                        command, engines, controller, progress, staging, at)
+                finally:
+                    shutil.rmtree(engines, ignore_errors=True)  # the sweep's own: gone however the sweep ends
                 progress(f"sweep done in {record.sweep_wall_s / 60:.1f} min")
                 with signals.deferred():
                     publish(staging, results / name)
@@ -400,11 +416,11 @@ def run_budget(scenario: Scenario, *, name: str | None = None, results: Path = P
 
 
 def _sweep_all(scenario: Scenario, name: str, results: Path, precision_bytes: int | None, timeout_factor: float,
-               min_timeout_s: float, command: WorkerCommand | None, workdir: Path | None,
+               min_timeout_s: float, command: WorkerCommand | None, workdir: Path,
                controller: MemoryController, progress: Callable[[str], None], staging: Path,
                at: Mapping[str, int]) -> BudgetRecord:
-    """Everything up to the record of the last strategy, staged in ``staging``."""
-    plan = make_plan(scenario, name=name, workdir=workdir or Path.cwd() / "data" / "engines", progress=progress)
+    """Everything up to the record of the last strategy, staged in ``staging``, engines under ``workdir``."""
+    plan = make_plan(scenario, name=name, workdir=workdir, progress=progress)
     plan_path = write_plan(staging / PLAN, plan)
     unconstrained, source = unconstrained_limit(plan.memory_limit_bytes, effective_limit(controller.enclosing()))
     precision = precision_bytes or default_precision(plan.model.bytes)

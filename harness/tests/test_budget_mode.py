@@ -22,8 +22,11 @@ from harness.budget.mode import BudgetUnavailable, groups_of_this_process, run_b
 from harness.budget.record import BUDGET_FILE, read_budget
 from harness.cli import main
 from harness.report.budget import budget_goals, render_budget
+from harness.results.publish import staging_dir
 from harness.results.record import RecordError
+from harness.run import WorkerCommand
 from harness.scenario import BuildConfig, CheckpointConfig, ModelConfig, RunConfig, Scenario
+from harness.stopping import RunInterrupted
 
 MIB = 1 << 20
 NEEDS = {"map": 96, "load": 160}  # MiB each stand-in allocates
@@ -285,3 +288,62 @@ def test_the_unconstrained_run_gets_no_more_than_the_groups_above_allow(controll
     if not completes:
         assert load.error is not None and load.error.startswith(
             "does not complete under the unconstrained limit of 128 MiB: OOM-killed by the kernel")
+
+
+BUILDS_ENGINES = """
+import json, os, signal, sys, time
+from pathlib import Path
+plan, strategy, log, needs, stop = json.loads(Path(sys.argv[1]).read_text()), sys.argv[2], sys.argv[3], sys.argv[4], \\
+    int(sys.argv[5])
+engines = Path(plan["workdir"]) / f"{plan['name']}-{strategy}"  # where the worker builds
+engines.mkdir(parents=True, exist_ok=True)
+(engines / "engine-000.safetensors").write_bytes(b"an engine")  # left there, as by a worker killed mid-build
+with open(log, "a") as f:
+    f.write(f"{engines}\\n")
+if stop:  # the sweep is interrupted while this attempt runs
+    os.kill(stop, signal.SIGTERM)
+    time.sleep(60)
+sys.argv[1:] = [needs]
+""" + ALLOCATE
+
+
+def builds_engines(log: Path, stop_in: str = "") -> WorkerCommand:
+    """A stand-in that builds an engine file where a worker would and leaves it; in strategy ``stop_in`` it sends
+    SIGTERM to this process."""
+    def command(plan: Path, strategy: str, out: Path) -> list[str]:
+        stop = os.getpid() if strategy == stop_in else 0
+        return [sys.executable, "-c", BUILDS_ENGINES, str(plan), strategy, str(log), str(NEEDS[strategy]), str(stop)]
+    return command
+
+
+def test_two_sweeps_of_one_name_build_their_engines_apart_and_leave_none(
+    controller: MemoryController, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # where engines went by default: data/engines under the current directory
+    built: dict[str, list[str]] = {}
+    for root in ("a", "b"):
+        log = tmp_path / f"{root}.log"
+        record = run_budget(scenario(tmp_path, "map"), results=tmp_path / root, command=builds_engines(log),
+                            controller=controller, min_timeout_s=30, at={"map": 256 * MIB},
+                            progress=lambda line: None)
+        assert record.strategies["map"].at_limit is not None and record.strategies["map"].at_limit.completed
+        built[root] = log.read_text().splitlines()
+        assert len(built[root]) == 2  # the unconstrained attempt and the one at the limit
+    assert not set(built["a"]) & set(built["b"]), built
+    for root, directories in built.items():
+        assert all(Path(d).is_relative_to(staging_dir(tmp_path / root, "tiny-budget")) for d in directories), built
+    assert not list(tmp_path.rglob("engine-*")), "no attempt leaves an engine behind"
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["tiny-budget"]
+
+
+def test_an_interrupted_sweep_leaves_no_engine_behind(controller: MemoryController, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    results = tmp_path / "results"
+    with pytest.raises(RunInterrupted, match="interrupted by SIGTERM.*kept .* for its finished strategies map"):
+        run_budget(scenario(tmp_path, "map", "load"), results=results, command=builds_engines(tmp_path / "log", "load"),
+                   controller=controller, min_timeout_s=30, at={"map": 256 * MIB}, progress=lambda line: None)
+    built = (tmp_path / "log").read_text().splitlines()
+    assert [Path(d).name for d in built] == ["tiny-budget-map", "tiny-budget-map", "tiny-budget-load"]
+    assert not list(tmp_path.rglob("engine-*")), "the engine load's attempt was building is gone"
+    assert staging_dir(results, "tiny-budget").is_dir(), "kept for map, without engines"
