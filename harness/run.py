@@ -4,8 +4,10 @@
 directory) before anything else, resolves the scenario into a :class:`~harness.plan.Plan`
 (:func:`~harness.plan.make_plan`, which generates the checkpoint where allowed), and runs
 ``python -m harness.worker`` for each strategy in turn. Each worker is watched from
-outside: a worker whose RSS passes the scenario's memory limit, or that outlives its
-timeout, is killed and recorded as failed, instead of taking the machine down; a
+outside (:func:`watch`): a worker that, together with every process it started (a check
+process, a compiler's jobs), holds more than the scenario's memory limit (their summed PSS,
+:mod:`harness.measure.proctree`: a page they share counted once), or that outlives its
+timeout, is killed with them and recorded as failed, instead of taking the machine down; a
 worker dies with the parent (``PR_SET_PDEATHSIG``). SIGINT, SIGTERM or SIGHUP to the parent,
 from the start of the run to its publishing, ends it with :class:`~harness.stopping.RunInterrupted`:
 at once, or, while a worker runs, once that worker is stopped.
