@@ -19,6 +19,7 @@ __all__ = [
     "COMPILER_BACKENDS",
     "BUILT_WITHOUT_READING_WEIGHTS",
     "BUILT_WITHOUT_RESIDENT_WEIGHTS",
+    "COMPILER_WEIGHTS",
     "ENGINE_WEIGHTS",
     "FETCHED_PER_ENGINE",
     "HOLDS_WEIGHTS",
@@ -71,16 +72,24 @@ hooks, :class:`harness.load.strategies.EngineHooks`), and what getting them is."
 HEADLINE_STRATEGY = "map"
 """The strategy the project is about: budget mode sweeps it more finely and holds it to the goal limit."""
 
-BACKENDS: tuple[str, ...] = ("copy", "inductor", "tensorrt")
+BACKENDS: tuple[str, ...] = ("copy", "inductor", "openvino", "tensorrt")
 """The engine builders a scenario can name (``[build] backend``)."""
 
-COMPILER_BACKENDS: tuple[str, ...] = ("inductor", "tensorrt")
+COMPILER_BACKENDS: tuple[str, ...] = ("inductor", "openvino", "tensorrt")
 """Backends that export the model and build engines from graph partitions (they need a model with a forward)."""
 
 ENGINE_WEIGHTS: tuple[str, ...] = ("packaged", "packaged_compiler", "mapped")
 """A compiler backend's weight settings (``[build] weights``): engines that run on the model's own tensors
 (``mapped``), or that hold their weights, written into the artifact by the harness from the model's tensors
 (``packaged``) or by the compiler itself (``packaged_compiler``)."""
+
+COMPILER_WEIGHTS: dict[str, tuple[str, ...]] = {
+    "inductor": ENGINE_WEIGHTS,
+    "openvino": ("packaged_compiler",),
+    "tensorrt": ENGINE_WEIGHTS,
+}
+"""The weight settings each compiler backend builds; the first is a scenario's default where it gives none and the
+backend builds one setting only (OpenVINO's blob holds the weights as OpenVINO writes them)."""
 
 HOLDS_WEIGHTS: tuple[str, ...] = ("packaged", "packaged_compiler")
 """The weight settings whose engines hold their weights."""

@@ -57,6 +57,8 @@ for examples)::
                   from the model's tensors (packaged) or by the compiler (packaged_compiler);
                   tokens {1..8192}, compiler backends only [16]: the
                   length of the example input the model is exported and checked with;
+                  each compiler backend builds the settings :data:`harness.catalog.COMPILER_WEIGHTS`
+                  gives it (openvino: "packaged_compiler" only, its default);
                   device: "auto" | "cpu" | "cuda" ["auto"]; release: bool [true]
     [run]         cache: "cold" | "warm" ["cold"]; sample_interval_ms {0.1..60000} [10.0];
                   residency_every {1..100000} [1]; memory_limit_gib {0.0009765625 (1 MiB)
@@ -92,7 +94,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.catalog import BACKENDS, COMPILER_BACKENDS, ENGINE_WEIGHTS, STRATEGY_LISTINGS
+from harness.catalog import BACKENDS, COMPILER_BACKENDS, COMPILER_WEIGHTS, ENGINE_WEIGHTS, STRATEGY_LISTINGS
 from harness.errors import HarnessError
 from harness.results.codec import NAME, TABLE_STYLE, Limit, decode, decode_fields, describe_typed, encode
 from harness.results.record import Reference
@@ -742,6 +744,13 @@ def _load_build(raw: Any, file: Path) -> BuildConfig:
 
 def _load_references(raw: Any, file: Path) -> tuple[Reference, ...]:
     if not isinstance(raw, list):
+        return build
+    settings = COMPILER_WEIGHTS[build.backend]
+    if build.weights not in settings:
+        if "weights" not in raw and len(settings) == 1:  # the backend's only setting, left unsaid
+            return dataclasses.replace(build, weights=settings[0])
+        raise fail("weights", f"backend {build.backend!r} builds engines with weights "
+                              f"{' or '.join(repr(w) for w in settings)}, not {build.weights!r}")
         raise _failer(file, "")("reference", f"expected [[reference]] tables, got {describe_typed(raw)}")
     return tuple(_table(Reference, item, file, f"reference[{i}]") for i, item in enumerate(raw))
 

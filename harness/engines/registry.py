@@ -6,6 +6,9 @@
 ``inductor``   :mod:`harness.engines.compile`: the loaded model exported, its graph cut into
                partitions and each built with AOTInductor; needs ``torch._inductor`` and a C++
                compiler that links engines which load
+``openvino``   the same graph partitions, each converted and compiled by OpenVINO into a blob
+               (:mod:`harness.engines.compile.openvino`); needs the ``openvino`` package (the
+               ``openvino`` extra), CPU only
 ``tensorrt``   needs Torch-TensorRT; no builder in this version, so its check always refuses,
                before anything runs
 =============  =================================================================================
@@ -22,11 +25,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from harness.engines.builder import BuildTarget, EngineBuilder
 from harness.errors import HarnessError
+
+if TYPE_CHECKING:
+    from harness.engines.compile.compiler import EngineCompiler
 
 __all__ = ["BACKENDS", "Backend", "BackendUnavailable", "check_backend", "make_builder", "resolve_device"]
 
@@ -81,24 +88,50 @@ def _inductor_missing() -> str | None:
     return None
 
 
-def _make_inductor(plan: BuildTarget, workdir: Path) -> EngineBuilder:
+def _compiler_backend(plan: BuildTarget, workdir: Path, compiler: EngineCompiler) -> EngineBuilder:
+    """The builder that drives ``compiler`` over the graph partitions of the plan's model."""
     from harness.engines.compile.backend import CompilerBackend
-    from harness.engines.compile.compiler import WEIGHTS
-    from harness.engines.compile.inductor import InductorCompiler, load_compiler_modules
     from harness.engines.compile.planning import rule_for
     from harness.engines.compile.source import ModelSource
 
     build = plan.scenario.build
-    weights = build.weights
-    if weights not in WEIGHTS:
-        raise BackendUnavailable(f"backend 'inductor': weights must be one of {', '.join(WEIGHTS)}, not {weights!r}")
-    load_compiler_modules()
     rule = rule_for(build.engines, plan.engine_cap_bytes)
-    compiler = InductorCompiler(weights=weights, device=plan.device)  # type: ignore[arg-type]
     source = ModelSource(config=plan.scenario.model, checkpoint=Path(plan.checkpoint.path),
                          files=tuple(Path(f) for f in plan.checkpoint_files), tokens=build.tokens,
                          seed=plan.checkpoint.seed, memory_limit_bytes=plan.memory_limit_bytes)
     return CompilerBackend(compiler, workdir, rule, source)
+
+
+def _make_inductor(plan: BuildTarget, workdir: Path) -> EngineBuilder:
+    from harness.engines.compile.compiler import WEIGHTS
+    from harness.engines.compile.inductor import InductorCompiler, load_compiler_modules
+
+    weights = plan.scenario.build.weights
+    if weights not in WEIGHTS:
+        raise BackendUnavailable(f"backend 'inductor': weights must be one of {', '.join(WEIGHTS)}, not {weights!r}")
+    load_compiler_modules()
+    return _compiler_backend(plan, workdir, InductorCompiler(weights=weights, device=plan.device))  # type: ignore[arg-type]
+
+
+def _openvino_why_not() -> str | None:
+    """Why OpenVINO cannot build here: the ``openvino`` package does not import."""
+    from harness.engines.compile.openvino import openvino_missing
+
+    why = openvino_missing()
+    return None if why is None else f"backend 'openvino' needs OpenVINO: {why}"
+
+
+def _make_openvino(plan: BuildTarget, workdir: Path) -> EngineBuilder:
+    from harness.engines.compile.openvino import WEIGHTS, OpenVinoCompiler, load_openvino_modules
+
+    weights = plan.scenario.build.weights
+    if weights not in WEIGHTS:
+        raise BackendUnavailable(f"backend 'openvino': weights must be {' or '.join(WEIGHTS)}, not {weights!r}")
+    if plan.device != "cpu":
+        raise BackendUnavailable(f"backend 'openvino' builds engines for the cpu, not {plan.device}: "
+                                 "set [build] device = \"cpu\"")
+    load_openvino_modules()
+    return _compiler_backend(plan, workdir, OpenVinoCompiler(weights=weights, device=plan.device))
 
 
 def _tensorrt_why_not() -> str | None:
@@ -118,6 +151,7 @@ BACKENDS: dict[str, Backend] = {
     for b in (
         Backend("copy", _copy_runs_everywhere, _make_copy),
         Backend("inductor", _inductor_why_not, _make_inductor),
+        Backend("openvino", _openvino_why_not, _make_openvino),
         Backend("tensorrt", _tensorrt_why_not, None),
     )
 }

@@ -31,6 +31,7 @@ def versions() -> dict[str, str | None]:
         "cuda": torch.version.cuda,
         "safetensors": _version("safetensors"),
         "torch_tensorrt": _version("torch_tensorrt") or _version("torch-tensorrt"),
+        "openvino": _version("openvino"),
         "lerobot": _version("lerobot"),
         "weightmap": weightmap.__version__,
     }

@@ -35,6 +35,11 @@ written, so on a GPU they need not accumulate: the floor is ``baseline + 2 * e_k
 need no weight resident (:data:`~harness.catalog.BUILT_WITHOUT_RESIDENT_WEIGHTS`: ``mapped`` ones run on the
 mapped weights where they lie, ``packaged`` ones have theirs streamed into the artifact a chunk at a time)
 have the baseline as their floor; AOTInductor's own packaging (``packaged_compiler``) keeps the copy floor.
+A compiler that reads every weight of an engine within calls a caller cannot split and holds memory of its own
+beside them until the engine is written (OpenVINO: its converted and compiled models, the compiled one holding
+weights repacked for its kernels) records that memory per engine (``compiler_held_bytes``,
+:func:`engines_hold_compiler_memory`): its floor is ``baseline + max over k of (e_k + h_k)``, ``h_k`` what it
+held beside engine ``k``'s weights.
 The figure compared with the floor
 is the build-phase host peak without a GPU and the build-phase host + GPU peak with one;
 **excess** is ``(compared − floor) / model bytes``. A strategy that failed built part of
@@ -65,6 +70,7 @@ __all__ = [
     "excess_fraction",
     "floor_bytes",
     "engines_accumulate",
+    "engines_hold_compiler_memory",
     "engines_read_in_place",
     "baseline_anon_bytes",
     "floor_formula",
@@ -177,10 +183,19 @@ def engines_accumulate(on_gpu: bool, compiler_weights: str | None) -> bool:
     return on_gpu and compiler_weights not in HOLDS_WEIGHTS
 
 
-def floor_formula(on_gpu: bool, accumulate_engines: bool = True, in_place: bool = False) -> str:
+def engines_hold_compiler_memory(on_gpu: bool, engines: Sequence[EngineRecord]) -> bool:
+    """Whether engines built on the host each record what their compiler held of its own beside their weights
+    (``compiler_held_bytes``: OpenVINO's), which sets their floor (:func:`floor_bytes`)."""
+    return not on_gpu and bool(engines) and all(e.compiler_held_bytes is not None for e in engines)
+
+
+def floor_formula(on_gpu: bool, accumulate_engines: bool = True, in_place: bool = False,
+                  compiler_held: bool = False) -> str:
     """The floor's formula in words, as the figures and tables name it."""
     if in_place:
         return "baseline"
+    if compiler_held and not on_gpu:
+        return "baseline + max over k of (engine k + what the compiler held beside it)"
     if not on_gpu:
         return "baseline + largest engine"
     if accumulate_engines:
@@ -196,12 +211,16 @@ def floor_bytes(
     Engines that hold their weights (:data:`~harness.catalog.HOLDS_WEIGHTS`) on a GPU need not accumulate.
     Engines built on the host with no weight resident (:func:`engines_read_in_place`: ``mapped`` and
     ``packaged``) have the baseline as their floor; every
-    weight page a build does bring in counts in its excess.
+    weight page a build does bring in counts in its excess. Engines whose compiler recorded what it held beside
+    their weights (:func:`engines_hold_compiler_memory`) have ``baseline + max over k of (e_k + h_k)``, a
+    negative ``h_k`` counting as 0.
     """
     if not engines:
         raise ValueError("no engines: the floor is undefined")
     if engines_read_in_place(on_gpu, compiler_weights):
         return int(baseline_bytes)
+    if engines_hold_compiler_memory(on_gpu, engines):
+        return int(baseline_bytes) + max(e.weight_bytes + max(0, e.compiler_held_bytes or 0) for e in engines)
     sizes = [e.weight_bytes for e in sorted(engines, key=lambda e: e.index)]
     if not on_gpu:
         return host_floor_bytes(baseline_bytes, sizes)
@@ -493,7 +512,7 @@ def build_limit(run: RunRecord, metrics: Mapping[str, StrategyMetrics],
     if best is None or reference is None or not reference.record.ok or reference.build_median_s is None:
         return None
     terms = [("the model's read time at the disk's ceiling", run.model.bytes / best.bytes_per_s),
-             (f"{engines_cost}'s median build phase, its weights resident", reference.build_median_s)]
+             (f"{engines_cost}'s build phase, its weights resident, median over the rounds", reference.build_median_s)]
     shared = [s.both_s * run.model.bytes / s.bytes for s in run.shared_disk if s.bytes > 0]
     if shared:
         terms.append(("the model read while as many bytes are written as engine files, median",

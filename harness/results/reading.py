@@ -20,6 +20,7 @@ from harness.results.metrics import (
     compared_label,
     disk_metrics,
     engines_accumulate,
+    engines_hold_compiler_memory,
     engines_read_in_place,
     run_metrics,
 )
@@ -75,6 +76,12 @@ class Results:
         """Whether the run's engines were built with no weight resident (``mapped`` or streamed ``packaged`` on
         the host; floor: the baseline)."""
         return any(engines_read_in_place(self.on_gpu, r.compiler_weights) for r in self.strategies.values())
+
+    @property
+    def engines_hold_compiler_memory(self) -> bool:
+        """Whether the run's engines record what their compiler held beside their weights (OpenVINO's; floor:
+        baseline + max over k of engine k + that)."""
+        return any(engines_hold_compiler_memory(self.on_gpu, r.engines) for r in self.strategies.values())
 
     @property
     def compared_label(self) -> str:

@@ -91,6 +91,12 @@ it is in ``layout``):
     machine's memory; ``children_peak_bytes`` beside it stays their summed RSS, which counts every shared
     library once per process. ``None`` when reading versions 1 to 12, whose records hold the summed RSS
     only.
+14. Adds, per engine a compiler built in two calls (OpenVINO: convert, then compile), ``convert_s`` and
+    ``convert_hwm_bytes`` (the high-water mark when the conversion was done), and ``compiler_read_bytes`` and
+    ``compiler_held_bytes``: the growth of file-backed and of anonymous RSS from the engine's start to the end
+    of its compile, the compiler's models still held (the weights' pages it read, and the memory it held of
+    its own beside them, from which the floor of such engines follows: :func:`harness.results.metrics.floor_bytes`).
+    ``None`` for other builders, and when reading versions 1 to 13.
 
 A later version adds keys (each field says the version that added it, ``since`` in its
 :func:`~harness.results.codec.json_field`) and bumps :data:`LAYOUT_VERSION`; records of
@@ -194,7 +200,7 @@ __all__ = [
     "write_summary",
 ]
 
-LAYOUT_VERSION = 13
+LAYOUT_VERSION = 14
 """The layout this code writes; it reads every version from 1 to this one."""
 
 SUMMARY = "summary.json"
@@ -283,6 +289,10 @@ class EngineRecord(Record):
     write_peak_bytes: int | None = field(default=None, metadata={"since": 7})
     write_read_bytes: int | None = field(default=None, metadata={"since": 7})
     children_pss_bytes: int | None = field(default=None, metadata={"since": 13})
+    convert_s: float | None = field(default=None, metadata={"since": 14})
+    convert_hwm_bytes: int | None = field(default=None, metadata={"since": 14})
+    compiler_read_bytes: int | None = field(default=None, metadata={"since": 14, "signed": True})
+    compiler_held_bytes: int | None = field(default=None, metadata={"since": 14, "signed": True})
 
     @property
     def compiler_over_floor_bytes(self) -> int | None:
