@@ -12,7 +12,9 @@ Drawn and tabled only for runs of a compiler backend (records of layout 3 with
 * :func:`compiler_lines`: the markdown section with the export phase per strategy (time,
   checkpoint pages read, host memory it cost, the built model against eager) and a row
   per engine and strategy, with the memory of the processes the compiler started: their summed
-  PSS, or, in records before layout 13, their summed RSS, named as such.
+  PSS, or, in records before layout 13, their summed RSS, named as such. For a compiler that
+  converts, then compiles (OpenVINO, layout 14), the row gives each call's peak, the weights it
+  read and what it held beside them instead; its figure marks the conversion's peak too.
 """
 
 from __future__ import annotations
@@ -66,7 +68,15 @@ def _growth(e: EngineRecord) -> int | None:
 
 
 def _compile_rise(e: EngineRecord) -> int | None:
-    return e.compiler_own_bytes if e.write_peak_bytes is not None else None  # shown where the build has two steps
+    # shown where the build has two steps: compile then write (packaged), or convert then compile (OpenVINO)
+    return e.compiler_own_bytes if e.write_peak_bytes is not None or e.convert_hwm_bytes is not None else None
+
+
+def _convert_rise(e: EngineRecord) -> int | None:
+    """The high-water mark when the conversion was done minus RSS at the engine's start (OpenVINO)."""
+    if e.convert_hwm_bytes is None or e.rss_before_bytes is None:
+        return None
+    return e.convert_hwm_bytes - e.rss_before_bytes
 
 
 def _write_rise(e: EngineRecord) -> int | None:
@@ -76,8 +86,9 @@ def _write_rise(e: EngineRecord) -> int | None:
     return e.write_peak_bytes - e.rss_before_bytes
 
 
-_MARKERS = {"compiled": "_", "written": "x"}
+_MARKERS = {"converted": "|", "compiled": "_", "written": "x"}
 _SPLIT_LABELS = {
+    "converted": "peak rise when the conversion was done (OpenVINO's convert_model)",
     "compiled": "the compiler's own: its peak rise, or what it left when the weights' write began if more",
     "written": "largest rise while the weights were written into the artifact (weights read + write buffers)",
 }
@@ -106,7 +117,7 @@ def compiler_figure(run: Results) -> Figure:
             weights.setdefault(e.index, e.weight_bytes)
         growth = [(_growth(e) or 0) / MIB for e in engines]
         top.bar(xs, growth, width, color=colour, zorder=2, gid=f"growth:{name}")
-        for what, rise in (("compiled", _compile_rise), ("written", _write_rise)):
+        for what, rise in (("converted", _convert_rise), ("compiled", _compile_rise), ("written", _write_rise)):
             marked = [(x, r) for x, e in zip(xs, engines, strict=True) if (r := rise(e)) is not None]
             if marked:
                 top.scatter([x for x, _ in marked], [r / MIB for _, r in marked], marker=_MARKERS[what], s=60,
@@ -197,6 +208,34 @@ _ENGINE_COLUMNS: list[TableColumn[tuple[str, EngineRecord]]] = [
 """The per-engine table's columns before the compiler processes' (:func:`_children_column`, last): a row per engine a
 compiler built, per strategy."""
 
+_TWO_CALL_COLUMNS: list[TableColumn[tuple[str, EngineRecord]]] = [
+    *_ENGINE_COLUMNS[:7],
+    TableColumn("convert time", lambda row: format_seconds(row[1].convert_s)),
+    TableColumn("convert peak", lambda row: _mib(_convert_rise(row[1]))),
+    TableColumn("compile peak", lambda row: _mib(row[1].compiler_own_bytes)),
+    TableColumn("weights read", lambda row: _mib(row[1].compiler_read_bytes)),
+    TableColumn("held beside them", lambda row: _mib(row[1].compiler_held_bytes)),
+]
+"""The per-engine columns for a compiler that converts, then compiles and writes its blob in one call (OpenVINO):
+what each call cost, the weights it read and what it held of its own beside them, in place of the columns of a
+harness-written artifact and a compiler cache."""
+
+_TWO_CALL_TEXT = (
+    "Per engine (host rise = high-water mark while it was built − RSS at its start; over copy floor = "
+    "high-water mark − (RSS at its start + its weights); compile time = the whole build, the conversion "
+    "included; convert peak and compile peak = the high-water mark when the conversion, and then the compile "
+    "with its blob written, were done − RSS at its start (the compile's includes the conversion's, whose model "
+    "it holds); weights read = the rise of file-backed RSS from the start to the end of the compile (the mapped "
+    "weights' pages the compiler read, with its code's on a first engine); held beside them = the rise of "
+    "anonymous memory over the same span, both models held (the compiler's own: its graph and the weights it "
+    "repacked for its kernels), which sets the floor with the weights; artifact = the compiled blob on disk)"
+)
+
+
+def _two_calls(run: Results) -> bool:
+    """Whether the run's engines were built by a compiler that converts, then compiles (OpenVINO, layout 14)."""
+    return any(e.convert_hwm_bytes is not None for r in run.strategies.values() for e in _compiled(r))
+
 
 def _children_measured_pss(run: Results) -> bool:
     """Whether the run measured its compilers' processes by summed PSS (layout 13 on); older records hold their
@@ -238,6 +277,11 @@ def compiler_lines(run: Results) -> list[str]:
     checks = [f"- **{name}**: {record.check}" for name, record in run.strategies.items() if record.check]
     if checks:
         lines += ["", "The built model against eager, on the scenario's input:", "", *checks]
+    if _two_calls(run):
+        return lines + ["", f"{_TWO_CALL_TEXT}:", "",
+                        *markdown_table(_TWO_CALL_COLUMNS,
+                                        ((name, e) for name, r in run.strategies.items() for e in _compiled(r))),
+                        ""]
     lines += ["", "Per engine (host rise = high-water mark while it was built − RSS at its start; over copy "
               "floor = high-water mark − (RSS at its start + its weights), negative where the build did not "
               "bring its weights in; compiler's own = high-water mark when the compiler was done − RSS at its "
