@@ -10,7 +10,7 @@ TORCH_PIN := torch==2.13.0
 
 .PHONY: install venv-tools test lint typecheck pytest bench-map bench-smoke bench-pi05 bench-pi05-trim plot clean-data \
 	bench-smoke-compile bench-pi05-compile bench-lerobot-compile lerobot-venv budget-smoke budget-pi05 \
-	budget-pi05-compile
+	budget-pi05-compile bench-smoke-openvino bench-pi05-compile-openvino
 
 # The command-line tools the README names, whose scripts must be in $(VENV)/bin.
 VENV_TOOLS := pytest ruff mypy
@@ -71,6 +71,15 @@ bench-pi05-compile: $(STAMP)
 	$(PY) -m harness run scenarios/pi05-compile.toml
 	$(PY) -m harness run scenarios/pi05-compile-packaged.toml
 	$(PY) -m harness run scenarios/pi05-compile-packaged-compiler.toml
+
+# A second compiler, OpenVINO, on the CPU from the same graph partitions: each engine a compiled
+# blob holding its weights. Its package comes with the test extra ('.[dev]'; '.[openvino]' alone).
+# smoke-openvino: about 3 minutes on 2 cores; pi05-compile-openvino: the pi0.5-sized model, map and load.
+bench-smoke-openvino: $(STAMP)
+	$(PY) -m harness run scenarios/smoke-openvino.toml
+
+bench-pi05-compile-openvino: $(STAMP)
+	$(PY) -m harness run scenarios/pi05-compile-openvino.toml
 
 # lerobot's own pi0.5 compiled on a GPU; needs lerobot (LEROBOT_PY: a Python where it
 # imports, e.g. the one `make lerobot-venv` sets up) and data/pi05.safetensors (make bench-pi05).
