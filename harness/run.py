@@ -86,6 +86,7 @@ from harness.plan import Plan, make_plan, write_plan
 from harness.progress import RunCounter
 from harness.results.atomic import FileBatch
 from harness.results.metrics import StrategyMetrics, best_ceiling
+from harness.results.names import reserved_problem
 from harness.results.publish import Staging, publish
 from harness.results.record import (
     PLAN,
@@ -541,14 +542,18 @@ def run_scenario(
     run's files are. Without it, no report or figure is written.
     ``workdir``: where engines built as files go, a directory of this run's own, removed when the run
     ends (default: ``engines/`` in the staging directory). Raises :class:`~harness.errors.HarnessError`
-    for what a user can fix (see :func:`~harness.results.publish.check_results_root` and
-    :func:`~harness.plan.make_plan`), before any strategy runs, :class:`~harness.stopping.RunInterrupted`
+    for what a user can fix (a name the harness derives from others, :func:`harness.results.names.reserved_problem`;
+    see :func:`~harness.results.publish.check_results_root` and :func:`~harness.plan.make_plan`), before any
+    strategy runs, :class:`~harness.stopping.RunInterrupted`
     on SIGINT, SIGTERM or SIGHUP, and
     :class:`~harness.errors.OutputError` when a strategy failed for a reason outside it (see the module
     docstring: nothing is published). On any error the staging directory goes, unless a strategy
     finished there (:class:`~harness.results.publish.Staging`).
     """
-    name = scenario.name if name is None else name
+    given, name = name, scenario.name if name is None else name
+    problem = reserved_problem(name)
+    if problem is not None:
+        raise HarnessError(f"{'--name' if given is not None else 'scenario name'}: {problem}; choose another")
     command = command or worker_command
     results = Path(results)
     out = results / name

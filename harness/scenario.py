@@ -29,7 +29,9 @@ Paths
 Schema (defaults in brackets; ranges in braces, both ends included; see ``scenarios/*.toml``
 for examples)::
 
-    name          str, [a-z0-9_-]+, required: results go under results/<name>/
+    name          str, [a-z0-9_-]+, required: results go under results/<name>/; not ending
+                  in "-budget" nor holding "-vs-", which the names of budget sweeps' results
+                  and of comparisons' files are made with (:mod:`harness.results.names`)
     description   str [""]
     strategies    list of strategy names (:data:`harness.catalog.STRATEGY_LISTINGS`), no
                   duplicates, order kept [all of them, in the catalog's order]
@@ -97,6 +99,7 @@ from typing import Any
 from harness.catalog import BACKENDS, COMPILER_BACKENDS, COMPILER_WEIGHTS, ENGINE_WEIGHTS, STRATEGY_LISTINGS
 from harness.errors import HarnessError
 from harness.results.codec import NAME, TABLE_STYLE, Limit, decode, decode_fields, describe_typed, encode
+from harness.results.names import reserved_problem
 from harness.results.record import Reference
 from weightmap import PREFETCH_METHODS
 from weightmap.filekinds import non_regular_kind
@@ -236,7 +239,9 @@ def _strategies_problem(strategies: tuple[str, ...]) -> str | None:
 
 
 def _name_problem(name: str) -> str | None:
-    return None if NAME.fullmatch(name) else f"expected [a-z0-9_-]+, got {name!r}"
+    if not NAME.fullmatch(name):
+        return f"expected [a-z0-9_-]+, got {name!r}"
+    return reserved_problem(name)  # no name the harness derives from others (harness.results.names)
 
 
 # --------------------------------------------------------------------------- dataclasses

@@ -104,6 +104,7 @@ from harness.load.strategies import STRATEGIES
 from harness.measure import machine
 from harness.plan import Plan, make_plan, write_plan
 from harness.results.atomic import write_atomic
+from harness.results.names import budget_name, reserved_problem
 from harness.results.publish import Staging, publish
 from harness.results.record import (
     PLAN,
@@ -394,7 +395,10 @@ def run_budget(scenario: Scenario, *, name: str | None = None, results: Path = P
     small = sorted(name for name, limit in at.items() if limit < MIB)
     if small:
         raise ValueError(f"at: {small[0]}: a limit of at least 1 MiB, got {at[small[0]]} bytes")
-    name = f"{scenario.name}-budget" if name is None else name
+    name = budget_name(scenario.name) if name is None else name
+    problem = reserved_problem(name, sweep=True)
+    if problem is not None:
+        raise HarnessError(f"--name: {problem}; choose another")
     results = Path(results)
     stage = Staging(results, name, swept_strategies, progress)
     try:

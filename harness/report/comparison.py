@@ -36,6 +36,7 @@ from harness.report.text import (
 )
 from harness.results.atomic import write_atomic
 from harness.results.comparison import TIME_RESOLUTION_S, TIMES, Comparison, MemoryDelta, StrategyComparison, TimeRatio
+from harness.results.names import comparison_name as name_of_comparison
 from harness.results.reading import Results
 from harness.results.spread import chance_flag
 
@@ -55,8 +56,9 @@ _MEMORY_COLOURS = {
 
 
 def comparison_name(comparison: Comparison) -> str:
-    """``<base>-vs-<new>``: the file name of the comparison's report and figure, without suffix."""
-    return f"{comparison.base.name}-vs-{comparison.new.name}"
+    """``<base>-vs-<new>``: the file name of the comparison's report and figure, without suffix (no results name
+    holds ``-vs-``: :mod:`harness.results.names`)."""
+    return name_of_comparison(comparison.base.name, comparison.new.name)
 
 
 def _rounds(results: Results) -> str:

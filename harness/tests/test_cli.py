@@ -163,6 +163,26 @@ def test_name_with_a_path_separator_or_other_characters(
     assert not (tmp_path / "x").exists() and not (tmp_path / "results").exists()
 
 
+BUDGET_RULE = "ends in '-budget', which only a budget sweep's results (<scenario>-budget) are named with"
+COMPARISON_RULE = "holds '-vs-', which only the files of a comparison (<base>-vs-<new>.md) are named with"
+
+
+@pytest.mark.parametrize(("name", "rule"), [("x-budget", BUDGET_RULE), ("a-vs-b", COMPARISON_RULE)])
+def test_a_name_the_harness_derives_from_others_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, rule: str
+) -> None:
+    # a run named x-budget would replace a sweep of x's results; one named a-vs-b, the comparison of a and b
+    named = scenario(tmp_path, replace={'name = "tiny"': f'name = "{name}"'})
+    for command in ("run", "budget"):
+        assert error_of(capsys, command, str(named), "--results", str(tmp_path / "results")) == (
+            f"{named}: name: {name!r} {rule}")
+    assert run_error(capsys, scenario(tmp_path), "--name", name) == f"--name: {name!r} {rule}; choose another"
+    if name == "a-vs-b":  # a sweep's own name ends in -budget; a comparison's name it may not take
+        assert error_of(capsys, "budget", str(scenario(tmp_path)), "--results", str(tmp_path / "results"),
+                        "--name", name) == f"--name: {name!r} {rule}; choose another"
+    assert not (tmp_path / "results").exists() and not (tmp_path / "c.safetensors").exists()
+
+
 def test_a_name_too_long_for_the_files_named_after_it_is_refused_before_anything_runs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
