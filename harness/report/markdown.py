@@ -459,8 +459,10 @@ def strategy_observations(run: Results, s: StrategyMetrics) -> list[str]:
     rounds = strategy_rounds(s)
     if s.runs > 1 and rounds.wall_s:
         times = "; ".join(f"{name} {spread_text(values)}" for name, values in rounds.times().items() if values)
-        details.append(f"{s.runs_finished} of {s.runs} runs finished: {times}; the memory and the phases above "
-                       f"are round {(r.repeat or 0) + 1}'s, which the figures show")
+        details.append(f"{s.runs_finished} of {s.runs} runs finished, medians over the rounds: {times}; the "
+                       f"table's times, the memory and the phases above are round {(r.repeat or 0) + 1}'s, the run "
+                       "with the median wall time, which the figures show (a phase's median over the rounds need "
+                       "not be that run's)")
     cache = _cache_text(r, decimals)
     if cache:
         details.append(cache)

@@ -79,7 +79,7 @@ def test_the_limit_is_the_largest_of_ceiling_engines_and_shared_disk(tmp_path: P
     assert limit.bound_by == "the model's read time at the disk's ceiling"
     fast = CeilingPoint(1, MiB, model, load_build / 10)
     limit = build_limit(results.record.replace(read_ceiling=(fast,)), results.metrics)
-    assert limit is not None and limit.seconds == load_build and limit.bound_by.startswith("load's median build")
+    assert limit is not None and limit.seconds == load_build and limit.bound_by.startswith("load's build phase")
     # the shared disk is measured on the checkpoint's bytes and scaled to the model's; its median over the times
     shared = tuple(SharedDisk(2 * model, MiB, 1.0, 1.0, both_s=both * load_build) for both in (6, 100, 2))
     limit = build_limit(results.record.replace(read_ceiling=(fast,), shared_disk=shared), results.metrics)
