@@ -188,7 +188,7 @@ def test_compiler_fields_round_trip_and_v2_reads_them_as_none() -> None:
     layout_11 = {"sample_rows", "event_rows"}
     v6 = {k: v for k, v in data.items() if k not in {"check_peak_bytes"} | layout_8 | layout_11}
     v6["engines"] = [{k: v for k, v in data["engines"][0].items()
-                      if not k.startswith(("compile_hwm", "write_", "children_pss"))}]
+                      if not k.startswith(("compile_hwm", "write_", "children_pss", "convert_", "compiler_"))}]
     six = StrategyRecord.from_json(v6, "s.json", "x", 6)
     assert six.check_peak_bytes is None and six.engines[0].compiler_own_bytes is None
     assert six.engines[0].write_buffers_bytes is None and six.engines[0].compiler_over_floor_bytes == 10 * MiB
@@ -200,7 +200,8 @@ def test_compiler_fields_round_trip_and_v2_reads_them_as_none() -> None:
     v2["engines"] = [{k: v for k, v in data["engines"][0].items()
                       if k not in {"compile_s", "artifact_bytes", "rss_before_bytes", "children_peak_bytes",
                                    "cache_bytes", "pages_s", "copy_s", "major_faults", "compile_hwm_bytes",
-                                   "write_rss_bytes", "write_peak_bytes", "write_read_bytes", "children_pss_bytes"}}]
+                                   "write_rss_bytes", "write_peak_bytes", "write_read_bytes", "children_pss_bytes",
+                                   "convert_s", "convert_hwm_bytes", "compiler_read_bytes", "compiler_held_bytes"}}]
     v2["phases"] = {k: v for k, v in data["phases"].items() if not k.startswith(("export", "check"))}
     old = StrategyRecord.from_json(v2, "s.json", "x", 2)
     assert old.export is None and old.compiler is None and old.engines[0].compile_s is None
