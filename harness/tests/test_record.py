@@ -57,17 +57,17 @@ def test_recorded_results_read_with_their_version(directory: Path) -> None:
             assert strategy.build_peak_bytes == raw["host_gpu_peak_bytes"]
         if version < 6 and raw.get("compiler_weights") == "packaged":  # written by the compiler, as they were
             assert strategy.compiler_weights == "packaged_compiler"
+        # the derived copy in the file agrees with the one derivation, where it has not changed since: from
+        # layout 5 on, engines compiled to run on the mapped weights in place have the baseline as their floor
+        metrics = results.metrics[name]
+        if version >= 5 or not results.engines_read_in_place:
+            assert metrics.floor_bytes == raw["floor_bytes"], (name, metrics.floor_bytes, raw["floor_bytes"])
+        else:
+            assert metrics.floor_bytes == (raw["baseline_rss_bytes"] if strategy.ok else None), name
     if version < 9:  # before round orders were recorded every round ran the scenario's order
         assert results.record.round_orders == (tuple(data["strategies"]),) * max(1, data.get("repeats") or 1)
     else:
         assert results.record.round_orders == tuple(tuple(order) for order in data["round_orders"])
-        # the derived copies in the file agree with the one derivation, where it has not changed since: from
-        # layout 5 on, engines compiled to run on the mapped weights in place have the baseline as their floor
-        metrics = results.metrics[name]
-        if version >= 5 or not results.engines_read_in_place:
-            assert metrics.floor_bytes == raw["floor_bytes"]
-        else:
-            assert metrics.floor_bytes == (raw["baseline_rss_bytes"] if strategy.ok else None)
 
 
 def test_writes_the_current_version_and_reads_it_back(run_dir: Path) -> None:
