@@ -37,16 +37,17 @@ not be replaced by this one: the run stops there and is not published at all; th
 :class:`~harness.errors.OutputError` names the strategy, the reason and, with
 :class:`~harness.results.publish.Staging`'s note, where the strategies that finished are kept.
 A reference measurement that fails (the read probe, :func:`harness.speed.choose_speed`; the
-read-ceiling sweep; the shared disk) is recorded as failed with its reason
-(``read_ceiling_error``, ``shared_disk_error``, ``speed.probe_error``) and costs the run nothing.
+read-ceiling sweep; the cold read before a round; the shared disk) is recorded as failed with its
+reason (``read_ceiling_error``, ``disk_read_error``, ``shared_disk_error``, ``speed.probe_error``)
+and costs the run nothing.
 
 Repeats (``[run] repeats = N``): the strategies run in rounds, each strategy once per
 round, each run a fresh worker on a cache prepared again (cold: flushed and dropped), in an
 order that changes from round to round (:func:`harness.rounds.round_order`, recorded in
 ``round_orders``), so that no strategy always runs right after the same other one. With a cold cache each round
 starts with a cold sequential read of the checkpoint (:func:`harness.measure.diskread.cold_read_bandwidth`),
-recorded in ``disk_reads``: the disk's rate at that time. With more than one repeat, each
-round's files go to ``repeat-<r>/``; the strategy's record in ``summary.json`` is that of its
+recorded in ``disk_reads``: the disk's rate at that time (after one that fails, none is taken). With more
+than one repeat, each round's files go to ``repeat-<r>/``; the strategy's record in ``summary.json`` is that of its
 representative run, the one whose wall time is the median (of the runs that finished), and its
 samples, events and record are copied to the top of the results directory, where the
 report and figures read them; ``repeats`` lists every run's times. Samples are kept for
@@ -63,6 +64,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime
+import functools
 import os
 import re
 import shutil
@@ -418,7 +420,8 @@ def _warm_up(plan: Plan, plan_path: Path, out_dir: Path, command: WorkerCommand,
     """
     where = f"warm-up round {index + 1}/{plan.scenario.run.warmup} (discarded)"
     if plan.scenario.run.cache == "cold":
-        _progress(f"{where}: {_disk_line(measure_disk(plan, index))}")
+        disk, error = _reference(functools.partial(measure_disk, plan, index))
+        _progress(f"{where}: {_disk_line(disk) if disk is not None else f'disk: failed ({error})'}")
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
         for strategy in plan.scenario.strategies:
@@ -599,10 +602,16 @@ def _measure(plan: Plan, staging: Path, command: WorkerCommand, stop: _Stop) -> 
                 run = run.replace(read_ceiling=points or (), read_ceiling_error=error)
                 write_summary(staging, run)
                 _progress(_ceiling_line(run.read_ceiling) if error is None else f"disk ceiling: failed ({error})")
-            disk = measure_disk(plan, repeat)
-            run = run.replace(disk_reads=(*run.disk_reads, disk))
-            write_summary(staging, run)
-            _progress(_disk_line(disk))
+            if run.disk_read_error is None:  # after a read that failed, none is taken
+                disk, error = _reference(functools.partial(measure_disk, plan, repeat))
+                if error is None:
+                    assert disk is not None
+                    run = run.replace(disk_reads=(*run.disk_reads, disk))
+                    _progress(_disk_line(disk))
+                else:
+                    run = run.replace(disk_read_error=f"before round {repeat + 1} of {repeats}: {error}")
+                    _progress(f"disk: failed ({run.disk_read_error})")
+                write_summary(staging, run)
         out_dir = staging if repeats == 1 else staging / f"repeat-{repeat}"
         for strategy in run.round_orders[repeat]:
             _progress(counter.next(run_label(strategy, scenario.run, repeat=repeat)))

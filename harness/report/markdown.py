@@ -124,30 +124,37 @@ def _warmup_text(config: dict[str, Any]) -> str | None:
 
 
 def disk_observation(run: Results) -> list[str]:
-    """The run's disk reads, and each finished strategy's build phase set against them."""
+    """The run's disk reads, and each finished strategy's build phase set against them; a read that failed, with
+    its reason (none was taken after it)."""
     disk = run.disk
+    failed = run.record.disk_read_error
+    failure = [] if failed is None else [f"- **disk**: the cold sequential read of the checkpoint failed ({failed}); "
+                                         f"{'none was' if disk is None else 'no more were'} taken after it."]
+    rest = ceiling_observation(run) + shared_disk_observation(run) + limit_observation(run)
     if disk is None:
-        return []
+        return failure + rest if failure else []
     model = run.record.model.bytes
     read_s = disk.read_s(model)
     if disk.reads > 1:
+        each = "one before each round of strategies" + (" until one failed" if failed else "")
         reads = (f"{disk.reads} cold sequential reads of the {format_gib(disk.bytes)} checkpoint (`read()` into a "
-                 f"reused buffer, one before each round of strategies): median {disk.median_bytes_per_s / 1e6:.0f} "
+                 f"reused buffer, {each}): median {disk.median_bytes_per_s / 1e6:.0f} "
                  f"MB/s ({disk.min_bytes_per_s / 1e6:.0f}–{disk.max_bytes_per_s / 1e6:.0f}), "
                  f"{disk.median_cpu_seconds:.1f} CPU-s per read")
     else:  # one read: no median, no range
+        before = "the first round" if failed else "the strategies ran"
         reads = (f"a cold sequential read of the {format_gib(disk.bytes)} checkpoint (`read()` into a reused "
-                 f"buffer, before the strategies ran): {disk.median_bytes_per_s / 1e6:.0f} MB/s, "
+                 f"buffer, before {before}): {disk.median_bytes_per_s / 1e6:.0f} MB/s, "
                  f"{disk.median_cpu_seconds:.1f} CPU-s")
     text = f"- **disk**: {reads}; reading the model once at that rate takes {format_seconds(read_s)}."
-    lines = [text]
+    lines = [text, *failure]
     for s in run.metrics.values():
         rounds = strategy_rounds(s)
         if not s.record.ok or not rounds.build_s or not rounds.wall_s:
             continue
         lines.append(f"  - {s.name}: build phase {_times_of_read(rounds.build_s, read_s)}; "
                      f"wall {_times_of_read(rounds.wall_s, read_s)}.")
-    return lines + ceiling_observation(run) + shared_disk_observation(run) + limit_observation(run)
+    return lines + rest
 
 
 def ceiling_observation(run: Results) -> list[str]:

@@ -97,6 +97,10 @@ it is in ``layout``):
     of its compile, the compiler's models still held (the weights' pages it read, and the memory it held of
     its own beside them, from which the floor of such engines follows: :func:`harness.results.metrics.floor_bytes`).
     ``None`` for other builders, and when reading versions 1 to 13.
+15. Adds, per run, ``disk_read_error``: why the cold sequential read of the checkpoint before a round failed
+    (``before round <r> of <n>: <reason>``), where one did; it is recorded as failed and the run goes on,
+    ``disk_reads`` holding the reads before it, and no read is taken after it. ``None`` where none failed, and
+    when reading versions 1 to 14.
 
 A later version adds keys (each field says the version that added it, ``since`` in its
 :func:`~harness.results.codec.json_field`) and bumps :data:`LAYOUT_VERSION`; records of
@@ -200,7 +204,7 @@ __all__ = [
     "write_summary",
 ]
 
-LAYOUT_VERSION = 14
+LAYOUT_VERSION = 15
 """The layout this code writes; it reads every version from 1 to this one."""
 
 SUMMARY = "summary.json"
@@ -716,6 +720,7 @@ class RunRecord(Record):
     shared_disk: tuple[SharedDisk, ...] = field(default=(), metadata={"since": 10})
     read_ceiling_error: str | None = field(default=None, metadata={"since": 12})
     shared_disk_error: str | None = field(default=None, metadata={"since": 12})
+    disk_read_error: str | None = field(default=None, metadata={"since": 15})
 
     @property
     def on_gpu(self) -> bool:

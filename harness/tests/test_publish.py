@@ -21,6 +21,7 @@ import textwrap
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -314,6 +315,8 @@ REFERENCE_FAILURES = {
                      "- **disk ceiling**: not measured, the sweep failed (OSError: "),
     "read probe": ("harness.speed.read_probe", "probe_error", "OSError: ",
                    "  - read probe at the run's start: failed (OSError: "),
+    "disk read": ("harness.run.cold_read_bandwidth", "disk_read_error", "before round 1 of 1: OSError: ",
+                  "- **disk**: the cold sequential read of the checkpoint failed (before round 1 of 1: OSError: "),
 }
 
 
@@ -339,6 +342,39 @@ def test_a_reference_measurement_that_fails_is_recorded_and_the_run_is_published
     assert line in report and f"({error})" in report
     assert all(s.ok for s in record.strategies.values())
     assert sorted(p.name for p in results.iterdir() if p.name.startswith(".")) == []
+
+
+def test_after_a_disk_read_that_fails_none_is_taken_and_the_reads_before_it_stand(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import harness.run
+
+    real, calls = harness.run.cold_read_bandwidth, []  # the disk read before each round: the second fails
+
+    def fails_second(*args: Any, **kwargs: Any) -> Any:
+        calls.append(len(calls))
+        if len(calls) == 2:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr("harness.run.cold_read_bandwidth", fails_second)
+    results = tmp_path / "results"
+    source = make_results(tmp_path / "source", name="tiny", failed=None, strategies=("map",))
+    stand_in(monkeypatch, HANDS_IN_A_RESULT, str(source), str(tmp_path), "-1")
+    path = tmp_path / "s.toml"
+    path.write_text(tiny_scenario_text(tmp_path / "c.safetensors", {"engines = 2": "engines = 4"},
+                                       extra="[run]\nrepeats = 3\n"))
+    assert main(["run", str(path), "--results", str(results)]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    record = load_results(results / "tiny").record
+    assert len(calls) == 2, "no read after the one that failed"
+    assert [d.before for d in record.disk_reads] == [0]
+    assert record.disk_read_error == f"before round 2 of 3: OSError: [Errno {errno.EIO}] {os.strerror(errno.EIO)}"
+    report = (results / "tiny.md").read_text()
+    assert "checkpoint (`read()` into a reused buffer, before the first round): " in report
+    assert (f"- **disk**: the cold sequential read of the checkpoint failed ({record.disk_read_error}); no more were "
+            "taken after it.") in report
+    assert record.strategies["map"].ok and len(record.strategies["map"].repeats) == 3
 
 
 def test_a_plot_that_runs_out_of_space_leaves_every_earlier_figure_and_the_report(

@@ -699,12 +699,13 @@ def _as_compiled(directory: Path, children_pss_bytes: int | None) -> None:
         for engine in strategy["engines"]:
             engine.update(compile_s=1.0, artifact_bytes=1 << 20, rss_before_bytes=engine["host_hwm_bytes"],
                           children_peak_bytes=8 * GIB, children_pss_bytes=children_pss_bytes)
-            if children_pss_bytes is None:  # layout 12 holds no key of layouts 13 and 14
+            if children_pss_bytes is None:  # layout 12 holds no key of layouts 13 to 15
                 for key in ("children_pss_bytes", "convert_s", "convert_hwm_bytes", "compiler_read_bytes",
                             "compiler_held_bytes"):
                     del engine[key]
     if children_pss_bytes is None:
         data["layout"] = 12
+        del data["disk_read_error"]
     path.write_text(json.dumps(data))
 
 
