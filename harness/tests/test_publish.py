@@ -208,7 +208,7 @@ def test_a_run_whose_strategy_was_killed_by_a_signal_it_did_not_cause_keeps_the_
     stand_in(monkeypatch, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
     message = run_ending_in_error(capsys, "run", str(scenario(tmp_path, "map", "load")), "--results", str(results))
     assert message == (f"{results / 'tiny'}: kept as it was, this run is not published: map failed for a reason "
-                       "outside the strategy (killed by signal 9 (out of memory?))")
+                       "outside the strategy (killed by signal 9)")
     assert snapshot(results) == before, "nothing finished: the staging directory goes"
 
 

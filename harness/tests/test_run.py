@@ -21,6 +21,7 @@ from harness.errors import OutputError
 from harness.models import SyntheticTransformer
 from harness.plan import make_plan, read_plan
 from harness.report import render_staged
+from harness.report.names import figure_name
 from harness.results.record import PLAN, RunRecord
 from harness.run import run_scenario
 from harness.scenario import BuildConfig, CheckpointConfig, ModelConfig, RunConfig, Scenario, load_scenario
@@ -102,7 +103,7 @@ def test_every_strategy_runs_and_writes_its_files(tiny_run: tuple[RunRecord, Pat
     on_disk = json.loads((out / "summary.json").read_text())
     assert on_disk == record.to_json()
     for figure in ("timeline", "peaks", "engines"):
-        assert (out.parent / f"tiny-{figure}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (out.parent / figure_name("tiny", figure)).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| map |" in (out.parent / "tiny.md").read_text()
     assert sorted(p.name for p in out.parent.iterdir() if p.name.startswith(".")) == []  # no staging left
     assert not any(engines.rglob("*.safetensors")), "engine files are removed after each strategy"
