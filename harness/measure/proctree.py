@@ -40,7 +40,7 @@ from pathlib import Path
 
 import psutil
 
-__all__ = ["TreeReading", "descendants", "kill_tree", "pss_sum", "read_tree"]
+__all__ = ["rss_pss_bytes", "TreeReading", "descendants", "kill_tree", "pss_sum", "read_tree"]
 
 PROC = Path("/proc")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -100,6 +100,20 @@ def _pss_bytes(pid: int, proc: Path) -> int:
         if line.startswith("Pss:"):
             return int(line.split()[1]) * 1024
     return 0
+
+
+def rss_pss_bytes(pid: int, proc: Path = PROC) -> tuple[int, int] | None:
+    """A process's RSS and PSS from one read of its ``smaps_rollup`` (so PSS never exceeds RSS, as it could
+    from two reads of a growing process); None when it is gone or cannot be read."""
+    text = _read(proc / str(pid) / "smaps_rollup")
+    values = {}
+    for line in (text or "").splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("Rss", "Pss"):
+            values[key] = int(rest.split()[0]) * 1024
+    if "Rss" not in values or "Pss" not in values:
+        return None
+    return values["Rss"], values["Pss"]
 
 
 @dataclass(frozen=True)

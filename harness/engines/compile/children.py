@@ -4,7 +4,8 @@ The kernel's high-water mark (``VmHWM``) covers this process only, and
 ``getrusage(RUSAGE_CHILDREN).ru_maxrss`` does not help either: a child that forked from a
 large process and then exec'd the compiler reports the parent's RSS at fork as its own
 peak. :class:`ChildPeak` samples instead: a thread reads the memory of every descendant
-process (``psutil``'s ``memory_full_info``, from ``/proc/<pid>/smaps_rollup``) every
+process (RSS and PSS from one read of its ``/proc/<pid>/smaps_rollup``,
+:func:`harness.measure.proctree.rss_pss_bytes`, so that its PSS never exceeds its RSS) every
 ``interval_s`` and keeps the largest sums and the largest single process seen. A child that
 lives shorter than the interval can be missed.
 
@@ -18,10 +19,13 @@ machine's memory.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from types import TracebackType
 
 import psutil
+
+from harness.measure.proctree import rss_pss_bytes
 
 __all__ = ["ChildPeak"]
 
@@ -50,14 +54,15 @@ class ChildPeak:
     def _sample(self) -> None:
         total = pss = 0
         for child in self._me.children(recursive=True):
-            try:
-                memory = child.memory_full_info()
-                if memory.rss > self.largest_bytes:
-                    self.largest_bytes, self.largest_name = memory.rss, child.name()
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            memory = rss_pss_bytes(child.pid)
+            if memory is None:  # gone, or not readable
                 continue
-            total += memory.rss
-            pss += memory.pss
+            rss, child_pss = memory
+            if rss > self.largest_bytes:
+                with contextlib.suppress(psutil.Error):
+                    self.largest_bytes, self.largest_name = rss, child.name()
+            total += rss
+            pss += child_pss
         self.peak_bytes = max(self.peak_bytes, total)
         self.pss_peak_bytes = max(self.pss_peak_bytes, pss)
         self.samples += 1
