@@ -57,10 +57,10 @@ for examples)::
                   only ["mapped"]: whether each engine runs on the model's own (mapped)
                   tensors or holds a copy of its weights, written into it by the harness
                   from the model's tensors (packaged) or by the compiler (packaged_compiler);
-                  tokens {1..8192}, compiler backends only [16]: the
-                  length of the example input the model is exported and checked with;
                   each compiler backend builds the settings :data:`harness.catalog.COMPILER_WEIGHTS`
                   gives it (openvino: "packaged_compiler" only, its default);
+                  tokens {1..8192}, compiler backends only [16]: the
+                  length of the example input the model is exported and checked with;
                   device: "auto" | "cpu" | "cuda" ["auto"]; release: bool [true]
     [run]         cache: "cold" | "warm" ["cold"]; sample_interval_ms {0.1..60000} [10.0];
                   residency_every {1..100000} [1]; memory_limit_gib {0.0009765625 (1 MiB)
@@ -744,11 +744,6 @@ def _load_build(raw: Any, file: Path) -> BuildConfig:
             if key in raw:
                 raise fail(key, f"applies to compiler backends only ({', '.join(COMPILER_BACKENDS)}), "
                                 f"not backend {build.backend!r}")
-    return build
-
-
-def _load_references(raw: Any, file: Path) -> tuple[Reference, ...]:
-    if not isinstance(raw, list):
         return build
     settings = COMPILER_WEIGHTS[build.backend]
     if build.weights not in settings:
@@ -756,6 +751,11 @@ def _load_references(raw: Any, file: Path) -> tuple[Reference, ...]:
             return dataclasses.replace(build, weights=settings[0])
         raise fail("weights", f"backend {build.backend!r} builds engines with weights "
                               f"{' or '.join(repr(w) for w in settings)}, not {build.weights!r}")
+    return build
+
+
+def _load_references(raw: Any, file: Path) -> tuple[Reference, ...]:
+    if not isinstance(raw, list):
         raise _failer(file, "")("reference", f"expected [[reference]] tables, got {describe_typed(raw)}")
     return tuple(_table(Reference, item, file, f"reference[{i}]") for i, item in enumerate(raw))
 
