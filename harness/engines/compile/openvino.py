@@ -17,7 +17,10 @@ Each engine is built in two calls, measured apart (:class:`OpenVinoCompiler`):
    a file as it compiles, streamed (``export_model()`` would hand it back as bytes: two
    copies in memory). Writing the blob reads every weight; the compiled model keeps its own
    copies of some (weights repacked for its kernels, in anonymous memory) and points at the
-   rest where they lie. Both the converted and the compiled model are dropped before
+   rest where they lie. Compiled for the exported (static) shapes, its CPU plugin repacks the
+   weights of its matrix products while it compiles, in the precision it computes in: a
+   bfloat16 weight becomes a float32 copy, twice its bytes (with dynamic shapes it defers the
+   repacking to the first inference). Both the converted and the compiled model are dropped before
    :meth:`OpenVinoCompiler.compile` returns, so the harness's release after the engine frees
    what nothing reads any more (a resized storage the compiled model still pointed at would
    be read after it was freed).
