@@ -26,6 +26,9 @@ The steps, in the order a strategy runs them (the worker, through
 * :class:`InductorCompiler`, :func:`compile_engine`, :func:`load_engine` (:mod:`.inductor`):
   AOTInductor with weights ``packaged`` in the artifact or ``mapped`` (the artifact holds
   none and runs on the given tensors); a ``mapped`` artifact is never loaded without them.
+* :class:`~harness.engines.compile.openvino.OpenVinoCompiler` (:mod:`.openvino`): OpenVINO, the
+  second compiler (``[build] backend = "openvino"``): each partition converted, compiled for the
+  CPU and written as a compiled blob that holds its weights.
 * :func:`input_layouts`, :func:`conform` (:mod:`.layouts`): the layout each engine input was
   compiled for, recorded in the artifact, and inputs laid out so before an engine runs.
 * :class:`CompiledPipeline` and its :class:`Routing` (:mod:`.pipeline`): the loaded engines run as one model;

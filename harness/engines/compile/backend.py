@@ -1,8 +1,9 @@
 """A compiler as an engine builder: export the loaded model, cut its graph, build one engine per partition.
 
 :class:`CompilerBackend` is the :class:`~harness.engines.builder.EngineBuilder` of any
-:class:`~harness.engines.compile.compiler.EngineCompiler` (AOTInductor today,
-:class:`~harness.engines.compile.inductor.InductorCompiler`; a TensorRT builder would be another),
+:class:`~harness.engines.compile.compiler.EngineCompiler` (AOTInductor,
+:class:`~harness.engines.compile.inductor.InductorCompiler`, and OpenVINO,
+:class:`~harness.engines.compile.openvino.OpenVinoCompiler`; a TensorRT builder would be another),
 through the steps the worker measures:
 
 1. :meth:`~CompilerBackend.export`: ``torch.export.export`` of the model's entry
