@@ -372,14 +372,12 @@ def measure_disk(plan: Plan, before: int) -> DiskRead:
 
 
 def _repeat_record(repeat: int, record: StrategyRecord) -> RepeatRecord:
-    phases = record.phases
-
-    def span(a: float | None, b: float | None) -> float | None:
-        return None if a is None or b is None else round(b - a, 3)
+    def ms(seconds: float | None) -> float | None:
+        return None if seconds is None else round(seconds, 3)
 
     return RepeatRecord(
         repeat=repeat, status=record.status, error=record.error, wall_s=record.wall_s,
-        load_s=span(phases.load_start_s, phases.load_end_s), build_s=span(phases.partition_s, phases.build_end_s),
+        load_s=ms(record.phases.load_s), build_s=ms(record.phases.build_s),
         build_peak_bytes=record.build_peak_bytes,
         resident_at_load_bytes=None if record.cache is None else record.cache.resident_at_load_bytes,
     )

@@ -236,10 +236,8 @@ class _Strategy:
         out = []
         for phase, (result, worker, anon, left) in zip(phases, self.runs, strict=True):
             compile_s = None
-            if worker is not None and worker.ok:
-                p = worker.phases
-                if p.load_start_s is not None and p.build_end_s is not None:
-                    compile_s = round(p.build_end_s - p.load_start_s, 3)
+            if worker is not None and worker.ok and worker.phases.wall_s is not None:
+                compile_s = round(worker.phases.wall_s, 3)
             out.append(AttemptRecord(
                 phase=phase, limit_bytes=result.limit_bytes, completed=result.completed,
                 returncode=result.returncode, wall_s=round(result.wall_s, 3),

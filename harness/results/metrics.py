@@ -133,17 +133,14 @@ def sampled_peaks(record: StrategyRecord, samples: SampleColumns) -> dict[str, A
     at_end = [
         e.host_hwm_bytes + (e.gpu_used_bytes or 0) for e in record.engines if e.host_hwm_bytes is not None
     ]
-    phases = record.phases
-    wall = None
-    if phases.load_start_s is not None and phases.build_end_s is not None:
-        wall = round(phases.build_end_s - phases.load_start_s, 3)
+    wall = record.phases.wall_s
     return {
         "host_peak_bytes": _max([record.load_hwm_bytes, *hwms, _column_max(samples.rss_bytes)]),
         "build_peak_bytes": _max([*hwms, _column_max(build_rss)]),
         "host_gpu_peak_bytes": _max([_column_max(build_rss + gpu), *at_end]),
         "anon_peak_bytes": _max([_column_max(samples.anon_bytes)]),
         "gpu_peak_bytes": _max([_column_max(samples.gpu_used_bytes)]) if has_gpu else None,
-        "wall_s": wall,
+        "wall_s": None if wall is None else round(wall, 3),
     }
 
 
@@ -237,10 +234,6 @@ def excess_fraction(value: float, floor: float, model_bytes: float) -> float:
 def compared_label(on_gpu: bool) -> str:
     """What is compared with the floor, as tables and figures name it."""
     return "build-phase host + GPU peak" if on_gpu else "build-phase host peak"
-
-
-def _span(start: float | None, end: float | None) -> float | None:
-    return None if start is None or end is None else end - start
 
 
 def baseline_anon_bytes(samples: SampleColumns, phases: Phases) -> int | None:
@@ -370,9 +363,7 @@ class StrategyMetrics:
         engine_s = tuple(
             (e.index, e.end_s - e.start_s) for e in engines if e.start_s is not None and e.end_s is not None
         )
-        load_s = _span(phases.load_start_s, phases.load_end_s)
-        build_s = _span(phases.partition_s, phases.build_end_s)
-        export_s = _span(phases.export_start_s, phases.export_end_s)
+        load_s, build_s, export_s = phases.load_s, phases.build_s, phases.export_s
         between_s = None
         if record.wall_s is not None and load_s is not None and build_s is not None:
             between_s = max(0.0, record.wall_s - load_s - build_s - (export_s or 0.0))
@@ -393,7 +384,7 @@ class StrategyMetrics:
             build_s=build_s,
             export_s=export_s,
             between_s=between_s,
-            check_s=_span(phases.check_start_s, phases.check_end_s),
+            check_s=phases.check_s,
             anon_above_baseline_bytes=anon_above,
             engine_s=engine_s,
             engines_built=len(engine_s),
@@ -431,10 +422,8 @@ def _repeat_figures(record: StrategyRecord) -> dict[str, Any]:
     """Medians and range over a strategy's repeated runs (one run: its own figures)."""
     if not record.repeats:
         wall = record.wall_s
-        load = _span(record.phases.load_start_s, record.phases.load_end_s)
-        build = _span(record.phases.partition_s, record.phases.build_end_s)
         return {"runs": 1, "runs_finished": int(record.ok), "wall_median_s": wall, "wall_min_s": wall,
-                "wall_max_s": wall, "load_median_s": load, "build_median_s": build}
+                "wall_max_s": wall, "load_median_s": record.phases.load_s, "build_median_s": record.phases.build_s}
     done = [r for r in record.repeats if r.status == "ok" and r.wall_s is not None]
     walls = [r.wall_s for r in done if r.wall_s is not None]
     return {

@@ -536,6 +536,37 @@ class Phases(Record):
     check_start_s: float | None = field(default=None, metadata={"since": 5})
     check_end_s: float | None = field(default=None, metadata={"since": 5})
 
+    @property
+    def load_s(self) -> float | None:
+        """The load: from its start to its end (None where either was not reached)."""
+        return _span(self.load_start_s, self.load_end_s)
+
+    @property
+    def export_s(self) -> float | None:
+        """The export of a compiler backend: from its start to its end."""
+        return _span(self.export_start_s, self.export_end_s)
+
+    @property
+    def build_s(self) -> float | None:
+        """The build: from partitioning to the end of the last engine."""
+        return _span(self.partition_s, self.build_end_s)
+
+    @property
+    def check_s(self) -> float | None:
+        """The built model run and compared with eager, after the wall (not part of it)."""
+        return _span(self.check_start_s, self.check_end_s)
+
+    @property
+    def wall_s(self) -> float | None:
+        """The wall: from the load's start to the end of the last engine (``StrategyRecord.wall_s`` stores it
+        rounded to the millisecond)."""
+        return _span(self.load_start_s, self.build_end_s)
+
+
+def _span(start: float | None, end: float | None) -> float | None:
+    """``end - start`` in seconds; None where either is."""
+    return None if start is None or end is None else end - start
+
 
 @dataclass(frozen=True)
 class StrategyRecord(Record):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from harness.report.text import phases_text, release_sentence
-from harness.results.metrics import SampleColumns, StrategyMetrics, baseline_anon_bytes, floor_bytes
+from harness.results.metrics import SampleColumns, StrategyMetrics, baseline_anon_bytes, floor_bytes, sampled_peaks
 from harness.results.reading import load_results
 from harness.results.record import EngineRecord, Phases, RunRecord, StrategyRecord
 from harness.tests.fixtures import make_results
@@ -62,6 +62,20 @@ def test_the_wall_is_the_sum_of_its_phases_and_the_check_lies_outside_it(run: Ru
     text = phases_text(m)
     assert text.startswith("load 2.0 s + export 4.5 s + build 11.8 s + 0.8 s between them")
     assert "check against eager 5.5 s, outside the wall" in text
+
+
+def test_the_phase_spans_are_the_record_s_own_and_none_where_a_phase_was_not_reached() -> None:
+    phases = Phases(load_start_s=1.0, load_end_s=3.0, export_start_s=3.5, export_end_s=8.0, partition_s=8.25,
+                    build_end_s=20.0, check_start_s=20.5, check_end_s=26.0)
+    assert (phases.load_s, phases.export_s, phases.build_s, phases.check_s, phases.wall_s) == (
+        2.0, 4.5, 11.75, 5.5, 19.0)
+    unfinished = Phases(load_start_s=1.0, load_end_s=3.0, partition_s=8.25)
+    assert (unfinished.load_s, unfinished.export_s, unfinished.build_s, unfinished.check_s,
+            unfinished.wall_s) == (2.0, None, None, None, None)
+    samples = SampleColumns(t_s=np.array([0.0]), rss_bytes=np.array([1.0]), anon_bytes=np.array([1.0]),
+                            gpu_used_bytes=np.array([np.nan]))
+    walls = [sampled_peaks(StrategyRecord(status="ok", phases=p), samples)["wall_s"] for p in (phases, unfinished)]
+    assert walls == [19.0, None]  # the stored wall is the phases' own, to the millisecond
 
 
 def test_anonymous_memory_is_reported_above_the_baseline(run: RunRecord) -> None:
