@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -285,3 +287,24 @@ def test_map_and_load_build_with_openvino_release_their_weights_and_equal_eager(
     assert "Engines built by openvino (weights packaged_compiler)" in report
     assert "| convert peak | compile peak | weights read | held beside them |" in report
     assert (tmp_path / "results" / "tiny-openvino.compiler.png").is_file()
+
+
+@needs_openvino
+def test_openvino_is_imported_and_converts_without_its_telemetry(tmp_path: Path) -> None:
+    """In a fresh process whose home is ``tmp_path``: importing and converting leave nothing there (OpenVINO's
+    telemetry counts its uses in a file under the home and sends events from the same code)."""
+    script = (
+        "import torch\n"
+        "from harness.engines.compile.openvino import import_openvino, without_telemetry\n"
+        "openvino = import_openvino()\n"
+        "from openvino.tools.ovc import telemetry_stub, telemetry_utils\n"
+        "assert telemetry_utils.tm is telemetry_stub, telemetry_utils.tm\n"
+        "program = torch.export.export(torch.nn.Linear(4, 4), (torch.ones(1, 4),))\n"
+        "with without_telemetry():\n"
+        "    openvino.convert_model(program)\n"
+        "import openvino_telemetry  # hidden only while openvino was imported\n"
+    )
+    env = {**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -38,9 +38,12 @@ imported, with ``INFERENCE_PRECISION_HINT`` float32 (:data:`PRECISION`), which m
 within 1e-7 on the same model. Weights keep their dtype: a bfloat16 weight stays bfloat16 in
 the blob and is widened as it is read.
 
-``convert_model`` sends usage statistics when ``openvino_telemetry`` is installed (a
-dependency of the ``openvino`` wheel); the harness converts with OpenVINO's own no-op stub in
-its place (:func:`without_telemetry`), so no run of it reaches the network.
+OpenVINO sends usage statistics where ``openvino_telemetry`` is installed (a dependency of the
+``openvino`` wheel): an event when ``openvino`` is imported (its ``tools.ovc`` package, which
+``import openvino`` imports, sends it) and more from ``convert_model``, and it counts its uses in a
+file under the home directory. The harness imports ``openvino`` with ``openvino_telemetry``
+hidden (:func:`import_openvino`), so that OpenVINO falls back to its own no-op stub, and converts
+with that stub in place (:func:`without_telemetry`): no run reaches the network or writes there.
 """
 
 from __future__ import annotations
@@ -51,10 +54,12 @@ import gc
 import os
 import re
 import shutil
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -72,6 +77,7 @@ __all__ = [
     "OpenVinoEngine",
     "alias",
     "blob_payload_offset",
+    "import_openvino",
     "load_openvino_modules",
     "openvino_missing",
     "without_telemetry",
@@ -87,11 +93,32 @@ _HEADER = re.compile(rb'^<\?xml[^>]*\?>\s*<compiled_blob\b[^>]*\bheader_size_ali
 _HEADER_LIMIT = 64 * 1024  # the header is one line of a few hundred bytes
 
 
+_TELEMETRY = "openvino_telemetry"
+
+
+def import_openvino() -> ModuleType:
+    """The ``openvino`` module; imported here first, with ``openvino_telemetry`` hidden (so that OpenVINO takes its
+    own no-op telemetry stub for good, see the module docstring) and restored for anyone else afterwards."""
+    module = sys.modules.get("openvino")
+    if module is not None:
+        return module
+    saved = {k: v for k, v in sys.modules.items() if k == _TELEMETRY or k.startswith(_TELEMETRY + ".")}
+    for name in saved:
+        del sys.modules[name]
+    sys.modules[_TELEMETRY] = None  # type: ignore[assignment]  # import openvino_telemetry raises ImportError
+    try:
+        import openvino
+    finally:
+        del sys.modules[_TELEMETRY]
+        sys.modules.update(saved)
+    return openvino
+
+
 def openvino_missing() -> str | None:
     """Why OpenVINO cannot build here (the ``openvino`` package does not import, with how to install it); None
     when it can."""
     try:
-        import openvino  # noqa: F401
+        import_openvino()
     except Exception as exc:  # ImportError, or a broken install raising anything
         return (f"openvino is not importable here ({type(exc).__name__}: {exc}); install it with "
                 "pip install -e '.[openvino]'")
@@ -105,17 +132,15 @@ def _core() -> Any:
     """This process's ``openvino.Core`` (one per process: it holds the loaded device plugins)."""
     global _CORE
     if _CORE is None:
-        import openvino
-
-        _CORE = openvino.Core()
+        _CORE = import_openvino().Core()
     return _CORE
 
 
 def load_openvino_modules() -> None:
     """Load what OpenVINO builds with (its PyTorch frontend and its CPU plugin), so that a builder made before the
     worker's baseline has them loaded as torch itself is: their code pages are no memory an engine's build adds."""
+    import_openvino()
     from openvino.frontend import FrontEndManager
-    from openvino.tools.ovc import convert_impl  # noqa: F401
 
     FrontEndManager().load_by_framework("pytorch")
     _core().get_property(DEVICE, "FULL_DEVICE_NAME")
@@ -124,7 +149,9 @@ def load_openvino_modules() -> None:
 @contextlib.contextmanager
 def without_telemetry() -> Iterator[None]:
     """While the block runs, ``openvino.convert_model`` reports to OpenVINO's no-op telemetry stub (the one it uses
-    where ``openvino_telemetry`` is not installed) instead of sending usage statistics."""
+    where ``openvino_telemetry`` is not installed) instead of sending usage statistics, also where ``openvino`` was
+    imported by someone else first (with the telemetry :func:`import_openvino` hides)."""
+    import_openvino()
     from openvino.tools.ovc import convert_impl, telemetry_stub, telemetry_utils
 
     modules = [m for m in (convert_impl, telemetry_utils) if hasattr(m, "tm")]
@@ -232,8 +259,7 @@ class OpenVinoCompiler:
         RSS from the call's start to the end of the compile, both models still held: the weights' pages OpenVINO
         read, and what it held of its own beside them.
         """
-        import openvino
-
+        openvino = import_openvino()
         path = Path(stem).with_suffix(".blob")
         cache = path.with_name(path.name + ".cache")
         shutil.rmtree(cache, ignore_errors=True)
@@ -278,7 +304,7 @@ class OpenVinoCompiler:
 def _to_openvino(tensor: torch.Tensor) -> Any:
     """An ``openvino.Tensor`` holding a copy of ``tensor``'s values; bfloat16, which numpy lacks, as its 16-bit
     patterns typed ``bf16``."""
-    import openvino
+    openvino = import_openvino()
 
     host = tensor.detach().to("cpu").contiguous()
     if host.dtype == torch.bfloat16:
@@ -290,7 +316,7 @@ def _to_openvino(tensor: torch.Tensor) -> Any:
 
 def _to_torch(value: Any) -> torch.Tensor:
     """A torch tensor copied out of an output ``openvino.Tensor`` (bfloat16 from its 16-bit patterns)."""
-    import openvino
+    openvino = import_openvino()
 
     data = value.data
     if value.element_type == openvino.Type.bf16:
@@ -317,7 +343,7 @@ class OpenVinoEngine:
     def load(cls, path: Path) -> OpenVinoEngine:
         """Import ``path`` (written by :meth:`OpenVinoCompiler.compile`); ``EngineLoadError`` naming the file where
         it is not such a blob or OpenVINO refuses it."""
-        import openvino
+        openvino = import_openvino()
 
         try:
             mapping = np.memmap(path, dtype=np.uint8, mode="c")
