@@ -218,7 +218,7 @@ def floor_bytes(
         return int(baseline_bytes)
     if engines_hold_compiler_memory(on_gpu, engines):
         return int(baseline_bytes) + max(e.weight_bytes + max(0, e.compiler_held_bytes or 0) for e in engines)
-    sizes = [e.weight_bytes for e in sorted(engines, key=lambda e: e.index)]
+    sizes = [e.weight_bytes for e in _in_build_order(engines)]
     if not on_gpu:
         return host_floor_bytes(baseline_bytes, sizes)
     return gpu_floor_bytes(baseline_bytes, sizes, engines_accumulate(on_gpu, compiler_weights))
@@ -246,6 +246,11 @@ def baseline_anon_bytes(samples: SampleColumns, phases: Phases) -> int | None:
     before = known & (samples.t_s <= phases.load_start_s) if phases.load_start_s is not None else known & False
     pick = np.flatnonzero(before)[-1] if before.any() else np.flatnonzero(known)[0]
     return int(anon[pick])
+
+
+def _in_build_order(engines: Iterable[EngineRecord]) -> list[EngineRecord]:
+    """``engines`` in the order they were built: by index."""
+    return sorted(engines, key=lambda e: e.index)
 
 
 @dataclass(frozen=True)
@@ -290,8 +295,6 @@ class StrategyMetrics:
     wall_max_s: float | None = None
     load_median_s: float | None = None
     build_median_s: float | None = None
-    engine_pages_s: tuple[tuple[int, float], ...] = ()
-    engine_copy_s: tuple[tuple[int, float], ...] = ()
 
     @property
     def wall_spread(self) -> float | None:
@@ -299,6 +302,18 @@ class StrategyMetrics:
         if self.wall_median_s is None or self.wall_min_s is None or self.wall_max_s is None or not self.wall_median_s:
             return None
         return max(self.wall_median_s - self.wall_min_s, self.wall_max_s - self.wall_median_s) / self.wall_median_s
+
+    @property
+    def engine_pages_s(self) -> tuple[tuple[int, float], ...]:
+        """``(index, seconds)`` per engine, in build order, that the build spent bringing the engine's weights'
+        pages in, read from the record's engines (those that measured it)."""
+        return tuple((e.index, e.pages_s) for e in _in_build_order(self.record.engines) if e.pages_s is not None)
+
+    @property
+    def engine_copy_s(self) -> tuple[tuple[int, float], ...]:
+        """``(index, seconds)`` per engine, in build order, that the build spent copying its resident weights and
+        flushing them, read from the record's engines (those that measured it)."""
+        return tuple((e.index, e.copy_s) for e in _in_build_order(self.record.engines) if e.copy_s is not None)
 
     @property
     def pages_s(self) -> float | None:
@@ -359,10 +374,8 @@ class StrategyMetrics:
         if floor is not None and compared is not None and run.model.bytes > 0:
             excess = excess_fraction(compared, floor, run.model.bytes)
         phases = record.phases
-        engines = sorted(record.engines, key=lambda e: e.index)
-        engine_s = tuple(
-            (e.index, e.end_s - e.start_s) for e in engines if e.start_s is not None and e.end_s is not None
-        )
+        engine_s = tuple((e.index, e.end_s - e.start_s) for e in _in_build_order(record.engines)
+                         if e.start_s is not None and e.end_s is not None)
         load_s, build_s, export_s = phases.load_s, phases.build_s, phases.export_s
         between_s = None
         if record.wall_s is not None and load_s is not None and build_s is not None:
@@ -389,8 +402,6 @@ class StrategyMetrics:
             engine_s=engine_s,
             engines_built=len(engine_s),
             **_repeat_figures(record),
-            engine_pages_s=tuple((e.index, e.pages_s) for e in engines if e.pages_s is not None),
-            engine_copy_s=tuple((e.index, e.copy_s) for e in engines if e.copy_s is not None),
         )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -76,6 +78,17 @@ def test_the_phase_spans_are_the_record_s_own_and_none_where_a_phase_was_not_rea
                             gpu_used_bytes=np.array([np.nan]))
     walls = [sampled_peaks(StrategyRecord(status="ok", phases=p), samples)["wall_s"] for p in (phases, unfinished)]
     assert walls == [19.0, None]  # the stored wall is the phases' own, to the millisecond
+
+
+def test_the_engines_page_and_copy_times_are_read_from_the_record_in_build_order(run: RunRecord) -> None:
+    engines = tuple(dataclasses.replace(e, pages_s=p, copy_s=c)
+                    for e, p, c in zip(_engines(GIB, GIB, GIB), (0.5, 0.25, None), (1.0, 2.0, None), strict=True))
+    m = _metrics(run, StrategyRecord(status="ok", engines=engines[::-1]))
+    assert (m.engine_pages_s, m.engine_copy_s, m.pages_s, m.copy_s) == (
+        ((0, 0.5), (1, 0.25)), ((0, 1.0), (1, 2.0)), 0.75, 3.0)
+    # measured values are the record's, never a copy of them: the metrics of another record read that one's
+    other = dataclasses.replace(m, record=StrategyRecord(status="ok", engines=engines[2:]))
+    assert (other.engine_pages_s, other.pages_s, other.copy_s) == ((), None, None)
 
 
 def test_anonymous_memory_is_reported_above_the_baseline(run: RunRecord) -> None:
