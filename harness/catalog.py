@@ -26,6 +26,7 @@ __all__ = [
     "STRATEGY_LISTINGS",
     "StrategyListing",
     "builds_read_weights",
+    "is_gpu",
     "writes_weights_to_files",
     "peers_of",
     "strategy_colour",
@@ -102,6 +103,12 @@ into the artifact a chunk at a time, each chunk's pages dropped once written."""
 BUILT_WITHOUT_READING_WEIGHTS: tuple[str, ...] = ("mapped",)
 """The weight settings whose engines, built on the host, never read their weights while built: compiled to run
 on the mapped weights where they lie, they read them only when the built model runs."""
+
+
+def is_gpu(device: str) -> bool:
+    """Whether ``device``, as a resolved plan and a run's record name it (``cpu``, ``cuda``, ``cuda:<n>``), is a
+    GPU: engines built there live in GPU memory, which decides their floor. Every test of a device asks this."""
+    return device.startswith("cuda")
 
 
 def builds_read_weights(on_gpu: bool, compiler_weights: str | None) -> bool:

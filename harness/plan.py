@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.catalog import builds_read_weights, writes_weights_to_files
+from harness.catalog import builds_read_weights, is_gpu, writes_weights_to_files
 from harness.engines.partition import Engine, model_bytes, partition, split_into
 from harness.engines.registry import BackendUnavailable, check_backend, resolve_device
 from harness.errors import PlanError
@@ -108,7 +108,7 @@ class Plan:
     def writes_weights_to_files(self) -> bool:
         """Whether the engine builds write their weights' bytes into files
         (:func:`harness.catalog.writes_weights_to_files`)."""
-        return writes_weights_to_files(on_gpu=self.device != "cpu",
+        return writes_weights_to_files(on_gpu=is_gpu(self.device),
                                        compiler_weights=self.scenario.build.compiler_weights)
 
     @property
@@ -228,7 +228,7 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
     _prepare_strategies(scenario, path, say)
     files = tuple(str(f) for f in open_checkpoint(path).files)
     speed = choose_speed(scenario.run, files, builds_read_weights(
-        on_gpu=device != "cpu", compiler_weights=scenario.build.compiler_weights))
+        on_gpu=is_gpu(device), compiler_weights=scenario.build.compiler_weights))
     if speed.probe_error is not None:
         say(f"read probe: failed ({speed.probe_error})")
     if speed.probe is not None or speed.probe_error is not None:

@@ -42,6 +42,7 @@ from typing import Any
 import psutil
 import torch
 
+from harness.catalog import is_gpu
 from harness.engines.builder import EngineBuilder
 from harness.engines.registry import make_builder
 from harness.errors import HarnessError
@@ -191,7 +192,7 @@ class Measurement:
             self._set(cache=prepare_cold(files, settle=True, timeout_s=SETTLE_TIMEOUT_S).record)
         else:
             self._set(cache=prepare_warm(files).record)
-        if plan.device == "cuda":
+        if is_gpu(plan.device):
             torch.empty(1, device="cuda")  # the CUDA context exists before the baseline
             self.gpu = GpuMonitor.open(torch.cuda.current_device())
         self.sampler = Sampler(

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from harness.catalog import is_gpu
 from harness.engines.builder import BuildTarget, EngineBuilder
 from harness.errors import HarnessError
 
@@ -59,7 +60,7 @@ def _copy_runs_everywhere() -> str | None:
 def _make_copy(plan: BuildTarget, workdir: Path) -> EngineBuilder:
     from harness.engines.backends import CopyToDevice, CopyToFiles
 
-    return CopyToDevice() if plan.device == "cuda" else CopyToFiles(workdir)
+    return CopyToDevice() if is_gpu(plan.device) else CopyToFiles(workdir)
 
 
 def _inductor_why_not() -> str | None:
@@ -127,7 +128,7 @@ def _make_openvino(plan: BuildTarget, workdir: Path) -> EngineBuilder:
     weights = plan.scenario.build.weights
     if weights not in WEIGHTS:
         raise BackendUnavailable(f"backend 'openvino': weights must be {' or '.join(WEIGHTS)}, not {weights!r}")
-    if plan.device != "cpu":
+    if is_gpu(plan.device):
         raise BackendUnavailable(f"backend 'openvino' builds engines for the cpu, not {plan.device}: "
                                  "set [build] device = \"cpu\"")
     load_openvino_modules()
@@ -187,6 +188,6 @@ def resolve_device(device: str) -> str:
     """``auto`` is ``cuda`` when a GPU is usable, else ``cpu``."""
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
+    if is_gpu(device) and not torch.cuda.is_available():
         raise BackendUnavailable("device = \"cuda\" was asked for, but torch sees no CUDA device here")
     return device

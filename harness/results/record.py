@@ -140,6 +140,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.catalog import is_gpu
 from harness.results.atomic import write_json
 from harness.results.codec import (
     MAX_BYTES,
@@ -639,7 +640,7 @@ class StrategyRecord(Record):
     def upgraded_from_v1(self, device: str) -> StrategyRecord:
         """Version 1 had no build-phase host peak of its own; take the one it compared with the floor: on a
         GPU the largest engine high-water mark, else ``host_gpu_peak_bytes`` (no GPU memory adds to it)."""
-        if device.startswith("cuda"):
+        if is_gpu(device):
             hwms = [e.host_hwm_bytes for e in self.engines if e.host_hwm_bytes is not None]
             return self.replace(build_peak_bytes=max(hwms) if hwms else None)
         return self.replace(build_peak_bytes=self.host_gpu_peak_bytes)
@@ -756,7 +757,7 @@ class RunRecord(Record):
     @property
     def on_gpu(self) -> bool:
         """Whether engines were built on a GPU (the device decides which floor applies)."""
-        return self.device.startswith("cuda")
+        return is_gpu(self.device)
 
     @property
     def order_changed(self) -> bool:

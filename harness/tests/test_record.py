@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from harness.catalog import is_gpu
 from harness.results.metrics import SampleColumns, StrategyMetrics, sampled_peaks
 from harness.results.reading import load_results
 from harness.results.record import (
@@ -68,6 +69,14 @@ def test_recorded_results_read_with_their_version(directory: Path) -> None:
         assert results.record.round_orders == (tuple(data["strategies"]),) * max(1, data.get("repeats") or 1)
     else:
         assert results.record.round_orders == tuple(tuple(order) for order in data["round_orders"])
+
+
+@pytest.mark.parametrize(("device", "gpu"), [("cpu", False), ("cuda", True), ("cuda:1", True)])
+def test_a_device_is_a_gpu_by_one_rule_that_the_record_and_its_floor_follow(run_dir: Path, device: str,
+                                                                           gpu: bool) -> None:
+    run = load_results(run_dir).record.replace(device=device)
+    assert is_gpu(device) is gpu and run.on_gpu is gpu
+    assert StrategyMetrics.of("map", run.strategies["map"], run).on_gpu is gpu
 
 
 def test_writes_the_current_version_and_reads_it_back(run_dir: Path) -> None:

@@ -39,6 +39,7 @@ import psutil
 import torch
 from torch import nn
 
+from harness.catalog import is_gpu
 from harness.engines.compile.compare import Checked, Comparison, compare_outputs, upcast_reference
 from harness.engines.compile.compiler import Artifact, EngineCompiler
 from harness.engines.compile.pipeline import CompiledPipeline, Routing
@@ -147,7 +148,7 @@ def compare_with_model(source: ModelSource, outputs: Any, device: str) -> Compar
     from torch.utils import _pytree as pytree
 
     module, args, kwargs = _mapped_reference(source)
-    if device.startswith("cuda"):  # eager runs where the engines ran
+    if is_gpu(device):  # eager runs where the engines ran
         def move(value: Any) -> Any:
             return value.to(device) if isinstance(value, torch.Tensor) else value
 
@@ -167,7 +168,7 @@ def compare_with_model(source: ModelSource, outputs: Any, device: str) -> Compar
 def _free_bytes(source: ModelSource, device: str) -> int:
     """Memory free for new tensors where eager runs: the GPU's free bytes, or the host's available memory,
     no more than the scenario's limit leaves above this process's RSS less the checkpoint's mapped pages."""
-    if device.startswith("cuda"):
+    if is_gpu(device):
         return int(torch.cuda.mem_get_info(torch.device(device))[0])
     free = int(psutil.virtual_memory().available)
     if source.memory_limit_bytes is not None:  # the checkpoint's mapped pages leave RSS as the copies are made
