@@ -1,33 +1,41 @@
 """Memory-profiling benchmark harness: run loading strategies, sample memory, report results.
 
-``python -m harness run|budget|plot`` (:mod:`harness.cli`); every
+``python -m harness run|budget|plot|compare`` (:mod:`harness.cli`); every
 :class:`~harness.errors.HarnessError` is one line ``error: ...`` and exit status 2.
 
-The folders, from the bottom up (each imports only what is below it or beside it):
+The folders and modules, in layers from the bottom up: each imports only from its own layer or those
+below it (``harness/tests/test_imports.py`` holds the layers and checks the imports and this list against them):
 
-``catalog``
-    Strategy and backend names, the strategies' labels and colours; no torch.
-``measure``
-    The sampler, page residency, ``/proc``, the GPU, the cold cache, the disk read, the machine.
-``models``
-    The models, built on meta, and their generated checkpoints.
-``load``
-    The strategy registry (``load.strategies``) and the peers' loaders (``load.peers``).
-``engines``
-    How engines are built: the partition, the builder interface and its registry, the copy
-    builders, the AOTInductor compiler (``engines.compile``).
+``errors`` ``catalog`` ``stopping``
+    The one-line error; strategy and backend names, the strategies' labels and colours (no torch); the
+    signals that stop a run or a sweep.
 ``results``
-    The results layout (``record``, read and written by ``codec``), derived figures (``metrics``),
-    reading a results directory back (``reading``), writing files (``atomic``), staging and
-    publishing a run (``publish``).
-``report``
-    The markdown report and the figures, from ``results.reading``; no torch.
+    The results layout (``record``, read and written by ``codec``, which reads a scenario's tables too),
+    derived figures (``metrics``), reading a results directory back (``reading``), writing files
+    (``atomic``), staging and publishing a run (``publish``), results names (``names``), two runs compared
+    (``comparison``, ``spread``).
+``measure`` ``progress``
+    The sampler, page residency, ``/proc``, the GPU, the cold cache, the disk read, the read probe and
+    ceiling, the shared disk, the machine; the bars and lines printed while a run goes.
+``scenario``
+    The TOML validated.
+``models`` ``load``
+    The models, built on meta, and their generated checkpoints; the strategy registry
+    (``load.strategies``) and the peers' loaders (``load.peers``).
+``engines``
+    How engines are built: the partition, the builder interface and its registry, the copy builders, the
+    compilers (``engines.compile``).
+``speed`` ``plan``
+    The prefetch and drop-cache settings, set or chosen by a read probe; the scenario resolved once, in
+    the parent.
+``worker`` ``rounds`` ``run``
+    One strategy in one process; the strategies' order in each round; a scenario's supervised run, staged
+    then published.
 ``budget``
     Budget mode: memory cgroups, the sweep, its record and its signals.
-
-On top: ``scenario`` (the TOML validated), ``plan`` (resolved once, in the parent),
-``worker`` (one strategy in one process), ``run`` (a scenario's supervised run, staged then
-published), ``stopping`` (the signals that stop a run or a sweep), ``progress``, ``errors``,
-and ``cli``, which runs a scenario or a sweep and then renders it; ``bench_map`` times mapping
-against the usual lazy loaders.
+``report``
+    The markdown report and the figures, from ``results.reading``; no torch.
+``cli`` ``bench_map`` ``__main__``
+    The command line, which runs a scenario or a sweep and then renders it; ``bench_map`` times mapping
+    against the usual lazy loaders.
 """

@@ -1,4 +1,5 @@
-"""What reads scenarios, results and reports imports no torch, and the import graph has no cycle.
+"""What reads scenarios, results and reports imports no torch; the harness's modules lie in layers (:data:`LAYERS`)
+that no import goes up, with no cycle; the README and :mod:`harness` list the same layers.
 
 Each module is imported in a fresh interpreter (a test process has torch loaded already), with
 the repository root on the path, and ``torch`` must not be in ``sys.modules`` afterwards.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +19,22 @@ import pytest
 from harness.tests.fixtures import make_results
 
 ROOT = Path(__file__).resolve().parents[2]
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "catalog", "stopping"),
+    ("results",),
+    ("measure", "progress"),
+    ("scenario",),
+    ("models", "load"),
+    ("engines",),
+    ("speed", "plan"),
+    ("worker", "rounds", "run"),
+    ("budget",),
+    ("report",),
+    ("cli", "bench_map", "__main__"),
+)
+"""The modules and packages of ``harness/`` in layers, from the bottom up: each imports only from its own layer
+or those below it. The README's layer list and :mod:`harness`'s docstring name the same layers in this order."""
 
 TORCH_FREE = (
     "harness.catalog",
@@ -113,3 +131,60 @@ def test_nothing_below_the_command_line_imports_the_report() -> None:
                        if any(d == "harness.report" or d.startswith("harness.report.") for d in deps)
                        and not name.startswith("harness.report") and name != "harness.cli")
     assert importers == [], f"modules that call up into harness.report: {importers}"
+
+
+def _unit(module: str) -> str:
+    """The module or package directly under ``harness`` that ``module`` belongs to (``harness.results.codec``:
+    ``results``)."""
+    return module.split(".")[1]
+
+
+def _layer_of() -> dict[str, int]:
+    return {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
+
+
+def test_every_module_lies_in_one_layer() -> None:
+    listed = [unit for layer in LAYERS for unit in layer]
+    assert len(listed) == len(set(listed)), f"named in two layers: {sorted({u for u in listed if listed.count(u) > 1})}"
+    units = {_unit(name) for name in _graph() if name != "harness"}
+    assert units - set(listed) == set(), f"modules in no layer of LAYERS: {sorted(units - set(listed))}"
+    assert set(listed) - units == set(), f"LAYERS names what harness/ does not hold: {sorted(set(listed) - units)}"
+
+
+def test_no_import_goes_up_a_layer() -> None:
+    layer = _layer_of()
+    up = sorted(f"{name} (layer {layer[_unit(name)] + 1}, {_unit(name)}) imports {dep} (layer {layer[_unit(dep)] + 1}, "
+                f"{_unit(dep)})"
+                for name, deps in _graph().items() if name != "harness"
+                for dep in deps if dep != "harness" and layer[_unit(dep)] > layer[_unit(name)])
+    assert up == [], "imports that go up a layer of LAYERS:\n" + "\n".join(up)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """The modules and packages a layer's entry names, in order: ``catalog.py`` and ``measure/`` as ``catalog`` and
+    ``measure``."""
+    return tuple(re.sub(r"(\.py|/)$", "", name) for name in re.findall(r"`([\w.]+(?:\.py|/))`", text))
+
+
+def readme_layers(readme: str) -> list[tuple[str, ...]]:
+    """The layers the README's list names: one bullet per layer, its modules before the first colon."""
+    start = readme.index("The folders and modules of `harness/`, in layers from the bottom up")
+    end = readme.index("A scenario goes one way", start)
+    return [_names(line[2:].split(":", 1)[0]) for line in readme[start:end].splitlines() if line.startswith("- ")]
+
+
+def docstring_layers(docstring: str) -> list[tuple[str, ...]]:
+    """The layers :mod:`harness`'s docstring names: one unindented line of names per layer."""
+    start = docstring.index("in layers from the bottom up")
+    return [tuple(re.findall(r"``([\w]+)``", line)) for line in docstring[start:].splitlines()
+            if line.startswith("``")]
+
+
+def test_the_readme_lists_the_layers() -> None:
+    assert readme_layers((ROOT / "README.md").read_text(encoding="utf-8")) == list(LAYERS)
+
+
+def test_the_package_docstring_lists_the_layers() -> None:
+    import harness
+
+    assert docstring_layers(harness.__doc__ or "") == list(LAYERS)
