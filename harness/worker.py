@@ -132,7 +132,7 @@ def _named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return named
 
 
-class Measurement:
+class StrategyRun:
     """The measured run of one strategy of a plan; every step records into ``record`` and ``events``.
 
     ``record`` is the :class:`StrategyRecord` being filled: each step replaces what it measured.
@@ -161,7 +161,7 @@ class Measurement:
     @contextmanager
     def phase(self, name: str, doing: str) -> Iterator[dict[str, int | None]]:
         """A measured phase: ``<name>_start`` and ``<name>_end`` events and phase boundaries, the sampler's mark,
-        ``doing`` shown while it runs (see :class:`harness.engines.builder.Phases`)."""
+        ``doing`` shown while it runs (see :class:`harness.engines.builder.PhaseRecorder`)."""
         assert self.sampler is not None
         self.sampler.mark(phase=name)
         self._phase(f"{name}_start_s", self.events.add(f"{name}_start"))
@@ -404,7 +404,7 @@ def measure(plan: Plan, strategy: str, out: Path, t0: float | None = None, *, ch
 def _measure(plan: Plan, strategy: str, out: Path, t0: float | None, *, check: bool) -> tuple[StrategyRecord, bool]:
     """:func:`measure`, and whether the strategy failed for a reason outside it (:func:`outside`)."""
     out.mkdir(parents=True, exist_ok=True)
-    run = Measurement(plan, strategy, out, time.monotonic() if t0 is None else t0)
+    run = StrategyRun(plan, strategy, out, time.monotonic() if t0 is None else t0)
     failed_outside = False
     try:
         model = run.prepare()

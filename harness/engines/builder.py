@@ -38,7 +38,7 @@ from harness.scenario import Scenario
 if TYPE_CHECKING:
     from harness.engines.compile.compare import Checked
 
-__all__ = ["BuildTarget", "BuiltEngine", "EngineBuilder", "Phases"]
+__all__ = ["BuildTarget", "BuiltEngine", "EngineBuilder", "PhaseRecorder"]
 
 
 class BuildTarget(Protocol):
@@ -75,7 +75,7 @@ class BuiltEngine:
     columns: Mapping[str, Any] = field(default_factory=dict)
 
 
-class Phases(Protocol):
+class PhaseRecorder(Protocol):
     """What the worker offers a builder for the steps it measures beside the engines."""
 
     def phase(self, name: str, doing: str) -> AbstractContextManager[dict[str, int | None]]:
@@ -103,7 +103,7 @@ class EngineBuilder(ABC):
     weights: str | None = None
     keeps_model_tensors: bool = False
 
-    def export(self, model: torch.nn.Module, phases: Phases) -> tuple[torch.nn.Module, ExportRecord | None]:
+    def export(self, model: torch.nn.Module, phases: PhaseRecorder) -> tuple[torch.nn.Module, ExportRecord | None]:
         """The module whose tensors the engines read, and what its export measured: ``model`` itself and
         None, unless the builder builds from a traced program (then its export is a phase of ``phases``)."""
         return model, None
@@ -125,7 +125,7 @@ class EngineBuilder(ABC):
         """Why ``unreleased_bytes`` of weights stayed after the build, where the builder is the reason."""
         return None
 
-    def check(self, phases: Phases) -> Checked | None:
+    def check(self, phases: PhaseRecorder) -> Checked | None:
         """The built model run on the example inputs and compared with eager's (None: nothing to compare)."""
         return None
 

@@ -14,7 +14,7 @@
 =============  =================================================================================
 
 A new backend is a module with its :class:`~harness.engines.builder.EngineBuilder` and one
-:class:`Backend` line in :data:`BACKENDS` (a TensorRT builder: its ``make``, and a ``why_not``
+:class:`Backend` line in :data:`BACKEND_ENTRIES` (a TensorRT builder: its ``make``, and a ``why_not``
 that asks only whether ``torch_tensorrt`` imports). :func:`check_backend` runs the entry's check
 when the plan is made (fail fast); :func:`make_builder` runs it again in the strategy's process
 and makes the builder there.
@@ -36,7 +36,7 @@ from harness.errors import HarnessError
 if TYPE_CHECKING:
     from harness.engines.compile.compiler import EngineCompiler
 
-__all__ = ["BACKENDS", "Backend", "BackendUnavailable", "check_backend", "make_builder", "resolve_device"]
+__all__ = ["BACKEND_ENTRIES", "Backend", "BackendUnavailable", "check_backend", "make_builder", "resolve_device"]
 
 
 class BackendUnavailable(HarnessError, RuntimeError):
@@ -147,7 +147,7 @@ def _tensorrt_why_not() -> str | None:
             "implemented in this version of the harness; use backend = \"copy\".")
 
 
-BACKENDS: dict[str, Backend] = {
+BACKEND_ENTRIES: dict[str, Backend] = {
     b.name: b
     for b in (
         Backend("copy", _copy_runs_everywhere, _make_copy),
@@ -156,13 +156,14 @@ BACKENDS: dict[str, Backend] = {
         Backend("tensorrt", _tensorrt_why_not, None),
     )
 }
-"""Every backend a scenario may name, by name."""
+"""The registry entry of every backend a scenario may name (:data:`harness.catalog.BACKENDS`, the names alone), by
+name."""
 
 
 def _entry(name: str) -> Backend:
-    backend = BACKENDS.get(name)
+    backend = BACKEND_ENTRIES.get(name)
     if backend is None:
-        names = [repr(n) for n in BACKENDS]
+        names = [repr(n) for n in BACKEND_ENTRIES]
         raise BackendUnavailable(f"unknown backend {name!r}: expected {', '.join(names[:-1])} or {names[-1]}")
     return backend
 

@@ -174,7 +174,7 @@ def _peaks_panel(ax: Axes, run: Results, order: list[str]) -> None:
     _strategy_ticks(ax, metrics, order, described=True)
     ax.set_xlabel("GiB")
     ax.grid(axis="x", color="#E5E5E5", zorder=0)
-    floor = floor_formula(run.on_gpu, run.engines_accumulate, run.engines_read_in_place,
+    floor = floor_formula(run.on_gpu, run.engines_accumulate, run.engines_built_without_resident_weights,
                           run.engines_hold_compiler_memory)
     if gpu:
         ax.set_title(f"build-phase host peak (solid) against the host floor ({floor_formula(False)});\nunder it, "

@@ -358,13 +358,13 @@ def _prefetch_detail(r: StrategyRecord, decimals: int) -> str | None:
 
 
 def _floor_note(run: Results, decimals: int) -> str:
-    formula = floor_formula(run.on_gpu, run.engines_accumulate, run.engines_read_in_place,
+    formula = floor_formula(run.on_gpu, run.engines_accumulate, run.engines_built_without_resident_weights,
                             run.engines_hold_compiler_memory)
-    if run.engines_hold_compiler_memory and not run.engines_read_in_place:
+    if run.engines_hold_compiler_memory and not run.engines_built_without_resident_weights:
         floor = ("the compiler reads every weight of an engine within calls no loader can split and holds memory "
                  "of its own beside them (its models, weights repacked for its kernels) until the engine is "
                  f"written, measured per engine, so the floor is {formula}")
-    elif run.engines_read_in_place:
+    elif run.engines_built_without_resident_weights:
         floor = ("engines compiled to run on the mapped weights where they lie (weights \"mapped\"), or whose "
                  "weights are streamed into the artifact a chunk at a time (weights \"packaged\"), are built "
                  f"with none of their weights resident, so the floor is the {formula}; every weight page a build "

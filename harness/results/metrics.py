@@ -71,7 +71,7 @@ __all__ = [
     "floor_bytes",
     "engines_accumulate",
     "engines_hold_compiler_memory",
-    "engines_read_in_place",
+    "engines_built_without_resident_weights",
     "baseline_anon_bytes",
     "floor_formula",
     "gpu_floor_bytes",
@@ -166,7 +166,7 @@ def gpu_floor_bytes(baseline_bytes: int, engine_bytes: Sequence[int], accumulate
     return int(baseline_bytes) + max(total + size for total, size in zip(accumulate(sizes), sizes, strict=True))
 
 
-def engines_read_in_place(on_gpu: bool, compiler_weights: str | None) -> bool:
+def engines_built_without_resident_weights(on_gpu: bool, compiler_weights: str | None) -> bool:
     """Whether engines are built on the host with no weight resident
     (:data:`~harness.catalog.BUILT_WITHOUT_RESIDENT_WEIGHTS`): compiled to run on the mapped weights
     where they lie (``mapped``), or with their weights streamed into the artifact a chunk at a time
@@ -186,10 +186,10 @@ def engines_hold_compiler_memory(on_gpu: bool, engines: Sequence[EngineRecord]) 
     return not on_gpu and bool(engines) and all(e.compiler_held_bytes is not None for e in engines)
 
 
-def floor_formula(on_gpu: bool, accumulate_engines: bool = True, in_place: bool = False,
+def floor_formula(on_gpu: bool, accumulate_engines: bool = True, without_resident_weights: bool = False,
                   compiler_held: bool = False) -> str:
     """The floor's formula in words, as the figures and tables name it."""
-    if in_place:
+    if without_resident_weights:
         return "baseline"
     if compiler_held and not on_gpu:
         return "baseline + max over k of (engine k + what the compiler held beside it)"
@@ -206,7 +206,7 @@ def floor_bytes(
     """The floor for engines built in index order: :func:`gpu_floor_bytes` on a GPU, else :func:`host_floor_bytes`.
 
     Engines that hold their weights (:data:`~harness.catalog.HOLDS_WEIGHTS`) on a GPU need not accumulate.
-    Engines built on the host with no weight resident (:func:`engines_read_in_place`: ``mapped`` and
+    Engines built on the host with no weight resident (:func:`engines_built_without_resident_weights`: ``mapped`` and
     ``packaged``) have the baseline as their floor; every
     weight page a build does bring in counts in its excess. Engines whose compiler recorded what it held beside
     their weights (:func:`engines_hold_compiler_memory`) have ``baseline + max over k of (e_k + h_k)``, a
@@ -214,7 +214,7 @@ def floor_bytes(
     """
     if not engines:
         raise ValueError("no engines: the floor is undefined")
-    if engines_read_in_place(on_gpu, compiler_weights):
+    if engines_built_without_resident_weights(on_gpu, compiler_weights):
         return int(baseline_bytes)
     if engines_hold_compiler_memory(on_gpu, engines):
         return int(baseline_bytes) + max(e.weight_bytes + max(0, e.compiler_held_bytes or 0) for e in engines)

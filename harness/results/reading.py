@@ -20,8 +20,8 @@ from harness.results.metrics import (
     compared_label,
     disk_metrics,
     engines_accumulate,
+    engines_built_without_resident_weights,
     engines_hold_compiler_memory,
-    engines_read_in_place,
     run_metrics,
 )
 from harness.results.record import (
@@ -72,10 +72,11 @@ class Results:
         return any(engines_accumulate(self.on_gpu, r.compiler_weights) for r in self.strategies.values())
 
     @property
-    def engines_read_in_place(self) -> bool:
+    def engines_built_without_resident_weights(self) -> bool:
         """Whether the run's engines were built with no weight resident (``mapped`` or streamed ``packaged`` on
         the host; floor: the baseline)."""
-        return any(engines_read_in_place(self.on_gpu, r.compiler_weights) for r in self.strategies.values())
+        return any(engines_built_without_resident_weights(self.on_gpu, r.compiler_weights)
+                   for r in self.strategies.values())
 
     @property
     def engines_hold_compiler_memory(self) -> bool:

@@ -12,11 +12,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from harness import catalog
 from harness.engines.backends import ALIGN, CopyToDevice, CopyToFiles
-from harness.engines.builder import BuildTarget, BuiltEngine, EngineBuilder, Phases
+from harness.engines.builder import BuildTarget, BuiltEngine, EngineBuilder, PhaseRecorder
 from harness.engines.compile.compare import Checked, Comparison
 from harness.engines.partition import split_into
-from harness.engines.registry import BACKENDS, Backend, BackendUnavailable, check_backend, make_builder
+from harness.engines.registry import BACKEND_ENTRIES, Backend, BackendUnavailable, check_backend, make_builder
 from harness.load.strategies import load_map
 from harness.models import SyntheticTransformer, fill_non_persistent
 from harness.plan import Plan, make_plan
@@ -87,7 +88,7 @@ def test_device_backend_packs_each_engine_into_one_buffer(tmp_path: Path) -> Non
 
 
 def test_tensorrt_fails_fast_through_its_registry_entry(monkeypatch: pytest.MonkeyPatch) -> None:
-    entry = BACKENDS["tensorrt"]
+    entry = BACKEND_ENTRIES["tensorrt"]
     message = entry.why_not()
     assert message is not None and message.startswith("backend 'tensorrt'")
     if "not importable" in message:  # today's message, word for word
@@ -99,7 +100,7 @@ def test_tensorrt_fails_fast_through_its_registry_entry(monkeypatch: pytest.Monk
         check_backend("tensorrt")
     assert str(raised.value) == message
     # the entry's check is all that refuses it: an entry whose check passes is accepted
-    monkeypatch.setitem(BACKENDS, "tensorrt", dataclasses.replace(entry, why_not=lambda: None))
+    monkeypatch.setitem(BACKEND_ENTRIES, "tensorrt", dataclasses.replace(entry, why_not=lambda: None))
     check_backend("tensorrt")
 
 
@@ -107,6 +108,11 @@ def test_unknown_backends_are_named_with_the_registered_ones() -> None:
     with pytest.raises(BackendUnavailable, match=r"^unknown backend 'onnx': expected 'copy', 'inductor', "
                                                  r"'openvino' or 'tensorrt'$"):
         check_backend("onnx")
+
+
+def test_the_registry_holds_one_entry_per_backend_name_of_the_catalog() -> None:
+    assert tuple(BACKEND_ENTRIES) == catalog.BACKENDS
+    assert all(name == entry.name for name, entry in BACKEND_ENTRIES.items())
 
 
 @pytest.fixture
@@ -136,7 +142,7 @@ class _Traced(EngineBuilder):
         self.calls: list[Any] = []
         BUILT.append(self)
 
-    def export(self, model: torch.nn.Module, phases: Phases) -> tuple[torch.nn.Module, ExportRecord | None]:
+    def export(self, model: torch.nn.Module, phases: PhaseRecorder) -> tuple[torch.nn.Module, ExportRecord | None]:
         with phases.phase("export", "tracing") as end:
             end["rss_bytes"] = 2
             self.calls.append("export")
@@ -150,7 +156,7 @@ class _Traced(EngineBuilder):
         self.calls.append(("build", index))
         return dataclasses.replace(built, columns={**built.columns, "compile_s": 1.0 + index, "cache_bytes": -5})
 
-    def check(self, phases: Phases) -> Checked | None:
+    def check(self, phases: PhaseRecorder) -> Checked | None:
         self.calls.append("check")
         return Checked(Comparison(ok=True, outputs=1, max_abs_diff=0.25, detail="within tolerance (traced)"),
                        peak_bytes=12345)
@@ -168,7 +174,7 @@ def traced(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     def make(plan: BuildTarget, workdir: Path) -> EngineBuilder:
         return _Traced(workdir)
 
-    monkeypatch.setitem(BACKENDS, "copy", Backend("copy", lambda: None, make))
+    monkeypatch.setitem(BACKEND_ENTRIES, "copy", Backend("copy", lambda: None, make))
     BUILT.clear()
     yield
     BUILT.clear()

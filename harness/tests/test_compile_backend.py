@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from harness.engines.builder import BuiltEngine, EngineBuilder, Phases
+from harness.engines.builder import BuiltEngine, EngineBuilder, PhaseRecorder
 from harness.engines.compile.backend import CompilerBackend
 from harness.engines.compile.check_process import CheckProcessError, compare_with_model
 from harness.engines.compile.compare import Checked, Comparison, MismatchError
@@ -36,7 +36,7 @@ from harness.results.record import (
 )
 from harness.run import run_scenario
 from harness.scenario import ScenarioError, load_scenario
-from harness.worker import Measurement
+from harness.worker import StrategyRun
 from weightmap import map_weights
 
 MiB = 2**20
@@ -277,7 +277,7 @@ class _Checks(EngineBuilder):
     def build_engine(self, index: int, tensors: dict[str, torch.Tensor]) -> BuiltEngine:
         raise AssertionError("not built here")
 
-    def check(self, phases: Phases) -> Checked | None:
+    def check(self, phases: PhaseRecorder) -> Checked | None:
         if isinstance(self.checked, Exception):
             raise self.checked
         return self.checked
@@ -288,7 +288,7 @@ class _Checks(EngineBuilder):
 
 def test_the_worker_records_the_check_and_fails_the_strategy_on_a_mismatch(tmp_path: Path) -> None:
     plan = make_plan(load_scenario(_scenario(tmp_path)), name="tiny-compile", workdir=tmp_path / "engines")
-    run = Measurement(plan, "map", tmp_path / "out", 0.0)
+    run = StrategyRun(plan, "map", tmp_path / "out", 0.0)
     detail = "output 0: 3 of 4 elements differ beyond 0.0001 + 0.0001*|eager| (largest difference 1)"
     run.builder = _Checks(Checked(Comparison(1.0, 1, False, detail), peak_bytes=5 * MiB))
     with pytest.raises(MismatchError, match="differ beyond"):
@@ -297,7 +297,7 @@ def test_the_worker_records_the_check_and_fails_the_strategy_on_a_mismatch(tmp_p
     assert (record.max_abs_diff, record.check, record.check_peak_bytes) == (1.0, detail, 5 * MiB)
     assert record.phases.check_start_s is not None and record.phases.check_end_s is not None
     run.builder = _Checks(CheckProcessError("the check's built process was killed by signal 9 (out of memory?)"))
-    again = Measurement(plan, "map", tmp_path / "out2", 0.0)
+    again = StrategyRun(plan, "map", tmp_path / "out2", 0.0)
     again.builder = run.builder
     with pytest.raises(CheckProcessError, match="killed by signal 9"):
         again.check()

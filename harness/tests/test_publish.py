@@ -428,7 +428,7 @@ def test_a_strategy_that_runs_out_of_space_is_recorded_in_one_line(
     def no_space(self: object, model: object) -> object:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "engines" / "engine-0"))
 
-    monkeypatch.setattr(harness.worker.Measurement, "load", no_space)
+    monkeypatch.setattr(harness.worker.StrategyRun, "load", no_space)
     record = harness.worker.measure(plan, "map", tmp_path / "out")
     err = capsys.readouterr().err
     assert "Traceback" not in err, err
@@ -469,7 +469,7 @@ def test_a_worker_whose_own_code_fails_is_a_result_of_the_strategy(
     def missing_elsewhere(self: object, model: object) -> object:
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(tmp_path / "not-its-own"))
 
-    monkeypatch.setattr(harness.worker.Measurement, "load", missing_elsewhere)
+    monkeypatch.setattr(harness.worker.StrategyRun, "load", missing_elsewhere)
     monkeypatch.setattr(sys, "setswitchinterval", lambda interval: None)
     assert harness.worker.main([str(plan_path), "map", str(tmp_path / "out")]) == 1
     assert "Traceback" in capsys.readouterr().err

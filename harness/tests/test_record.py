@@ -61,7 +61,7 @@ def test_recorded_results_read_with_their_version(directory: Path) -> None:
         # the derived copy in the file agrees with the one derivation, where it has not changed since: from
         # layout 5 on, engines compiled to run on the mapped weights in place have the baseline as their floor
         metrics = results.metrics[name]
-        if version >= 5 or not results.engines_read_in_place:
+        if version >= 5 or not results.engines_built_without_resident_weights:
             assert metrics.floor_bytes == raw["floor_bytes"], (name, metrics.floor_bytes, raw["floor_bytes"])
         else:
             assert metrics.floor_bytes == (raw["baseline_rss_bytes"] if strategy.ok else None), name

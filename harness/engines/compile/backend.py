@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from harness.engines.builder import BuiltEngine, EngineBuilder, Phases
+from harness.engines.builder import BuiltEngine, EngineBuilder, PhaseRecorder
 from harness.engines.compile.check_process import (
     CheckRequest,
     check_in_processes,
@@ -109,7 +109,7 @@ class CompilerBackend(EngineBuilder):
         self.program = result.program
         return result
 
-    def export(self, model: nn.Module, phases: Phases) -> tuple[nn.Module, ExportRecord | None]:
+    def export(self, model: nn.Module, phases: PhaseRecorder) -> tuple[nn.Module, ExportRecord | None]:
         """Export the entry of the loaded ``model`` as the phase ``export``; returns the entry module."""
         source = self._source()
         self.entry = source.entry(model)
@@ -192,7 +192,7 @@ class CompilerBackend(EngineBuilder):
         engines = tuple(engine_files(self.artifacts[p.index], names) for p in self.parts)
         return CheckRequest(source, self.engine_compiler, self.routing, engines)
 
-    def check(self, phases: Phases) -> Checked:
+    def check(self, phases: PhaseRecorder) -> Checked:
         """The built model against eager, in processes of their own (:func:`check_in_processes`); the outcome.
 
         The program and the entry, which hold the loaded model, are dropped first: the check's
