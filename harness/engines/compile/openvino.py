@@ -35,8 +35,8 @@ then runs on torch tensors.
 Precision: OpenVINO computes in bfloat16 by default on a CPU that has it, which moved a
 float32 model's outputs by about 5e-3 of their size here; the engines are compiled, and
 imported, with ``INFERENCE_PRECISION_HINT`` float32 (:data:`PRECISION`), which matched eager
-within 1e-7 on the same model. Weights keep their dtype: a bfloat16 weight stays bfloat16 in
-the blob and is widened as it is read.
+within 1e-7 on the same model. The blob keeps the weights' dtypes (a bfloat16 weight stays
+bfloat16 there); the compiled model's repacked copies are float32.
 
 OpenVINO sends usage statistics where ``openvino_telemetry`` is installed (a dependency of the
 ``openvino`` wheel): an event when ``openvino`` is imported (its ``tools.ovc`` package, which
