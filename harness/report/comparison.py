@@ -36,6 +36,15 @@ from harness.report.text import (
 )
 from harness.results.atomic import write_atomic
 from harness.results.comparison import TIME_RESOLUTION_S, TIMES, Comparison, MemoryDelta, StrategyComparison, TimeRatio
+from harness.results.labels import (
+    ANON_ABOVE_BASELINE,
+    BUILD_HOST_GPU_PEAK,
+    BUILD_HOST_PEAK,
+    EXCESS,
+    FLOOR,
+    GPU_PEAK,
+    WHOLE_RUN_HOST_PEAK,
+)
 from harness.results.names import comparison_name as name_of_comparison
 from harness.results.reading import Results
 from harness.results.spread import chance_flag
@@ -45,13 +54,13 @@ __all__ = ["UNTIMED", "comparison_figure", "comparison_markdown", "comparison_na
 _UP, _DOWN = "▲", "▼"
 _TIME_COLOURS = {"wall": "#000000", "load": "#E69F00", "build": "#0072B2"}
 _MEMORY_COLOURS = {
-    "build-phase host peak": "#0072B2",
-    "build-phase host + GPU peak": SERIES_COLOURS["host_gpu"],
-    "floor": SERIES_COLOURS["floor"],
-    "excess over the floor": "#D55E00",
-    "whole-run host peak": "#56B4E9",
-    "anonymous peak above baseline": SERIES_COLOURS["anon"],
-    "GPU peak": SERIES_COLOURS["gpu"],
+    BUILD_HOST_PEAK: "#0072B2",
+    BUILD_HOST_GPU_PEAK: SERIES_COLOURS["host_gpu"],
+    FLOOR: SERIES_COLOURS["floor"],
+    EXCESS: "#D55E00",
+    WHOLE_RUN_HOST_PEAK: "#56B4E9",
+    ANON_ABOVE_BASELINE: SERIES_COLOURS["anon"],
+    GPU_PEAK: SERIES_COLOURS["gpu"],
 }
 
 

@@ -16,16 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from harness.report.text import DASH, format_gib, format_percent, format_seconds, gib_decimals, status_text
+from harness.results import labels
 from harness.results.metrics import DiskMetrics, StrategyMetrics
 from harness.results.reading import Results
 from harness.results.record import Reference
 
-__all__ = ["COMPARED", "EXCESS", "FLOOR", "Column", "columns", "disk_cells", "reference_cells", "strategy_cells"]
-
-FLOOR = "floor"
-EXCESS = "excess over floor (% of model)"
-COMPARED = "build-phase peak"
-"""Stands for the compared column, whose header is :func:`harness.results.metrics.compared_label`."""
+__all__ = ["Column", "columns", "disk_cells", "reference_cells", "strategy_cells"]
 
 _STATUS_CHARS = 160
 
@@ -78,18 +74,18 @@ def columns(run: Results) -> list[Column]:
         Column("host at partitioning", lambda m, d: format_gib(m.record.host_at_partitioning_bytes, d),
                lambda r, g: _gib(r.host_at_partitioning_gib)),
         Column(run.compared_label, lambda m, d: format_gib(m.compared_peak_bytes, d), _reference_compared),
-        Column(FLOOR, lambda m, d: format_gib(m.floor_bytes, d)),
-        Column(EXCESS, lambda m, d: format_percent(m.excess)),
+        Column(labels.FLOOR, lambda m, d: format_gib(m.floor_bytes, d)),
+        Column(labels.EXCESS_SHARE, lambda m, d: format_percent(m.excess)),
     ]
     if on_gpu:
-        cols.append(Column("build-phase host peak", lambda m, d: format_gib(m.record.build_peak_bytes, d)))
+        cols.append(Column(labels.BUILD_HOST_PEAK, lambda m, d: format_gib(m.record.build_peak_bytes, d)))
     cols += [
-        Column("whole-run host peak", lambda m, d: format_gib(m.record.host_peak_bytes, d),
+        Column(labels.WHOLE_RUN_HOST_PEAK, lambda m, d: format_gib(m.record.host_peak_bytes, d),
                lambda r, g: _gib(r.host_peak_gib)),
-        Column("anonymous peak above baseline", lambda m, d: format_gib(m.anon_above_baseline_bytes, d)),
+        Column(labels.ANON_ABOVE_BASELINE, lambda m, d: format_gib(m.anon_above_baseline_bytes, d)),
     ]
     if on_gpu:
-        cols.append(Column("whole-run GPU peak", lambda m, d: format_gib(m.record.gpu_peak_bytes, d)))
+        cols.append(Column(labels.WHOLE_RUN_GPU_PEAK, lambda m, d: format_gib(m.record.gpu_peak_bytes, d)))
     cols += [
         Column("released", lambda m, d: format_gib(m.record.released_bytes, d)),
         Column("prefetch", lambda m, d: m.record.prefetch or "off"),

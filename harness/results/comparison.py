@@ -25,6 +25,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.errors import HarnessError
+from harness.results.labels import (
+    ANON_ABOVE_BASELINE,
+    BUILD_HOST_GPU_PEAK,
+    BUILD_HOST_PEAK,
+    EXCESS,
+    FLOOR,
+    GPU_PEAK,
+    WHOLE_RUN_HOST_PEAK,
+)
 from harness.results.metrics import StrategyMetrics
 from harness.results.reading import Results
 from harness.results.record import SUMMARY
@@ -252,18 +261,17 @@ def _memory(base: StrategyMetrics, new: StrategyMetrics, model_bytes: int, noise
     def delta(label: str, b: int | None, n: int | None, counts: bool = True) -> MemoryDelta:
         return MemoryDelta(label, b, n, model_bytes, noise, counts)
 
-    rows = [delta("build-phase host peak", base.record.build_peak_bytes, new.record.build_peak_bytes)]
+    rows = [delta(BUILD_HOST_PEAK, base.record.build_peak_bytes, new.record.build_peak_bytes)]
     if base.on_gpu or new.on_gpu:
-        rows.append(delta("build-phase host + GPU peak", base.record.host_gpu_peak_bytes,
-                          new.record.host_gpu_peak_bytes))
+        rows.append(delta(BUILD_HOST_GPU_PEAK, base.record.host_gpu_peak_bytes, new.record.host_gpu_peak_bytes))
     rows += [
-        delta("floor", base.floor_bytes, new.floor_bytes, counts=False),
-        delta("excess over the floor", _excess_bytes(base), _excess_bytes(new)),
-        delta("whole-run host peak", base.record.host_peak_bytes, new.record.host_peak_bytes),
-        delta("anonymous peak above baseline", base.anon_above_baseline_bytes, new.anon_above_baseline_bytes),
+        delta(FLOOR, base.floor_bytes, new.floor_bytes, counts=False),
+        delta(EXCESS, _excess_bytes(base), _excess_bytes(new)),
+        delta(WHOLE_RUN_HOST_PEAK, base.record.host_peak_bytes, new.record.host_peak_bytes),
+        delta(ANON_ABOVE_BASELINE, base.anon_above_baseline_bytes, new.anon_above_baseline_bytes),
     ]
     if gpu:
-        rows.append(delta("GPU peak", base.record.gpu_peak_bytes, new.record.gpu_peak_bytes))
+        rows.append(delta(GPU_PEAK, base.record.gpu_peak_bytes, new.record.gpu_peak_bytes))
     return tuple(rows)
 
 

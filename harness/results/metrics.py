@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 
 from harness.catalog import BUILT_WITHOUT_RESIDENT_WEIGHTS, HOLDS_WEIGHTS, builds_read_weights
+from harness.results.labels import BUILD_HOST_GPU_PEAK, BUILD_HOST_PEAK
 from harness.results.record import CeilingPoint, DiskRead, EngineRecord, Phases, RunRecord, StrategyRecord
 
 __all__ = [
@@ -233,7 +234,7 @@ def excess_fraction(value: float, floor: float, model_bytes: float) -> float:
 
 def compared_label(on_gpu: bool) -> str:
     """What is compared with the floor, as tables and figures name it."""
-    return "build-phase host + GPU peak" if on_gpu else "build-phase host peak"
+    return BUILD_HOST_GPU_PEAK if on_gpu else BUILD_HOST_PEAK
 
 
 def baseline_anon_bytes(samples: SampleColumns, phases: Phases) -> int | None:

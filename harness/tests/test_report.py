@@ -18,13 +18,17 @@ from matplotlib.text import Text
 from harness.cli import main
 from harness.errors import HarnessError
 from harness.report import FIGURES, figure_paths, render_all
+from harness.report.comparison import comparison_figure
 from harness.report.enginetimes import engine_times_figure
 from harness.report.headline import headline_figure
 from harness.report.markdown import render_report
 from harness.report.names import figure_name
 from harness.report.peaks import peaks_figure
+from harness.report.table import columns
 from harness.report.text import GIB, short_commit
 from harness.report.timeline import label_rows, timeline_figure
+from harness.results import labels
+from harness.results.comparison import compare_results
 from harness.results.metrics import (
     SampleColumns,
     excess_fraction,
@@ -260,6 +264,19 @@ def test_table_columns_name_what_they_compare(tmp_path: Path) -> None:
     gpu = list(next(iter(_table(_markdown(cuda_dir)).values())))
     assert gpu[2] == "build-phase host + GPU peak"
     assert {"build-phase host peak", "whole-run host peak", "whole-run GPU peak"} <= set(gpu)
+
+
+def test_the_memory_figures_are_named_by_one_declaration(tmp_path: Path) -> None:
+    run = load_results(make_results(tmp_path / "cuda", device="cuda"))
+    assert {labels.BUILD_HOST_GPU_PEAK, labels.FLOOR, labels.EXCESS_SHARE, labels.BUILD_HOST_PEAK,
+            labels.WHOLE_RUN_HOST_PEAK, labels.ANON_ABOVE_BASELINE, labels.WHOLE_RUN_GPU_PEAK} <= {
+        c.header for c in columns(run)}
+    comparison = compare_results(run, run)
+    assert [d.label for d in comparison.strategies[0].memory] == [
+        labels.BUILD_HOST_PEAK, labels.BUILD_HOST_GPU_PEAK, labels.FLOOR, labels.EXCESS, labels.WHOLE_RUN_HOST_PEAK,
+        labels.ANON_ABOVE_BASELINE, labels.GPU_PEAK]
+    legend = [t.get_text() for t in comparison_figure(comparison).legends[0].get_texts()]
+    assert set(legend) >= {d.label for d in comparison.strategies[0].memory}  # each row has its colour
 
 
 def test_table_has_one_row_per_strategy_and_marked_references(results_dir: Path) -> None:
