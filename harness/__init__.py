@@ -1,6 +1,6 @@
 """Memory-profiling benchmark harness: run loading strategies, sample memory, report results.
 
-``python -m harness run|budget|plot|compare`` (:mod:`harness.cli`); every
+``python -m harness run|budget|plot|compare|schema`` (:mod:`harness.cli`); every
 :class:`~harness.errors.HarnessError` is one line ``error: ...`` and exit status 2.
 
 The folders and modules, in layers from the bottom up: each imports only from its own layer or those
@@ -35,7 +35,8 @@ below it (``harness/tests/test_imports.py`` holds the layers and checks the impo
     Budget mode: memory cgroups, the sweep, its record and its signals.
 ``report``
     The markdown report and the figures, from ``results.reading``; no torch.
-``cli`` ``bench_map`` ``__main__``
-    The command line, which runs a scenario or a sweep and then renders it; ``bench_map`` times mapping
-    against the usual lazy loaders.
+``cli`` ``schema`` ``bench_map`` ``__main__``
+    The command line, which runs a scenario or a sweep and then renders it; a scenario file's keys and the
+    results layouts, read from the dataclasses' fields; ``bench_map`` times mapping against the usual lazy
+    loaders.
 """

@@ -1,5 +1,7 @@
 """The command line: ``python -m harness run SCENARIO``, ``python -m harness budget SCENARIO``,
-``python -m harness plot RESULTS_DIR`` and ``python -m harness compare BASE NEW``.
+``python -m harness plot RESULTS_DIR``, ``python -m harness compare BASE NEW`` and
+``python -m harness schema [scenario|layouts]`` (:mod:`harness.schema`: a scenario file's keys, the results
+layouts' history).
 
 Exit status: 0 when everything ran, 1 when a strategy failed (its reason is in the
 results) or, for ``compare --fail-on-regression PCT``, when a regression beyond the noise is larger
@@ -36,7 +38,7 @@ def _results_root(text: str) -> Path:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m harness", description="Memory benchmarks of loading strategies.")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{run,budget,plot,compare}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{run,budget,plot,compare,schema}")
     run = commands.add_parser("run", help="run every strategy of a scenario, write results and figures",
                               description="Run every strategy of a scenario; write results/<name>/ and its figures.")
     run.add_argument("scenario", type=Path, help="a scenario file, e.g. scenarios/smoke.toml")
@@ -79,7 +81,17 @@ def _parser() -> argparse.ArgumentParser:
                          help="exit 1 when a regression beyond the noise is larger than PCT percent (memory: "
                               "of the model; time: of BASE's median; a strategy failing in NEW or missing from "
                               "it: always)")
+    schema = commands.add_parser(
+        "schema", help="print a scenario file's keys and the results layouts, from the dataclasses' fields",
+        description="Print every key of a scenario file (what it takes, its default) and, for each results "
+                    "layout, the keys it added to summary.json; both read from the fields the loader and the "
+                    "codec read.")
+    schema.add_argument("what", nargs="?", choices=SCHEMAS, help="only this listing (default: both)")
     return parser
+
+
+SCHEMAS = ("scenario", "layouts")
+"""What ``python -m harness schema`` prints, in this order."""
 
 
 def _say(prefix: str, message: str) -> None:
@@ -192,6 +204,16 @@ def _compare(args: argparse.Namespace) -> int:
     return 1 if beyond else 0
 
 
+def _schema(args: argparse.Namespace) -> int:
+    from harness.schema import layout_history, scenario_schema
+
+    listings = {"scenario": ("A scenario file's keys: key, what it takes [default]", scenario_schema),
+                "layouts": ("The keys each results layout added to summary.json", layout_history)}
+    shown = [args.what] if args.what else list(SCHEMAS)
+    print("\n".join(f"{listings[w][0]}:\n\n{listings[w][1]()}" for w in shown), end="")
+    return 0
+
+
 def one_line(error: BaseException) -> str:
     """An error's message on one line (a multi-line message's lines joined with ``; ``)."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
@@ -204,7 +226,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from harness.stopping import RunInterrupted
 
     try:
-        return {"run": _run, "budget": _budget, "plot": _plot, "compare": _compare}[args.command](args)
+        return {"run": _run, "budget": _budget, "plot": _plot, "compare": _compare,
+                "schema": _schema}[args.command](args)
     except RunInterrupted as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return 128 + exc.signum

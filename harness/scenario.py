@@ -26,61 +26,90 @@ Paths
     file, a spec or a checkpoint path that is there but is not a regular file (a FIFO, a
     socket, a device; a directory for the checkpoint) is refused before anything opens it.
 
-Schema (defaults in brackets; ranges in braces, both ends included; see ``scenarios/*.toml``
-for examples)::
+Schema: one line per key, ``key  what it takes [default]``, as ``python -m harness schema scenario`` prints it
+from the fields of :class:`Scenario` and of its tables (:data:`TABLES`), with what each key means and the rules
+it follows beside the others indented under it (``harness/tests/test_schema.py`` checks these lines against the
+fields); ``reference.*`` are the keys of each ``[[reference]]`` table; see ``scenarios/*.toml`` for examples::
 
-    name          str, [a-z0-9_-]+, required: results go under results/<name>/; not ending
-                  in "-budget" nor holding "-vs-", which the names of budget sweeps' results
-                  and of comparisons' files are made with (:mod:`harness.results.names`)
-    description   str [""]
-    strategies    list of strategy names (:data:`harness.catalog.STRATEGY_LISTINGS`), no
-                  duplicates, order kept [all of them, in the catalog's order]
-    [model]       source: "synthetic" | "spec" | "lerobot" ["synthetic"]
-      synthetic:  layers {1..1024}, width {1..65536}, vocab {1..16777216}: required;
-                  heads {1..4096} [8], width a multiple of heads with an even head size;
-                  ffn_mult {1..64} [4]; dtype: "float32" | "bfloat16" | "float16" ["float32"]
-      spec:       spec: path to a weight-spec JSON (required, must exist and be UTF-8 JSON
-                  with a "tensors" list; at most 100000 tensors and buffers)
-      lerobot:    spec as above (what the lerobot model is checked against);
-                  fallback: "spec" to build from the spec where lerobot cannot be
-                  imported (recorded), else that is an error at run time [none]
-      spec, lerobot: trim: list of tensor names left out [[]]; each must be in the spec
-    [checkpoint]  path [data/<model key>.safetensors]; seed {0..2**63-1} [0];
-                  generate: bool, write the checkpoint (seeded values) when the file is
-                  missing or was generated for another model or seed [true without a
-                  path, false with one: a path that does not exist is then an error]
-    [build]       exactly one of engines {1..4096} (exactly that many engines; the model
-                  needs at least as many weight units) / engine_cap_mib: number > 0 and
-                  at most 16777216 (16 TiB), at least one byte;
-                  backend: one of :data:`harness.catalog.BACKENDS` ["copy"];
-                  weights: "mapped" | "packaged" | "packaged_compiler", compiler backends
-                  only ["mapped"]: whether each engine runs on the model's own (mapped)
-                  tensors or holds a copy of its weights, written into it by the harness
-                  from the model's tensors (packaged) or by the compiler (packaged_compiler);
-                  each compiler backend builds the settings :data:`harness.catalog.COMPILER_WEIGHTS`
-                  gives it (openvino: "packaged_compiler" only, its default);
-                  tokens {1..8192}, compiler backends only [16]: the
-                  length of the example input the model is exported and checked with;
-                  device: "auto" | "cpu" | "cuda" ["auto"]; release: bool [true]
-    [run]         cache: "cold" | "warm" ["cold"]; sample_interval_ms {0.1..60000} [10.0];
-                  residency_every {1..100000} [1]; memory_limit_gib {0.0009765625 (1 MiB)
-                  ..1048576 (1 PiB)} or absent (no limit) [absent]; timeout_s: > 0 and at
-                  most 604800 (a week) [1800];
-                  prefetch: "auto" | "off" | one of weightmap.PREFETCH_METHODS ("madvise",
-                  "fadvise", "read") ["auto"]: how strategies that map (``map``) warm the page
-                  cache for the next engine while one builds (``map_no_prefetch`` never does);
-                  drop_cache: bool or absent [absent]: such strategies also drop released
-                  weights from the page cache (``map_keep_cache`` never does); "auto" and
-                  absent are chosen per run by a read probe of the checkpoint
-                  (:mod:`harness.speed`), and the results say what was chosen and why; repeats {1..100} [1]: cold
-                  runs of each strategy, each in a fresh process, interleaved in an order
-                  that changes from round to round (:mod:`harness.rounds`); the report shows
-                  the median wall time and the spread; warmup {0..100} [0]: rounds run first
-                  and discarded (each strategy once, and the disk read), so that what a cold
-                  guest cache does not reset (a virtual disk's host cache, memory the host
-                  must back again) is alike for every measured round
-    [[reference]] label: str (required); host_at_partitioning_gib, host_gpu_peak_gib,
-                  host_peak_gib {0..1048576} [absent]; note: str [""]
+    name                                string [required]
+        results go under results/<name>/: [a-z0-9_-]+, not ending in "-budget" nor holding "-vs-", which the
+        names of budget sweeps' results and of comparisons' files are made with (:mod:`harness.results.names`)
+    description                         string [""]
+    strategies                          list of strings [["map", "load", "load_file", "torch_mmap",
+                                        "stream", "read_file", "map_no_prefetch", "map_keep_cache"]]
+        names of :data:`harness.catalog.STRATEGY_LISTINGS`, at least one, none twice, run in the order given
+    model.source                        "synthetic" | "spec" | "lerobot" ["synthetic"]
+        which keys apply: synthetic: layers, width, heads, vocab, ffn_mult, dtype; spec: spec, trim; lerobot:
+        spec, trim, fallback; any other key of [model] is an error
+    model.layers                        an integer >= 1 and <= 1024 [absent]
+        required for a synthetic model, as are width and vocab
+    model.width                         an integer >= 1 and <= 65536 [absent]
+    model.heads                         an integer >= 1 and <= 4096 [8]
+        width must be a multiple of heads, with an even head size
+    model.vocab                         an integer >= 1 and <= 16777216 [absent]
+    model.ffn_mult                      an integer >= 1 and <= 64 [4]
+    model.dtype                         "float32" | "bfloat16" | "float16" ["float32"]
+    model.spec                          path [absent]
+        a weight-spec JSON, required for spec and lerobot (the model lerobot's is checked against): it must
+        exist and be UTF-8 JSON with a "tensors" list of at most :data:`MAX_SPEC_TENSORS` tensors and buffers
+    model.fallback                      "spec" [absent]
+        lerobot only: build from the spec where lerobot cannot be imported (recorded); absent, that is an error
+        at run time
+    model.trim                          list of strings [[]]
+        tensor names left out of the model; each must be in the spec
+    checkpoint.path                     path [data/<model key>.safetensors]
+        a path that does not exist is an error unless generate is true
+    checkpoint.seed                     an integer >= 0 and <= 9223372036854775807 [0]
+        the seed of the generated values
+    checkpoint.generate                 true | false [true without a path, false with one]
+        write the checkpoint (seeded values) when the file is missing or was generated for another model or seed
+    build.engines                       an integer >= 1 and <= 4096 [absent]
+        exactly one of engines and engine_cap_mib: exactly that many engines (the model needs at least as many
+        weight units) / at most that many MiB of weights per engine, at least one byte
+    build.engine_cap_mib                a number > 0 and <= 16777216 (MiB, 16 TiB) [absent]
+    build.backend                       "copy" | "inductor" | "openvino" | "tensorrt" ["copy"]
+        a compiler backend (:data:`harness.catalog.COMPILER_BACKENDS`) exports the model, so it takes neither
+        model.source = "spec" nor a model.fallback
+    build.device                        "auto" | "cpu" | "cuda" ["auto"]
+    build.release                       true | false [true]
+    build.weights                       "packaged" | "packaged_compiler" | "mapped" ["mapped"]
+        compiler backends only: whether each engine runs on the model's own (mapped) tensors or holds a copy of
+        its weights, written into it by the harness from the model's tensors (packaged) or by the compiler
+        (packaged_compiler); each compiler backend builds the settings :data:`harness.catalog.COMPILER_WEIGHTS`
+        gives it, the only one its default where it has one (openvino: packaged_compiler)
+    build.tokens                        an integer >= 1 and <= 8192 [16]
+        compiler backends only: the length of the example input the model is exported and checked with
+    run.cache                           "cold" | "warm" ["cold"]
+    run.sample_interval_ms              a number >= 0.1 and <= 60000 (ms) [10.0]
+    run.residency_every                 an integer >= 1 and <= 100000 [1]
+    run.memory_limit_gib                a number >= 0.0009765625 and <= 1048576 (GiB, 1 MiB to 1 PiB)
+                                        [absent]
+        absent: no limit; a worker past the limit, or past timeout_s, is stopped and recorded as failed
+    run.timeout_s                       a number > 0 and <= 604800 (s, a week) [1800.0]
+    run.prefetch                        "auto" | "off" | "fadvise" | "madvise" | "read" ["auto"]
+        how strategies that map (map) warm the page cache for the next engine while one builds (map_no_prefetch
+        never does); auto: chosen per run by a read probe of the checkpoint (:mod:`harness.speed`), and the
+        results say what was chosen and why
+    run.drop_cache                      true | false [absent]
+        such strategies also drop released weights from the page cache (map_keep_cache never does); absent:
+        chosen per run as prefetch is
+    run.repeats                         an integer >= 1 and <= 100 [1]
+        cold runs of each strategy, each in a fresh process, interleaved in an order that changes from round to
+        round (:mod:`harness.rounds`); the report shows the median wall time and the spread
+    run.warmup                          an integer >= 0 and <= 100 [0]
+        rounds run first and discarded (each strategy once, and the disk read), so that what a cold guest cache
+        does not reset (a virtual disk's host cache, memory the host must back again) is alike for every
+        measured round
+    run.read_ceiling                    true | false [true]
+        a cold run sweeps the disk's read ceiling (reader threads by request sizes) before its first round
+    run.shared_disk                     true | false [true]
+        where engines are files, a cold run times the disk read and written at once after its last round
+    reference.label                     string [required]
+        a [[reference]] table: figures measured on another setup, shown beside the run's own and marked as such
+    reference.host_at_partitioning_gib  a number >= 0 and <= 1048576 (GiB) [absent]
+    reference.host_gpu_peak_gib         a number >= 0 and <= 1048576 (GiB) [absent]
+    reference.host_peak_gib             a number >= 0 and <= 1048576 (GiB) [absent]
+    reference.note                      string [""]
 """
 
 from __future__ import annotations
@@ -112,6 +141,8 @@ __all__ = [
     "PREFETCH",
     "SOURCES",
     "LIMITS",
+    "TABLES",
+    "TOP_KEYS",
     "MAX_MODEL_BYTES",
     "MAX_NESTING",
     "MAX_SPEC_NESTING",
@@ -120,6 +151,7 @@ __all__ = [
     "CheckpointConfig",
     "Limit",
     "NestingError",
+    "OneOf",
     "ModelConfig",
     "Reference",
     "RunConfig",
@@ -205,11 +237,21 @@ _STYLE = dataclasses.replace(TABLE_STYLE, error=ScenarioError)
 """How :func:`harness.results.codec.decode` reports a scenario table's errors."""
 
 
+@dataclass(frozen=True)
+class OneOf:
+    """A field's ``check``: its value must be one of ``choices`` (which :mod:`harness.schema` lists)."""
+
+    choices: tuple[str, ...]
+
+    def __call__(self, value: Any) -> str | None:
+        if value in self.choices:
+            return None
+        return f"expected one of {', '.join(map(repr, self.choices))}, got {value!r}"
+
+
 def _one_of(choices: tuple[str, ...]) -> dict[str, Callable[[Any], str | None]]:
     """A field's metadata: its value must be one of ``choices``."""
-    def check(value: Any) -> str | None:
-        return None if value in choices else f"expected one of {', '.join(map(repr, choices))}, got {value!r}"
-    return {"check": check}
+    return {"check": OneOf(choices)}
 
 
 def _limit(key: str) -> dict[str, Limit]:
@@ -760,8 +802,12 @@ def _load_references(raw: Any, file: Path) -> tuple[Reference, ...]:
     return tuple(_table(Reference, item, file, f"reference[{i}]") for i, item in enumerate(raw))
 
 
-_TABLES = ("model", "checkpoint", "build", "run", "reference")
-"""The tables of a scenario file, read one by one after its top-level settings."""
+TOP_KEYS: tuple[str, ...] = ("name", "description", "strategies")
+"""The fields of :class:`Scenario` a scenario file sets at its top level; the others come from :data:`TABLES`."""
+
+TABLES: dict[str, type] = {"model": ModelConfig, "checkpoint": CheckpointConfig, "build": BuildConfig,
+                           "run": RunConfig, "reference": Reference}
+"""The tables of a scenario file and the class each is read into, read one by one after its top-level keys."""
 
 
 def _parse(data: Mapping[str, Any], path: Path, shown: Path) -> Scenario:
@@ -770,7 +816,7 @@ def _parse(data: Mapping[str, Any], path: Path, shown: Path) -> Scenario:
     if deep is not None:
         raise ScenarioError(f"{shown}: {deep}: arrays and tables nest more than {MAX_NESTING} levels deep "
                             "(a scenario needs 3)")
-    top = decode_fields(Scenario, dict(data), ("name", "description", "strategies"), others=_TABLES,
+    top = decode_fields(Scenario, dict(data), TOP_KEYS, others=tuple(TABLES),
                         source=str(shown), style=_STYLE, optional=True)
     model = _load_model(data.get("model", {}), shown, path.parent)
     checkpoint = _load_checkpoint(data.get("checkpoint", {}), shown, model)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from harness.catalog import HEADLINE_STRATEGY, peers_of
 from harness.report.compiler import compiler_lines
@@ -78,7 +77,7 @@ def context_paragraph(results: Results) -> str:
         f"sampled every {run.sample_interval_ms:g} ms" if run.sample_interval_ms else None,
         _prefetch_text(run.prefetch) if run.layout >= 3 else None,
         _repeats_text(run),
-        _warmup_text(run.scenario_config),
+        _warmup_text(run.warmup_rounds),
     ]
     text += machine + "; " + ", ".join(s for s in setup if s) + "."
     created = run.created or "at an unrecorded time"
@@ -114,10 +113,8 @@ def round_order_observation(run: Results) -> list[str]:
             f"so that no strategy always follows the same one, `harness/rounds.py`): {rounds}."]
 
 
-def _warmup_text(config: dict[str, Any]) -> str | None:
-    run = config.get("run") if isinstance(config, dict) else None
-    rounds = run.get("warmup") if isinstance(run, dict) else None
-    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
+def _warmup_text(rounds: int) -> str | None:
+    if rounds < 1:
         return None
     return (f"after {rounds} warm-up round{'s' if rounds > 1 else ''} (each strategy once and the disk read, "
             f"discarded) that {'leave' if rounds > 1 else 'leaves'} the machine alike for every measured round")

@@ -18,7 +18,10 @@ and a value of the wrong type with a :class:`RecordError` naming the file and th
 quietly read as ``None``.
 
 Versions (:data:`LAYOUT_VERSION` is what this code writes; ``summary.json`` says which
-it is in ``layout``):
+it is in ``layout``). ``python -m harness schema layouts`` lists the keys each version added, read
+from each field's ``since`` (:func:`harness.schema.layout_history`); each entry below says what they
+mean, and ``harness/tests/test_schema.py`` checks that it names every key its version added and none
+a later one did:
 
 1. No ``layout`` key. The results committed before the layout had a version.
 2. Adds ``layout``; per strategy ``load_hwm_bytes`` (the kernel's high-water mark read
@@ -102,8 +105,8 @@ it is in ``layout``):
     ``disk_reads`` holding the reads before it, and no read is taken after it. ``None`` where none failed, and
     when reading versions 1 to 14.
 
-A later version adds keys (each field says the version that added it, ``since`` in its
-:func:`~harness.results.codec.json_field`) and bumps :data:`LAYOUT_VERSION`; records of
+A later version adds keys (each field says the version that added it, ``since`` in its metadata,
+:mod:`harness.results.codec`), bumps :data:`LAYOUT_VERSION` and gets an entry above; records of
 earlier versions read with those fields' defaults.
 
 Values are read for what they mean, not only for their JSON type (:mod:`harness.results.codec`),
@@ -718,7 +721,9 @@ class RunRecord(Record):
     """``summary.json``: one scenario run and its strategies, in the order they ran.
 
     ``layout`` is the layout version the record was read at (:data:`LAYOUT_VERSION` for one
-    made here); ``summary.json`` is always written at :data:`LAYOUT_VERSION`.
+    made here); ``summary.json`` is always written at :data:`LAYOUT_VERSION`. ``prefetch`` is the prefetch
+    method of the strategies that map (``None``: off), the one every reader takes; where the record holds ``speed``
+    (from version 7), it is ``speed.prefetch`` repeated, and a record where the two differ is refused.
     """
 
     scenario: str
@@ -777,11 +782,24 @@ class RunRecord(Record):
         """How many measured rounds the run has: ``repeats``, at least one."""
         return max(1, self.repeats or 1)
 
+    @property
+    def warmup_rounds(self) -> int:
+        """How many warm-up rounds ran before the measured ones, discarded: the scenario's ``run.warmup`` as
+        ``scenario_config`` keeps it; 0 where it holds none (runs made before warm-up rounds existed) or holds
+        anything but a whole number of at least 1."""
+        run = self.scenario_config.get("run")
+        rounds = run.get("warmup") if isinstance(run, dict) else None
+        return rounds if isinstance(rounds, int) and not isinstance(rounds, bool) and rounds >= 1 else 0
+
     def after_decode(self, version: int, fail: Callable[[str, str], RecordError]) -> RunRecord:
         """Every engine index below the run's engines; from version 9, one order per round (:attr:`rounds`), none
         left out where a strategy ran; every round's order the same strategies, each once; a version-1
         strategy's build-phase peak filled in; a version 3 to 5 ``"packaged"`` read as the compiler's packaging
-        it was; before version 9, the scenario's order in every round."""
+        it was; before version 9, the scenario's order in every round; ``prefetch`` the same as ``speed.prefetch``
+        where both are recorded."""
+        if self.speed is not None and self.prefetch != self.speed.prefetch:
+            raise fail("prefetch", f"expected {self.speed.prefetch!r}, the method speed.prefetch records, got "
+                                   f"{self.prefetch!r}")
         for name, record in self.strategies.items():
             for i, engine in enumerate(record.engines):
                 if engine.index >= self.engines:

@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("worker", "rounds", "run"),
     ("budget",),
     ("report",),
-    ("cli", "bench_map", "__main__"),
+    ("cli", "schema", "bench_map", "__main__"),
 )
 """The modules and packages of ``harness/`` in layers, from the bottom up: each imports only from its own layer
 or those below it. The README's layer list and :mod:`harness`'s docstring name the same layers in this order."""
@@ -51,6 +51,7 @@ TORCH_FREE = (
     "harness.report.comparison",
     "harness.stopping",
     "harness.cli",
+    "harness.schema",
 )
 
 

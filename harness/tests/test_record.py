@@ -79,6 +79,27 @@ def test_a_device_is_a_gpu_by_one_rule_that_the_record_and_its_floor_follow(run_
     assert StrategyMetrics.of("map", run.strategies["map"], run).on_gpu is gpu
 
 
+@pytest.mark.parametrize(("config", "rounds"), [({"run": {"warmup": 2}}, 2), ({"run": {"warmup": 0}}, 0), ({}, 0),
+                                               ({"run": {"warmup": True}}, 0), ({"run": {"warmup": "1"}}, 0)])
+def test_the_warm_up_rounds_are_read_from_the_scenario_the_record_keeps(run_dir: Path, config: dict[str, Any],
+                                                                        rounds: int) -> None:
+    assert load_results(run_dir).record.replace(scenario_config=config).warmup_rounds == rounds
+
+
+def test_the_prefetch_method_the_run_states_is_the_one_its_speed_choice_records(run_dir: Path) -> None:
+    data = _summary(run_dir)
+    data["speed"] = {"prefetch": "madvise", "drop_cache": True, "prefetch_why": "chosen", "drop_cache_why": "chosen",
+                     "probe": None, "probe_error": None}
+    data["prefetch"] = "madvise"
+    _rewrite(run_dir, data)
+    assert load_results(run_dir).record.prefetch == "madvise"
+    data["prefetch"] = None
+    _rewrite(run_dir, data)
+    with pytest.raises(RecordError, match=r"summary.json: prefetch: expected 'madvise', the method speed.prefetch "
+                                          r"records, got None"):
+        load_results(run_dir)
+
+
 def test_writes_the_current_version_and_reads_it_back(run_dir: Path) -> None:
     data = _summary(run_dir)
     assert data["layout"] == LAYOUT_VERSION

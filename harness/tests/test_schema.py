@@ -1,0 +1,107 @@
+"""``python -m harness schema``: the scenario keys and the layout history read from the fields, and the docstrings
+of :mod:`harness.scenario` and :mod:`harness.results.record` checked against them."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+import harness.results.record as record
+import harness.scenario as scenario
+from harness.cli import main
+from harness.results.record import LAYOUT_VERSION
+from harness.schema import LOADER_DEFAULTS, layout_history, record_keys, scenario_keys, scenario_schema, toml_text
+
+
+def _schema_block(docstring: str) -> list[str]:
+    """The literal block of ``docstring``'s Schema section less the lines indented under a key (what it means)."""
+    start = docstring.index("\n\n", docstring.index("\nSchema: ")) + 2
+    lines = docstring[start:].splitlines()
+    block = lines[:next((i for i, line in enumerate(lines) if line and not line.startswith("    ")), len(lines))]
+    return [line[4:] for line in block if line and not re.match(r" {8}\S", line)]
+
+
+def test_the_scenario_docstring_quotes_the_listing_of_its_keys() -> None:
+    assert _schema_block(scenario.__doc__ or "") == scenario_schema().splitlines()
+
+
+def test_the_listing_names_every_key_the_loader_reads_and_its_default(tmp_path: Path) -> None:
+    file = tmp_path / "s.toml"
+    file.write_text('name = "s"\n[model]\nlayers = 1\nwidth = 16\nvocab = 8\n[build]\nengines = 1\n'
+                    '[[reference]]\nlabel = "elsewhere"\n', encoding="utf-8")
+    loaded = scenario.load_scenario(file)
+    given = {"name", "model.layers", "model.width", "model.vocab", "build.engines", "reference.label"}
+    values = {k: getattr(loaded, k) for k in scenario.TOP_KEYS}
+    for table, cls in scenario.TABLES.items():
+        obj = loaded.references[0] if table == "reference" else getattr(loaded, table)
+        values.update({f"{table}.{f.name}": getattr(obj, f.name) for f in dataclasses.fields(cls)})
+    keys = {k.key: k.default for k in scenario_keys()}
+    assert set(keys) == set(values)
+    for key, default in keys.items():
+        if key in LOADER_DEFAULTS:
+            cls = scenario.TABLES[key.split(".")[0]]
+            field = next(f for f in dataclasses.fields(cls) if f.name == key.split(".")[1])
+            assert field.default is dataclasses.MISSING or values[key] != field.default, \
+                f"{key}: the loader reads its field's default; list it as such"
+        elif key not in given:
+            assert toml_text(values[key]) == default, key
+    assert toml_text(values["checkpoint.path"]) == f'"{scenario.default_checkpoint_for(loaded.model)}"'
+    assert values["checkpoint.generate"] is True
+
+
+def _entries(docstring: str) -> dict[int, str]:
+    """The numbered entries of the versions list of :mod:`harness.results.record`'s docstring, by number."""
+    start = docstring.index("\n1. ")
+    end = docstring.index("\nA later version adds keys")
+    parts = re.split(r"^(\d+)\. ", docstring[start:end], flags=re.M)
+    return {int(number): text for number, text in zip(parts[1::2], parts[2::2], strict=True)}
+
+
+def _leaf(path: str) -> str:
+    """The key's own name: ``strategies.*.engines[].compile_s``: ``compile_s``."""
+    return re.sub(r"\[\]$", "", path.rsplit(".", 1)[-1])
+
+
+def test_the_record_docstring_has_one_entry_per_layout() -> None:
+    assert list(_entries(record.__doc__ or "")) == list(range(1, LAYOUT_VERSION + 1))
+
+
+@pytest.mark.parametrize("version", range(2, LAYOUT_VERSION + 1))
+def test_each_layout_entry_names_the_keys_its_version_added_and_none_a_later_one_did(version: int) -> None:
+    text = _entries(record.__doc__ or "")[version]
+    named = {word for quoted in re.findall(r"``([\w.]+)``", text) for word in quoted.split(".")}
+    keys = list(record_keys())
+    added = [k.path for k in keys if k.since == version and k.field.metadata.get("since") == version]
+    required = [k.path for k in keys if k.absent_until and k.absent_until == version - 1]
+    missing = [path for path in added if _leaf(path) not in named]
+    missing += [path for path in required if not {_leaf(path), _leaf(path.rsplit(".", 1)[0])} & named]
+    assert missing == [], f"layout {version}'s entry does not name {missing}"
+    first: dict[str, int] = {}
+    for k in keys:
+        first[_leaf(k.path)] = min(first.get(_leaf(k.path), k.since), k.since)
+    later = sorted(name for name in named if first.get(name, 1) > version)
+    assert later == [], f"layout {version}'s entry names keys of later layouts: {later}"
+    for earlier in re.findall(r"versions 1 to (\d+)", text):
+        assert int(earlier) == version - 1, f"layout {version}'s entry speaks of versions 1 to {earlier}"
+
+
+def test_the_history_lists_each_layout_and_the_keys_it_added() -> None:
+    history = layout_history()
+    assert [int(v) for v in re.findall(r"^Layout (\d+)", history, flags=re.M)] == list(range(1, LAYOUT_VERSION + 1))
+    assert "Layout 15 adds: disk_read_error\n" in history
+    assert "Layout 9 adds: round_orders\n" in history
+    assert re.search(r"Layout 12 adds: read_ceiling_error, shared_disk_error\n.*always writes.*: speed\.probe_error",
+                     history)
+    assert "strategies.*.engines[].convert_s" in history.split("Layout 14")[1].split("Layout 15")[0]
+
+
+def test_python_m_harness_schema_prints_both_listings(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["schema"]) == 0
+    both = capsys.readouterr().out
+    assert scenario_schema() in both and layout_history() in both
+    assert both.index(scenario_schema()) < both.index(layout_history())
+    assert main(["schema", "layouts"]) == 0
+    assert scenario_schema() not in capsys.readouterr().out
