@@ -32,6 +32,7 @@ __all__ = [
     "LOADER_DEFAULTS",
     "RecordKey",
     "ScenarioKey",
+    "at_layout",
     "layout_history",
     "record_keys",
     "scenario_keys",
@@ -180,6 +181,28 @@ def record_keys(cls: type = RunRecord, prefix: str = "", since: int = 1) -> Iter
         inner, suffix = _record_class(hints[f.name])
         if inner is not None:
             yield from record_keys(inner, f"{path}{suffix}.", added)
+
+
+def at_layout(cls: type, data: dict[str, Any], version: int) -> dict[str, Any]:
+    """``data``, the JSON of a ``cls`` record, as layout ``version`` wrote it: without the keys a later layout added
+    (each field's ``since``), in the records it holds too. What is left is what the codec reads at ``version``."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: _at_layout(hints[f.name], data[f.name], version) for f in dataclasses.fields(cls)
+            if f.name in data and int(f.metadata.get("since", 1)) <= version}
+
+
+def _at_layout(tp: Any, value: Any, version: int) -> Any:
+    tp, _ = _arms(tp)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if value is None:
+        return None
+    if origin is tuple and args and isinstance(value, list):
+        return [_at_layout(args[0], item, version) for item in value]
+    if origin is dict and len(args) == 2 and isinstance(value, dict):
+        return {key: _at_layout(args[1], item, version) for key, item in value.items()}
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type) and isinstance(value, dict):
+        return at_layout(tp, value, version)
+    return value
 
 
 def _wrapped(head: str, paths: list[str]) -> list[str]:

@@ -4,6 +4,7 @@ of :mod:`harness.scenario` and :mod:`harness.results.record` checked against the
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 
@@ -12,8 +13,18 @@ import pytest
 import harness.results.record as record
 import harness.scenario as scenario
 from harness.cli import main
-from harness.results.record import LAYOUT_VERSION
-from harness.schema import LOADER_DEFAULTS, layout_history, record_keys, scenario_keys, scenario_schema, toml_text
+from harness.results.codec import decode
+from harness.results.reading import load_results
+from harness.results.record import LAYOUT_VERSION, RecordError, RunRecord
+from harness.schema import (
+    LOADER_DEFAULTS,
+    at_layout,
+    layout_history,
+    record_keys,
+    scenario_keys,
+    scenario_schema,
+    toml_text,
+)
 
 
 def _schema_block(docstring: str) -> list[str]:
@@ -105,3 +116,18 @@ def test_python_m_harness_schema_prints_both_listings(capsys: pytest.CaptureFixt
     assert both.index(scenario_schema()) < both.index(layout_history())
     assert main(["schema", "layouts"]) == 0
     assert scenario_schema() not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("version", range(1, LAYOUT_VERSION + 1))
+def test_a_record_as_each_layout_wrote_it_reads_at_that_layout(version: int) -> None:
+    directory = Path(__file__).resolve().parents[2] / "results" / "smoke-openvino"
+    data = json.loads(json.dumps(load_results(directory).record.to_json()))  # written at this layout: every key
+    assert data["layout"] == LAYOUT_VERSION
+    older = at_layout(RunRecord, data, version)
+    assert ("layout" in older) == (version >= 2)
+    run = decode(RunRecord, older, source="summary.json", version=version)
+    assert run.disk_read_error is None and (version >= 14 or all(
+        e.convert_s is None for s in run.strategies.values() for e in s.engines))
+    if version < LAYOUT_VERSION:
+        with pytest.raises(RecordError, match="unknown key"):
+            decode(RunRecord, data, source="summary.json", version=version)
