@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from harness.measure.procfs import read_status
+from harness.units import GIB, MIB
 from weightmap import map_weights
 from weightmap.format import TensorSpec, write_checkpoint
 
@@ -122,18 +123,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--dir", type=Path, default=Path("data") / "bench")
     args = parser.parse_args(argv)
-    st, pt, rows = make_checkpoints(args.dir, args.tensors, int(args.gib * 2**30))
+    st, pt, rows = make_checkpoints(args.dir, args.tensors, int(args.gib * GIB))
     print(f"checkpoint: {args.tensors} tensors of {rows}x{WIDTH} float32, "
-          f"{st.stat().st_size / 2**30:.2f} GiB; {args.repeat} repetitions each", file=sys.stderr)
+          f"{st.stat().st_size / GIB:.2f} GiB; {args.repeat} repetitions each", file=sys.stderr)
     results = [measure(n, f, st, pt, args.tensors, rows, args.repeat) for n, f in LOADERS.items()]
     peer = next(r for r in results if r.name == "load_file + assign")
     print(f"{'loader':<28} {'median':>10} {'vs load_file':>13} {'RSS growth':>12}")
     for r in results:
         print(f"{r.name:<28} {r.median_s * 1e3:>8.2f}ms {r.median_s / peer.median_s:>12.2f}x "
-              f"{r.rss_growth_median / 2**20:>9.2f}MiB")
+              f"{r.rss_growth_median / MIB:>9.2f}MiB")
     ours = results[0]
     ok_speed = ours.median_s <= 1.5 * peer.median_s
-    ok_rss = ours.rss_growth_median <= 16 * 2**20
+    ok_rss = ours.rss_growth_median <= 16 * MIB
     print(f"goal: map_weights within 1.5x of load_file + assign: {'met' if ok_speed else 'NOT met'}; "
           f"RSS after mapping within 16 MiB of before: {'met' if ok_rss else 'NOT met'}")
     return 0

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harness.errors import HarnessError
+from harness.units import GIB, MIB
 
 __all__ = ["main"]
 
@@ -131,7 +132,7 @@ def _at_limit(text: str) -> tuple[str, int]:
         gib = float("nan")
     if not sep or not name or not AT_LIMIT_GIB.accepts(gib):
         raise HarnessError(f"--at {text}: expected STRATEGY=GIB (GIB: {AT_LIMIT_GIB.expected()})")
-    return name, int(gib * 2**30)
+    return name, int(gib * GIB)
 
 
 def _budget(args: argparse.Namespace) -> int:
@@ -144,7 +145,7 @@ def _budget(args: argparse.Namespace) -> int:
                                ("--timeout-factor", args.timeout_factor, TIMEOUT_FACTOR)):
         if value is not None and not limit.accepts(value):  # nan, inf: before anything runs
             raise HarnessError(f"{flag} {value:g}: {limit.expected()}")
-    precision = None if args.precision_mib is None else int(args.precision_mib * 2**20)
+    precision = None if args.precision_mib is None else int(args.precision_mib * MIB)
     at = dict(_at_limit(text) for text in args.at)
     scenario = load_scenario(args.scenario)
     unknown = sorted(set(at) - set(scenario.strategies))

@@ -33,6 +33,7 @@ from harness.results.codec import decode, encode
 from harness.results.record import CheckpointInfo, ModelInfo, RecordError, SpeedChoice, read_json_file
 from harness.scenario import Scenario, validate_scenario
 from harness.speed import choose_speed
+from harness.units import GIB
 from weightmap.checkpoint import open_checkpoint
 
 __all__ = ["PLAN_VERSION", "EnginePlan", "Plan", "make_plan", "read_plan", "write_plan"]
@@ -92,7 +93,7 @@ class Plan:
     def memory_limit_bytes(self) -> int | None:
         """The scenario's per-strategy memory limit in bytes; ``None``: no limit."""
         limit = self.scenario.run.memory_limit_gib
-        return int(limit * 2**30) if limit else None
+        return int(limit * GIB) if limit else None
 
     @property
     def prefetch(self) -> str | None:

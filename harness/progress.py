@@ -32,10 +32,10 @@ from collections.abc import Callable, Iterator
 from tqdm import tqdm
 
 from harness.measure.procfs import read_status
+from harness.units import GIB, KIB
 
 __all__ = ["EngineBar", "RunCounter", "byte_bar", "engine_bar", "overall_line", "phase_ticker"]
 
-GIB = 1 << 30
 
 
 @contextlib.contextmanager
@@ -127,5 +127,5 @@ class RunCounter:
 def byte_bar(what: str, total: int, enabled: bool = True) -> tqdm:  # type: ignore[type-arg]
     """A bar of bytes written out of ``total``, ``[harness] <what>``, on stderr when it is a terminal
     (tqdm's ``disable=None``); never with ``enabled`` False."""
-    return tqdm(total=total, desc=f"[harness] {what}", unit="B", unit_scale=True, unit_divisor=1024,
+    return tqdm(total=total, desc=f"[harness] {what}", unit="B", unit_scale=True, unit_divisor=KIB,
                 file=sys.stderr, mininterval=1.0, leave=True, disable=None if enabled else True)

@@ -108,6 +108,7 @@ from harness.results.record import (
 from harness.rounds import round_orders
 from harness.scenario import RunConfig, Scenario
 from harness.stopping import STOP_SIGNALS, RunInterrupted, die_with_parent
+from harness.units import GIB
 from harness.worker import FAILURE_PREFIX, OUTSIDE_STATUS, worker_command
 
 __all__ = ["Render", "WorkerCommand", "finished_strategies", "planned_runs", "run_label", "run_scenario", "watch"]
@@ -120,7 +121,6 @@ Render = Callable[[Path, Path, FileBatch], object]
 figures into ``batch``, which goes in place together with the results (``python -m harness run`` passes
 :func:`harness.report.render_staged`)."""
 
-GIB = 1 << 30
 T = TypeVar("T")
 
 ENGINES = "engines"

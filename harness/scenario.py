@@ -130,6 +130,7 @@ from harness.errors import HarnessError
 from harness.results.codec import NAME, TABLE_STYLE, Limit, decode, decode_fields, describe_typed, encode
 from harness.results.names import reserved_problem
 from harness.results.record import Reference
+from harness.units import GIB, MIB, PIB, TIB
 from weightmap import PREFETCH_METHODS
 from weightmap.filekinds import non_regular_kind
 
@@ -181,8 +182,6 @@ FALLBACKS: tuple[str, ...] = ("spec",)
 DATA_DIR = Path("data")
 """Where default checkpoints go, relative to the repository root."""
 
-GIB = 1 << 30
-TIB = 1 << 40
 MAX_MODEL_BYTES = 16 * TIB
 """The most weight bytes a model may have (well within what a file offset, a tensor's byte
 count and torch's element count can hold; larger than any disk the harness writes to)."""
@@ -206,11 +205,11 @@ LIMITS: dict[str, Limit] = {
     "model.ffn_mult": _int(1, 64),
     "checkpoint.seed": _int(0, 2**63 - 1),
     "build.engines": _int(1, 4096),
-    "build.engine_cap_mib": Limit(0, MAX_MODEL_BYTES / 2**20, low_open=True, unit="MiB", note="16 TiB"),
+    "build.engine_cap_mib": Limit(0, MAX_MODEL_BYTES / MIB, low_open=True, unit="MiB", note="16 TiB"),
     "build.tokens": _int(1, 8192),
     "run.sample_interval_ms": Limit(0.1, 60_000, unit="ms"),
     "run.residency_every": _int(1, 100_000),
-    "run.memory_limit_gib": Limit(2**-10, 2**20, unit="GiB", note="1 MiB to 1 PiB"),
+    "run.memory_limit_gib": Limit(MIB / GIB, PIB // GIB, unit="GiB", note="1 MiB to 1 PiB"),
     "run.timeout_s": Limit(0, 7 * 24 * 3600, low_open=True, unit="s", note="a week"),
     "run.repeats": _int(1, 100),
     "run.warmup": _int(0, 100),
@@ -368,7 +367,7 @@ class BuildConfig:
     @property
     def engine_cap_bytes(self) -> int | None:
         """``engine_cap_mib`` in whole bytes; ``None`` when the scenario asks for a number of engines."""
-        return None if self.engine_cap_mib is None else int(self.engine_cap_mib * 2**20)
+        return None if self.engine_cap_mib is None else int(self.engine_cap_mib * MIB)
 
 
 @dataclass(frozen=True)
@@ -779,8 +778,8 @@ def _load_build(raw: Any, file: Path) -> BuildConfig:
         which = "neither is" if build.engines is None else "both are"
         raise fail("engines", f"give exactly one of engines / engine_cap_mib ({which} given)")
     cap = build.engine_cap_mib
-    if cap is not None and int(cap * 2**20) < 1:
-        raise fail("engine_cap_mib", f"{cap:g} MiB is less than one byte ({cap * 2**20:.3g} bytes)")
+    if cap is not None and int(cap * MIB) < 1:
+        raise fail("engine_cap_mib", f"{cap:g} MiB is less than one byte ({cap * MIB:.3g} bytes)")
     if not build.compiler:
         for key in ("weights", "tokens"):
             if key in raw:

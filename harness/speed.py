@@ -51,6 +51,7 @@ from harness.measure.hostmemory import free_page_reporting
 from harness.measure.probe import probe_bytes, read_probe
 from harness.results.record import ReadProbe, SpeedChoice
 from harness.scenario import PREFETCH_AUTO, PREFETCH_OFF, RunConfig
+from harness.units import GIB
 
 __all__ = ["PREFETCH_METHOD", "WILLNEED_FLOOR", "choose_speed", "decide"]
 
@@ -69,14 +70,14 @@ def _unprobed(probe_error: str | None) -> str:
     """Why there is no probe: the checkpoint is too small for one, or the probe failed."""
     if probe_error is not None:
         return "the default where the read probe failed"
-    return f"the default for a checkpoint under {probe_bytes() / 2**30:.1f} GiB, which is not probed"
+    return f"the default for a checkpoint under {probe_bytes() / GIB:.1f} GiB, which is not probed"
 
 
 def _drop_cache(probe: ReadProbe | None, checkpoint_bytes: int, available: int | None,
                 reporting: str | None, probe_error: str | None = None) -> tuple[bool, str]:
     if available is not None and checkpoint_bytes > available:
-        return True, (f"chosen: the checkpoint ({checkpoint_bytes / 2**30:.2f} GiB) is larger than the memory "
-                      f"available ({available / 2**30:.2f} GiB)")
+        return True, (f"chosen: the checkpoint ({checkpoint_bytes / GIB:.2f} GiB) is larger than the memory "
+                      f"available ({available / GIB:.2f} GiB)")
     if probe is None:
         return False, f"chosen: off, {_unprobed(probe_error)}"
     if reporting is not None:

@@ -96,6 +96,7 @@ from typing import IO, Any
 from harness.budget.enclosing import AT_LIMIT_SLACK, Enclosing, enclosing_groups, limit_reached, read_marks
 from harness.budget.signals import deferred
 from harness.measure.coldcache import prepare_cold
+from harness.units import MIB, gib_or_mib
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -448,10 +449,6 @@ def _write(path: Path, value: str) -> None:
         raise _unavailable(f"cannot write {value!r} to {path}: {exc.strerror}") from exc
 
 
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
-
-
 class MemoryGroup:
     """A memory cgroup of this process's making, with a limit and swap off. Use :meth:`create`."""
 
@@ -626,14 +623,14 @@ def _reason(limit: int, returncode: int | None, timed_out: bool, timeout_s: floa
             reading: GroupReading, tail: Sequence[str], above: Enclosing | None = None) -> str | None:
     """Why the command did not complete (or the OOM kill it survived); ``above``: the enclosing group whose limit
     was reached meanwhile, where the group itself stayed below its own (see :func:`run_in_group`)."""
-    where = f"under a {_gib(limit)} limit"
+    where = f"under a {gib_or_mib(limit)} limit"
     kills = reading.oom_kills or 0
     peak = reading.peak_bytes
     if above is not None:  # not its own limit: say whose, and how far below its own the group stayed
-        peaked = "" if peak is None else f", its group peaking at {_gib(peak)}"
-        where = f"under {above.describe()}, not its own group's {_gib(limit)} limit{peaked}"
+        peaked = "" if peak is None else f", its group peaking at {gib_or_mib(peak)}"
+        where = f"under {above.describe()}, not its own group's {gib_or_mib(limit)} limit{peaked}"
     if timed_out:
-        return f"stopped after the timeout of {timeout_s:.0f} s under a {_gib(limit)} limit"
+        return f"stopped after the timeout of {timeout_s:.0f} s under a {gib_or_mib(limit)} limit"
     if kills:
         if returncode == 0:
             return f"completed, but the kernel OOM-killed {kills} process(es) in its group {where}"
@@ -642,7 +639,7 @@ def _reason(limit: int, returncode: int | None, timed_out: bool, timeout_s: floa
         return f"OOM-killed by the kernel in its memory cgroup {where} ({kills} OOM kill(s) in the group's counters)"
     if returncode is not None and returncode < 0:
         text = f"killed by {_signal_name(-returncode)} {where}"
-        if reading.oom_kills is None and peak is not None and peak >= limit - (1 << 20):
+        if reading.oom_kills is None and peak is not None and peak >= limit - MIB:
             text += ", with the group at its limit (this kernel does not count OOM kills: out of memory?)"
         return text
     if returncode:

@@ -34,12 +34,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.units import KIB, MIB, gib_or_mib
+
 __all__ = ["AT_LIMIT_SLACK", "EffectiveLimit", "Enclosing", "Marks", "effective_limit", "enclosing_groups",
            "limit_reached", "read_marks"]
 
 MEMINFO = Path("/proc/meminfo")
 
-AT_LIMIT_SLACK = 8 << 20
+AT_LIMIT_SLACK = 8 * MIB
 """How close to its limit a group's peak must come to count as having reached it: the kernel charges in
 batches (64 pages per CPU, a 2 MiB huge page at once), so a group OOM-killed at its limit can peak a
 little below it."""
@@ -47,10 +49,6 @@ little below it."""
 UNLIMITED_V1 = 1 << 62
 """A v1 limit this large is none: "unlimited" reads as the page counter's maximum, 9223372036854771712 with
 4 KiB pages."""
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
 def _text(path: Path) -> str | None:
@@ -71,7 +69,7 @@ class Enclosing:
 
     def describe(self) -> str:
         """``the 560 MiB limit of the enclosing memory cgroup /sys/fs/cgroup/memory/job (memory.limit_in_bytes)``."""
-        return f"the {_gib(self.limit_bytes)} limit of the enclosing memory cgroup {self.path} ({self.file})"
+        return f"the {gib_or_mib(self.limit_bytes)} limit of the enclosing memory cgroup {self.path} ({self.file})"
 
 
 def _limit_file(version: int) -> str:
@@ -111,7 +109,7 @@ def _mem_total(meminfo: Path) -> int:
     text = _text(meminfo) or ""
     for line in text.splitlines():
         if line.startswith("MemTotal:"):
-            return int(line.split()[1]) * 1024
+            return int(line.split()[1]) * KIB
     raise OSError(f"{meminfo}: no MemTotal line")
 
 

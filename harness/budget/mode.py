@@ -118,12 +118,12 @@ from harness.results.record import (
 from harness.run import ENGINES, WorkerCommand
 from harness.scenario import LIMITS, Limit, Scenario
 from harness.stopping import RunInterrupted
+from harness.units import GIB, MIB, PIB, TIB, gib_or_mib
 from harness.worker import worker_command
 
 __all__ = ["ATTEMPTS_FILE", "PRECISION_MIB", "TIMEOUT_FACTOR", "BudgetUnavailable", "check_cgroup", "run_budget",
            "swept_strategies"]
 
-MIB = 1 << 20
 ATTEMPTS_FILE = "attempts.csv"
 MAP_EXTRA_FACTORS = (1.25, 1.5, 2.0)
 
@@ -139,7 +139,7 @@ def _progress(message: str) -> None:
 def _size(n: int | None) -> str:
     if n is None:
         return "?"
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+    return gib_or_mib(n)
 
 
 def check_cgroup(controller: MemoryController | None = None) -> MemoryController:
@@ -330,9 +330,9 @@ def write_attempts_csv(directory: Path, record: BudgetRecord) -> Path:
     return path
 
 
-PRECISION_MIB = Limit(1, 1 << 20, unit="MiB", note="1 TiB")
+PRECISION_MIB = Limit(1, TIB // MIB, unit="MiB", note="1 TiB")
 """The range of ``--precision-mib``: no finer than the sweep's 1 MiB granularity."""
-AT_LIMIT_GIB = Limit(1 / 1024, 1 << 20, unit="GiB", note="1 MiB to 1 PiB")
+AT_LIMIT_GIB = Limit(MIB / GIB, PIB // GIB, unit="GiB", note="1 MiB to 1 PiB")
 """The range of ``--at``'s limits: at least 1 MiB."""
 TIMEOUT_FACTOR = Limit(1, 1000, low_open=True)
 """The range of ``--timeout-factor``: an attempt must be given longer than the unconstrained run took."""

@@ -19,6 +19,7 @@ from harness.catalog import HEADLINE_STRATEGY
 from harness.results.atomic import write_json
 from harness.results.codec import Record, RecordError, decode, encode
 from harness.results.record import MachineInfo, read_json_file, results_name_problem
+from harness.units import MIB
 
 __all__ = ["BUDGET_FILE", "BUDGET_VERSION", "AttemptRecord", "BudgetRecord", "StrategyBudget", "goal_limit",
            "read_budget",
@@ -28,7 +29,6 @@ BUDGET_VERSION = 1
 """The layout of ``budget.json`` this code writes and reads."""
 
 BUDGET_FILE = "budget.json"
-MIB = 1 << 20
 
 PHASES = ("unconstrained", "upper", "lower", "bisect", "confirm", "tiebreak", "extra", "at")
 """Why an attempt was run: the unconstrained run that sets the bounds, then the sweep's phases; ``at``: the one

@@ -43,10 +43,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.budget.cgroup import Attempt
+from harness.units import MIB, gib_or_mib
 
 __all__ = ["Sweep", "SweepError", "SweepPoint", "default_precision", "smallest_limit"]
 
-MIB = 1 << 20
 
 
 class SweepError(RuntimeError):
@@ -118,18 +118,14 @@ class Sweep:
         runs = len(self.points)
         wall = sum(p.attempt.wall_s for p in self.points)
         if self.at_lower_bound:
-            return (f"completes at the lower bound {_gib(self.lower_bytes)} (the minimum is at or below it); "
+            return (f"completes at the lower bound {gib_or_mib(self.lower_bytes)} (the minimum is at or below it); "
                     f"{runs} runs, {wall:.0f} s")
-        text = (f"smallest limit that completes: {_gib(self.minimum_bytes)} (fails at "
-                f"{_gib(self.largest_failing_bytes or 0)}; precision {_gib(self.precision_bytes)}); "
+        text = (f"smallest limit that completes: {gib_or_mib(self.minimum_bytes)} (fails at "
+                f"{gib_or_mib(self.largest_failing_bytes or 0)}; precision {gib_or_mib(self.precision_bytes)}); "
                 f"{runs} runs, {wall:.0f} s")
         if self.unstable_limits:
-            text += "; runs disagreed at " + ", ".join(_gib(n) for n in self.unstable_limits)
+            text += "; runs disagreed at " + ", ".join(gib_or_mib(n) for n in self.unstable_limits)
         return text
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
 def _verdicts(points: Sequence[SweepPoint]) -> dict[int, bool]:
@@ -195,7 +191,7 @@ def _search(runner: _Runner, lower: int, upper: int, precision_bytes: int, extra
             extra_limits: Sequence[int], granularity: int) -> Sweep:
     top = runner.run(upper, "upper")
     if not top.completed:
-        raise SweepError(f"the run does not complete at the upper bound {_gib(upper)}: {top.reason}; "
+        raise SweepError(f"the run does not complete at the upper bound {gib_or_mib(upper)}: {top.reason}; "
                          "raise the upper bound (it should be a limit the run never reaches)")
     if runner.run(lower, "lower").completed:
         return _finish(runner, lower, upper, precision_bytes, lower, None, extra_factors, extra_limits, granularity)
@@ -206,7 +202,7 @@ def _search(runner: _Runner, lower: int, upper: int, precision_bytes: int, extra
         lo = max(limit for limit, ok in verdicts.items() if not ok)
         above = [limit for limit, ok in verdicts.items() if ok and limit > lo]
         if not above:
-            raise SweepError(f"the run no longer completes at the upper bound {_gib(upper)} when run again: "
+            raise SweepError(f"the run no longer completes at the upper bound {gib_or_mib(upper)} when run again: "
                              f"{runner.points[-1].attempt.reason}")
         hi = min(above)
         while hi - lo > precision_bytes:

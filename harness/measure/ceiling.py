@@ -28,12 +28,13 @@ from pathlib import Path
 
 from harness.measure.coldcache import drop_cached, page_aligned_buffer
 from harness.results.record import CeilingPoint
+from harness.units import MIB
 
 __all__ = ["DEFAULT_POINT_S", "DEFAULT_REQUESTS", "DEFAULT_THREADS", "read_ceiling"]
 
 DEFAULT_THREADS: tuple[int, ...] = (1, 2, 4, 8)
 """Reader threads swept by default: one stream up to more than this machine's cores."""
-DEFAULT_REQUESTS: tuple[int, ...] = (1 << 20, 8 << 20, 32 << 20)
+DEFAULT_REQUESTS: tuple[int, ...] = (MIB, 8 * MIB, 32 * MIB)
 """``pread`` sizes swept by default (1, 8 and 32 MiB)."""
 DEFAULT_POINT_S = 2.0
 """Seconds each point reads for: long enough to pass the disk's caches, short enough for every run."""

@@ -51,6 +51,7 @@ from typing import Any
 
 from harness.measure.residency import FileResidency, PageCounts, file_page_counts
 from harness.results.record import CacheRecord
+from harness.units import KIB, MIB
 
 __all__ = [
     "CacheReport",
@@ -67,12 +68,12 @@ __all__ = [
 
 MEMINFO = "/proc/meminfo"
 DEFAULT_TIMEOUT_S = 120.0
-DEFAULT_SETTLE_BYTES = 64 << 20
+DEFAULT_SETTLE_BYTES = 64 * MIB
 """Machine-wide ``Dirty`` + ``Writeback`` at or below which the machine counts as settled."""
-COLD_TOLERANCE_BYTES = 1 << 20
+COLD_TOLERANCE_BYTES = MIB
 """Residency at or below this counts as cold: a few pages that a running process maps (one
 that read the file's header, say) cannot be dropped and need not spoil a cold start."""
-_READ_CHUNK = 32 << 20
+_READ_CHUNK = 32 * MIB
 _POLL_S = 0.05
 
 def system_dirty_bytes() -> int | None:
@@ -87,7 +88,7 @@ def system_dirty_bytes() -> int | None:
     for line in text.splitlines():
         key, _, rest = line.partition(":")
         if key in ("Dirty", "Writeback"):
-            total += int(rest.split()[0]) * 1024
+            total += int(rest.split()[0]) * KIB
             seen += 1
     return total if seen == 2 else None
 

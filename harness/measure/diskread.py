@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.measure.coldcache import CacheReport, drop_cached, page_aligned_buffer, prepare_cold
+from harness.units import MIB
 
 __all__ = ["DEFAULT_CHUNK", "ReadBandwidth", "cold_read_bandwidth", "cpu_times"]
 
-DEFAULT_CHUNK = 32 << 20
+DEFAULT_CHUNK = 32 * MIB
 """Bytes per ``read()``: 16 to 64 MiB read at the same rate here; smaller buffers pay more
 system calls, larger ones only cost memory."""
 

@@ -40,24 +40,25 @@ import numpy as np
 
 from harness.measure.coldcache import drop_cached, page_aligned_buffer
 from harness.results.record import ReadProbe
+from harness.units import GIB, MIB
 
 __all__ = [
     "ADVICE_ROUNDS", "DEFAULT_ADVICE_REGION_BYTES", "DEFAULT_CACHE_BYTES", "DEFAULT_CACHE_REGION_BYTES",
     "MIN_CACHE_REGIONS", "probe_bytes", "read_probe",
 ]
 
-DEFAULT_CACHE_BYTES = 8 << 30
+DEFAULT_CACHE_BYTES = 8 * GIB
 """Bytes of the checkpoint the cache question reads at most (three quarters kept): 8 GiB, past the
 few GiB of just-freed pages this project's VM was seen to reuse."""
-DEFAULT_CACHE_REGION_BYTES = 256 << 20
+DEFAULT_CACHE_REGION_BYTES = 256 * MIB
 """Bytes per kept or dropped region: 256 MiB."""
 MIN_CACHE_REGIONS = 8
 """The fewest cache regions a probe reads (six kept, two dropped); a smaller checkpoint is not probed."""
-DEFAULT_ADVICE_REGION_BYTES = 64 << 20
+DEFAULT_ADVICE_REGION_BYTES = 64 * MIB
 """Bytes per faulted or advised region: 64 MiB, more than the readahead windows."""
 ADVICE_ROUNDS = 3
 """Faulted and advised regions, each: the median of three is robust to one disturbed read."""
-_REQUEST = 8 << 20  # pread size of the two pread ways; also the madvise chunk (one readahead request is capped)
+_REQUEST = 8 * MIB  # pread size of the two pread ways; also the madvise chunk (one readahead request is capped)
 
 
 def _pread_region(fd: int, offset: int, length: int, drop_behind: bool) -> None:

@@ -26,11 +26,12 @@ import threading
 from collections.abc import Callable
 from typing import NamedTuple
 
+from harness.units import KIB
+
 STATUS_PATH = "/proc/self/status"
 CLEAR_REFS_PATH = "/proc/self/clear_refs"
 SMAPS_PATH = "/proc/self/smaps"
 
-_KIB = 1024
 _INITIAL_BUFFER = 8192
 
 
@@ -86,7 +87,7 @@ class StatusReader:
         """Return the current counters. Raises ``OSError`` if the file or a line is missing."""
         with self._lock:
             buf, n = self._read_locked()
-            values = [_field_kib(buf, n, key, self._path) * _KIB for key in self._KEYS]
+            values = [_field_kib(buf, n, key, self._path) * KIB for key in self._KEYS]
         return StatusReading(*values)
 
     def close(self) -> None:
@@ -252,4 +253,4 @@ def mapping_rss(path: str | os.PathLike[str]) -> int:
                 inside = len(parts) == 6 and parts[5] == target
             elif inside and head == b"Rss:":
                 total_kib += int(line.split()[1])
-    return total_kib * _KIB
+    return total_kib * KIB

@@ -40,6 +40,8 @@ from pathlib import Path
 
 import psutil
 
+from harness.units import KIB
+
 __all__ = ["rss_pss_bytes", "TreeReading", "descendants", "kill_tree", "pss_sum", "read_tree"]
 
 PROC = Path("/proc")
@@ -98,7 +100,7 @@ def _pss_bytes(pid: int, proc: Path) -> int:
     text = _read(proc / str(pid) / "smaps_rollup")
     for line in (text or "").splitlines():
         if line.startswith("Pss:"):
-            return int(line.split()[1]) * 1024
+            return int(line.split()[1]) * KIB
     return 0
 
 
@@ -110,7 +112,7 @@ def rss_pss_bytes(pid: int, proc: Path = PROC) -> tuple[int, int] | None:
     for line in (text or "").splitlines():
         key, _, rest = line.partition(":")
         if key in ("Rss", "Pss"):
-            values[key] = int(rest.split()[0]) * 1024
+            values[key] = int(rest.split()[0]) * KIB
     if "Rss" not in values or "Pss" not in values:
         return None
     return values["Rss"], values["Pss"]

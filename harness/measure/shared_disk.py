@@ -31,10 +31,11 @@ from pathlib import Path
 
 from harness.measure.diskread import cold_read_bandwidth
 from harness.results.record import SharedDisk
+from harness.units import MIB
 
 __all__ = ["DEFAULT_CHUNK", "both_at_once", "read_cold", "shared_disk", "write_files"]
 
-DEFAULT_CHUNK = 8 << 20
+DEFAULT_CHUNK = 8 * MIB
 """Bytes per ``read()`` and per ``write()`` (8 MiB)."""
 
 

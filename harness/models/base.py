@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from harness.errors import HarnessError
+from harness.units import GIB
 
 __all__ = [
     "LerobotUnavailableError",
@@ -116,4 +117,4 @@ def describe(module: nn.Module) -> str:
         if id(t) not in seen:
             seen.add(id(t))
             total += t.numel() * t.element_size()
-    return f"{len(seen)} tensors, {total:,} bytes ({total / 2**30:.2f} GiB)"
+    return f"{len(seen)} tensors, {total:,} bytes ({total / GIB:.2f} GiB)"

@@ -41,6 +41,7 @@ from torch import nn
 from harness.errors import HarnessError
 from harness.progress import byte_bar
 from harness.scenario import checkpoint_path_problem, default_checkpoint_for
+from harness.units import GIB, MIB
 from weightmap.format import TensorSpec, read_header, write_checkpoint
 
 if TYPE_CHECKING:
@@ -319,7 +320,7 @@ def ensure_checkpoint(
 
 
 def _show(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB ({n:,} bytes)" if n >= 2**30 else f"{n / 2**20:.1f} MiB ({n:,} bytes)"
+    return f"{n / GIB:.2f} GiB ({n:,} bytes)" if n >= GIB else f"{n / MIB:.1f} MiB ({n:,} bytes)"
 
 
 def file_bytes(specs: Sequence[TensorSpec], metadata: Mapping[str, str]) -> int:

@@ -42,7 +42,6 @@ from harness.results.record import read_text_file
 __all__ = ["Goal", "budget_goals", "budget_markdown", "failure_shifts", "render_budget", "shown_attempts",
            "wall_figure"]
 
-MIB = 1 << 20
 
 
 def _gib(n: int | float | None, decimals: int) -> str:

@@ -26,7 +26,6 @@ from matplotlib.patches import Patch
 from harness.report.style import SERIES_COLOURS, STYLE, figure_legend, save_figure
 from harness.report.text import (
     DASH,
-    GIB,
     TableColumn,
     format_gib,
     gib_decimals,
@@ -48,6 +47,7 @@ from harness.results.labels import (
 from harness.results.names import comparison_name as name_of_comparison
 from harness.results.reading import Results
 from harness.results.spread import chance_flag
+from harness.units import GIB
 
 __all__ = ["UNTIMED", "comparison_figure", "comparison_markdown", "comparison_name", "write_comparison"]
 

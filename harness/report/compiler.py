@@ -32,10 +32,10 @@ from harness.report.text import DASH, TableColumn, format_seconds, markdown_tabl
 from harness.results.metrics import StrategyMetrics
 from harness.results.reading import Results
 from harness.results.record import EngineRecord, ExportRecord, StrategyRecord
+from harness.units import MIB
 
 __all__ = ["compiler_figure", "compiler_lines", "has_compiler"]
 
-MIB = 2**20
 
 
 def has_compiler(run: Results) -> bool:

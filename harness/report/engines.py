@@ -19,8 +19,9 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from harness.report.style import SERIES_COLOURS, coinciding, figure_legend, gib, new_figure, strategy_line, styled
-from harness.report.text import GIB, format_seconds, gib_decimals
+from harness.report.text import format_seconds, gib_decimals
 from harness.results.reading import Results
+from harness.units import GIB
 
 __all__ = ["engines_figure"]
 

@@ -27,7 +27,6 @@ from harness.report.markdown import spread_text
 from harness.report.names import figure_name
 from harness.report.style import FLOOR_STYLE, figure_legend, new_figure, strategy_colour, styled
 from harness.report.text import (
-    GIB,
     format_gib,
     format_percent,
     format_seconds,
@@ -38,6 +37,7 @@ from harness.report.text import (
 from harness.results.metrics import StrategyMetrics, floor_formula, phase_spans
 from harness.results.reading import Results
 from harness.results.spread import MedianSpread, median_spread, strategy_rounds
+from harness.units import GIB
 
 __all__ = ["PHASE_COLOURS", "headline_figure"]
 

@@ -32,6 +32,7 @@ from harness.results.metrics import StrategyMetrics, best_ceiling, build_limit, 
 from harness.results.reading import Results
 from harness.results.record import RunRecord, StrategyRecord
 from harness.results.spread import median_spread, ratio_of_medians, strategy_rounds
+from harness.units import MIB
 
 __all__ = ["render_report", "table_lines", "write_report"]
 
@@ -239,11 +240,11 @@ def speed_observation(run: Results) -> list[str]:
     if probe is not None:
         kept = ", ".join(f"{probe.cache_region_bytes / s / 1e6:.0f}" for s in probe.kept_s)
         lines.append(f"  - read probe at the run's start (cold regions of the checkpoint, each read once): "
-                     f"{len(probe.kept_s)} of {probe.cache_region_bytes / 2**20:.0f} MiB kept in the page cache "
+                     f"{len(probe.kept_s)} of {probe.cache_region_bytes / MIB:.0f} MiB kept in the page cache "
                      f"(MB/s in order: {kept}; the last three's median {probe.kept_bytes_per_s / 1e6:.0f}), "
                      f"{len(probe.dropped_s)} dropped behind the reader (median "
                      f"{probe.dropped_bytes_per_s / 1e6:.0f}); {len(probe.faulted_s)} of "
-                     f"{probe.advice_region_bytes / 2**20:.0f} MiB faulted in (median "
+                     f"{probe.advice_region_bytes / MIB:.0f} MiB faulted in (median "
                      f"{probe.faulted_bytes_per_s / 1e6:.0f}), {len(probe.willneed_s)} after MADV_WILLNEED "
                      f"(median {probe.willneed_bytes_per_s / 1e6:.0f}).")
     return lines

@@ -36,9 +36,10 @@ from harness.report.style import (
     strategy_colour,
     styled,
 )
-from harness.report.text import GIB, gib_decimals
+from harness.report.text import gib_decimals
 from harness.results.metrics import StrategyMetrics
 from harness.results.reading import Results
+from harness.units import GIB
 
 __all__ = ["level_labels", "peak_groups", "peaks_figure"]
 

@@ -20,9 +20,10 @@ from matplotlib.figure import Figure
 from matplotlib.layout_engine import ConstrainedLayoutEngine
 
 from harness.catalog import strategy_colour
-from harness.report.text import GIB, footer_text, gib_decimals
+from harness.report.text import footer_text, gib_decimals
 from harness.results.atomic import write_atomic
 from harness.results.reading import Results
+from harness.units import GIB
 
 __all__ = [
     "FLOOR_STYLE",

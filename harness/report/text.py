@@ -14,10 +14,10 @@ from typing import Generic, TypeVar
 
 from harness.results.metrics import StrategyMetrics
 from harness.results.reading import Results
+from harness.units import GIB, KIB, MIB
 
 __all__ = [
     "DASH",
-    "GIB",
     "TableColumn",
     "cell",
     "footer_text",
@@ -35,9 +35,6 @@ __all__ = [
     "status_text",
     "versions_text",
 ]
-
-GIB = 1 << 30
-"""Bytes in a GiB; every figure and table reports GiB."""
 
 DASH = "—"
 """What a missing value shows as."""
@@ -57,7 +54,7 @@ def format_gib(value: int | float | None, decimals: int = 2) -> str:
 
 def format_bytes(value: int) -> str:
     """A byte count in the largest binary unit that keeps it at 1 or more: ``"3.0 KiB"``, ``"12 bytes"``."""
-    for unit, size in (("GiB", GIB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
         if value >= size:
             return f"{value / size:.1f} {unit}"
     return f"{value} bytes"

@@ -35,9 +35,10 @@ from harness.report.style import (
     new_figure,
     styled,
 )
-from harness.report.text import GIB, format_gib, gib_decimals, status_text
+from harness.report.text import format_gib, gib_decimals, status_text
 from harness.results.reading import Results
 from harness.results.record import StrategyRecord
+from harness.units import GIB
 
 __all__ = ["engine_spans", "label_rows", "panel_top", "time_origin", "timeline_figure"]
 

@@ -157,6 +157,7 @@ from harness.results.codec import (
     decode,
     name_problem,
 )
+from harness.units import GIB, MIB, PIB
 from weightmap.filekinds import non_regular_kind
 
 if TYPE_CHECKING:
@@ -688,7 +689,7 @@ class CheckpointInfo(Record):
     bytes: int
 
 
-_REFERENCE_GIB = {"limit": Limit(0, 2**20, unit="GiB")}
+_REFERENCE_GIB = {"limit": Limit(0, PIB // GIB, unit="GiB")}
 
 
 @dataclass(frozen=True)
@@ -850,7 +851,7 @@ def read_file(path: Path) -> bytes:
         if kind is not None:
             raise RecordError(f"{path}: {kind}, not a regular file; expected a file the harness wrote")
         chunks = []
-        while chunk := os.read(fd, 1 << 20):
+        while chunk := os.read(fd, MIB):
             chunks.append(chunk)
         return b"".join(chunks)
     except OSError as exc:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from harness.budget.cgroup import CgroupUnavailable, MemoryController, MemoryGroup, find_controller
-
-MIB = 1 << 20
+from harness.units import MIB
 
 
 @pytest.fixture(scope="module")

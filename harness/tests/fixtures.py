@@ -33,9 +33,7 @@ from harness.results.record import (
     samples_file,
     write_summary,
 )
-
-GIB = 1 << 30
-MIB = 1 << 20
+from harness.units import GIB, MIB
 
 ENGINE_GIB = (1.5, 0.5, 1.0, 1.0)
 """Engine sizes of the fabricated model, in build order (model: 4 GiB)."""

@@ -27,8 +27,8 @@ from harness.budget.cgroup import (
     run_in_group,
 )
 from harness.budget.enclosing import Enclosing, effective_limit, enclosing_groups, limit_reached, read_marks
+from harness.units import GIB, MIB
 
-MIB = 1 << 20
 # One prefix per test process: groups are named in the machine's cgroup tree, which another test run
 # beside this one shares; each run removes and counts only its own (a stale group another run made
 # for its own test would otherwise be removed, and counted, here).
@@ -405,18 +405,18 @@ def _tree(mount: Path, limits: dict[str, str], name: str) -> None:
 
 def test_v1_effective_limit_is_the_smallest_of_the_groups_above_and_the_machine(tmp_path) -> None:
     mount = tmp_path / "memory"
-    _tree(mount, {"": V1_MAX, "slurm": V1_MAX, "slurm/uid_0": str(2 << 30), "slurm/uid_0/job_7": str(560 * MIB)},
+    _tree(mount, {"": V1_MAX, "slurm": V1_MAX, "slurm/uid_0": str(2 * GIB), "slurm/uid_0/job_7": str(560 * MIB)},
           "memory.limit_in_bytes")
     proc = _fake_proc(tmp_path, f"35 31 0:32 / {mount} rw,relatime - cgroup cgroup rw,memory\n",
                       "4:memory:/slurm/uid_0/job_7\n0::/\n")
     controller = find_controller(proc)
     job, uid = mount / "slurm/uid_0/job_7", mount / "slurm/uid_0"
-    assert [(g.path, g.limit_bytes) for g in controller.enclosing()] == [(job, 560 * MIB), (uid, 2 << 30)]
+    assert [(g.path, g.limit_bytes) for g in controller.enclosing()] == [(job, 560 * MIB), (uid, 2 * GIB)]
     effective = effective_limit(controller.enclosing(), _meminfo(tmp_path, 24))
     assert effective.limit_bytes == 560 * MIB
     assert effective.describe() == f"the 560 MiB limit of the enclosing memory cgroup {job} (memory.limit_in_bytes)"
     unlimited = effective_limit(enclosing_groups(1, mount, mount), _meminfo(tmp_path, 24))
-    assert (unlimited.limit_bytes, unlimited.describe()) == (24 << 30, "the machine's memory (MemTotal)")
+    assert (unlimited.limit_bytes, unlimited.describe()) == (24 * GIB, "the machine's memory (MemTotal)")
     assert effective_limit(controller.enclosing(), _meminfo(tmp_path, 1)).limit_bytes == 560 * MIB
     assert effective_limit(controller.enclosing(), _meminfo(tmp_path, 0)).group is None  # less memory than any
 
@@ -433,7 +433,7 @@ def test_v1_a_group_above_without_hierarchy_does_not_enclose(tmp_path) -> None:
 @pytest.mark.parametrize("delegated", [True, False])
 def test_v2_effective_limit_counts_the_groups_that_enclose_the_ones_made(tmp_path, delegated: bool) -> None:
     mount = tmp_path / "cg2"
-    _tree(mount, {"kubepods.slice": str(3 << 30), "kubepods.slice/pod": "max\n",
+    _tree(mount, {"kubepods.slice": str(3 * GIB), "kubepods.slice/pod": "max\n",
                   "kubepods.slice/pod/container": str(700 * MIB)}, "memory.max")
     own = mount / "kubepods.slice/pod/container"
     (own / "cgroup.controllers").write_text("cpu memory pids\n")
@@ -445,12 +445,12 @@ def test_v2_effective_limit_counts_the_groups_that_enclose_the_ones_made(tmp_pat
     expected = [own, mount / "kubepods.slice"] if delegated else [mount / "kubepods.slice"]
     assert [g.path for g in controller.enclosing()] == expected
     effective = effective_limit(controller.enclosing(), _meminfo(tmp_path, 24))
-    assert effective.limit_bytes == (700 * MIB if delegated else 3 << 30)
+    assert effective.limit_bytes == (700 * MIB if delegated else 3 * GIB)
 
 
 def test_the_limit_reached_is_read_from_the_counters_then_the_peaks(tmp_path) -> None:
     inner, outer = tmp_path / "job", tmp_path
-    groups = [Enclosing(inner, "memory.max", 512 * MIB), Enclosing(outer, "memory.max", 1 << 30)]
+    groups = [Enclosing(inner, "memory.max", 512 * MIB), Enclosing(outer, "memory.max", GIB)]
     (inner / "memory.events.local").parent.mkdir()
     (inner / "memory.events.local").write_text("low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n")
     (outer / "memory.events.local").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")

@@ -27,8 +27,8 @@ from harness.results.record import RecordError
 from harness.run import WorkerCommand
 from harness.scenario import BuildConfig, CheckpointConfig, ModelConfig, RunConfig, Scenario
 from harness.stopping import RunInterrupted
+from harness.units import GIB, MIB
 
-MIB = 1 << 20
 NEEDS = {"map": 96, "load": 160}  # MiB each stand-in allocates
 
 ALLOCATE = (
@@ -73,7 +73,7 @@ def test_each_strategy_gets_the_smallest_limit_it_completes_under(swept) -> None
         assert needs * MIB < s.minimum_bytes < (needs + 64) * MIB
         assert s.largest_failing_bytes is not None
         assert 0 < s.minimum_bytes - s.largest_failing_bytes <= 16 * MIB
-        assert s.attempts[0].phase == "unconstrained" and s.attempts[0].limit_bytes == 1 << 30
+        assert s.attempts[0].phase == "unconstrained" and s.attempts[0].limit_bytes == GIB
         assert s.upper_bytes <= s.attempts[0].group_peak_bytes + 2 * MIB, "upper bound: the unconstrained peak"
         for a in s.attempts:
             assert a.completed == (a.limit_bytes >= s.minimum_bytes), a
@@ -130,7 +130,7 @@ def test_without_a_run_at_the_goals_limit_its_timing_is_judged_at_the_nearest_li
     assert under and goal_limit not in under
     (timing,) = [g for g in budget_goals(swept_only) if g.goal.startswith("map's load + build at the goal limit")]
     assert timing.met is not None, timing.measured
-    assert timing.measured.startswith(f"at {max(under) / 2**30:.3f} GiB, the nearest completed limit under it: ")
+    assert timing.measured.startswith(f"at {max(under) / GIB:.3f} GiB, the nearest completed limit under it: ")
 
 
 def test_the_record_reads_back_as_written_and_the_report_shows_it(swept) -> None:
@@ -141,7 +141,7 @@ def test_the_record_reads_back_as_written_and_the_report_shows_it(swept) -> None
     report = (out.parent / "tiny-budget.md").read_text()
     assert "## Smallest host memory to compile" in report
     for name, s in record.strategies.items():
-        assert f"{s.minimum_bytes / 2**30:.3f} GiB" in report, name
+        assert f"{s.minimum_bytes / GIB:.3f} GiB" in report, name
     assert (out.parent / "tiny-budget.wall.png").stat().st_size > 10_000
     goals = {g.goal.split(" (")[0]: g for g in budget_goals(record)}
     assert goals["no memory cgroup left behind by any attempt"].met is True

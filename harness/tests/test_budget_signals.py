@@ -29,9 +29,6 @@ from harness.budget.cgroup import (
 from harness.tests.tiny_scenario import tiny_scenario_text
 
 ROOT = Path(__file__).resolve().parents[2]
-MIB = 1 << 20
-
-
 # The parent: the command line with a stand-in worker. SIGINT and SIGHUP as a terminal leaves them,
 # whatever the test runner inherited (a background job starts with SIGINT ignored).
 PARENT = """

@@ -9,9 +9,7 @@ import pytest
 
 from harness.budget.cgroup import Attempt
 from harness.budget.sweep import SweepError, default_precision, smallest_limit
-
-MIB = 1 << 20
-GIB = 1 << 30
+from harness.units import GIB, MIB
 
 
 def _attempt(limit: int, ok: bool) -> Attempt:

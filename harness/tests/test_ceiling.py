@@ -14,9 +14,9 @@ from harness.measure.residency import FileResidency
 from harness.results.metrics import best_ceiling
 from harness.results.record import CeilingPoint
 from harness.tests.test_coldcache import synced_files
+from harness.units import MIB
 
-MiB = 1 << 20
-SIZE = 24 * MiB + 12345  # not a multiple of any request or of a page
+SIZE = 24 * MIB + 12345  # not a multiple of any request or of a page
 
 
 def _resident(*paths: Path) -> int:
@@ -30,14 +30,14 @@ def shards(tmp_path: Path) -> list[Path]:
 
 
 def test_each_point_reads_a_part_of_its_own_and_leaves_the_files_cold(shards: list[Path]) -> None:
-    points = read_ceiling(shards, threads=(1, 3), requests=(MiB, 4 * MiB), point_s=30.0)
-    assert [(p.threads, p.request_bytes) for p in points] == [(1, MiB), (1, 4 * MiB), (3, MiB), (3, 4 * MiB)]
+    points = read_ceiling(shards, threads=(1, 3), requests=(MIB, 4 * MIB), point_s=30.0)
+    assert [(p.threads, p.request_bytes) for p in points] == [(1, MIB), (1, 4 * MIB), (3, MIB), (3, 4 * MIB)]
     # four equal parts of the two files taken end to end, each read whole well before 30 s: nothing twice
     share = -(-2 * SIZE // 4)
     assert [p.bytes for p in points] == [share, share, share, 2 * SIZE - 3 * share]
     assert all(p.seconds > 0 for p in points)
     # every range dropped once read, and the files dropped at the end: nothing of them left cached
-    assert _resident(*shards) <= 2 * MiB
+    assert _resident(*shards) <= 2 * MIB
     best = best_ceiling(points)
     assert best is not None and best.bytes_per_s == max(p.bytes_per_s for p in points)
 
@@ -99,6 +99,6 @@ def test_bad_settings_and_missing_files_are_refused(tmp_path: Path, shards: list
 
 
 def test_the_best_point_is_none_where_nothing_was_read() -> None:
-    assert best_ceiling([CeilingPoint(1, MiB, 0, 0.5)]) is None
-    assert best_ceiling([CeilingPoint(1, MiB, 100, 1.0), CeilingPoint(2, MiB, 300, 1.0)]) == CeilingPoint(
-        2, MiB, 300, 1.0)
+    assert best_ceiling([CeilingPoint(1, MIB, 0, 0.5)]) is None
+    assert best_ceiling([CeilingPoint(1, MIB, 100, 1.0), CeilingPoint(2, MIB, 300, 1.0)]) == CeilingPoint(
+        2, MIB, 300, 1.0)

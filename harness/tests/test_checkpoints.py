@@ -22,6 +22,7 @@ from harness.models.checkpoints import (
     ensure_checkpoint,
     tied_aliases,
 )
+from harness.units import MIB
 from weightmap.format import TensorSpec, read_header
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -198,7 +199,7 @@ def test_generation_memory_is_bounded(tmp_path: Path) -> None:
     second copy of the largest tensor, several tensors, a full-size float32 temporary of it or
     the whole file goes over the bound.
     """
-    largest = 64 * 2**20
+    largest = 64 * MIB
     path = tmp_path / "big.safetensors"
     run = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(_PEAK_SCRIPT), str(path)],
@@ -210,8 +211,8 @@ def test_generation_memory_is_bounded(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["generated"]
-    bound = largest + result["workers"] * CHUNK_ELEMENTS * 4 + 32 * 2**20
-    assert path.stat().st_size >= 256 * 2**20 > bound
+    bound = largest + result["workers"] * CHUNK_ELEMENTS * 4 + 32 * MIB
+    assert path.stat().st_size >= 256 * MIB > bound
     assert result["peak"] - result["before"] <= bound, result
 
 

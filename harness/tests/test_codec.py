@@ -33,6 +33,7 @@ from harness.results.record import (
 )
 from harness.scenario import BuildConfig, CheckpointConfig, ModelConfig, RunConfig, Scenario
 from harness.scenario import Reference as ScenarioReference
+from harness.units import GIB, MIB
 
 
 def _positive(value: int) -> str | None:
@@ -151,7 +152,7 @@ REPEAT = RepeatRecord(1, "ok", None, 2.0, 1.0, 0.5, 100, 0)
 STRATEGY = StrategyRecord(status="ok", note="n", host_peak_bytes=100, phases=Phases(0.0, 1.0, 1.0, 2.0, None, None),
                           samples=5, engines=(ENGINE,), excess_over_floor=-0.5, export=EXPORT, cache=CACHE,
                           repeats=(REPEAT,), drop_cache=False)
-MACHINE = MachineInfo(2, 1 << 30, None, "6.1", "host", "linux")
+MACHINE = MachineInfo(2, GIB, None, "6.1", "host", "linux")
 MODEL = ModelInfo("m", "synthetic", "", 4, 1000, 1000)
 CHECKPOINT = CheckpointInfo("/data/m.safetensors", True, 0, 1100)
 REFERENCE = Reference("elsewhere", 1.0, None, 2.5, "measured elsewhere")
@@ -163,10 +164,10 @@ RUN = RunRecord(scenario="s", name="smoke", description="d", created="2024-01-01
                 repeats=1, prefetch="madvise", disk_reads=(DiskRead(0, 1100, 0.5, 2200.0, 0.4, "read", 0),),
                 speed=SpeedChoice("madvise", False, "chosen: why", "set by the scenario"),
                 shared_disk=(SharedDisk(1100, 10, 0.5, 0.75, 1.0),), round_orders=(("map",),))
-ATTEMPT = AttemptRecord("unconstrained", 1 << 30, True, -9, 1.0, 100, 0, None, 0.9, None, 0.5, 10, 0)
+ATTEMPT = AttemptRecord("unconstrained", GIB, True, -9, 1.0, 100, 0, None, 0.9, None, 0.5, 10, 0)
 BUDGET = BudgetRecord("sweep", "s", "", "2024-01-01", "abc", MACHINE, {"torch": None}, "m", 1000, "/c", 1, 10, "copy",
-                      "cpu", "v2", 1 << 20, 1 << 32, 3.0, 60.0, 10.0,
-                      {"map": StrategyBudget("ok", None, "map", "", 10, 5, 1, 2, 60.0, 1 << 20, None, True, (1, 2),
+                      "cpu", "v2", MIB, 1 << 32, 3.0, 60.0, 10.0,
+                      {"map": StrategyBudget("ok", None, "map", "", 10, 5, 1, 2, 60.0, MIB, None, True, (1, 2),
                                              (ATTEMPT,))})
 PLAN = Plan(scenario=Scenario(name="smoke", path=Path("/scenarios/smoke.toml"), strategies=("map",),
                               model=ModelConfig("spec", spec=Path("/specs/pi05.json"), trim=("a",)),
@@ -177,7 +178,7 @@ PLAN = Plan(scenario=Scenario(name="smoke", path=Path("/scenarios/smoke.toml"), 
             name="smoke", model=MODEL, checkpoint=CHECKPOINT, checkpoint_files=("/c",), device="cpu",
             engine_cap_bytes=10, engines=(EnginePlan(0, ("a",), ("a.weight",), 10),), workdir="/w",
             speed=SpeedChoice(None, True, "set by the scenario", "chosen: a reason",
-                              ReadProbe(1 << 20, (0.5, 0.25), (0.5,), 1 << 16, (1.0,), (0.125,))))
+                              ReadProbe(MIB, (0.5, 0.25), (0.5,), 1 << 16, (1.0,), (0.125,))))
 
 
 @pytest.mark.parametrize("record", [ENGINE, EXPORT, CACHE, REPEAT, STRATEGY, Phases(1.0), MACHINE, MODEL, CHECKPOINT,
@@ -197,8 +198,8 @@ def test_the_top_level_files_read_back_as_written() -> None:
 
 def test_the_plan_carries_the_scenario_and_derives_its_settings_from_it() -> None:
     assert PLAN.compiler is False and PLAN.prefetch is None  # "off": no prefetch method
-    assert PLAN.memory_limit_bytes == 2 * 2**30
-    assert PLAN.scenario.build.engine_cap_bytes == int(1.5 * 2**20)
+    assert PLAN.memory_limit_bytes == 2 * GIB
+    assert PLAN.scenario.build.engine_cap_bytes == int(1.5 * MIB)
     assert PLAN.drop_cache is True  # from the plan's speed settings, not the scenario's "auto"
     on = dataclasses.replace(PLAN, scenario=dataclasses.replace(PLAN.scenario, run=RunConfig()),
                              speed=SpeedChoice("fadvise", False, "chosen: why", "chosen: why not"))

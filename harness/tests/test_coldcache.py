@@ -13,9 +13,9 @@ import pytest
 import harness.measure.coldcache as coldcache
 from harness.measure.coldcache import COLD_TOLERANCE_BYTES, file_page_counts, prepare_cold, prepare_warm
 from harness.measure.residency import FileResidency
+from harness.units import GIB, MIB
 
-MiB = 1 << 20
-SIZE = 16 * MiB
+SIZE = 16 * MIB
 
 
 def _fs_type(path: Path) -> str:
@@ -42,12 +42,12 @@ def disk_dir(tmp_path: Path) -> Path:
 
 def _write(path: Path, nbytes: int = SIZE, *, sync: bool) -> None:
     """Write ``nbytes`` of non-zero data; ``sync=False`` leaves the pages dirty (no fsync)."""
-    block = bytes(range(1, 256)) * (MiB // 255 + 1)
+    block = bytes(range(1, 256)) * (MIB // 255 + 1)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         done = 0
         while done < nbytes:
-            done += os.write(fd, block[: min(MiB, nbytes - done)])
+            done += os.write(fd, block[: min(MIB, nbytes - done)])
         if sync:
             os.fsync(fd)
     finally:
@@ -83,7 +83,7 @@ def test_cold_leaves_a_cached_file_out_of_the_page_cache(disk_dir: Path) -> None
     path = disk_dir / "weights.bin"
     _write(path, sync=True)
     with open(path, "rb") as fh:  # make every page resident
-        while fh.read(MiB):
+        while fh.read(MIB):
             pass
     assert _resident(path) == SIZE
     report = prepare_cold([path], settle=False)
@@ -155,7 +155,7 @@ def test_settle_waits_for_the_machine_and_reports_it(disk_dir: Path) -> None:
 def test_settle_gives_up_at_the_timeout_and_says_so(disk_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = disk_dir / "weights.bin"
     _write(path, sync=True)
-    monkeypatch.setattr(coldcache, "system_dirty_bytes", lambda: 10 << 30)  # a machine that never settles
+    monkeypatch.setattr(coldcache, "system_dirty_bytes", lambda: 10 * GIB)  # a machine that never settles
     report = prepare_cold([path], settle=True, timeout_s=0.3)
     assert report.record.settled is False
     assert any("dirty or under writeback" in note for note in report.record.notes)
@@ -179,7 +179,7 @@ def test_warm_reads_every_page_in(disk_dir: Path) -> None:
     path = disk_dir / "weights.bin"
     _write(path, sync=True)
     prepare_cold([path], settle=False)
-    report = prepare_warm([path], chunk=3 * MiB)  # not a divisor of the size: the tail is read too
+    report = prepare_warm([path], chunk=3 * MIB)  # not a divisor of the size: the tail is read too
     assert report.record.state == "warm"
     assert report.files[0].resident_bytes_before <= COLD_TOLERANCE_BYTES
     assert report.files[0].resident_bytes_after == SIZE

@@ -36,11 +36,9 @@ from harness.results.record import (
 )
 from harness.run import run_scenario
 from harness.scenario import ScenarioError, load_scenario
-from harness.schema import at_layout
+from harness.units import MIB
 from harness.worker import StrategyRun
 from weightmap import map_weights
-
-MiB = 2**20
 
 TINY = """
 name = "tiny-compile"
@@ -163,33 +161,47 @@ def test_prefetch_is_chosen_off_for_engines_whose_builds_never_read_their_weight
 
 
 def test_compiler_fields_round_trip_and_v2_reads_them_as_none() -> None:
-    engine = EngineRecord(index=0, weight_bytes=10 * MiB, start_s=1.0, end_s=2.0, host_hwm_bytes=500 * MiB,
-                          released_bytes=10 * MiB, rss_after_bytes=400 * MiB, gpu_used_bytes=None, tensors=3,
-                          compile_s=30.5, artifact_bytes=2 * MiB, rss_before_bytes=480 * MiB,
-                          children_peak_bytes=300 * MiB, cache_bytes=MiB, compile_hwm_bytes=495 * MiB,
-                          write_rss_bytes=482 * MiB, write_peak_bytes=500 * MiB, write_read_bytes=16 * MiB,
-                          children_pss_bytes=120 * MiB)
-    assert engine.compiler_over_floor_bytes == 10 * MiB
+    engine = EngineRecord(index=0, weight_bytes=10 * MIB, start_s=1.0, end_s=2.0, host_hwm_bytes=500 * MIB,
+                          released_bytes=10 * MIB, rss_after_bytes=400 * MIB, gpu_used_bytes=None, tensors=3,
+                          compile_s=30.5, artifact_bytes=2 * MIB, rss_before_bytes=480 * MIB,
+                          children_peak_bytes=300 * MIB, cache_bytes=MIB, compile_hwm_bytes=495 * MIB,
+                          write_rss_bytes=482 * MIB, write_peak_bytes=500 * MIB, write_read_bytes=16 * MIB,
+                          children_pss_bytes=120 * MIB)
+    assert engine.compiler_over_floor_bytes == 10 * MIB
     # the split of a packaged build: the compiler's own rise, the weights read and the write's own buffers
     assert (engine.compiler_own_bytes, engine.write_read_bytes, engine.write_buffers_bytes) == (
-        15 * MiB, 16 * MiB, 2 * MiB)
+        15 * MIB, 16 * MIB, 2 * MIB)
     # where the write sets the peak, the three add up to the engine's host rise
-    written = dataclasses.replace(engine, compile_hwm_bytes=481 * MiB)
-    assert written.compiler_own_bytes == 2 * MiB  # what compiling and packaging left when the write began
+    written = dataclasses.replace(engine, compile_hwm_bytes=481 * MIB)
+    assert written.compiler_own_bytes == 2 * MIB  # what compiling and packaging left when the write began
     assert (written.compiler_own_bytes + written.write_read_bytes + written.write_buffers_bytes  # type: ignore[operator]
             == engine.host_hwm_bytes - engine.rss_before_bytes)  # type: ignore[operator]
     export = ExportRecord(seconds=1.5, nodes=100, pages_read_bytes=0, residency_read_bytes=0,
-                          rss_before_bytes=400 * MiB, rss_after_bytes=405 * MiB, hwm_bytes=410 * MiB,
-                          anon_delta_bytes=4 * MiB, not_shared=0)
+                          rss_before_bytes=400 * MIB, rss_after_bytes=405 * MIB, hwm_bytes=410 * MIB,
+                          anon_delta_bytes=4 * MIB, not_shared=0)
     record = StrategyRecord(status="ok", engines=(engine,), compiler="inductor", compiler_weights="mapped",
-                            export=export, max_abs_diff=1e-7, check="within tolerance", check_peak_bytes=900 * MiB)
+                            export=export, max_abs_diff=1e-7, check="within tolerance", check_peak_bytes=900 * MIB)
     data = json.loads(json.dumps(record.to_json()))
     assert StrategyRecord.from_json(data, "s.json", "x", LAYOUT_VERSION) == record
-    six = StrategyRecord.from_json(at_layout(StrategyRecord, data, 6), "s.json", "x", 6)
+    layout_8 = {"prefetch_busy_s", "prefetch_evict_s"}
+    layout_11 = {"sample_rows", "event_rows"}
+    v6 = {k: v for k, v in data.items() if k not in {"check_peak_bytes"} | layout_8 | layout_11}
+    v6["engines"] = [{k: v for k, v in data["engines"][0].items()
+                      if not k.startswith(("compile_hwm", "write_", "children_pss", "convert_", "compiler_"))}]
+    six = StrategyRecord.from_json(v6, "s.json", "x", 6)
     assert six.check_peak_bytes is None and six.engines[0].compiler_own_bytes is None
-    assert six.engines[0].write_buffers_bytes is None and six.engines[0].compiler_over_floor_bytes == 10 * MiB
-    assert six.engines[0].children_pss_bytes is None and six.engines[0].children_peak_bytes == 300 * MiB
-    v2 = at_layout(StrategyRecord, data, 2)
+    assert six.engines[0].write_buffers_bytes is None and six.engines[0].compiler_over_floor_bytes == 10 * MIB
+    assert six.engines[0].children_pss_bytes is None and six.engines[0].children_peak_bytes == 300 * MIB
+    later = {"cache", "prefetch", "drop_cache", "prefetch_warmed_bytes", "repeat", "repeats",  # layout 4's
+             "check_peak_bytes"} | layout_8 | layout_11  # layout 7's, 8's and 11's
+    v2 = {k: v for k, v in data.items() if k not in {"compiler", "compiler_weights", "export", "max_abs_diff",
+                                                      "check"} | later}
+    v2["engines"] = [{k: v for k, v in data["engines"][0].items()
+                      if k not in {"compile_s", "artifact_bytes", "rss_before_bytes", "children_peak_bytes",
+                                   "cache_bytes", "pages_s", "copy_s", "major_faults", "compile_hwm_bytes",
+                                   "write_rss_bytes", "write_peak_bytes", "write_read_bytes", "children_pss_bytes",
+                                   "convert_s", "convert_hwm_bytes", "compiler_read_bytes", "compiler_held_bytes"}}]
+    v2["phases"] = {k: v for k, v in data["phases"].items() if not k.startswith(("export", "check"))}
     old = StrategyRecord.from_json(v2, "s.json", "x", 2)
     assert old.export is None and old.compiler is None and old.engines[0].compile_s is None
     assert old.engines[0].compiler_over_floor_bytes is None
@@ -205,7 +217,7 @@ def test_map_with_mapped_engines_reads_nothing_to_export_and_equals_eager(tmp_pa
     assert record.compiler == "inductor" and record.compiler_weights == "mapped"
     export = record.export
     assert export is not None and export.nodes > 10
-    assert export.pages_read_bytes is not None and export.pages_read_bytes <= MiB
+    assert export.pages_read_bytes is not None and export.pages_read_bytes <= MIB
     assert record.phases.export_start_s is not None and record.phases.export_end_s is not None
     assert record.phases.load_end_s <= record.phases.export_start_s <= record.phases.partition_s  # type: ignore[operator]
     assert len(record.engines) == 1
@@ -221,7 +233,7 @@ def test_map_with_mapped_engines_reads_nothing_to_export_and_equals_eager(tmp_pa
     phases = record.phases  # the check runs after the build, as a phase of its own outside the wall
     assert phases.check_start_s is not None and phases.check_end_s is not None and phases.build_end_s is not None
     assert phases.build_end_s <= phases.check_start_s < phases.check_end_s
-    assert record.released_bytes and record.released_bytes >= run.model.bytes - MiB
+    assert record.released_bytes and record.released_bytes >= run.model.bytes - MIB
     again = RunRecord.from_json(json.loads((tmp_path / "results" / "tiny-compile" / SUMMARY).read_text()), "s")
     assert again.strategies["map"].export == export
     figure = tmp_path / "results" / "tiny-compile.compiler.png"
@@ -277,11 +289,11 @@ def test_the_worker_records_the_check_and_fails_the_strategy_on_a_mismatch(tmp_p
     plan = make_plan(load_scenario(_scenario(tmp_path)), name="tiny-compile", workdir=tmp_path / "engines")
     run = StrategyRun(plan, "map", tmp_path / "out", 0.0)
     detail = "output 0: 3 of 4 elements differ beyond 0.0001 + 0.0001*|eager| (largest difference 1)"
-    run.builder = _Checks(Checked(Comparison(1.0, 1, False, detail), peak_bytes=5 * MiB))
+    run.builder = _Checks(Checked(Comparison(1.0, 1, False, detail), peak_bytes=5 * MIB))
     with pytest.raises(MismatchError, match="differ beyond"):
         run.check()
     record = run.record
-    assert (record.max_abs_diff, record.check, record.check_peak_bytes) == (1.0, detail, 5 * MiB)
+    assert (record.max_abs_diff, record.check, record.check_peak_bytes) == (1.0, detail, 5 * MIB)
     assert record.phases.check_start_s is not None and record.phases.check_end_s is not None
     run.builder = _Checks(CheckProcessError("the check's built process was killed by signal 9 (out of memory?)"))
     again = StrategyRun(plan, "map", tmp_path / "out2", 0.0)

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from harness.engines.compile.children import ChildPeak
+from harness.units import MIB
 
 # A child that holds 64 MiB of its own (touched) memory for half a second.
 HOLD = "import time; b = bytearray(64 << 20); time.sleep(0.5)"
@@ -31,8 +32,8 @@ def test_a_child_holding_memory_is_seen_with_its_name() -> None:
     with ChildPeak(interval_s=0.01) as peak:
         subprocess.run([sys.executable, "-c", HOLD], check=True)
     assert peak.samples > 5
-    assert peak.peak_bytes >= 64 << 20 and peak.pss_peak_bytes >= 64 << 20  # its own: counted whole by both
-    assert peak.largest_bytes >= 64 << 20
+    assert peak.peak_bytes >= 64 * MIB and peak.pss_peak_bytes >= 64 * MIB  # its own: counted whole by both
+    assert peak.largest_bytes >= 64 * MIB
     assert peak.largest_name.startswith("python")
 
 
@@ -45,7 +46,7 @@ def test_no_child_no_memory() -> None:
 def test_pages_the_processes_share_count_once_in_their_summed_pss() -> None:
     with ChildPeak(interval_s=0.01) as peak:
         subprocess.run([sys.executable, "-c", SHARE], check=True)
-    shared = 64 << 20
+    shared = 64 * MIB
     assert peak.peak_bytes >= 3 * shared, "summed RSS counts the shared pages once per process"
     assert shared <= peak.pss_peak_bytes < 2 * shared, "summed PSS counts them once across the three"
     assert peak.pss_peak_bytes < peak.peak_bytes

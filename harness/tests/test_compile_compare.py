@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from harness.engines.compile.compare import REFERENCE_MULTIPLIER, compare_outputs, upcast_reference
+from harness.units import GIB, MIB
 
 
 class Mixed(nn.Module):
@@ -38,7 +39,7 @@ def test_a_bfloat16_model_compiled_correctly_passes_against_a_float32_run() -> N
         built, eager = fused(model, x), model(x)
     alone = compare_outputs(built, eager)
     assert not alone.ok and "beyond 0.0001" in alone.detail  # float32's tolerance cannot judge bfloat16 noise
-    reference, why = upcast_reference(model, (x,), {}, free_bytes=2**30)
+    reference, why = upcast_reference(model, (x,), {}, free_bytes=GIB)
     assert why == "" and model.up.weight.dtype == torch.float32
     judged = compare_outputs(built, eager, reference)
     assert judged.ok, judged.detail
@@ -51,7 +52,7 @@ def test_a_wrong_built_model_still_fails_against_the_float32_run() -> None:
     with torch.no_grad():
         eager = model(x)
         built = fused(model, x) + 0.05 * torch.randn(64, 32)
-    reference, _ = upcast_reference(model, (x,), {}, free_bytes=2**30)
+    reference, _ = upcast_reference(model, (x,), {}, free_bytes=GIB)
     judged = compare_outputs(built, eager, reference)
     assert not judged.ok
     assert f"beyond {REFERENCE_MULTIPLIER:g}x" in judged.detail
@@ -65,14 +66,14 @@ def test_no_float32_run_where_it_would_not_fit_or_cannot_be_more_precise() -> No
     assert reference is None and "no float32 run of eager" in why and "GiB free" in why
     assert model.up.weight.dtype == torch.bfloat16  # left as it was
     plain = nn.Linear(8, 8)
-    reference, why = upcast_reference(plain, (torch.randn(2, 8),), {}, free_bytes=2**30)
+    reference, why = upcast_reference(plain, (torch.randn(2, 8),), {}, free_bytes=GIB)
     assert reference is None and "precision already" in why
 
 
 def test_upcasting_keeps_tied_weights_tied() -> None:
     model = nn.Sequential(nn.Embedding(16, 8), nn.Linear(8, 16, bias=False)).to(torch.bfloat16)
     model[1].weight = model[0].weight
-    reference, why = upcast_reference(model, (torch.arange(4),), {}, free_bytes=2**30)
+    reference, why = upcast_reference(model, (torch.arange(4),), {}, free_bytes=GIB)
     assert why == "" and reference.dtype == torch.float32
     assert model[1].weight is model[0].weight
 
@@ -101,8 +102,8 @@ def test_upcasting_a_mapped_model_drops_its_pages_as_the_copies_come_in(tmp_path
     x = torch.randn(2, 2048)
     with torch.no_grad():
         model(x)  # every page of both weights read
-    assert mapping_rss(path) > 8 * 2**20
-    reference, why = upcast_reference(model, (x,), {}, free_bytes=2**30)
+    assert mapping_rss(path) > 8 * MIB
+    reference, why = upcast_reference(model, (x,), {}, free_bytes=GIB)
     assert why == "" and reference.dtype == torch.float32
     # the float32 weight still maps the file; the bfloat16 one's pages left RSS with its copy
-    assert mapping_rss(path) < 2 * 2**20
+    assert mapping_rss(path) < 2 * MIB

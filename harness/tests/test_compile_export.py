@@ -12,6 +12,7 @@ import torch
 from harness.engines.compile.export import export_mapped, shared_with_model
 from harness.models import SyntheticTransformer, fill_non_persistent
 from harness.models.checkpoints import ensure_checkpoint
+from harness.units import MIB
 from weightmap import map_weights
 
 # About 4.5 MiB of bfloat16 weights: a read of them would show as hundreds of pages.
@@ -70,9 +71,9 @@ def test_an_export_that_reads_the_weights_is_seen(checkpoint: Path, monkeypatch:
     model = _mapped(checkpoint)
     _cold(checkpoint)
     result = export_mapped(model, (TOKENS,), checkpoint=[checkpoint])
-    assert result.record.pages_read_bytes is not None and result.record.pages_read_bytes > 4 * 2**20
+    assert result.record.pages_read_bytes is not None and result.record.pages_read_bytes > 4 * MIB
     assert result.record.residency_read_bytes is not None
-    assert result.record.residency_read_bytes > 4 * 2**20
+    assert result.record.residency_read_bytes > 4 * MIB
 
 
 def test_a_copied_weight_is_reported_as_not_shared(checkpoint: Path) -> None:

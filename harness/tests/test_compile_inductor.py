@@ -48,14 +48,12 @@ from harness.measure.procfs import PeakTracker
 from harness.models import SyntheticTransformer, fill_non_persistent
 from harness.models.checkpoints import ensure_checkpoint
 from harness.scenario import ModelConfig
+from harness.units import MIB
 from weightmap import ReleasePlan, ReleaseStep, map_weights
 
 # 3.5 MiB of bfloat16 weights: the tied embedding (2 MiB) and one layer (1.5 MiB).
 SHAPE: dict[str, Any] = {"layers": 1, "width": 256, "heads": 4, "vocab": 4096, "dtype": torch.bfloat16}
 TOKENS = torch.tensor([[7, 1, 4093, 12, 12, 600]])
-MIB = 2**20
-
-
 def _mapped(path: Path) -> SyntheticTransformer:
     model = SyntheticTransformer(**SHAPE)
     map_weights(model, path, strict=True).close()

@@ -35,9 +35,8 @@ from harness.results.metrics import floor_bytes, floor_formula
 from harness.results.record import LAYOUT_VERSION, EngineRecord, StrategyRecord
 from harness.run import run_scenario
 from harness.scenario import ScenarioError, load_scenario
+from harness.units import MIB
 from weightmap import release_storage
-
-MiB = 2**20
 
 needs_openvino = pytest.mark.skipif(
     openvino_missing() is not None,
@@ -120,34 +119,34 @@ def test_a_plan_for_a_gpu_gets_no_openvino_builder(tmp_path: Path) -> None:
 
 
 def _engine(index: int, weights: int, held: int | None) -> EngineRecord:
-    return EngineRecord(index=index, weight_bytes=weights, start_s=1.0, end_s=2.0, host_hwm_bytes=900 * MiB,
-                        released_bytes=weights, rss_after_bytes=400 * MiB, gpu_used_bytes=None, compile_s=1.0,
-                        artifact_bytes=weights, rss_before_bytes=400 * MiB, compile_hwm_bytes=800 * MiB,
-                        convert_s=0.5, convert_hwm_bytes=500 * MiB, compiler_read_bytes=weights,
+    return EngineRecord(index=index, weight_bytes=weights, start_s=1.0, end_s=2.0, host_hwm_bytes=900 * MIB,
+                        released_bytes=weights, rss_after_bytes=400 * MIB, gpu_used_bytes=None, compile_s=1.0,
+                        artifact_bytes=weights, rss_before_bytes=400 * MIB, compile_hwm_bytes=800 * MIB,
+                        convert_s=0.5, convert_hwm_bytes=500 * MIB, compiler_read_bytes=weights,
                         compiler_held_bytes=held)
 
 
 def test_the_floor_of_engines_whose_compiler_held_memory_is_each_engine_with_what_it_held() -> None:
-    base = 300 * MiB
-    engines = [_engine(0, 100 * MiB, 80 * MiB), _engine(1, 120 * MiB, 10 * MiB), _engine(2, 50 * MiB, -MiB)]
+    base = 300 * MIB
+    engines = [_engine(0, 100 * MIB, 80 * MIB), _engine(1, 120 * MIB, 10 * MIB), _engine(2, 50 * MIB, -MIB)]
     # engine 0: 100 + 80 is more than engine 1's 120 + 10, though engine 1 is the largest
-    assert floor_bytes(base, engines, on_gpu=False, compiler_weights="packaged_compiler") == base + 180 * MiB
+    assert floor_bytes(base, engines, on_gpu=False, compiler_weights="packaged_compiler") == base + 180 * MIB
     # a compiler that gave memory back holds nothing beside its weights: the engine alone
-    assert floor_bytes(base, [engines[2]], on_gpu=False, compiler_weights="packaged_compiler") == base + 50 * MiB
+    assert floor_bytes(base, [engines[2]], on_gpu=False, compiler_weights="packaged_compiler") == base + 50 * MIB
     # where an engine does not record it, the copy floor (baseline + largest engine) as before
     unrecorded = [*engines[:2], dataclasses.replace(engines[2], compiler_held_bytes=None)]
-    assert floor_bytes(base, unrecorded, on_gpu=False, compiler_weights="packaged_compiler") == base + 120 * MiB
+    assert floor_bytes(base, unrecorded, on_gpu=False, compiler_weights="packaged_compiler") == base + 120 * MIB
     assert floor_formula(False, compiler_held=True) == (
         "baseline + max over k of (engine k + what the compiler held beside it)")
     assert floor_formula(False) == "baseline + largest engine"
 
 
 def test_layout_14_fields_round_trip_and_layout_13_reads_them_as_none() -> None:
-    record = StrategyRecord(status="ok", engines=(_engine(0, 100 * MiB, -2 * MiB),), compiler="openvino",
+    record = StrategyRecord(status="ok", engines=(_engine(0, 100 * MIB, -2 * MIB),), compiler="openvino",
                             compiler_weights="packaged_compiler")
     data = json.loads(json.dumps(record.to_json()))
     again = StrategyRecord.from_json(data, "s.json", "x", LAYOUT_VERSION)
-    assert again == record and again.engines[0].compiler_held_bytes == -2 * MiB  # a growth may be negative
+    assert again == record and again.engines[0].compiler_held_bytes == -2 * MIB  # a growth may be negative
     new = {"convert_s", "convert_hwm_bytes", "compiler_read_bytes", "compiler_held_bytes"}
     v13 = {**data, "engines": [{k: v for k, v in data["engines"][0].items() if k not in new}]}
     old = StrategyRecord.from_json(v13, "s.json", "x", 13)
@@ -268,7 +267,7 @@ def test_map_and_load_build_with_openvino_release_their_weights_and_equal_eager(
         assert record.max_abs_diff is not None and record.max_abs_diff < 1e-4, record.check
         assert record.check_peak_bytes is not None and record.check_peak_bytes > 0
         # every weight released after its last engine: mapped pages dropped, load's storages resized
-        assert record.released_bytes is not None and record.released_bytes >= run.model.bytes - MiB, name
+        assert record.released_bytes is not None and record.released_bytes >= run.model.bytes - MIB, name
         assert len(record.engines) >= 2
         for engine in record.engines:
             assert engine.convert_s is not None and engine.artifact_bytes is not None

@@ -24,6 +24,7 @@ from safetensors.torch import save_file
 from harness.engines.compile.compiler import EngineBuildError
 from harness.engines.compile.inductor import InductorCompiler
 from harness.engines.compile.streamed import BlobEntry, blob_layout, record_blob_size, write_blob
+from harness.units import MIB
 from weightmap import map_weights
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -124,7 +125,7 @@ def test_the_build_measures_the_compile_and_the_write_apart(built: Built) -> Non
     # pages, each dropped once written, so at most the largest weight is resident at a time
     largest = max(t.untyped_storage().nbytes() for t in built.weights.values())
     # (file-backed RSS also counts the pages of code the write runs for the first time: a few hundred KiB)
-    assert 0 < columns["write_read_bytes"] <= largest + 2**20
+    assert 0 < columns["write_read_bytes"] <= largest + MIB
 
 
 def test_the_written_weights_pages_are_dropped_from_the_build(built: Built) -> None:
@@ -202,11 +203,10 @@ def test_a_blob_is_streamed_in_order_padded_and_aligned(tmp_path: Path) -> None:
 
 
 def test_a_mapped_weight_is_written_with_a_chunk_of_it_resident_at_a_time(tmp_path: Path) -> None:
-    MiB = 2**20
     checkpoint = tmp_path / "w.safetensors"
-    save_file({"w": torch.randn(8 * MiB)}, str(checkpoint))  # 32 MiB
+    save_file({"w": torch.randn(8 * MIB)}, str(checkpoint))  # 32 MiB
     holder = torch.nn.Module()
-    holder.register_buffer("w", torch.empty(8 * MiB, device="meta"))
+    holder.register_buffer("w", torch.empty(8 * MIB, device="meta"))
     map_weights(holder, checkpoint, strict=True).close()
     weight = holder.get_buffer("w")
     archive = tmp_path / "a.zip"
@@ -216,14 +216,14 @@ def test_a_mapped_weight_is_written_with_a_chunk_of_it_resident_at_a_time(tmp_pa
         write_blob(archive, "a/w_weights.blob", [BlobEntry(0, "w", "w", 64, 0)], {"w": torch.ones(16)})
     with zipfile.ZipFile(archive, "w") as zf:
         zf.writestr("a/first", b"x")
-    stats = write_blob(archive, "a/w_weights.blob", [BlobEntry(0, "w", "w", 32 * MiB, 0)], {"w": weight},
-                       chunk_bytes=MiB)
+    stats = write_blob(archive, "a/w_weights.blob", [BlobEntry(0, "w", "w", 32 * MIB, 0)], {"w": weight},
+                       chunk_bytes=MIB)
     assert (stats.chunks, stats.released) == (32, 32)
     # the weights read: a chunk's pages at a time (each dropped once written), not the weight; a fault maps
     # the page cache's whole folio, and a kernel with large folios holds up to 2 MiB in one, so a chunk
     # brings in up to a folio more at either end
-    assert MiB // 2 <= stats.peak_read_bytes <= 5 * MiB + MiB // 2, stats
-    assert stats.rss_start_bytes <= stats.peak_rss_bytes <= stats.rss_start_bytes + 6 * MiB, stats
+    assert MIB // 2 <= stats.peak_read_bytes <= 5 * MIB + MIB // 2, stats
+    assert stats.rss_start_bytes <= stats.peak_rss_bytes <= stats.rss_start_bytes + 6 * MIB, stats
     assert _resident_pages(weight) <= 2
 
 

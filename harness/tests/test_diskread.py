@@ -14,9 +14,9 @@ from harness.measure.diskread import cold_read_bandwidth, cpu_times
 from harness.measure.procfs import read_status
 from harness.measure.residency import FileResidency
 from harness.tests.test_coldcache import _fs_type, _write
+from harness.units import MIB
 
-MiB = 1 << 20
-SIZE = 24 * MiB + 12345  # not a multiple of the chunk or of a page
+SIZE = 24 * MIB + 12345  # not a multiple of the chunk or of a page
 
 
 @pytest.fixture
@@ -34,7 +34,7 @@ def _resident(path: Path) -> int:
 
 
 def test_reads_every_byte_cold_and_leaves_the_file_cold(cold_file: Path) -> None:
-    result = cold_read_bandwidth(cold_file, chunk=4 * MiB, settle=False)
+    result = cold_read_bandwidth(cold_file, chunk=4 * MIB, settle=False)
     assert result.bytes == SIZE
     assert result.seconds > 0
     assert result.bytes_per_s == pytest.approx(SIZE / result.seconds)
@@ -43,7 +43,7 @@ def test_reads_every_byte_cold_and_leaves_the_file_cold(cold_file: Path) -> None
     assert result.resident_bytes_after <= COLD_TOLERANCE_BYTES  # and the next reader starts cold too
     assert _resident(cold_file) <= COLD_TOLERANCE_BYTES
     assert result.per_file == [(str(cold_file), SIZE, result.per_file[0][2])]
-    assert result.chunk_bytes == 4 * MiB
+    assert result.chunk_bytes == 4 * MIB
 
 
 def test_the_read_starts_from_a_cold_cache(cold_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -56,41 +56,41 @@ def test_the_read_starts_from_a_cold_cache(cold_file: Path, monkeypatch: pytest.
         return real(fd, buffers)
 
     with open(cold_file, "rb") as fh:  # warm it first
-        while fh.read(MiB):
+        while fh.read(MIB):
             pass
     monkeypatch.setattr(diskread.os, "readv", spy)
-    cold_read_bandwidth(cold_file, chunk=4 * MiB, settle=False)
+    cold_read_bandwidth(cold_file, chunk=4 * MIB, settle=False)
     assert seen and seen[0] <= COLD_TOLERANCE_BYTES
 
 
 def test_limit_bytes_stops_early(cold_file: Path) -> None:
-    result = cold_read_bandwidth(cold_file, chunk=4 * MiB, limit_bytes=5 * MiB + 7, settle=False)
-    assert result.bytes == 5 * MiB + 7
+    result = cold_read_bandwidth(cold_file, chunk=4 * MIB, limit_bytes=5 * MIB + 7, settle=False)
+    assert result.bytes == 5 * MIB + 7
 
 
 def test_several_files_are_read_in_order_and_limited_together(tmp_path: Path, cold_file: Path) -> None:
     second = tmp_path / "second.bin"
-    _write(second, 3 * MiB, sync=True)
-    both = cold_read_bandwidth([cold_file, second], chunk=2 * MiB, settle=False)
-    assert both.bytes == SIZE + 3 * MiB
-    assert [row[:2] for row in both.per_file] == [(str(cold_file), SIZE), (str(second), 3 * MiB)]
-    limited = cold_read_bandwidth([cold_file, second], chunk=2 * MiB, limit_bytes=SIZE + MiB, settle=False)
-    assert limited.bytes == SIZE + MiB
-    assert [row[:2] for row in limited.per_file] == [(str(cold_file), SIZE), (str(second), MiB)]
+    _write(second, 3 * MIB, sync=True)
+    both = cold_read_bandwidth([cold_file, second], chunk=2 * MIB, settle=False)
+    assert both.bytes == SIZE + 3 * MIB
+    assert [row[:2] for row in both.per_file] == [(str(cold_file), SIZE), (str(second), 3 * MIB)]
+    limited = cold_read_bandwidth([cold_file, second], chunk=2 * MIB, limit_bytes=SIZE + MIB, settle=False)
+    assert limited.bytes == SIZE + MIB
+    assert [row[:2] for row in limited.per_file] == [(str(cold_file), SIZE), (str(second), MIB)]
 
 
 def test_memory_does_not_grow_with_the_file(cold_file: Path) -> None:
     # One reused buffer: the process's anonymous memory grows by the buffer at most, and the
     # file's pages never enter the process (read() copies them; nothing is mapped).
     before = read_status()
-    cold_read_bandwidth(cold_file, chunk=MiB, settle=False)
+    cold_read_bandwidth(cold_file, chunk=MIB, settle=False)
     after = read_status()
-    assert after.anon_bytes - before.anon_bytes < 4 * MiB
-    assert after.file_bytes - before.file_bytes < 4 * MiB
+    assert after.anon_bytes - before.anon_bytes < 4 * MIB
+    assert after.file_bytes - before.file_bytes < 4 * MIB
 
 
 def test_result_is_json(cold_file: Path) -> None:
-    data = json.loads(json.dumps(cold_read_bandwidth(cold_file, chunk=4 * MiB, settle=False).to_json()))
+    data = json.loads(json.dumps(cold_read_bandwidth(cold_file, chunk=4 * MIB, settle=False).to_json()))
     assert data["bytes"] == SIZE
     assert data["cache"]["state"] == "cold"
     assert data["cache"]["cold_ok"] is True
@@ -118,8 +118,8 @@ def test_cpu_times_parses_proc_stat(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 
 def test_settle_is_passed_on_to_the_preparation(cold_file: Path) -> None:
-    assert cold_read_bandwidth(cold_file, chunk=4 * MiB, settle=False).cache.record.settled is None
-    settled = cold_read_bandwidth(cold_file, chunk=4 * MiB, settle=True)
+    assert cold_read_bandwidth(cold_file, chunk=4 * MIB, settle=False).cache.record.settled is None
+    settled = cold_read_bandwidth(cold_file, chunk=4 * MIB, settle=True)
     assert settled.cache.record.settled is not None
     assert "sync" in settled.cache.record.method
 
@@ -139,7 +139,7 @@ def test_drop_behind_keeps_the_page_cache_from_growing(
         return got
 
     monkeypatch.setattr(diskread.os, "readv", spy)
-    result = cold_read_bandwidth(cold_file, chunk=4 * MiB, settle=False, drop_behind=drop_behind)
+    result = cold_read_bandwidth(cold_file, chunk=4 * MIB, settle=False, drop_behind=drop_behind)
     assert result.drop_behind is drop_behind
     assert len(seen) >= 6
     # Residency before each read: readahead may have cached what is not read yet; whatever
@@ -151,6 +151,6 @@ def test_drop_behind_keeps_the_page_cache_from_growing(
         assert "dropped from the page cache once read" in result.method
     else:
         assert kept[-1] >= read_before[-1] - COLD_TOLERANCE_BYTES  # everything read so far is still cached
-        assert read_before[-1] >= SIZE - 4 * MiB
+        assert read_before[-1] >= SIZE - 4 * MIB
         assert "kept cached" in result.method
     assert result.resident_bytes_after <= COLD_TOLERANCE_BYTES

@@ -27,13 +27,13 @@ from harness.report.names import figure_name
 from harness.report.peaks import level_labels, peaks_figure
 from harness.report.style import coinciding, figure_legend
 from harness.report.table import strategy_cells
-from harness.report.text import GIB
 from harness.report.timeline import panel_top, timeline_figure
 from harness.results.metrics import host_floor_bytes, phase_spans
 from harness.results.reading import load_results
 from harness.results.record import Phases
 from harness.results.spread import median_spread, strategy_rounds
 from harness.tests.fixtures import make_results
+from harness.units import GIB, MIB
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 
@@ -237,7 +237,7 @@ def _compiled(summary: dict[str, Any]) -> None:
     for strategy in summary["strategies"].values():
         strategy.update(compiler="inductor", compiler_weights="mapped")
         for engine in strategy["engines"]:
-            engine.update(compile_s=1.0, artifact_bytes=1 << 20, rss_before_bytes=engine["host_hwm_bytes"])
+            engine.update(compile_s=1.0, artifact_bytes=MIB, rss_before_bytes=engine["host_hwm_bytes"])
 
 
 def test_a_compilers_run_without_the_split_gets_no_engine_times_figure(tmp_path: Path) -> None:

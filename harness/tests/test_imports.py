@@ -21,7 +21,7 @@ from harness.tests.fixtures import make_results
 ROOT = Path(__file__).resolve().parents[2]
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "catalog", "stopping"),
+    ("errors", "units", "catalog", "stopping"),
     ("results",),
     ("measure", "progress"),
     ("scenario",),

@@ -12,8 +12,7 @@ from harness.results.metrics import SampleColumns, StrategyMetrics, baseline_ano
 from harness.results.reading import load_results
 from harness.results.record import EngineRecord, Phases, RunRecord, StrategyRecord
 from harness.tests.fixtures import make_results
-
-GIB = 1 << 30
+from harness.units import GIB
 
 
 def _engines(*sizes: int) -> tuple[EngineRecord, ...]:

@@ -25,7 +25,7 @@ from harness.report.markdown import render_report
 from harness.report.names import figure_name
 from harness.report.peaks import peaks_figure
 from harness.report.table import columns
-from harness.report.text import GIB, short_commit
+from harness.report.text import short_commit
 from harness.report.timeline import label_rows, timeline_figure
 from harness.results import labels
 from harness.results.comparison import compare_results
@@ -38,10 +38,10 @@ from harness.results.metrics import (
     sampled_peaks,
 )
 from harness.results.reading import load_results
-from harness.results.record import EngineRecord, Phases, RecordError, RunRecord, StrategyRecord
+from harness.results.record import EngineRecord, Phases, RecordError, StrategyRecord
 from harness.results.spread import median_spread
-from harness.schema import at_layout
 from harness.tests.fixtures import ENGINE_GIB, FAILED_REASON, make_results
+from harness.units import GIB, MIB
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -645,7 +645,7 @@ def test_strategies_tied_on_the_lowest_peak_are_all_named(tmp_path: Path) -> Non
 
     def peaks(**gib: float) -> str:
         for k, name in enumerate(strategies):
-            strategies[name]["build_peak_bytes"] = int(gib.get(name, 5.0 + k) * 2**30)
+            strategies[name]["build_peak_bytes"] = int(gib.get(name, 5.0 + k) * GIB)
         (copy / "summary.json").write_text(json.dumps(summary))
         return next(x for x in comparison_observations(load_results(copy))
                     if x.startswith("- Lowest build-phase host peak"))
@@ -715,10 +715,15 @@ def _as_compiled(directory: Path, children_pss_bytes: int | None) -> None:
     for strategy in data["strategies"].values():
         strategy.update(compiler="inductor", compiler_weights="mapped")
         for engine in strategy["engines"]:
-            engine.update(compile_s=1.0, artifact_bytes=1 << 20, rss_before_bytes=engine["host_hwm_bytes"],
+            engine.update(compile_s=1.0, artifact_bytes=MIB, rss_before_bytes=engine["host_hwm_bytes"],
                           children_peak_bytes=8 * GIB, children_pss_bytes=children_pss_bytes)
-    if children_pss_bytes is None:  # layout 12 holds no key of a later layout
-        data = {**at_layout(RunRecord, data, 12), "layout": 12}
+            if children_pss_bytes is None:  # layout 12 holds no key of layouts 13 to 15
+                for key in ("children_pss_bytes", "convert_s", "convert_hwm_bytes", "compiler_read_bytes",
+                            "compiler_held_bytes"):
+                    del engine[key]
+    if children_pss_bytes is None:
+        data["layout"] = 12
+        del data["disk_read_error"]
     path.write_text(json.dumps(data))
 
 
@@ -731,7 +736,7 @@ def _engine_table(markdown: str) -> list[dict[str, str]]:
 
 
 def test_the_compiler_processes_column_names_what_was_measured(cpu_dir: Path) -> None:
-    _as_compiled(cpu_dir, 700 << 20)
+    _as_compiled(cpu_dir, 700 * MIB)
     markdown = _markdown(cpu_dir)
     rows = _engine_table(markdown)
     assert rows and all(row["compiler processes (summed PSS)"] == "700.0 MiB" for row in rows)

@@ -14,9 +14,9 @@ import harness.measure.residency as residency
 from harness.measure.procfs import mapping_rss
 from harness.measure.residency import FileResidency, Method
 from harness.measure.sampler import Sampler
+from harness.units import MIB
 
-MiB = 1 << 20
-SIZE = 64 * MiB
+SIZE = 64 * MIB
 
 
 def _methods() -> list[Method]:
@@ -55,10 +55,10 @@ def cold_file(tmp_path: Path) -> Path:
     if _fs_type(tmp_path) in ("tmpfs", "ramfs"):
         pytest.skip(f"{tmp_path} is in memory: its page cache cannot be dropped")
     path = tmp_path / "weights.bin"
-    chunk = bytes(range(256)) * (MiB // 256)
+    chunk = bytes(range(256)) * (MIB // 256)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        for _ in range(SIZE // MiB):
+        for _ in range(SIZE // MIB):
             os.write(fd, chunk)
         os.fsync(fd)  # only clean pages can be dropped
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -74,7 +74,7 @@ def _read(path: Path, nbytes: int) -> None:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         done = 0
         while done < nbytes:
-            got = len(os.pread(fd, min(8 * MiB, nbytes - done), done))
+            got = len(os.pread(fd, min(8 * MIB, nbytes - done), done))
             assert got > 0
             done += got
     finally:
@@ -86,7 +86,7 @@ def test_cold_file_reads_zero_and_half_read_file_reads_half(cold_file: Path, met
     with FileResidency([cold_file], method=method) as res:
         assert res.methods == {cold_file: method}
         assert res.total_bytes == SIZE
-        assert res.resident_bytes() <= MiB, "the file should be out of the page cache"
+        assert res.resident_bytes() <= MIB, "the file should be out of the page cache"
         _read(cold_file, SIZE // 2)
         resident = res.resident_bytes()
         assert abs(resident - SIZE // 2) <= 0.1 * SIZE
@@ -164,7 +164,7 @@ def test_sampler_reads_residency_every_nth_sample_and_at_marks(cold_file: Path) 
     resident: list[Any] = [row[Sampler.COLUMNS.index("resident_bytes")] for row in rows]
     phases: list[Any] = [row[Sampler.COLUMNS.index("phase")] for row in rows]
     at_mark = phases.index("after read")
-    assert resident[0] is not None and resident[0] <= MiB
+    assert resident[0] is not None and resident[0] <= MIB
     # Background rows carry the start value forward; the mark reads afresh.
     assert resident[1:at_mark] == [resident[0]] * (at_mark - 1)
     assert abs(resident[at_mark] - SIZE // 2) <= 0.1 * SIZE

@@ -25,6 +25,7 @@ from harness.budget.record import BUDGET_FILE, read_budget
 from harness.cli import main
 from harness.results.record import MAX_ENGINES, SUMMARY, events_file, samples_file
 from harness.tests.fixtures import make_results
+from harness.units import GIB
 
 ROOT = Path(__file__).resolve().parents[2]
 FIFO = "a named pipe (FIFO), not a regular file; expected a file the harness wrote"
@@ -191,7 +192,7 @@ def _set(path: tuple[str | int, ...], value: object) -> Callable[[dict[str, Any]
 HOSTILE: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
     "a 400-digit byte count": (_set(("model", "bytes"), 10**400),
                                "model.bytes: an integer of 401 digits is out of range"),
-    "a negative byte count": (_set(("strategies", "map", "host_peak_bytes"), -5 * 2**30),
+    "a negative byte count": (_set(("strategies", "map", "host_peak_bytes"), -5 * GIB),
                               "strategies.map.host_peak_bytes: expected a value of at least 0, got -5368709120"),
     "a negative engine weight": (_set(("strategies", "load", "engines", 1, "weight_bytes"), -1),
                                  "strategies.load.engines[1].weight_bytes: expected a value of at least 0, got -1"),

@@ -25,10 +25,10 @@ from harness.report.names import figure_name
 from harness.results.record import PLAN, RunRecord
 from harness.run import run_scenario
 from harness.scenario import BuildConfig, CheckpointConfig, ModelConfig, RunConfig, Scenario, load_scenario
+from harness.units import MIB
 from harness.worker import FAILURE_PREFIX, worker_command
 
-MiB = 2**20
-SLACK = 24 * MiB  # allocator, sampler and interpreter noise around a page-exact figure
+SLACK = 24 * MIB  # allocator, sampler and interpreter noise around a page-exact figure
 
 SCENARIO = """
 name = "tiny"

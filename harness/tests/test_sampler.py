@@ -16,8 +16,8 @@ import pytest
 from harness.measure.gpu import GpuMonitor, torch_reserved_bytes
 from harness.measure.procfs import PeakTracker, mapping_rss, read_peak, read_status, reset_peak
 from harness.measure.sampler import Sampler
+from harness.units import MIB, TIB
 
-MiB = 1 << 20
 COL = {name: i for i, name in enumerate(Sampler.COLUMNS)}
 
 
@@ -52,12 +52,12 @@ def test_status_reading_is_consistent() -> None:
 
 def test_mapping_rss_counts_touched_pages_of_a_file(tmp_path: Path) -> None:
     path = tmp_path / "mapped.bin"
-    path.write_bytes(b"\1" * (8 * MiB))
+    path.write_bytes(b"\1" * (8 * MIB))
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         assert mapping_rss(path) == 0
         total = sum(mm[i] for i in range(0, len(mm), mmap.PAGESIZE))  # one read per page
         assert total == len(mm) // mmap.PAGESIZE
-        assert mapping_rss(path) == 8 * MiB
+        assert mapping_rss(path) == 8 * MIB
     assert mapping_rss(path) == 0
     assert mapping_rss(tmp_path / "never-mapped") == 0
 
@@ -69,7 +69,7 @@ def test_sampler_sees_anonymous_allocation_and_its_release() -> None:
     sampler = Sampler(interval_s=0.01)
     sampler.start()
     try:
-        block = _touched(512 * MiB)
+        block = _touched(512 * MIB)
         _wait_for_samples(sampler, 3)
         del block
         _wait_for_samples(sampler, 3)
@@ -79,10 +79,10 @@ def test_sampler_sees_anonymous_allocation_and_its_release() -> None:
     anon, file_, rss = _column(rows, "anon_bytes"), _column(rows, "file_bytes"), _column(rows, "rss_bytes")
     # The first row (start) precedes the allocation and the last (stop) follows its release,
     # so only the background thread's rows can show the block.
-    assert max(anon) - anon[0] >= 480 * MiB
-    assert max(rss) - rss[0] >= 480 * MiB
-    assert max(file_) - file_[0] < 64 * MiB, "an anonymous block was counted as file-backed"
-    assert anon[-1] - anon[0] < 64 * MiB, "the release was not seen"
+    assert max(anon) - anon[0] >= 480 * MIB
+    assert max(rss) - rss[0] >= 480 * MIB
+    assert max(file_) - file_[0] < 64 * MIB, "an anonymous block was counted as file-backed"
+    assert anon[-1] - anon[0] < 64 * MIB, "the release was not seen"
 
 
 def test_peak_tracker_catches_a_spike_the_samples_miss() -> None:
@@ -94,21 +94,21 @@ def test_peak_tracker_catches_a_spike_the_samples_miss() -> None:
         began = time.monotonic()
         if not tracker.begin():
             pytest.skip("the kernel refuses '5' on /proc/self/clear_refs: per-engine peaks use samples")
-        spike = _touched(256 * MiB)
+        spike = _touched(256 * MIB)
         del spike
         peak = tracker.end()
         elapsed = time.monotonic() - began
     finally:
         sampler.stop()
     assert peak is not None
-    assert peak >= base + 240 * MiB
+    assert peak >= base + 240 * MIB
     assert tracker.overall_bytes is not None and tracker.overall_bytes >= peak
     if elapsed < 0.9 * sampler.interval_s:  # else the thread may legitimately have sampled the spike
         rss = _column(sampler.rows(), "rss_bytes")
-        assert max(rss) < base + 128 * MiB, "the spike was meant to fall between samples"
+        assert max(rss) < base + 128 * MIB, "the spike was meant to fall between samples"
     # After a reset the mark restarts from the current RSS, far below the spike.
     assert reset_peak()
-    assert read_peak() < peak - 128 * MiB
+    assert read_peak() < peak - 128 * MIB
 
 
 def test_peak_tracker_remembers_a_refused_reset(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -219,7 +219,7 @@ class _FakeGpu(GpuMonitor):
     """A GPU monitor whose ``used`` is set by the test."""
 
     def __init__(self) -> None:
-        super().__init__(None, device_index=0, name="fake", total_bytes=1 << 40)
+        super().__init__(None, device_index=0, name="fake", total_bytes=TIB)
         self.used = 0
         self.calls = 0
 

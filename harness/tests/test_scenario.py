@@ -9,6 +9,7 @@ import pytest
 
 from harness.models.checkpoints import default_checkpoint_path
 from harness.scenario import ScenarioError, load_scenario
+from harness.units import MIB
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((ROOT / "scenarios").glob("*.toml"))
@@ -82,7 +83,7 @@ def test_smoke_contents(monkeypatch: pytest.MonkeyPatch) -> None:
     assert s.model.layers and s.model.width and s.model.vocab
     per_layer = 2 * s.model.width + (4 + 2 * s.model.ffn_mult) * s.model.width**2
     nbytes = 4 * (s.model.layers * per_layer + s.model.vocab * s.model.width + s.model.width)
-    assert 200 * 2**20 < nbytes < 300 * 2**20  # about 256 MiB
+    assert 200 * MIB < nbytes < 300 * MIB  # about 256 MiB
     assert s.checkpoint.path == default_checkpoint_path(s)
 
 
@@ -272,7 +273,7 @@ def test_engine_cap_that_rounds_to_zero_bytes(tmp_path: Path) -> None:
     tiny = BASE.replace("engines = 2", "engine_cap_mib = 1e-9")
     expect_error(write(tmp_path, tiny), "build.engine_cap_mib", "less than one byte")
     one_byte = load_scenario(write(tmp_path, BASE.replace("engines = 2", "engine_cap_mib = 0.000001")))
-    assert int(one_byte.build.engine_cap_mib * 2**20) == 1  # type: ignore[operator]
+    assert int(one_byte.build.engine_cap_mib * MIB) == 1  # type: ignore[operator]
 
 
 def test_non_utf8_scenario(tmp_path: Path) -> None:

@@ -44,6 +44,7 @@ from harness.scenario import (
     validate_scenario,
 )
 from harness.tests.tiny_scenario import tiny_scenario_text
+from harness.units import GIB, TIB
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((ROOT / "scenarios").glob("*.toml"))
@@ -150,7 +151,7 @@ def _spec_scenario(tmp_path: Path, spec: Path) -> Path:
 
 
 @pytest.mark.parametrize(("shape", "fragment"), [
-    ([1 << 40, 1 << 40], "its tensors come to "),
+    ([TIB, TIB], "its tensors come to "),
     ([0, 10**30], "has a dimension of 1,000,000,000,000,000,000,000,000,000,000; at most"),
 ])
 def test_a_spec_too_large_to_represent_is_refused(tmp_path: Path, shape: list[int], fragment: str) -> None:
@@ -335,7 +336,7 @@ def test_a_checkpoint_whose_largest_tensor_exceeds_memory_is_refused_before_writ
     model = build_model(ModelConfig(source="synthetic", layers=1, width=width, heads=8, vocab=vocab))
     needed = file_bytes(checkpoint_specs(model.module), checkpoint_metadata(0))
     if shutil.disk_usage(tmp_path).free < needed:
-        pytest.skip(f"{tmp_path} has less than the {needed / 2**30:.0f} GiB free that get past the disk check")
+        pytest.skip(f"{tmp_path} has less than the {needed / GIB:.0f} GiB free that get past the disk check")
     path = write(tmp_path, {"width = 64": f"width = {width}", "heads = 4": "heads = 8", "vocab = 64":
                             f"vocab = {vocab}"})
     message = cli_error(capsys, "run", str(path), "--results", str(tmp_path / "results"))

@@ -32,9 +32,8 @@ from harness.scenario import (
 )
 from harness.tests.fixtures import make_results
 from harness.tests.test_run import TINY
+from harness.units import MIB
 from weightmap import map_weights, save_weights_for_mapping
-
-MiB = 2**20
 
 
 def _scenario(tmp: Path, **run: object) -> Scenario:
@@ -126,9 +125,9 @@ def test_each_run_starts_cold_and_says_how(repeated: tuple[RunRecord, Path]) -> 
         cache = entry.cache
         assert cache is not None, name
         assert (cache.state, cache.flushed, cache.dropped) == ("cold", True, True)
-        assert cache.resident_at_load_bytes is not None and cache.resident_at_load_bytes <= MiB
+        assert cache.resident_at_load_bytes is not None and cache.resident_at_load_bytes <= MIB
         assert cache.total_bytes == record.checkpoint.bytes
-        assert all(r.resident_at_load_bytes is not None and r.resident_at_load_bytes <= MiB for r in entry.repeats)
+        assert all(r.resident_at_load_bytes is not None and r.resident_at_load_bytes <= MIB for r in entry.repeats)
 
 
 def test_the_disk_is_read_once_per_round(repeated: tuple[RunRecord, Path]) -> None:
@@ -146,7 +145,7 @@ def test_the_disk_is_read_once_per_round(repeated: tuple[RunRecord, Path]) -> No
         assert disk.bytes == record.checkpoint.bytes
         # the stored rate is the stored bytes over the stored time (a time rounded apart once disagreed by 1%)
         assert disk.bytes_per_s == pytest.approx(disk.bytes / disk.seconds, rel=1e-9)
-        assert disk.resident_at_start_bytes <= MiB
+        assert disk.resident_at_start_bytes <= MIB
 
 
 def test_repeats_keep_every_run_and_show_the_median_one(repeated: tuple[RunRecord, Path]) -> None:
@@ -229,18 +228,18 @@ def test_wall_spread_and_disk_medians(tmp_path: Path) -> None:
 def test_fault_in_reads_only_the_tensors_own_pages(tmp_path: Path) -> None:
     path = tmp_path / "w.safetensors"
     module = torch.nn.Module()
-    module.register_buffer("big", torch.ones(64 * MiB // 4))
+    module.register_buffer("big", torch.ones(64 * MIB // 4))
     save_weights_for_mapping(module, path)
     meta = torch.nn.Module()
-    meta.register_buffer("big", torch.empty(64 * MiB // 4, device="meta"))
+    meta.register_buffer("big", torch.empty(64 * MIB // 4, device="meta"))
     map_weights(meta, path, strict=True).close()
     before = read_status().file_bytes
     big = meta.get_buffer("big")
-    piece = big[: 8 * MiB // 4]  # an eighth of the storage
+    piece = big[: 8 * MIB // 4]  # an eighth of the storage
     pages = fault_in([piece])
     grown = read_status().file_bytes - before
-    assert pages >= 8 * MiB // mmap.PAGESIZE
-    assert 7 * MiB <= grown <= 12 * MiB, grown / MiB  # the slice's pages (and fault-around), not the storage's
+    assert pages >= 8 * MIB // mmap.PAGESIZE
+    assert 7 * MIB <= grown <= 12 * MIB, grown / MIB  # the slice's pages (and fault-around), not the storage's
 
 
 def test_the_copy_backend_times_both_parts(tmp_path: Path) -> None:

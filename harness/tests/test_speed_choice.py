@@ -18,27 +18,25 @@ from harness.results.record import ReadProbe
 from harness.scenario import RunConfig
 from harness.speed import WILLNEED_FLOOR, choose_speed, decide
 from harness.tests.fixtures import make_results
+from harness.units import GIB, MIB
 
 PAGE = mmap.ALLOCATIONGRANULARITY
-GiB = 2**30
-
-
 def _probe(kept: float = 1.0, dropped: float = 1.0, faulted: float = 1.0, willneed: float = 1.0) -> ReadProbe:
     """A probe whose regions (1 MiB each) took these seconds each way."""
-    return ReadProbe(cache_region_bytes=1 << 20, kept_s=(0.01, 0.01, kept, kept, kept), dropped_s=(dropped,) * 5,
-                     advice_region_bytes=1 << 20, faulted_s=(faulted,) * 3, willneed_s=(willneed,) * 3)
+    return ReadProbe(cache_region_bytes=MIB, kept_s=(0.01, 0.01, kept, kept, kept), dropped_s=(dropped,) * 5,
+                     advice_region_bytes=MIB, faulted_s=(faulted,) * 3, willneed_s=(willneed,) * 3)
 
 
 BALLOON = "/sys/bus/virtio/devices/virtio0"
 
 
 def test_drop_cache_is_chosen_where_the_kernel_reports_free_pages_to_a_host() -> None:
-    on = decide(RunConfig(), _probe(), checkpoint_bytes=GiB, available=16 * GiB, reporting=BALLOON)
+    on = decide(RunConfig(), _probe(), checkpoint_bytes=GIB, available=16 * GIB, reporting=BALLOON)
     assert on.drop_cache is True and BALLOON in on.drop_cache_why and "free page reporting" in on.drop_cache_why
-    off = decide(RunConfig(), _probe(), checkpoint_bytes=GiB, available=16 * GiB, reporting=None)
+    off = decide(RunConfig(), _probe(), checkpoint_bytes=GIB, available=16 * GIB, reporting=None)
     assert off.drop_cache is False and "reports no free pages" in off.drop_cache_why
     # the read probe's kept and dropped reads decide nothing (on both machines they read alike)
-    slow_kept = decide(RunConfig(), _probe(kept=3.0, dropped=1.0), GiB, 16 * GiB, reporting=None)
+    slow_kept = decide(RunConfig(), _probe(kept=3.0, dropped=1.0), GIB, 16 * GIB, reporting=None)
     assert slow_kept.drop_cache is False
 
 
@@ -62,24 +60,24 @@ def test_free_page_reporting_is_read_from_the_balloons_negotiated_features(tmp_p
 
 
 def test_drop_cache_is_chosen_when_the_checkpoint_exceeds_available_memory() -> None:
-    choice = decide(RunConfig(), _probe(), checkpoint_bytes=9 * GiB, available=8 * GiB)
+    choice = decide(RunConfig(), _probe(), checkpoint_bytes=9 * GIB, available=8 * GIB)
     assert choice.drop_cache is True and "larger than the memory available" in choice.drop_cache_why
 
 
 def test_prefetch_stays_on_unless_advice_reads_far_slower_than_faults() -> None:
-    on = decide(RunConfig(), _probe(faulted=1.0, willneed=2.0), GiB, 16 * GiB)  # half the rate: overlap still pays
+    on = decide(RunConfig(), _probe(faulted=1.0, willneed=2.0), GIB, 16 * GIB)  # half the rate: overlap still pays
     assert on.prefetch == "madvise" and "0.50x" in on.prefetch_why
-    off = decide(RunConfig(), _probe(faulted=1.0, willneed=1.01 / WILLNEED_FLOOR), GiB, 16 * GiB)
+    off = decide(RunConfig(), _probe(faulted=1.0, willneed=1.01 / WILLNEED_FLOOR), GIB, 16 * GIB)
     assert off.prefetch is None and "chosen: off" in off.prefetch_why
 
 
 def test_prefetch_is_off_where_no_engine_build_reads_the_weights(tmp_path: Path) -> None:
-    choice = decide(RunConfig(), _probe(), GiB, 16 * GiB, reporting=BALLOON, builds_read_weights=False)
+    choice = decide(RunConfig(), _probe(), GIB, 16 * GIB, reporting=BALLOON, builds_read_weights=False)
     assert choice.prefetch is None and "no build reads them" in choice.prefetch_why
     assert choice.drop_cache is True, "drop_cache is chosen as before"
-    small = decide(RunConfig(), None, GiB, 16 * GiB, builds_read_weights=False)  # not probed: the same answer
+    small = decide(RunConfig(), None, GIB, 16 * GIB, builds_read_weights=False)  # not probed: the same answer
     assert small.prefetch is None and "no build reads them" in small.prefetch_why
-    forced = decide(RunConfig(prefetch="madvise"), _probe(), GiB, 16 * GiB, builds_read_weights=False)
+    forced = decide(RunConfig(prefetch="madvise"), _probe(), GIB, 16 * GIB, builds_read_weights=False)
     assert (forced.prefetch, forced.prefetch_why) == ("madvise", "set by the scenario")
     missing = tmp_path / "never-read.safetensors"  # nothing is left for the probe to decide
     missing.write_bytes(b"")
@@ -89,7 +87,7 @@ def test_prefetch_is_off_where_no_engine_build_reads_the_weights(tmp_path: Path)
 
 def test_the_scenarios_settings_win_and_nothing_is_probed(tmp_path: Path) -> None:
     run = RunConfig(prefetch="fadvise", drop_cache=False)
-    choice = decide(run, _probe(kept=3.0, willneed=100.0), GiB, GiB // 2)
+    choice = decide(run, _probe(kept=3.0, willneed=100.0), GIB, GIB // 2)
     assert (choice.prefetch, choice.drop_cache) == ("fadvise", False)
     assert choice.prefetch_why == choice.drop_cache_why == "set by the scenario"
     missing = tmp_path / "never-read.safetensors"  # choose_speed would fail on it if it probed
@@ -99,11 +97,11 @@ def test_the_scenarios_settings_win_and_nothing_is_probed(tmp_path: Path) -> Non
 
 def test_a_checkpoint_smaller_than_the_probe_is_not_probed(tmp_path: Path) -> None:
     path = tmp_path / "small.bin"
-    path.write_bytes(b"\0" * (4 << 20))
+    path.write_bytes(b"\0" * (4 * MIB))
     assert read_probe([path]) is None  # under probe_bytes()
     choice = choose_speed(RunConfig(), [path])
     assert choice.probe is None and (choice.prefetch, choice.drop_cache) == ("madvise", False)
-    assert f"{probe_bytes() / GiB:.1f} GiB" in choice.drop_cache_why
+    assert f"{probe_bytes() / GIB:.1f} GiB" in choice.drop_cache_why
 
 
 def test_the_probe_reads_each_region_once_and_leaves_nothing_cached(tmp_path: Path) -> None:
@@ -147,7 +145,7 @@ def test_the_report_says_what_was_chosen_why_and_from_which_rates(tmp_path: Path
     summary = json.loads(summary_path.read_text())
     assert "speed" not in summary or summary["speed"] is None  # a record without the choice renders without it
     assert "settings of the strategies that map" not in render_report(load_results(directory))
-    choice = decide(RunConfig(prefetch="off"), _probe(kept=3.0, dropped=1.0), GiB, 16 * GiB, reporting=BALLOON)
+    choice = decide(RunConfig(prefetch="off"), _probe(kept=3.0, dropped=1.0), GIB, 16 * GIB, reporting=BALLOON)
     summary["speed"] = choice.to_json()
     summary_path.write_text(json.dumps(summary))
     report = render_report(load_results(directory))

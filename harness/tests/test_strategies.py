@@ -21,6 +21,7 @@ from harness.load.peers import READ_FILE_BACKENDS, read_file_backend
 from harness.load.strategies import STRATEGIES, ReadFileHooks
 from harness.plan import make_plan
 from harness.scenario import ScenarioError, load_scenario
+from harness.units import MIB
 from harness.worker import measure
 
 SCENARIO = """
@@ -223,14 +224,14 @@ def test_read_files_tensors_are_copies_the_loader_lets_go(tmp_path: Path) -> Non
     from harness.load.peers import StreamLoader
 
     path = tmp_path / "w.safetensors"
-    save_file({"w": torch.randn(2**20)}, str(path))
+    save_file({"w": torch.randn(4 * MIB // 4)}, str(path))  # 4 MiB of float32
     copies = StreamLoader(path, backend=read_file_backend(path))
     views = StreamLoader(path)  # stream's: safetensors' mapping of the file
     copy, view = copies.load(["w"])["w"], views.load(["w"])["w"]
     assert torch.equal(copy, view)
     assert _mapping_of(view.data_ptr()) == str(path), "stream's tensors are views of the file"
     assert not _mapping_of(copy.data_ptr()).endswith(".safetensors"), "read_file's are copies in memory of its own"
-    assert copies.drop(["w"]) == {"w": 4 * 2**20} and copies.resident_bytes == 0
+    assert copies.drop(["w"]) == {"w": 4 * MIB} and copies.resident_bytes == 0
 
 
 def test_read_file_says_plainly_when_safetensors_lacks_the_backend(tmp_path: Path,

@@ -12,8 +12,7 @@ import pytest
 
 from harness.measure.proctree import descendants, pss_sum, read_tree
 from harness.run import watch
-
-MIB = 1 << 20
+from harness.units import MIB
 
 # The worker starts a child that writes its pid and touches 300 MiB, then waits for it; the worker itself
 # stays small.

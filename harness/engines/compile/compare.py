@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from harness.units import GIB
 from weightmap import release_mapped_storage
 
 __all__ = [
@@ -51,7 +52,6 @@ REFERENCE_MULTIPLIER = 3.0
 """How much larger than eager's own error (against a float32 run) the built model's may be."""
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
-_GIB = 2**30
 
 
 @dataclass(frozen=True)
@@ -198,8 +198,8 @@ def upcast_reference(
         return None, "the model computes in its outputs' precision already: no more precise run of eager exists"
     need = sum(t.numel() for t in tensors) * 4
     if need * 1.2 > free_bytes:
-        return None, (f"no float32 run of eager to compare with: its copies need {need / _GIB:.2f} GiB, "
-                      f"{free_bytes / _GIB:.2f} GiB free")
+        return None, (f"no float32 run of eager to compare with: its copies need {need / GIB:.2f} GiB, "
+                      f"{free_bytes / GIB:.2f} GiB free")
     for sub in module.modules():
         for p in sub._parameters.values():
             if p is not None and p.dtype in _LOW_PRECISION:

@@ -68,6 +68,7 @@ from torch.export import ExportedProgram
 
 from harness.engines.compile.compiler import Artifact, EngineBuildError, EngineLoadError
 from harness.measure.procfs import read_peak, read_status
+from harness.units import KIB
 
 __all__ = [
     "DEVICE",
@@ -90,7 +91,7 @@ DEVICE = "CPU"
 PRECISION = "f32"
 """``INFERENCE_PRECISION_HINT`` at compile and import (see the module docstring)."""
 _HEADER = re.compile(rb'^<\?xml[^>]*\?>\s*<compiled_blob\b[^>]*\bheader_size_alignment="(\d+)"[^>]*/>\n')
-_HEADER_LIMIT = 64 * 1024  # the header is one line of a few hundred bytes
+_HEADER_LIMIT = 64 * KIB  # the header is one line of a few hundred bytes
 
 
 _TELEMETRY = "openvino_telemetry"

@@ -47,6 +47,7 @@ import torch
 
 from harness.engines.compile.compiler import EngineBuildError
 from harness.measure.procfs import read_status
+from harness.units import MIB
 
 __all__ = [
     "BLOB_SIZE_SYMBOL",
@@ -62,7 +63,7 @@ __all__ = [
 BLOB_SIZE_SYMBOL = "_binary_constants_bin_start"
 """The engine's 8 bytes that hold its external blob's size (``USE_MMAP_EXTERNAL`` builds)."""
 _EXTERNAL_MACRO = "USE_MMAP_EXTERNAL"
-_CHUNK_BYTES = 16 * 2**20  # the source pages resident at once while an engine is written
+_CHUNK_BYTES = 16 * MIB  # the source pages resident at once while an engine is written
 _INFO_LINE = re.compile(r"^\s*constants_info_\[(\d+)\]\.(\w+)\s*=\s*(.*?);\s*$")
 
 
