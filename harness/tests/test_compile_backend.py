@@ -36,6 +36,7 @@ from harness.results.record import (
 )
 from harness.run import run_scenario
 from harness.scenario import ScenarioError, load_scenario
+from harness.schema import at_layout
 from harness.units import MIB
 from harness.worker import StrategyRun
 from weightmap import map_weights
@@ -183,25 +184,11 @@ def test_compiler_fields_round_trip_and_v2_reads_them_as_none() -> None:
                             export=export, max_abs_diff=1e-7, check="within tolerance", check_peak_bytes=900 * MIB)
     data = json.loads(json.dumps(record.to_json()))
     assert StrategyRecord.from_json(data, "s.json", "x", LAYOUT_VERSION) == record
-    layout_8 = {"prefetch_busy_s", "prefetch_evict_s"}
-    layout_11 = {"sample_rows", "event_rows"}
-    v6 = {k: v for k, v in data.items() if k not in {"check_peak_bytes"} | layout_8 | layout_11}
-    v6["engines"] = [{k: v for k, v in data["engines"][0].items()
-                      if not k.startswith(("compile_hwm", "write_", "children_pss", "convert_", "compiler_"))}]
-    six = StrategyRecord.from_json(v6, "s.json", "x", 6)
+    six = StrategyRecord.from_json(at_layout(StrategyRecord, data, 6), "s.json", "x", 6)
     assert six.check_peak_bytes is None and six.engines[0].compiler_own_bytes is None
     assert six.engines[0].write_buffers_bytes is None and six.engines[0].compiler_over_floor_bytes == 10 * MIB
     assert six.engines[0].children_pss_bytes is None and six.engines[0].children_peak_bytes == 300 * MIB
-    later = {"cache", "prefetch", "drop_cache", "prefetch_warmed_bytes", "repeat", "repeats",  # layout 4's
-             "check_peak_bytes"} | layout_8 | layout_11  # layout 7's, 8's and 11's
-    v2 = {k: v for k, v in data.items() if k not in {"compiler", "compiler_weights", "export", "max_abs_diff",
-                                                      "check"} | later}
-    v2["engines"] = [{k: v for k, v in data["engines"][0].items()
-                      if k not in {"compile_s", "artifact_bytes", "rss_before_bytes", "children_peak_bytes",
-                                   "cache_bytes", "pages_s", "copy_s", "major_faults", "compile_hwm_bytes",
-                                   "write_rss_bytes", "write_peak_bytes", "write_read_bytes", "children_pss_bytes",
-                                   "convert_s", "convert_hwm_bytes", "compiler_read_bytes", "compiler_held_bytes"}}]
-    v2["phases"] = {k: v for k, v in data["phases"].items() if not k.startswith(("export", "check"))}
+    v2 = at_layout(StrategyRecord, data, 2)
     old = StrategyRecord.from_json(v2, "s.json", "x", 2)
     assert old.export is None and old.compiler is None and old.engines[0].compile_s is None
     assert old.engines[0].compiler_over_floor_bytes is None

@@ -38,8 +38,9 @@ from harness.results.metrics import (
     sampled_peaks,
 )
 from harness.results.reading import load_results
-from harness.results.record import EngineRecord, Phases, RecordError, StrategyRecord
+from harness.results.record import EngineRecord, Phases, RecordError, RunRecord, StrategyRecord
 from harness.results.spread import median_spread
+from harness.schema import at_layout
 from harness.tests.fixtures import ENGINE_GIB, FAILED_REASON, make_results
 from harness.units import GIB, MIB
 
@@ -717,13 +718,8 @@ def _as_compiled(directory: Path, children_pss_bytes: int | None) -> None:
         for engine in strategy["engines"]:
             engine.update(compile_s=1.0, artifact_bytes=MIB, rss_before_bytes=engine["host_hwm_bytes"],
                           children_peak_bytes=8 * GIB, children_pss_bytes=children_pss_bytes)
-            if children_pss_bytes is None:  # layout 12 holds no key of layouts 13 to 15
-                for key in ("children_pss_bytes", "convert_s", "convert_hwm_bytes", "compiler_read_bytes",
-                            "compiler_held_bytes"):
-                    del engine[key]
-    if children_pss_bytes is None:
-        data["layout"] = 12
-        del data["disk_read_error"]
+    if children_pss_bytes is None:  # layout 12 holds no key of a later layout
+        data = {**at_layout(RunRecord, data, 12), "layout": 12}
     path.write_text(json.dumps(data))
 
 
