@@ -28,6 +28,7 @@ from harness.report.text import (
     versions_text,
 )
 from harness.results.atomic import FileBatch, write_atomic
+from harness.results.codec import field_since
 from harness.results.metrics import StrategyMetrics, best_ceiling, build_limit, floor_formula
 from harness.results.reading import Results
 from harness.results.record import RunRecord, StrategyRecord
@@ -76,7 +77,7 @@ def context_paragraph(results: Results) -> str:
         engines,
         None if run.release is None else ("release on" if run.release else "release off"),
         f"sampled every {run.sample_interval_ms:g} ms" if run.sample_interval_ms else None,
-        _prefetch_text(run.prefetch) if run.layout >= 3 else None,
+        _prefetch_text(run.prefetch) if run.layout >= field_since(RunRecord, "prefetch") else None,
         _repeats_text(run),
         _warmup_text(run.warmup_rounds),
     ]

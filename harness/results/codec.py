@@ -72,6 +72,7 @@ __all__ = [
     "describe",
     "describe_typed",
     "encode",
+    "field_since",
     "name_problem",
     "suggestion",
 ]
@@ -289,6 +290,15 @@ def _hints(cls: type) -> dict[str, Any]:
 
 def _since(f: dataclasses.Field[Any]) -> int:
     return int(f.metadata.get("since", 1))
+
+
+def field_since(cls: type, name: str) -> int:
+    """The layout version that added the key ``name`` of a ``cls`` record: its field's ``since`` (1 where it says
+    none), so that a reader asks whether a record holds a key by its layout without restating the version."""
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            return _since(f)
+    raise KeyError(f"{cls.__name__} has no field {name!r}")
 
 
 def _default(f: dataclasses.Field[Any], place: _Place) -> Any:

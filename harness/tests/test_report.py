@@ -28,6 +28,7 @@ from harness.report.table import columns
 from harness.report.text import short_commit
 from harness.report.timeline import label_rows, timeline_figure
 from harness.results import labels
+from harness.results.codec import field_since
 from harness.results.comparison import compare_results
 from harness.results.metrics import (
     SampleColumns,
@@ -42,6 +43,7 @@ from harness.results.record import EngineRecord, Phases, RecordError, RunRecord,
 from harness.results.spread import median_spread
 from harness.schema import at_layout
 from harness.tests.fixtures import ENGINE_GIB, FAILED_REASON, make_results
+from harness.tests.recorded import OLD_LAYOUTS, run_id
 from harness.units import GIB, MIB
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -748,3 +750,15 @@ def test_older_records_show_their_compiler_processes_as_summed_rss(cpu_dir: Path
     assert rows and all(row["compiler processes (summed RSS)"] == "8,192.0 MiB" for row in rows)
     assert "summed PSS" not in rows[0]
     assert "once per process, so it overstates what they add" in markdown
+
+
+@pytest.mark.parametrize("directory", OLD_LAYOUTS, ids=run_id)
+def test_the_context_speaks_of_prefetch_only_for_a_layout_that_recorded_it(directory: Path, cpu_dir: Path) -> None:
+    """A run of a layout before ``prefetch`` was recorded (the compiler's layout 3, the first) says nothing of it,
+    rather than "prefetch off", which no record of it says; a run of this layout says what it recorded."""
+    def context(results_dir: Path) -> str:
+        return next(line for line in _markdown(results_dir).splitlines() if line.startswith("Model **"))
+
+    assert load_results(directory).record.layout < field_since(RunRecord, "prefetch")
+    assert "prefetch" not in context(directory)
+    assert "prefetch" in context(cpu_dir)
