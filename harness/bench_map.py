@@ -28,8 +28,7 @@ import torch
 
 from harness.measure.procfs import read_status
 from harness.units import GIB, MIB
-from weightmap import map_weights
-from weightmap.format import TensorSpec, write_checkpoint
+from weightmap import TensorSpec, map_weights, write_checkpoint
 
 WIDTH = 1024
 

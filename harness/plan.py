@@ -34,7 +34,7 @@ from harness.results.record import CheckpointInfo, ModelInfo, RecordError, Speed
 from harness.scenario import Scenario, validate_scenario
 from harness.speed import choose_speed
 from harness.units import GIB
-from weightmap.checkpoint import open_checkpoint
+from weightmap import open_checkpoint
 
 __all__ = ["PLAN_VERSION", "EnginePlan", "Plan", "make_plan", "read_plan", "write_plan"]
 

@@ -131,8 +131,7 @@ from harness.results.codec import NAME, TABLE_STYLE, Limit, decode, decode_field
 from harness.results.names import reserved_problem
 from harness.results.record import Reference
 from harness.units import GIB, MIB, PIB, TIB
-from weightmap import PREFETCH_METHODS
-from weightmap.filekinds import non_regular_kind
+from weightmap import PREFETCH_METHODS, non_regular_kind
 
 __all__ = [
     "CACHES",

@@ -43,6 +43,19 @@ Public API:
 * Errors are :class:`MappingError` (a ``ValueError``); header problems are
   :class:`HeaderError`.
 
+The building blocks the above are made of, for a caller that reads, writes or walks
+checkpoints and models itself (the benchmark harness does):
+
+* :func:`open_checkpoint` resolves a path (a file, a directory, a sharded index) to a
+  :class:`Checkpoint`, every header read and validated; :func:`read_header` reads and
+  validates one file's header (a :class:`Header`), never its data.
+* :func:`write_checkpoint` streams a safetensors file described by :class:`TensorSpec`
+  entries, one tensor in memory at a time, replacing the file in one step.
+* :func:`collect_targets` lists every tensor of a module or an ExportedProgram as a
+  :class:`Target`: each name it is registered under, its slots, its ties.
+* :func:`non_regular_kind` says what a path that is not a regular file is ("a named
+  pipe (FIFO)", ...), for errors; it needs no torch.
+
 Each name is imported on first use, so that what needs no torch (``PREFETCH_METHODS``,
 :mod:`weightmap.filekinds`, reading headers) imports without it.
 
@@ -67,23 +80,29 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from weightmap.checkpoint import Checkpoint, open_checkpoint
     from weightmap.convert import convert_checkpoint
     from weightmap.empty import init_empty_weights
     from weightmap.errors import HeaderError, MappingError
+    from weightmap.filekinds import non_regular_kind
+    from weightmap.format import Header, TensorSpec, read_header, write_checkpoint
     from weightmap.inspection import CheckpointReport, inspect_checkpoint
     from weightmap.mapping import MappedWeights, MappingPreview, map_weights, preview_mapping
     from weightmap.plan import ReleasePlan, ReleaseStep
     from weightmap.prefetch import PREFETCH_METHODS, FileRange, Prefetcher, PrefetchMethod, PrefetchStats, file_ranges
     from weightmap.release import release_mapped_storage, release_storage
     from weightmap.runnable import assert_runnable
+    from weightmap.targets import Target, collect_targets
     from weightmap.writer import save_weights_for_mapping
 
 __version__ = "0.1.0"
 
 __all__ = [
     "PREFETCH_METHODS",
+    "Checkpoint",
     "CheckpointReport",
     "FileRange",
+    "Header",
     "HeaderError",
     "MappedWeights",
     "MappingError",
@@ -93,16 +112,23 @@ __all__ = [
     "Prefetcher",
     "ReleasePlan",
     "ReleaseStep",
+    "Target",
+    "TensorSpec",
     "assert_runnable",
+    "collect_targets",
     "convert_checkpoint",
     "file_ranges",
     "init_empty_weights",
     "inspect_checkpoint",
     "map_weights",
+    "non_regular_kind",
+    "open_checkpoint",
     "preview_mapping",
+    "read_header",
     "release_mapped_storage",
     "release_storage",
     "save_weights_for_mapping",
+    "write_checkpoint",
 ]
 
 
@@ -129,6 +155,15 @@ _WHERE: dict[str, str] = {
     "release_storage": "weightmap.release",
     "assert_runnable": "weightmap.runnable",
     "save_weights_for_mapping": "weightmap.writer",
+    "Checkpoint": "weightmap.checkpoint",
+    "open_checkpoint": "weightmap.checkpoint",
+    "non_regular_kind": "weightmap.filekinds",
+    "Header": "weightmap.format",
+    "TensorSpec": "weightmap.format",
+    "read_header": "weightmap.format",
+    "write_checkpoint": "weightmap.format",
+    "Target": "weightmap.targets",
+    "collect_targets": "weightmap.targets",
 }
 """The module each public name lives in."""
 

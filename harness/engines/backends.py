@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from harness.engines.builder import BuiltEngine, EngineBuilder
-from weightmap.format import TensorSpec, write_checkpoint
+from weightmap import TensorSpec, write_checkpoint
 
 __all__ = ["ALIGN", "CopyToDevice", "CopyToFiles", "fault_in", "packed_layout"]
 

@@ -59,8 +59,7 @@ import torch
 
 from harness.load.loaded import Loaded, retie
 from harness.progress import byte_bar
-from weightmap.checkpoint import open_checkpoint
-from weightmap.targets import collect_targets
+from weightmap import collect_targets, open_checkpoint
 
 __all__ = ["READ_FILE_BACKENDS", "StreamLoader", "converted_path", "ensure_pt", "load_torch_mmap",
            "read_file_backend"]

@@ -50,9 +50,7 @@ import torch
 from harness.catalog import STRATEGY_LISTINGS
 from harness.load.loaded import Loaded, retie, tensor_slot
 from harness.load.peers import StreamLoader, converted_path, ensure_pt, load_torch_mmap, read_file_backend
-from weightmap import PrefetchMethod, ReleasePlan, map_weights
-from weightmap.checkpoint import open_checkpoint
-from weightmap.targets import collect_targets
+from weightmap import PrefetchMethod, ReleasePlan, collect_targets, map_weights, open_checkpoint
 
 __all__ = ["STRATEGIES", "EngineHooks", "ReadFileHooks", "StreamHooks", "Strategy", "release_without_resizing"]
 

@@ -9,7 +9,7 @@ random values, plus metadata that identifies it::
 
 :func:`ensure_checkpoint` reuses a file whose header (never its name) matches the
 model and seed, and otherwise writes a new one with
-:func:`weightmap.format.write_checkpoint`, one tensor in memory at a time.
+:func:`weightmap.write_checkpoint`, one tensor in memory at a time.
 
 Values (format "2"; files of format "1", whose chunks ignored the upper bits of the
 seed, are regenerated): each tensor is split into chunks of :data:`CHUNK_ELEMENTS`
@@ -42,7 +42,7 @@ from harness.errors import HarnessError
 from harness.progress import byte_bar
 from harness.scenario import checkpoint_path_problem, default_checkpoint_for
 from harness.units import GIB, MIB
-from weightmap.format import TensorSpec, read_header, write_checkpoint
+from weightmap import TensorSpec, read_header, write_checkpoint
 
 if TYPE_CHECKING:
     from harness.scenario import Scenario

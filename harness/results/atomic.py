@@ -5,7 +5,7 @@ through :func:`write_atomic`, so a reader never sees half a file, an interrupted
 failed write leaves the previous file as it was, and a written file survives a crash.
 Files that belong together (a report and its figures) go through a :class:`FileBatch`:
 all of them are put in place, or none. Checkpoints are written by
-:func:`weightmap.format.write_checkpoint`, which does the same.
+:func:`weightmap.write_checkpoint`, which does the same.
 """
 
 from __future__ import annotations

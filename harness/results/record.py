@@ -158,7 +158,7 @@ from harness.results.codec import (
     name_problem,
 )
 from harness.units import GIB, MIB, PIB
-from weightmap.filekinds import non_regular_kind
+from weightmap import non_regular_kind
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -23,7 +23,7 @@ from harness.models.checkpoints import (
     tied_aliases,
 )
 from harness.units import MIB
-from weightmap.format import TensorSpec, read_header
+from weightmap import TensorSpec, read_header
 
 ROOT = Path(__file__).resolve().parents[2]
 METADATA = {"generator": "weightmap-harness", "format": "2", "seed": "7"}

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file, save_model
 from harness.load.peers import StreamLoader, converted_path, ensure_pt, load_torch_mmap
 from harness.measure.procfs import mapping_rss, read_status
 from harness.units import MIB
-from weightmap.release import release_storage
+from weightmap import release_storage
 
 
 class Tiny(torch.nn.Module):

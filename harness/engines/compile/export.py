@@ -32,7 +32,7 @@ from torch.export import ExportedProgram
 from harness.measure.procfs import PeakTracker, mapping_rss, read_status
 from harness.measure.residency import FileResidency
 from harness.results.record import ExportRecord
-from weightmap.targets import collect_targets
+from weightmap import collect_targets
 
 __all__ = ["ExportResult", "export_mapped", "shared_with_model"]
 
