@@ -64,11 +64,12 @@ class BuildTarget(Protocol):
 
 @dataclass(frozen=True)
 class BuiltEngine:
-    """One engine's build: ``columns``, the :class:`~harness.results.record.EngineRecord` fields the
-    builder measured, by name and as stored (copy builders: ``pages_s`` and ``copy_s``; a compiler:
-    ``compile_s``, ``artifact_bytes``, ``rss_before_bytes``, ``children_peak_bytes``, ``children_pss_bytes``,
-    ``cache_bytes``);
-    ``artifact``, the engine's file (None for an engine in device memory); ``nbytes``, the engine's size."""
+    """One engine's build: ``columns``, the :class:`~harness.results.record.EngineRecord` fields only the
+    builder measures (how long its copy or its compile took, what the compiler and its subprocesses used), by
+    name and as stored, each builder's said where it builds (:mod:`harness.engines.backends`;
+    :meth:`~harness.engines.compile.backend.CompilerBackend.build_engine` with its compiler's
+    :attr:`~harness.engines.compile.compiler.Artifact.columns`); ``artifact``, the engine's file (None for an
+    engine in device memory); ``nbytes``, the engine's size."""
 
     nbytes: int
     artifact: Path | None = None

@@ -6,23 +6,30 @@ the record, the samples and :mod:`harness.results.metrics`' figures) and writes,
 * ``<name>.md`` (:mod:`harness.report.markdown`): context, the table, observations, and
   the hand-written notes kept in ``<name>.notes.md`` (flagged when the figures they were
   checked against have changed);
+* ``<name>.headline.png`` (:mod:`harness.report.headline`): how far each strategy lands from
+  its floor, and where its wall time goes;
 * ``<name>.timeline.png`` (:mod:`harness.report.timeline`): memory over time, one panel
   per strategy;
-* ``<name>.peaks.png`` (:mod:`harness.report.peaks`): the strategies' peaks side by side;
 * ``<name>.engines.png`` (:mod:`harness.report.engines`): engine by engine;
+* ``<name>.peaks.png`` (:mod:`harness.report.peaks`): the strategies' peaks side by side;
 * ``<name>.compiler.png`` (:mod:`harness.report.compiler`): what a compiler added per engine,
-  for runs of a compiler backend only (:data:`FIGURE_APPLIES`).
+  for runs of a compiler backend only (:data:`FIGURE_APPLIES`);
 * ``<name>.engine-times.png`` (:mod:`harness.report.enginetimes`): each engine's build
   time, split into waiting for pages and copying, against the disk's read time; not for a
   compiler's run that recorded no such split, whose build times the compiler figure shows.
 
-Figure files are named by :func:`harness.report.names.figure_name`: the results name, a dot
-(which no results name holds), the kind.
+The figures are :data:`FIGURES`, listed here in its order, the order the report shows them
+(``harness/tests/test_docs.py`` checks this list against it). Figure files are named by
+:func:`harness.report.names.figure_name`: the results name, a dot (which no results name
+holds), the kind.
 
 All of them are put in place together once every one is written, so a failed render (a full
 disk) leaves the earlier report and figures as they were.
 
-Every module formats numbers through :mod:`harness.report.text` and draws through
+The formats the table and the figures share (GiB at the run's decimals, signed percentages of
+the model, seconds, the dash of a missing value, the provenance line) come from
+:mod:`harness.report.text`, where a figure shown another way (the compiler's MiB, a reference
+as published) is formatted where it is shown; every figure draws through
 :mod:`harness.report.style`, and none of them opens a results file itself.
 """
 

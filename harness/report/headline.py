@@ -1,4 +1,4 @@
-"""``<name>-headline.png``: how far each strategy lands from its floor, and where its wall time goes.
+"""``<name>.headline.png``: how far each strategy lands from its floor, and where its wall time goes.
 
 Top: one row per strategy. Its solid bar runs from zero to the build-phase host peak,
 its baseline shaded, the floor drawn across it and the excess written at its end, exactly
@@ -8,7 +8,7 @@ peak against the host floor (baseline + largest engine), and a second, lighter b
 it is the build-phase host + GPU peak against its own floor, the figure the table compares.
 Bottom: one bar per strategy, its wall time laid out phase by phase (the load, the export
 where there is one, the build, and what lies between them), so that the wall is the sum
-of what the bar shows; each engine's own time is in ``<name>-engine-times.png``.
+of what the bar shows; each engine's own time is in ``<name>.engine-times.png``.
 """
 
 from __future__ import annotations

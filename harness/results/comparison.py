@@ -58,12 +58,12 @@ TIME_RESOLUTION_S = 0.1
 ratio outside the noise (a load phase of 0.02 s against 0.03 s) is not a change a user waits for."""
 
 MEMORY_TOLERANCE = 0.005
-"""The smallest memory change, as a share of the model, that counts as beyond the noise.
+"""The smallest memory change, as a share of the model, that counts as beyond the noise; where either run's
+build-phase peaks spread wider over its rounds, that spread is the noise (:func:`memory_noise`).
 
-Memory reproduces to the digit across reruns: the committed pi0.5 run's three rounds give build-phase
-peaks within 0.001% of the model of each other, and a rerun on a fresh clone matched its table. 0.5% is
-far above that, and far below what a loader changes when it copies (one copy of pi0.5's largest engine
-is 11% of the model). Where the rounds' build-phase peaks spread wider, their spread is the noise.
+It lies far below what a loader changes when it copies (one copy of pi0.5's largest engine is 11% of the
+model), and above how far the build-phase peaks of the strategies that hold one engine's weights at a time
+move from round to round.
 """
 
 TIMES: tuple[str, ...] = ("wall", "load", "build")
