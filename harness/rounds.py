@@ -1,12 +1,10 @@
 """The order a run's strategies take in each measured round.
 
-A strategy's time can depend on what ran just before it: on a machine whose host backs its
-memory again after it is freed, the run after one that freed 9 GiB meets other memory than the
-run after one that freed little. (On the 2-core VM, ``load_file`` on pi0.5 took a median 16.7 s
-in a run where it always came right after ``load``, and 22.8 s in a run of the same day where it
-always came right after a ``map`` variant; the two runs differed in more than that.) Run in one
-fixed order every round, each strategy always follows the same one, and that neighbour's effect
-reads as the strategy's own, the same in every round and so inside its interval.
+A strategy's time can depend on what ran just before it (on a machine whose host backs its memory
+again after it is freed, the run after one that freed GiBs meets other memory than the run after one
+that freed little; the results' notes say where it did). Run in one fixed order every round, each
+strategy always follows the same one, and that neighbour's effect reads as the strategy's own, the
+same in every round and so inside its interval.
 
 :func:`round_order` changes the order from round to round after a Williams design, the
 crossover design balanced for what the previous treatment leaves behind: round 0 runs the

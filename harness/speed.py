@@ -8,32 +8,23 @@ recorded with the reason (:class:`~harness.results.record.SpeedChoice`). The rul
 * **drop_cache** on when the checkpoint is larger than the memory the kernel reports available
   (keeping it would push other pages out), or when the kernel hands its free memory back to a host
   (:func:`harness.measure.hostmemory.free_page_reporting`): there a page the cache keeps is one the
-  build's own writes cannot reuse, and fresh memory costs the host's backing (on this project's VM
-  about 10 times the time of memory just freed for a file's writes, ``benchmarks/fresh_memory.py``).
-  What it buys a whole build is less clear there: with the strategies' order changing from round to
-  round, ``map_keep_cache``'s median was 1.3x ``map``'s in one run and 0.86x in the next, the
-  rounds overlapping in both (``results/pi05``: its time swings with what ran before it); in runs that
-  kept one order it was 2x. Off
-  otherwise, since a page kept costs nothing then and a later reader may find it: the 16-core H200
-  host lists no balloon, and there ``map`` with its pages kept built as fast as ``map_keep_cache``
-  (``results/pi05-h200``), where the earlier rule, which read the probe, had dropped them and built
-  1.4 times slower. The read probe's kept and dropped reads are recorded beside it but decide
-  nothing: on both machines dropped reads ran 1.1 times as fast as kept ones, while keeping cost
-  time on one and nothing on the other.
+  build's own writes cannot reuse, and memory taken afresh must be backed by the host again
+  (``benchmarks/fresh_memory.py`` times that). Off otherwise, since a page kept costs nothing then
+  and a later reader may find it. The read probe's kept and dropped reads are recorded beside it but
+  decide nothing.
 * **prefetch** off where no engine build reads its weights (engines compiled on the host to run on the
   mapped weights where they lie, :data:`~harness.catalog.BUILT_WITHOUT_READING_WEIGHTS`): warming their
-  pages would read the whole checkpoint for nothing, on a thread taking CPU from the compiles (9.6 GiB
-  warmed in 12 s of calls on the 2-core VM, ``results/pi05-compile`` at 0a87800). Otherwise
-  ``madvise`` one engine ahead unless regions asked for with ``MADV_WILLNEED`` come
-  in at under :data:`WILLNEED_FLOOR` of the rate of regions faulted in page by page (the advice
-  then buys little reading and costs a thread). Asking ahead pays by overlapping the next
-  engine's reads with this one's build, so it need not read as fast as faults. What it buys is
-  for each run's ``map`` and ``map_no_prefetch`` to say: on the 2-core VM the advised regions came
-  in at 0.4 to 0.8 of the fault rate, and with the order changing from round to round the two
-  walls' rounds overlapped (``results/pi05``); prefetch looked ahead only in runs that kept one
-  order, with ``map_no_prefetch`` always right after ``map``.
+  pages would read the whole checkpoint for nothing, on a thread taking CPU from the compiles. Otherwise
+  ``madvise`` one engine ahead unless regions asked for with ``MADV_WILLNEED`` come in at under
+  :data:`WILLNEED_FLOOR` of the rate of regions faulted in page by page (the advice then buys little
+  reading and costs a thread). Asking ahead pays by overlapping the next engine's reads with this one's
+  build, so it need not read as fast as faults.
 
-A checkpoint smaller than the probe needs (:func:`~harness.measure.probe.probe_bytes`, 2.4 GiB) is
+What each setting bought on the machines measured, ``map`` against ``map_no_prefetch`` and
+``map_keep_cache`` in the same rounds, is in the results' notes (``results/pi05.notes.md``,
+``results/pi05-h200.notes.md``, ``results/pi05-compile.notes.md``).
+
+A checkpoint smaller than the probe needs (:func:`~harness.measure.probe.probe_bytes`) is
 not probed and its page cache stays small: drop-cache is off and prefetch ``madvise`` (what earlier
 layouts ran by default), and the reason says so. A probe that fails (a read error, the file gone) costs
 the run nothing: the settings are chosen as for a checkpoint not probed, the reason says the probe

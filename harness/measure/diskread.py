@@ -132,10 +132,8 @@ def cold_read_bandwidth(
     been read (``posix_fadvise(POSIX_FADV_DONTNEED)``), so the page cache does not grow by
     the file and the kernel reuses the pages it just freed. ``drop_behind=False`` keeps
     every page cached until the end, as a loader that reads through the page cache does,
-    and measures that rate instead: here (2-vCPU VM, Linux 6.18) it was 1.6 to 4 times
-    lower (medians of interleaved runs of the same file), so record both where the
-    difference matters. Raises
-    ``ValueError`` for a ``chunk`` or ``limit_bytes`` below 1, and as
+    and measures that rate instead, which can be several times lower: record both where the
+    difference matters. Raises ``ValueError`` for a ``chunk`` or ``limit_bytes`` below 1, and as
     :func:`~harness.measure.coldcache.prepare_cold` does for missing files.
     """
     if chunk < 1:
