@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from harness.results.codec import Limit
+from harness.results.codec import Limit, json_key
 from harness.results.record import LAYOUT_VERSION, RunRecord
 from harness.scenario import TABLES, TOP_KEYS, OneOf, Scenario
 
@@ -120,9 +120,9 @@ def _takes(f: dataclasses.Field[Any], tp: Any) -> str:
 def _table_keys(cls: type, prefix: str, names: tuple[str, ...] | None = None) -> Iterator[ScenarioKey]:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        if names is not None and f.name not in names:
+        if names is not None and json_key(f) not in names:
             continue
-        key = prefix + f.name
+        key = prefix + json_key(f)
         default = (LOADER_DEFAULTS[key] if key in LOADER_DEFAULTS else
                    toml_text(_default(f)) if _has_default(f) else "required")
         yield ScenarioKey(key, _takes(f, hints[f.name]), default)
@@ -175,7 +175,7 @@ def record_keys(cls: type = RunRecord, prefix: str = "", since: int = 1) -> Iter
     """Every key of a ``cls`` record and of the records it holds, depth first in the fields' order."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        path = prefix + f.name
+        path = prefix + json_key(f)
         added = max(since, int(f.metadata.get("since", 1)))
         yield RecordKey(path, added, int(f.metadata.get("absent_until", 0)), f)
         inner, suffix = _record_class(hints[f.name])
@@ -187,8 +187,8 @@ def at_layout(cls: type, data: dict[str, Any], version: int) -> dict[str, Any]:
     """``data``, the JSON of a ``cls`` record, as layout ``version`` wrote it: without the keys a later layout added
     (each field's ``since``), in the records it holds too. What is left is what the codec reads at ``version``."""
     hints = typing.get_type_hints(cls)
-    return {f.name: _at_layout(hints[f.name], data[f.name], version) for f in dataclasses.fields(cls)
-            if f.name in data and int(f.metadata.get("since", 1)) <= version}
+    return {json_key(f): _at_layout(hints[f.name], data[json_key(f)], version) for f in dataclasses.fields(cls)
+            if json_key(f) in data and int(f.metadata.get("since", 1)) <= version}
 
 
 def _at_layout(tp: Any, value: Any, version: int) -> Any:
@@ -228,4 +228,4 @@ def layout_history(cls: type = RunRecord, version: int = LAYOUT_VERSION) -> str:
 
 
 def _version_key(cls: type) -> str:
-    return next(f.name for f in dataclasses.fields(cls) if f.metadata.get("version"))
+    return next(json_key(f) for f in dataclasses.fields(cls) if f.metadata.get("version"))

@@ -66,6 +66,7 @@ running worker with it, and the next sweep removes the group it left.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import datetime
 import io
 import math
@@ -104,6 +105,7 @@ from harness.load.strategies import STRATEGIES
 from harness.measure import machine
 from harness.plan import Plan, make_plan, write_plan
 from harness.results.atomic import write_atomic
+from harness.results.codec import json_key
 from harness.results.names import budget_name, reserved_problem
 from harness.results.publish import Staging, publish
 from harness.results.record import (
@@ -235,16 +237,16 @@ class _Strategy:
     def records(self, phases: Sequence[str]) -> tuple[AttemptRecord, ...]:
         out = []
         for phase, (result, worker, anon, left) in zip(phases, self.runs, strict=True):
-            compile_s = None
+            load_build_s = None
             if worker is not None and worker.ok and worker.phases.wall_s is not None:
-                compile_s = round(worker.phases.wall_s, 3)
+                load_build_s = round(worker.phases.wall_s, 3)
             out.append(AttemptRecord(
                 phase=phase, limit_bytes=result.limit_bytes, completed=result.completed,
                 returncode=result.returncode, wall_s=round(result.wall_s, 3),
                 group_peak_bytes=result.group_peak_bytes, oom_kills=result.oom_kills,
                 reason=self._reason(result, worker),
                 worker_wall_s=None if worker is None else worker.process_wall_s,
-                worker_error=None if worker is None else worker.error, compile_s=compile_s,
+                worker_error=None if worker is None else worker.error, load_build_s=load_build_s,
                 baseline_anon_bytes=anon, groups_left=left))
         return tuple(out)
 
@@ -318,7 +320,7 @@ def _run_at_limit(runner: _Strategy, unconstrained_limit: int, limit: int, timeo
 
 def write_attempts_csv(directory: Path, record: BudgetRecord) -> Path:
     """``attempts.csv``: one row per attempt of every strategy, in the order they ran."""
-    fields = ["strategy", "run", *AttemptRecord.__dataclass_fields__]
+    fields = ["strategy", "run", *(json_key(f) for f in dataclasses.fields(AttemptRecord))]
     text = io.StringIO(newline="")
     writer = csv.DictWriter(text, fieldnames=fields)
     writer.writeheader()

@@ -64,8 +64,8 @@ class AttemptRecord(Record):
     the group's own high-water mark (page cache charged to it included). ``oom_kills``: the
     OOM kills the group's counters show. ``reason``: why it did not complete (None when it
     did). ``worker_wall_s`` and ``worker_error``: what the worker's own record says, where it
-    could write one; ``compile_s``: its load and build, from the start of the load to the end
-    of the last engine (the process's wall time less Python's start, torch's import and
+    could write one; ``load_build_s`` (key ``compile_s``): its load and build, from the start of the load to the
+    end of the last engine (the process's wall time less Python's start, torch's import and
     writing the results), None when it did not get there. ``baseline_anon_bytes``: the
     worker's anonymous memory at its baseline (what no limit can reclaim before the load).
     ``groups_left``: memory groups of this run still present after the attempt (0 unless
@@ -82,7 +82,7 @@ class AttemptRecord(Record):
     reason: str | None
     worker_wall_s: float | None
     worker_error: str | None
-    compile_s: float | None
+    load_build_s: float | None = field(metadata={"key": "compile_s"})
     baseline_anon_bytes: int | None
     groups_left: int
 

@@ -59,10 +59,10 @@ def shown_attempts(strategy: StrategyBudget) -> dict[int, AttemptRecord]:
     return dict(sorted(shown.items()))
 
 
-def _walls(strategy: StrategyBudget, compile_only: bool = False) -> dict[int, float]:
+def _walls(strategy: StrategyBudget, load_build_only: bool = False) -> dict[int, float]:
     """Limit -> wall time of the attempt shown there (:func:`shown_attempts`): the whole process, or with
-    ``compile_only`` the worker's load and build (limits whose attempt has none left out)."""
-    walls = {limit: a.compile_s if compile_only else a.wall_s for limit, a in shown_attempts(strategy).items()}
+    ``load_build_only`` the worker's load and build (limits whose attempt has none left out)."""
+    walls = {limit: a.load_build_s if load_build_only else a.wall_s for limit, a in shown_attempts(strategy).items()}
     return {limit: wall for limit, wall in walls.items() if wall is not None}
 
 
@@ -91,21 +91,21 @@ def budget_goals(record: BudgetRecord) -> list[Goal]:
                               m.minimum_bytes <= limit))
             title = f"map's load + build at the goal limit ({_gib(limit, d)}) within 1.5x of its unconstrained one"
             free = m.unconstrained
-            compile_walls, whole_walls = _walls(m, compile_only=True), _walls(m)
+            load_build_walls, whole_walls = _walls(m, load_build_only=True), _walls(m)
             # The limit itself where a run completed there, else the nearest completed limit under it (a
             # compiler's sweep adds no run at the limit): a run with less memory is not faster.
-            at = max((lim for lim in compile_walls if lim <= limit and lim in whole_walls), default=None)
+            at = max((lim for lim in load_build_walls if lim <= limit and lim in whole_walls), default=None)
             where = "" if at is None else f"at {_gib(at, d)}" + (
                 "" if at == limit else ", the nearest completed limit under it") + ": "
-            if free is None or free.compile_s is None or at is None:
+            if free is None or free.load_build_s is None or at is None:
                 goals.append(Goal(title, "no completed run at or under that limit", None))
-            elif free.compile_s <= 0 or free.wall_s <= 0:  # times are recorded to the millisecond
-                goals.append(Goal(title, f"the unconstrained run's times ({free.compile_s:.3f} s, "
+            elif free.load_build_s <= 0 or free.wall_s <= 0:  # times are recorded to the millisecond
+                goals.append(Goal(title, f"the unconstrained run's times ({free.load_build_s:.3f} s, "
                                          f"{free.wall_s:.3f} s) are too short to compare with", None))
             else:
-                at_limit, whole = compile_walls[at], whole_walls[at]
-                ratio = at_limit / free.compile_s
-                goals.append(Goal(title, f"{where}{at_limit:.1f} s against {free.compile_s:.1f} s: {ratio:.2f}x "
+                at_limit, whole = load_build_walls[at], whole_walls[at]
+                ratio = at_limit / free.load_build_s
+                goals.append(Goal(title, f"{where}{at_limit:.1f} s against {free.load_build_s:.1f} s: {ratio:.2f}x "
                                          f"(whole process {whole:.1f} s against {free.wall_s:.1f} s: "
                                          f"{whole / free.wall_s:.2f}x)", ratio <= 1.5))
     attempts = [a for s in record.strategies.values() for a in s.attempts]
@@ -127,9 +127,9 @@ def budget_goals(record: BudgetRecord) -> list[Goal]:
 
 
 def _seconds(attempt: AttemptRecord | None) -> str:
-    if attempt is None or attempt.compile_s is None:
+    if attempt is None or attempt.load_build_s is None:
         return DASH
-    return f"{attempt.compile_s:.1f} s (process {attempt.wall_s:.1f} s)"
+    return f"{attempt.load_build_s:.1f} s (process {attempt.wall_s:.1f} s)"
 
 
 def _mark(met: bool | None) -> str:
@@ -201,7 +201,7 @@ def budget_markdown(record: BudgetRecord, figure_names: list[str], notes: str | 
         for i, a in enumerate(s.attempts):
             lines.append("| " + " | ".join(cell(x) for x in (
                 str(i), a.phase, _gib(a.limit_bytes, d), "yes" if a.completed else "no",
-                DASH if a.compile_s is None else f"{a.compile_s:.1f} s", f"{a.wall_s:.1f} s",
+                DASH if a.load_build_s is None else f"{a.load_build_s:.1f} s", f"{a.wall_s:.1f} s",
                 _gib(a.group_peak_bytes, d), DASH if a.oom_kills is None else str(a.oom_kills),
                 a.reason or "")) + " |")
         lines.append("")
@@ -231,7 +231,7 @@ def wall_figure(record: BudgetRecord) -> Figure:
     with mpl.rc_context(cast(Any, STYLE)):
         fig = Figure(figsize=(12.0, 5.8), layout="constrained")
         FigureCanvasAgg(fig)
-        whole, compile_ax = fig.subplots(1, 2, sharex=True)
+        whole, load_build_ax = fig.subplots(1, 2, sharex=True)
         order = list(record.strategies)
         handles = []
         d = gib_decimals(record.model_bytes)
@@ -242,8 +242,8 @@ def wall_figure(record: BudgetRecord) -> Figure:
         for name, s in record.strategies.items():
             colour = strategy_colour(name, order)
             marker = strategy_line(name, order)["marker"]
-            for ax, compile_only in ((whole, False), (compile_ax, True)):
-                walls = _walls(s, compile_only)
+            for ax, load_build_only in ((whole, False), (load_build_ax, True)):
+                walls = _walls(s, load_build_only)
                 if walls:
                     ax.plot([limit / GIB for limit in walls], list(walls.values()), marker=marker, markersize=4,
                             color=colour, linewidth=1.6, gid=f"wall:{name}")
@@ -260,19 +260,19 @@ def wall_figure(record: BudgetRecord) -> Figure:
             handles.append(Line2D([], [], color=colour, marker=marker, markersize=4, label=label))
         for text, (limit, names) in smallest.items():
             colour = strategy_colour(names[0], order) if len(names) == 1 else "#555555"
-            for ax in (whole, compile_ax):
+            for ax in (whole, load_build_ax):
                 ax.axvline(limit / GIB, color=colour, linewidth=1.0, linestyle=":", alpha=0.9,
                            gid=f"smallest:{','.join(names)}")
             handles.append(Line2D([], [], color=colour, linewidth=1.0, linestyle=":",
                                   label=f"{', '.join(names)}: {text} (dotted)"))
         if goal is not None:
-            for ax in (whole, compile_ax):
+            for ax in (whole, load_build_ax):
                 ax.axvline(goal / GIB, color="#000000", linewidth=1.2, linestyle="--")
             handles.append(Line2D([], [], color="#000000", linestyle="--",
                                   label=f"map's baseline + 2 x largest engine ({_gib(goal, d)})"))
-        if m is not None and m.unconstrained is not None and m.unconstrained.compile_s is not None:
-            bound = 1.5 * m.unconstrained.compile_s
-            compile_ax.axhline(bound, color="#0072B2", linewidth=0.9, linestyle="-.")
+        if m is not None and m.unconstrained is not None and m.unconstrained.load_build_s is not None:
+            bound = 1.5 * m.unconstrained.load_build_s
+            load_build_ax.axhline(bound, color="#0072B2", linewidth=0.9, linestyle="-.")
             handles.append(Line2D([], [], color="#0072B2", linestyle="-.",
                                   label=f"1.5 x map's unconstrained load + build ({bound:.1f} s)"))
         spread = "; several at one limit side by side, in the legend's order" if any(
@@ -280,7 +280,7 @@ def wall_figure(record: BudgetRecord) -> Figure:
         handles.append(Line2D([], [], color="#555555", marker="x", linestyle="", label="did not complete "
                               f"(OOM-killed or timed out), at the time it stopped{spread}"))
         for ax, ylabel in ((whole, "wall time of the whole process (s)"),
-                           (compile_ax, "load + build of the runs that completed (s)")):
+                           (load_build_ax, "load + build of the runs that completed (s)")):
             ax.set_xscale("log", base=2)
             ax.xaxis.set_major_formatter(mpl.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
             ax.set_xlabel("memory limit of the attempt's cgroup (GiB, log scale)")

@@ -25,7 +25,9 @@ key (a record of an older layout holds no such key and reads as the field's defa
 ``signed``: the value may be negative; ``null_as``: what ``null`` reads as (for a field that
 is not optional); ``check``: a rule of the value, ``value -> problem or None``; ``check_keys``:
 the same for each key of an object; ``limit``: the :class:`Limit` range a number must lie in (it
-replaces the kind and range tests above, and its own words say what is expected). A field
+replaces the kind and range tests above, and its own words say what is expected); ``key``: the key
+the field is written and read under where it is not the field's name (:func:`json_key`: a field
+renamed in code keeps its files' key, and the kind rules above go by the key). A field
 marked ``version`` holds the layout version: written first, as its default (the layout this code
 writes), and read as the version the record is read at. A rule that spans fields is a class's
 ``after_decode(version, fail)`` method, which the codec calls on the record it read and whose
@@ -72,6 +74,7 @@ __all__ = [
     "describe",
     "describe_typed",
     "encode",
+    "json_key",
     "field_since",
     "name_problem",
     "suggestion",
@@ -238,9 +241,9 @@ def encode(value: Any) -> Any:
         out: dict[str, Any] = {}
         for f in dataclasses.fields(value):
             if f.metadata.get("version"):
-                out = {f.name: f.default, **out}
+                out = {json_key(f): f.default, **out}
             else:
-                out[f.name] = encode(getattr(value, f.name))
+                out[json_key(f)] = encode(getattr(value, f.name))
         return out
     if isinstance(value, tuple | list):
         return [encode(v) for v in value]
@@ -270,7 +273,7 @@ class _Place:
         return self.style.error(f"{self.source}: {self.path or '<top level>'}: {problem}")
 
 
-RULES = frozenset({"since", "absent_until", "signed", "null_as", "version", "check", "check_keys", "limit"})
+RULES = frozenset({"since", "absent_until", "signed", "null_as", "version", "check", "check_keys", "limit", "key"})
 """The metadata keys of a field the codec reads (see the module docstring); any other is a mistake."""
 
 _HINTS: dict[type, dict[str, Any]] = {}
@@ -288,6 +291,12 @@ def _hints(cls: type) -> dict[str, Any]:
     return _HINTS[cls]
 
 
+def json_key(f: dataclasses.Field[Any]) -> str:
+    """The key field ``f`` is written and read under: its ``key`` rule where it has one (a field renamed in code
+    whose files keep the old key), else its name."""
+    return str(f.metadata.get("key", f.name))
+
+
 def _since(f: dataclasses.Field[Any]) -> int:
     return int(f.metadata.get("since", 1))
 
@@ -296,7 +305,7 @@ def field_since(cls: type, name: str) -> int:
     """The layout version that added the key ``name`` of a ``cls`` record: its field's ``since`` (1 where it says
     none), so that a reader asks whether a record holds a key by its layout without restating the version."""
     for f in dataclasses.fields(cls):
-        if f.name == name:
+        if json_key(f) == name:
             return _since(f)
     raise KeyError(f"{cls.__name__} has no field {name!r}")
 
@@ -318,9 +327,9 @@ def _read_version(cls: type, data: Any, place: _Place) -> int:
     f = _version_field(cls)
     if f is None or not isinstance(data, dict):
         return 1
-    version, current = data.get(f.name, 1), int(f.default)  # type: ignore[arg-type]
+    version, current = data.get(json_key(f), 1), int(f.default)  # type: ignore[arg-type]
     if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= current:
-        raise place.key(f.name).error(f"this harness reads {f.name} versions 1 to {current}, got "
+        raise place.key(json_key(f)).error(f"this harness reads {json_key(f)} versions 1 to {current}, got "
                                       f"{place.style.describe(version)}")
     return version
 
@@ -346,7 +355,7 @@ def decode_fields(cls: type, data: Any, names: Collection[str], *, source: str, 
     (version 1, no ``after_decode``), for a caller that reads the object's ``others`` keys itself: ``data``
     may hold those too (left unread), and no other key."""
     place = _Place(source, where, style)
-    fields = [f for f in dataclasses.fields(cls) if f.name in names]
+    fields = [f for f in dataclasses.fields(cls) if json_key(f) in names]
     return _values(cls, fields, data, place, 1, _Keys(optional, frozenset(), frozenset(others)))
 
 
@@ -382,20 +391,21 @@ def _values(cls: type, fields: list[dataclasses.Field[Any]], data: Any, place: _
         raise place.error(f"expected {place.style.object}, got {place.style.describe(data)}")
     hints = _hints(cls)
     present = [f for f in fields if _since(f) <= version]
-    required = [f.name for f in present if version > f.metadata.get("absent_until", 0)
-                and not (keys.optional and _has_default(f) and f.name not in keys.required)]
-    _check_keys(data, [f.name for f in present] + sorted(keys.others), required, place)
+    required = [json_key(f) for f in present if version > f.metadata.get("absent_until", 0)
+                and not (keys.optional and _has_default(f) and json_key(f) not in keys.required)]
+    _check_keys(data, [json_key(f) for f in present] + sorted(keys.others), required, place)
     values: dict[str, Any] = {}
     for f in fields:
-        at = place.key(f.name)
+        key = json_key(f)
+        at = place.key(key)
         if f.metadata.get("version"):
             values[f.name] = version
-        elif f.name not in data:
+        elif key not in data:
             values[f.name] = _default(f, at)
-        elif data[f.name] is None and "null_as" in f.metadata:
+        elif data[key] is None and "null_as" in f.metadata:
             values[f.name] = f.metadata["null_as"]
         else:
-            values[f.name] = _value(hints[f.name], data[f.name], at, f, version)
+            values[f.name] = _value(hints[f.name], data[key], at, f, version)
     return values
 
 
@@ -509,7 +519,7 @@ def _element(tp: Any, value: Any, place: _Place, f: dataclasses.Field[Any], vers
 def _in_range(value: int | float, place: _Place, f: dataclasses.Field[Any]) -> None:
     """Refuse a value its key cannot mean (negative unless ``signed``, a byte count of :data:`MAX_BYTES`
     or more) or the machine cannot hold (:data:`MAX_INTEGER`); ``value`` is an int or a finite float."""
-    if "bytes" in f.name.split("_") and abs(value) >= MAX_BYTES:
+    if "bytes" in json_key(f).split("_") and abs(value) >= MAX_BYTES:
         raise place.error(f"{place.style.describe(value)} bytes is out of range (less than 2**53, 8 PiB, expected)")
     if abs(value) >= MAX_INTEGER:
         raise place.error(f"{place.style.describe(value)} is out of range (at most 2**63 - 1 in size)")

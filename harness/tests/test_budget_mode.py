@@ -117,7 +117,7 @@ def test_without_a_run_at_the_goals_limit_its_timing_is_judged_at_the_nearest_li
     _, record = swept
     m = record.strategies["map"]
     # as a compiler's sweep has them (no extra points), with the load + build a real worker reports
-    attempts = tuple(replace(a, compile_s=0.9 * a.wall_s) if a.completed else a
+    attempts = tuple(replace(a, load_build_s=0.9 * a.wall_s) if a.completed else a
                      for a in m.attempts if a.phase != "extra")
     nearest = max(a.limit_bytes for a in attempts if a.completed and a.phase != "unconstrained")
     # a baseline that puts the goal's limit just above the largest swept limit that completed

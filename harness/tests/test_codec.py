@@ -12,7 +12,16 @@ import pytest
 
 from harness.budget.record import AttemptRecord, BudgetRecord, StrategyBudget
 from harness.plan import EnginePlan, Plan
-from harness.results.codec import TABLE_STYLE, Limit, LongInteger, RecordError, decode, decode_fields, encode
+from harness.results.codec import (
+    TABLE_STYLE,
+    Limit,
+    LongInteger,
+    RecordError,
+    decode,
+    decode_fields,
+    encode,
+    json_key,
+)
 from harness.results.record import (
     LAYOUT_VERSION,
     CacheRecord,
@@ -187,8 +196,24 @@ PLAN = Plan(scenario=Scenario(name="smoke", path=Path("/scenarios/smoke.toml"), 
                          ids=lambda r: type(r).__name__)
 def test_every_record_type_reads_back_as_written(record: Any) -> None:
     data = json.loads(json.dumps(encode(record)))
-    assert set(data) == {f.name for f in fields(record)}
+    assert set(data) == {json_key(f) for f in fields(record)}
     assert decode(type(record), data, source="f.json", version=LAYOUT_VERSION) == record
+
+
+def test_a_field_renamed_in_code_keeps_its_files_key(tmp_path: Path) -> None:
+    from harness.budget.mode import write_attempts_csv
+
+    data = json.loads(json.dumps(encode(ATTEMPT)))
+    assert data["compile_s"] == ATTEMPT.load_build_s == 0.5 and "load_build_s" not in data
+    assert decode(AttemptRecord, data, source="budget.json") == ATTEMPT
+    assert next(f for f in fields(AttemptRecord) if json_key(f) == "compile_s").name == "load_build_s"
+    header = write_attempts_csv(tmp_path, BUDGET).read_text().splitlines()[0].split(",")
+    assert header == ["strategy", "run", *data]  # the CSV's columns are the JSON's keys
+    renamed = {("load_build_s" if k == "compile_s" else k): v for k, v in data.items()}
+    with pytest.raises(RecordError, match=r"^budget.json: <top level>: unknown key 'load_build_s'$"):
+        decode(AttemptRecord, renamed, source="budget.json")
+    with pytest.raises(RecordError, match=r"^budget.json: compile_s: expected a value of at least 0, got -1$"):
+        decode(AttemptRecord, {**data, "compile_s": -1}, source="budget.json")
 
 
 def test_the_top_level_files_read_back_as_written() -> None:
