@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from harness.catalog import is_gpu
 from harness.results.metrics import SampleColumns, StrategyMetrics, sampled_peaks
 from harness.results.record import (
     EVENT_COLUMNS,
@@ -212,7 +213,7 @@ def make_results(
     ``device="cuda"`` fabricates GPU columns and host + GPU figures; ``failed`` names the strategy
     that stops part-way through engine 2 with partial samples.
     """
-    cuda = device.startswith("cuda")
+    cuda = is_gpu(device)
     directory = Path(root) / name
     directory.mkdir(parents=True, exist_ok=True)
     model = sum(int(g * GIB) for g in ENGINE_GIB)
