@@ -35,9 +35,10 @@ from harness.budget.record import AttemptRecord, BudgetRecord, StrategyBudget, r
 from harness.catalog import HEADLINE_STRATEGY, strategy_colour
 from harness.report.names import figure_name
 from harness.report.style import STYLE, figure_png, strategy_line, wrapped_title
-from harness.report.text import DASH, GIB, cell, gib_decimals, short_commit
+from harness.report.text import DASH, cell, gib_decimals, short_commit
 from harness.results.atomic import FileBatch
 from harness.results.record import read_text_file
+from harness.units import GIB
 
 __all__ = ["Goal", "budget_goals", "budget_markdown", "failure_shifts", "render_budget", "shown_attempts",
            "wall_figure"]

@@ -3,6 +3,7 @@ from there: none declares its own or spells one out (``2**30``, ``1 << 20``) in 
 
 from __future__ import annotations
 
+import ast
 import io
 import re
 import tokenize
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from harness import units
 from harness.units import GIB, KIB, MIB, PIB, TIB, gib_or_mib
 
 HARNESS = Path(__file__).resolve().parents[1]
@@ -38,8 +40,16 @@ def _problems(path: Path) -> list[str]:
     return found
 
 
+def _imported_elsewhere(path: Path) -> list[str]:
+    """Where ``path`` imports a unit from a module other than :mod:`harness.units` (one that imported it itself)."""
+    return [f"{path.relative_to(HARNESS.parent)}:{node.lineno}: {alias.name} from {node.module}"
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.ImportFrom) and node.module != "harness.units"
+            for alias in node.names if alias.name in units.__all__]
+
+
 def test_no_module_declares_or_spells_out_a_unit_of_its_own() -> None:
-    problems = [p for path in _modules() for p in _problems(path)]
+    problems = [p for path in _modules() for p in [*_problems(path), *_imported_elsewhere(path)]]
     assert problems == [], "take the units from harness.units:\n" + "\n".join(problems)
 
 
