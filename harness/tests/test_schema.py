@@ -4,6 +4,7 @@ of :mod:`harness.scenario` and :mod:`harness.results.record` checked against the
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import re
 from pathlib import Path
@@ -36,7 +37,11 @@ def _schema_block(docstring: str) -> list[str]:
 
 
 def test_the_scenario_docstring_quotes_the_listing_of_its_keys() -> None:
-    assert _schema_block(scenario.__doc__ or "") == scenario_schema().splitlines()
+    quoted, listed = _schema_block(scenario.__doc__ or ""), scenario_schema().splitlines()
+    differ = difflib.unified_diff(quoted, listed, "harness/scenario.py", "python -m harness schema scenario",
+                                  lineterm="", n=0)
+    assert quoted == listed, ("harness/scenario.py's Schema block differs from the listing; copy its lines in "
+                              "(indented by 4, each key's meaning indented by 8 under it):\n" + "\n".join(differ))
 
 
 def test_the_listing_names_every_key_the_loader_reads_and_its_default(tmp_path: Path) -> None:
