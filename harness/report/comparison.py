@@ -225,7 +225,8 @@ def comparison_markdown(comparison: Comparison, figure: str | None = None) -> st
         "each run's record (with repeats, its representative round). Marked when larger than the strategy's noise "
         f"({_UP} up, {_DOWN} down): "
         + "; ".join(sorted({s.noise_source for s in comparison.strategies}))
-        + ". Memory reproduces to the digit across reruns, so the noise is small. "
+        + ". A representative round's memory figures have reproduced to the digit across reruns, so the noise "
+        "is small. "
         "A rise of the floor is the plan's (baseline + engines), not counted as a regression.",
         "",
         *_memory_table(comparison),
