@@ -349,7 +349,8 @@ def test_after_a_disk_read_that_fails_none_is_taken_and_the_reads_before_it_stan
 ) -> None:
     import harness.run
 
-    real, calls = harness.run.cold_read_bandwidth, []  # the disk read before each round: the second fails
+    real = harness.run.cold_read_bandwidth
+    calls: list[int] = []  # the disk read before each round: the second fails
 
     def fails_second(*args: Any, **kwargs: Any) -> Any:
         calls.append(len(calls))
