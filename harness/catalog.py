@@ -73,10 +73,10 @@ hooks, :class:`harness.load.strategies.EngineHooks`), and what getting them is."
 HEADLINE_STRATEGY = "map"
 """The strategy the project is about: budget mode sweeps it more finely and holds it to the goal limit."""
 
-BACKENDS: tuple[str, ...] = ("copy", "inductor", "openvino", "tensorrt")
+BACKENDS: tuple[str, ...] = ("copy", "inductor", "openvino", "iree", "tensorrt")
 """The engine builders a scenario can name (``[build] backend``)."""
 
-COMPILER_BACKENDS: tuple[str, ...] = ("inductor", "openvino", "tensorrt")
+COMPILER_BACKENDS: tuple[str, ...] = ("inductor", "openvino", "iree", "tensorrt")
 """Backends that export the model and build engines from graph partitions (they need a model with a forward)."""
 
 ENGINE_WEIGHTS: tuple[str, ...] = ("packaged", "packaged_compiler", "mapped")
@@ -87,10 +87,12 @@ ENGINE_WEIGHTS: tuple[str, ...] = ("packaged", "packaged_compiler", "mapped")
 COMPILER_WEIGHTS: dict[str, tuple[str, ...]] = {
     "inductor": ENGINE_WEIGHTS,
     "openvino": ("packaged_compiler",),
+    "iree": ("mapped", "packaged_compiler"),
     "tensorrt": ENGINE_WEIGHTS,
 }
 """The weight settings each compiler backend builds; the first is a scenario's default where it gives none and the
-backend builds one setting only (OpenVINO's blob holds the weights as OpenVINO writes them)."""
+backend builds one setting only (OpenVINO's blob holds the weights as OpenVINO writes them; IREE's module holds
+none, read as parameters from the model's tensors, or holds them inlined)."""
 
 HOLDS_WEIGHTS: tuple[str, ...] = ("packaged", "packaged_compiler")
 """The weight settings whose engines hold their weights."""

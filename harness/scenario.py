@@ -67,7 +67,7 @@ fields); ``reference.*`` are the keys of each ``[[reference]]`` table; see ``sce
         exactly one of engines and engine_cap_mib: exactly that many engines (the model needs at least as many
         weight units) / at most that many MiB of weights per engine, at least one byte
     build.engine_cap_mib                a number > 0 and <= 16777216 (MiB, 16 TiB) [absent]
-    build.backend                       "copy" | "inductor" | "openvino" | "tensorrt" ["copy"]
+    build.backend                       "copy" | "inductor" | "openvino" | "iree" | "tensorrt" ["copy"]
         a compiler backend (:data:`harness.catalog.COMPILER_BACKENDS`) exports the model, so it takes neither
         model.source = "spec" nor a model.fallback
     build.device                        "auto" | "cpu" | "cuda" ["auto"]

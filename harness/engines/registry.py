@@ -9,6 +9,9 @@
 ``openvino``   the same graph partitions, each converted and compiled by OpenVINO into a blob
                (:mod:`harness.engines.compile.openvino`); needs the ``openvino`` package (the
                ``openvino`` extra), CPU only
+``iree``       the same graph partitions, each imported by iree-turbine and compiled by IREE for
+               ``llvm-cpu`` into a ``.vmfb`` (:mod:`harness.engines.compile.iree`); needs the
+               ``iree`` extra, CPU only
 ``tensorrt``   needs Torch-TensorRT; no builder in this version, so its check always refuses,
                before anything runs
 =============  =================================================================================
@@ -135,6 +138,27 @@ def _make_openvino(plan: BuildTarget, workdir: Path) -> EngineBuilder:
     return _compiler_backend(plan, workdir, OpenVinoCompiler(weights=weights, device=plan.device))
 
 
+def _iree_why_not() -> str | None:
+    """Why IREE cannot build here: its compiler, runtime or iree-turbine does not import."""
+    from harness.engines.compile.iree import iree_missing
+
+    why = iree_missing()
+    return None if why is None else f"backend 'iree' needs IREE: {why}"
+
+
+def _make_iree(plan: BuildTarget, workdir: Path) -> EngineBuilder:
+    from harness.engines.compile.iree import WEIGHTS, IreeCompiler, load_iree_modules
+
+    weights = plan.scenario.build.weights
+    if weights not in WEIGHTS:
+        raise BackendUnavailable(f"backend 'iree': weights must be {' or '.join(WEIGHTS)}, not {weights!r}")
+    if is_gpu(plan.device):
+        raise BackendUnavailable(f"backend 'iree' builds engines for the cpu, not {plan.device}: "
+                                 "set [build] device = \"cpu\"")
+    load_iree_modules()
+    return _compiler_backend(plan, workdir, IreeCompiler(weights=weights, device=plan.device))
+
+
 def _tensorrt_why_not() -> str | None:
     """Always a reason: without ``torch_tensorrt`` it is missing; with it, this version has no TensorRT builder."""
     try:
@@ -153,6 +177,7 @@ BACKEND_ENTRIES: dict[str, Backend] = {
         Backend("copy", _copy_runs_everywhere, _make_copy),
         Backend("inductor", _inductor_why_not, _make_inductor),
         Backend("openvino", _openvino_why_not, _make_openvino),
+        Backend("iree", _iree_why_not, _make_iree),
         Backend("tensorrt", _tensorrt_why_not, None),
     )
 }

@@ -32,6 +32,9 @@ def versions() -> dict[str, str | None]:
         "safetensors": _version("safetensors"),
         "torch_tensorrt": _version("torch_tensorrt") or _version("torch-tensorrt"),
         "openvino": _version("openvino"),
+        "iree_compiler": _version("iree-base-compiler"),
+        "iree_runtime": _version("iree-base-runtime"),
+        "iree_turbine": _version("iree-turbine"),
         "lerobot": _version("lerobot"),
         "weightmap": weightmap.__version__,
     }

@@ -106,7 +106,7 @@ def test_tensorrt_fails_fast_through_its_registry_entry(monkeypatch: pytest.Monk
 
 def test_unknown_backends_are_named_with_the_registered_ones() -> None:
     with pytest.raises(BackendUnavailable, match=r"^unknown backend 'onnx': expected 'copy', 'inductor', "
-                                                 r"'openvino' or 'tensorrt'$"):
+                                                 r"'openvino', 'iree' or 'tensorrt'$"):
         check_backend("onnx")
 
 
