@@ -10,7 +10,7 @@ TORCH_PIN := torch==2.13.0
 
 .PHONY: install venv-tools test lint typecheck pytest bench-map bench-smoke bench-pi05 bench-pi05-trim plot clean-data \
 	bench-smoke-compile bench-pi05-compile bench-lerobot-compile lerobot-venv budget-smoke budget-pi05 \
-	budget-pi05-compile bench-smoke-openvino bench-pi05-compile-openvino
+	budget-pi05-compile bench-smoke-openvino bench-pi05-compile-openvino bench-smoke-iree
 
 # The command-line tools the README names, whose scripts must be in $(VENV)/bin.
 VENV_TOOLS := pytest ruff mypy
@@ -80,6 +80,20 @@ bench-smoke-openvino: $(STAMP)
 
 bench-pi05-compile-openvino: $(STAMP)
 	$(PY) -m harness run scenarios/pi05-compile-openvino.toml
+
+# A third compiler, IREE, on the CPU (llvm-cpu) from the same graph partitions: each engine a .vmfb that
+# reads the model's tensors as its parameters (smoke-iree, weights mapped) or holds them inlined
+# (smoke-iree-packaged-compiler). Its packages are the iree extra alone ('.[iree]', installed here once,
+# with the torch the venv has). About a minute each.
+IREE_STAMP := $(VENV)/.iree-stamp
+
+$(IREE_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[iree]'
+	touch $@
+
+bench-smoke-iree: $(IREE_STAMP)
+	$(PY) -m harness run scenarios/smoke-iree.toml
+	$(PY) -m harness run scenarios/smoke-iree-packaged-compiler.toml
 
 # lerobot's own pi0.5 compiled on a GPU; needs lerobot (LEROBOT_PY: a Python where it
 # imports, e.g. the one `make lerobot-venv` sets up) and data/pi05.safetensors (make bench-pi05).
