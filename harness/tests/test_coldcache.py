@@ -13,7 +13,7 @@ import pytest
 import harness.measure.coldcache as coldcache
 from harness.measure.coldcache import COLD_TOLERANCE_BYTES, file_page_counts, prepare_cold, prepare_warm
 from harness.measure.residency import FileResidency
-from harness.units import GIB, MIB
+from harness.units import GIB, KIB, MIB
 
 SIZE = 16 * MIB
 
@@ -210,6 +210,6 @@ def test_system_dirty_bytes_reads_meminfo(tmp_path: Path, monkeypatch: pytest.Mo
     fake = tmp_path / "meminfo"
     fake.write_text("MemTotal: 100 kB\nDirty:        12 kB\nWriteback:     3 kB\nWritebackTmp: 7 kB\n")
     monkeypatch.setattr(coldcache, "MEMINFO", str(fake))
-    assert coldcache.system_dirty_bytes() == 15 * 1024
+    assert coldcache.system_dirty_bytes() == 15 * KIB
     fake.write_text("MemTotal: 100 kB\n")
     assert coldcache.system_dirty_bytes() is None

@@ -12,7 +12,7 @@ import torch
 from harness.engines.compile.export import export_mapped, shared_with_model
 from harness.models import SyntheticTransformer, fill_non_persistent
 from harness.models.checkpoints import ensure_checkpoint
-from harness.units import MIB
+from harness.units import KIB, MIB
 from weightmap import map_weights
 
 # About 4.5 MiB of bfloat16 weights: a read of them would show as hundreds of pages.
@@ -49,7 +49,7 @@ def test_export_of_a_mapped_model_reads_nothing_and_holds_the_views(checkpoint: 
     result = export_mapped(model, (TOKENS,), checkpoint=[checkpoint])
     assert result.record.pages_read_bytes == 0
     assert result.record.residency_read_bytes is not None
-    assert result.record.residency_read_bytes < 64 * 1024
+    assert result.record.residency_read_bytes < 64 * KIB
     names = set(model.state_dict()) | {"inv_freq"}
     assert set(result.shared) == names and result.not_shared == ()
     for name, tensor in result.program.state_dict.items():

@@ -35,6 +35,7 @@ from harness.results.record import SUMMARY, StrategyRecord, read_strategy_file
 from harness.scenario import load_scenario
 from harness.tests.fixtures import make_results
 from harness.tests.tiny_scenario import tiny_scenario_text
+from harness.units import KIB
 from harness.worker import OUTSIDE_STATUS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -160,7 +161,7 @@ def test_a_run_whose_strategies_all_ran_out_of_space_keeps_the_earlier_results(
     results = small_fs.path / "results"
     earlier_results(results)
     before = snapshot(results)
-    small_fs.fill(leave=512 * 1024)  # the parent's plan and summary fit; a strategy's samples do not
+    small_fs.fill(leave=512 * KIB)  # the parent's plan and summary fit; a strategy's samples do not
     stand_in(monkeypatch, CANNOT_WRITE, str(int(small_fs.mounted)))
     message = run_ending_in_error(capsys, "run", str(scenario(tmp_path, "map", "load")), "--results", str(results))
     staging = results / ".tiny.partial"
@@ -185,7 +186,7 @@ def test_a_strategy_that_ran_out_of_space_keeps_its_earlier_result_whatever_the_
         if strategy == "load":
             return [sys.executable, "-c", textwrap.dedent(HANDS_IN_A_RESULT), str(out), strategy, str(source),
                     str(small_fs.path), "-1"]
-        small_fs.fill(leave=512 * 1024)  # full while map runs
+        small_fs.fill(leave=512 * KIB)  # full while map runs
         return [sys.executable, "-c", textwrap.dedent(CANNOT_WRITE), str(out), strategy, str(int(small_fs.mounted))]
 
     monkeypatch.setattr("harness.run.worker_command", command)
@@ -294,7 +295,7 @@ def test_a_run_that_runs_out_of_space_for_its_figures_keeps_the_earlier_results(
     earlier_results(results)
     before = snapshot(results)
     source = make_results(tmp_path / "source", name="tiny", failed=None, strategies=("map", "load"))
-    leave = 160 * 1024 if small_fs.mounted else -1  # the summary fits; the figures do not, all of them
+    leave = 160 * KIB if small_fs.mounted else -1  # the summary fits; the figures do not, all of them
     stand_in(monkeypatch, HANDS_IN_A_RESULT, str(source), str(small_fs.path), str(leave))
     no_space_for(monkeypatch, small_fs, lambda prefix: prefix.startswith(".tiny.timeline.png"))
     message = run_ending_in_error(capsys, "run", str(scenario(tmp_path, "map", "load")), "--results", str(results))
@@ -388,7 +389,7 @@ def test_a_plot_that_runs_out_of_space_leaves_every_earlier_figure_and_the_repor
     data["model"]["name"] = "another-model"  # in every figure's title or footer, and in the report
     summary.write_text(json.dumps(data))
     before = snapshot(results)
-    small_fs.fill(leave=200 * 1024)  # the first figure fits, the rest do not
+    small_fs.fill(leave=200 * KIB)  # the first figure fits, the rest do not
     no_space_for(monkeypatch, small_fs, lambda prefix: prefix.startswith(".tiny.timeline.png"))
     assert main(["plot", str(directory)]) == 2
     err = capsys.readouterr().err

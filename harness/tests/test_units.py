@@ -1,5 +1,6 @@
 """The binary units of bytes are declared once, in :mod:`harness.units`, and every module of the harness takes them
-from there: none declares its own or spells one out (``2**30``, ``1 << 20``) in its code."""
+from there: none declares its own, imports one from elsewhere or spells one out (``2**30``, ``1 << 20``, ``* 1024``)
+in its code (a string, such as a child process's script, is not its code)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ def _problems(path: Path) -> list[str]:
                 t.string == "2" or after.string == "<<"):
             found.append(f"{path.relative_to(HARNESS.parent)}:{t.start[0]}: spells out "
                          f"{t.string} {after.string} {tokens[i + 2].string}")
+        if t.string == "*" and after.type == tokenize.NUMBER and after.string == "1024":
+            found.append(f"{path.relative_to(HARNESS.parent)}:{t.start[0]}: spells out * 1024")
     return found
 
 

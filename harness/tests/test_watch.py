@@ -12,7 +12,7 @@ import pytest
 
 from harness.measure.proctree import descendants, pss_sum, read_tree
 from harness.run import watch
-from harness.units import MIB
+from harness.units import KIB, MIB
 
 # The worker starts a child that writes its pid and touches 300 MiB, then waits for it; the worker itself
 # stays small.
@@ -119,11 +119,11 @@ def _fake_proc(root: Path, tree: dict[int, list[int]], pss_kib: dict[int, int]) 
 def test_descendants_and_pss_are_read_from_proc(tmp_path: Path) -> None:
     proc = _fake_proc(tmp_path, {10: [11, 12], 11: [13], 12: [], 13: []}, {10: 4, 11: 8, 12: 16, 13: 32})
     assert descendants(10, proc) == [11, 12, 13]
-    assert pss_sum([10, 11, 12, 13], proc) == 60 * 1024
+    assert pss_sum([10, 11, 12, 13], proc) == 60 * KIB
     reading = read_tree(10, exact_over=0, proc=proc)
-    assert reading.pids == (10, 11, 12, 13) and reading.pss_sum_bytes == 60 * 1024
+    assert reading.pids == (10, 11, 12, 13) and reading.pss_sum_bytes == 60 * KIB
     assert reading.rss_sum_bytes == 4 * 25 * os.sysconf("SC_PAGE_SIZE")
-    assert reading.over(59 * 1024) and not reading.over(60 * 1024)
+    assert reading.over(59 * KIB) and not reading.over(60 * KIB)
 
 
 @pytest.mark.parametrize("gone", [True, False])
@@ -132,7 +132,7 @@ def test_a_process_gone_while_read_counts_as_nothing(tmp_path: Path, gone: bool)
     if gone:
         for name in ("statm", "smaps_rollup", "task/11/children", "task/1011/children"):
             (proc / "11" / name).unlink()
-    assert pss_sum([10, 11], proc) == (4 if gone else 12) * 1024
+    assert pss_sum([10, 11], proc) == (4 if gone else 12) * KIB
 
 
 @pytest.mark.parametrize("killed_by_oom", [True, False])
