@@ -51,7 +51,8 @@ ROWS = _table()
 def test_the_table_names_every_setting_with_two_runs() -> None:
     names = [row[0] for row in ROWS]
     assert [n.split(" (")[0] for n in names] == ["copy", "AOTInductor, `mapped`", "AOTInductor, `packaged`",
-                                                 "AOTInductor, `packaged_compiler`", "OpenVINO"]
+                                                 "AOTInductor, `packaged_compiler`", "OpenVINO",
+                                                 "IREE, `mapped`", "IREE, `packaged_compiler`"]
     for row in ROWS:
         assert len(row) == 7, row
         assert len(re.findall(r"`([a-z0-9_-]+)`", row[0].split(" (", 1)[1])) == 2, row[0]
