@@ -13,7 +13,7 @@ Drawn and tabled only for runs of a compiler backend (records of layout 3 with
   checkpoint pages read, host memory it cost, the built model against eager) and a row
   per engine and strategy, with the memory of the processes the compiler started: their summed
   PSS, or, in records before layout 13, their summed RSS, named as such. For a compiler that
-  converts, then compiles (OpenVINO, layout 14), the row gives each call's peak, the weights it
+  converts, then compiles (OpenVINO and IREE, layout 14), the row gives each call's peak, the weights it
   read and what it held beside them instead; its figure marks the conversion's peak too.
 """
 
@@ -56,6 +56,13 @@ def _setting(run: Results) -> str:
     return ", ".join(sorted(found)) or run.record.backend
 
 
+def _calls(run: Results) -> tuple[str, str] | None:
+    """The two calls of the run's compiler (:data:`_TWO_CALLS`), or None for a compiler it does not name or a run
+    of several compilers."""
+    names = {r.compiler for r in run.strategies.values() if r.compiler}
+    return _TWO_CALLS.get(names.pop()) if len(names) == 1 else None
+
+
 def _compiled(record: StrategyRecord) -> list[EngineRecord]:
     return [e for e in record.engines if e.compile_s is not None]
 
@@ -87,8 +94,13 @@ def _write_rise(e: EngineRecord) -> int | None:
 
 
 _MARKERS = {"converted": "|", "compiled": "_", "written": "x"}
+_TWO_CALLS = {
+    "openvino": ("OpenVINO's convert_model", "OpenVINO's compile_model, its blob written"),
+    "iree": ("iree-turbine's import", "IREE's compile, its .vmfb written"),
+}
+"""The two calls of each compiler that converts, then compiles, as the figure's markers name them."""
 _SPLIT_LABELS = {
-    "converted": "peak rise when the conversion was done (OpenVINO's convert_model)",
+    "converted": "peak rise when the conversion was done",
     "compiled": "the compiler's own: its peak rise, or what it left when the weights' write began if more",
     "written": "largest rise while the weights were written into the artifact (weights read + write buffers)",
 }
@@ -130,10 +142,13 @@ def compiler_figure(run: Results) -> Figure:
         label = name if record.ok else f"{name} (FAILED, partial)"
         label += f": compiled in {sum(seconds):.0f} s, largest rise {max(growth):,.0f} MiB"
         handles.append(Patch(color=colour, label=label))
+    calls = _calls(run)
     for what in sorted(split):
         label = _SPLIT_LABELS[what]
-        if what == "compiled" and "converted" in split and "written" not in split:  # OpenVINO: its blob written
-            label = "peak rise when the compile was done (OpenVINO's compile_model, its blob written)"
+        if what == "converted" and calls:
+            label += f" ({calls[0]})"
+        if what == "compiled" and "converted" in split and "written" not in split:  # one call compiles and writes
+            label = "peak rise when the compile was done" + (f" ({calls[1]})" if calls else ", its artifact written")
         handles.append(Line2D([], [], color="#000000", marker=_MARKERS[what], linestyle="none", markersize=8,
                               markeredgewidth=1.6, label=label))
     if weights:
@@ -219,7 +234,8 @@ _TWO_CALL_COLUMNS: list[TableColumn[tuple[str, EngineRecord]]] = [
     TableColumn("weights read", lambda row: _mib(row[1].compiler_read_bytes)),
     TableColumn("held beside them", lambda row: _mib(row[1].compiler_held_bytes)),
 ]
-"""The per-engine columns for a compiler that converts, then compiles and writes its blob in one call (OpenVINO):
+"""The per-engine columns for a compiler that converts, then compiles and writes its artifact in one call (OpenVINO,
+IREE):
 what each call cost, the weights it read and what it held of its own beside them, in place of the columns of a
 harness-written artifact and a compiler cache."""
 
@@ -227,11 +243,12 @@ _TWO_CALL_TEXT = (
     "Per engine (host rise = high-water mark while it was built − RSS at its start; over copy floor = "
     "high-water mark − (RSS at its start + its weights); compile time = the whole build, the conversion "
     "included; convert peak and compile peak = the high-water mark when the conversion, and then the compile "
-    "with its blob written, were done − RSS at its start (the compile's includes the conversion's, whose model "
+    "with its artifact written, were done − RSS at its start (the compile's includes the conversion's, whose model "
     "it holds); weights read = the rise of file-backed RSS from the start to the end of the compile (the mapped "
     "weights' pages the compiler read, with its code's on a first engine); held beside them = the rise of "
-    "anonymous memory over the same span, both models held (the compiler's own: its graph and the weights it "
-    "repacked for its kernels), which sets the floor with the weights; artifact = the compiled blob on disk)"
+    "anonymous memory over the same span, both models held (the compiler's own: its graph and what it "
+    "copied of the weights: OpenVINO's repacked for its kernels, IREE's inlined), which sets the floor with the "
+    "weights; artifact = the compiled file on disk)"
 )
 
 

@@ -22,7 +22,9 @@ from harness.engines.compile.iree import IreeCompiler, iree_missing
 from harness.engines.registry import BackendUnavailable, check_backend, make_builder
 from harness.plan import make_plan
 from harness.report import render_staged
+from harness.report.compiler import compiler_figure
 from harness.results.metrics import floor_bytes
+from harness.results.reading import load_results
 from harness.run import run_scenario
 from harness.scenario import ScenarioError, load_scenario
 from harness.units import MIB
@@ -246,3 +248,10 @@ def test_map_and_load_build_mapped_iree_engines_that_equal_eager(tmp_path: Path)
     assert not any((tmp_path / "engines").rglob("*.vmfb"))  # every engine's file let go
     report = (tmp_path / "results" / "tiny-iree.md").read_text(encoding="utf-8")
     assert "Engines built by iree (weights mapped)" in report
+    assert "| convert peak | compile peak | weights read | held beside them |" in report
+    # the compiler figure names IREE's two calls, not another compiler's
+    figure = compiler_figure(load_results(tmp_path / "results" / "tiny-iree"))
+    labels = [" ".join(t.get_text().split()) for legend in figure.legends for t in legend.get_texts()]
+    assert "peak rise when the conversion was done (iree-turbine's import)" in labels, labels
+    assert "peak rise when the compile was done (IREE's compile, its .vmfb written)" in labels, labels
+    assert not any("OpenVINO" in label for label in labels), labels
