@@ -29,6 +29,10 @@ The steps, in the order a strategy runs them (the worker, through
 * :class:`~harness.engines.compile.openvino.OpenVinoCompiler` (:mod:`.openvino`): OpenVINO, the
   second compiler (``[build] backend = "openvino"``): each partition converted, compiled for the
   CPU and written as a compiled blob that holds its weights.
+* :class:`~harness.engines.compile.iree.IreeCompiler` (:mod:`.iree`): IREE, the third
+  (``[build] backend = "iree"``): each partition imported by iree-turbine and compiled for
+  ``llvm-cpu`` into a ``.vmfb`` that reads the partition's tensors as parameters (``mapped``) or
+  holds them inlined (``packaged_compiler``).
 * :func:`input_layouts`, :func:`conform` (:mod:`.layouts`): the layout each engine input was
   compiled for, recorded in the artifact, and inputs laid out so before an engine runs.
 * :class:`CompiledPipeline` and its :class:`Routing` (:mod:`.pipeline`): the loaded engines run as one model;
