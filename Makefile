@@ -10,7 +10,8 @@ TORCH_PIN := torch==2.13.0
 
 .PHONY: install venv-tools test lint typecheck pytest bench-map bench-smoke bench-pi05 bench-pi05-trim plot clean-data \
 	bench-smoke-compile bench-pi05-compile bench-lerobot-compile lerobot-venv budget-smoke budget-pi05 \
-	budget-pi05-compile bench-smoke-openvino bench-pi05-compile-openvino bench-smoke-iree
+	budget-pi05-compile bench-smoke-openvino bench-pi05-compile-openvino bench-smoke-iree \
+	bench-pi05-compile-iree
 
 # The command-line tools the README names, whose scripts must be in $(VENV)/bin.
 VENV_TOOLS := pytest ruff mypy
@@ -94,6 +95,10 @@ $(IREE_STAMP): $(STAMP)
 bench-smoke-iree: $(IREE_STAMP)
 	$(PY) -m harness run scenarios/smoke-iree.toml
 	$(PY) -m harness run scenarios/smoke-iree-packaged-compiler.toml
+
+# The pi0.5-sized model built by IREE, weights read as parameters (bfloat16 cannot be inlined).
+bench-pi05-compile-iree: $(IREE_STAMP)
+	$(PY) -m harness run scenarios/pi05-compile-iree.toml
 
 # lerobot's own pi0.5 compiled on a GPU; needs lerobot (LEROBOT_PY: a Python where it
 # imports, e.g. the one `make lerobot-venv` sets up) and data/pi05.safetensors (make bench-pi05).
