@@ -18,7 +18,8 @@ from typing import Any
 from harness.catalog import HEADLINE_STRATEGY
 from harness.results.atomic import write_json
 from harness.results.codec import Record, RecordError, decode, encode
-from harness.results.record import MachineInfo, read_json_file, results_name_problem
+from harness.results.files import read_json_file
+from harness.results.record import MachineInfo, results_name_problem
 from harness.units import MIB
 
 __all__ = ["BUDGET_FILE", "BUDGET_VERSION", "AttemptRecord", "BudgetRecord", "StrategyBudget", "goal_limit",

@@ -37,7 +37,7 @@ from harness.report.names import figure_name
 from harness.report.style import STYLE, figure_png, strategy_line, wrapped_title
 from harness.report.text import DASH, cell, gib_decimals, short_commit
 from harness.results.atomic import FileBatch
-from harness.results.record import read_text_file
+from harness.results.files import read_text_file
 from harness.units import GIB
 
 __all__ = ["Goal", "budget_goals", "budget_markdown", "failure_shifts", "render_budget", "shown_attempts",

@@ -39,8 +39,9 @@ from pathlib import Path
 from harness.errors import HarnessError
 from harness.report.table import strategy_cells
 from harness.results.atomic import write_atomic
+from harness.results.files import parse_json, read_text_file
 from harness.results.reading import Results
-from harness.results.record import RecordError, parse_json, read_text_file
+from harness.results.record import RecordError
 
 __all__ = ["UNCHECKABLE", "FigureChange", "Notes", "check_notes", "figure_changes", "notes_path", "order_changes",
            "orders_times", "read_notes", "sentences", "stamp_notes", "uncheckable_claims"]

@@ -16,7 +16,7 @@ and what is wrong (``summary.json: strategies.map.engines[3]: missing key 'end_s
   any finite int or float (read as a float); a key whose name has the word ``bytes`` is a
   byte count, below :data:`MAX_BYTES`; neither is negative unless the field is ``signed``
   (bytes, counts, indices and times never are); a too-long integer reaches here as a
-  :class:`LongInteger` (:func:`harness.results.record.parse_json`) and is refused by its size.
+  :class:`LongInteger` (:func:`harness.results.files.parse_json`) and is refused by its size.
 
 What one field adds is declared next to it, in its metadata (:data:`RULES`), e.g.
 ``field(default=None, metadata={"since": 4})``: ``since``, the layout version that added the

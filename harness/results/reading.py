@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.results.files import read_json_file
 from harness.results.metrics import (
     DiskMetrics,
     SampleColumns,
@@ -33,7 +34,6 @@ from harness.results.record import (
     empty_samples,
     events_file,
     read_events,
-    read_json_file,
     read_samples,
     samples_file,
 )

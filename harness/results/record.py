@@ -117,8 +117,8 @@ declared ``signed`` (growths, an exit status, an excess below the floor); a numb
 the top-level ``name`` (of ``summary.json`` and ``budget.json``) and every strategy's name obey
 :data:`NAME`, since they name files; a run has 1 to :data:`MAX_ENGINES` engines and a model at
 least one byte. Files are read by
-:func:`read_file`, which refuses anything but a regular file without blocking on it (a
-FIFO, a device); JSON nested deeper than :data:`MAX_JSON_DEPTH` is refused before it is
+:func:`harness.results.files.read_file`, which refuses anything but a regular file without blocking on it (a
+FIFO, a device); JSON nested deeper than :data:`~harness.results.files.MAX_JSON_DEPTH` is refused before it is
 parsed. A CSV row must hold every column, the file must end with a whole row and hold as
 many rows as its strategy's record states (from layout 11), and a number in it must be finite
 and in range.
@@ -131,12 +131,6 @@ harness and are never read back by it.
 
 from __future__ import annotations
 
-import csv
-import errno
-import io
-import json
-import os
-import re
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -150,15 +144,14 @@ from harness.results.codec import (
     MAX_INTEGER,
     NAME,
     Limit,
-    LongInteger,
     Record,
     RecordError,
     check_name,
     decode,
     name_problem,
 )
-from harness.units import GIB, MIB, PIB
-from weightmap import non_regular_kind
+from harness.results.files import empty_frame, read_csv, read_json_file
+from harness.units import GIB, PIB
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -169,7 +162,6 @@ __all__ = [
     "MAX_BYTES",
     "MAX_ENGINES",
     "MAX_INTEGER",
-    "MAX_JSON_DEPTH",
     "NAME",
     "PLAN",
     "SAMPLE_COLUMNS",
@@ -195,13 +187,9 @@ __all__ = [
     "empty_events",
     "empty_samples",
     "events_file",
-    "parse_json",
     "read_events",
-    "read_file",
-    "read_json_file",
     "read_samples",
     "read_strategy_file",
-    "read_text_file",
     "results_name_problem",
     "samples_file",
     "strategy_file",
@@ -218,9 +206,6 @@ PLAN = "plan.json"
 MAX_ENGINES = 100_000
 """The most engines a run may have: every engine holds at least one weight tensor, and no model
 a scenario names comes near this many (pi0.5 has 813 tensors)."""
-
-MAX_JSON_DEPTH = 64
-"""The deepest nesting of objects and lists a results file may have (the records need 6)."""
 
 SAMPLE_COLUMNS: tuple[str, ...] = (
     "t_s",
@@ -830,105 +815,6 @@ class RunRecord(Record):
 # --------------------------------------------------------------------------- files
 
 
-def read_file(path: Path) -> bytes:
-    """The bytes of ``path``, which must be a regular file (a link to one is followed).
-
-    The file is opened without blocking (``O_NONBLOCK``: a FIFO without a writer, or a
-    device, cannot hang the reader) and checked on the open descriptor (``fstat``), so
-    nothing can swap it in between. Raises :class:`FileNotFoundError` when there is no
-    such file, and a :class:`RecordError` naming the path for anything that is not a
-    regular file or cannot be read. Every reader of results and notes opens files through it.
-    """
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        raise RecordError(f"{path}: cannot read ({exc.strerror or exc})") from exc
-    try:
-        kind = non_regular_kind(os.fstat(fd).st_mode)
-        if kind is not None:
-            raise RecordError(f"{path}: {kind}, not a regular file; expected a file the harness wrote")
-        chunks = []
-        while chunk := os.read(fd, MIB):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    except OSError as exc:
-        raise RecordError(f"{path}: cannot read ({exc.strerror or exc})") from exc
-    finally:
-        os.close(fd)
-
-
-def read_text_file(path: Path) -> str | None:
-    """The UTF-8 text of the regular file ``path`` (:func:`read_file`); ``None`` when there is no such file."""
-    try:
-        data = read_file(path)
-    except FileNotFoundError:
-        return None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RecordError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
-
-
-def _parse_int(text: str) -> int | LongInteger:
-    digits = len(text.lstrip("-"))
-    return LongInteger(digits) if digits > 19 else int(text)  # 19 digits hold every value below 2**63
-
-
-_JSON_TOKENS = re.compile(r'\\.|["\[\]{}]')
-
-
-def _json_depth_error(text: str) -> str | None:
-    """Where ``text`` nests objects and lists deeper than :data:`MAX_JSON_DEPTH`, in words; else None.
-
-    One pass over the quotes, escapes and brackets, skipping strings, before the parser
-    (which recurses once per level) sees the text.
-    """
-    depth, in_string = 0, False
-    for match in _JSON_TOKENS.finditer(text):
-        token = match.group()
-        if in_string:
-            in_string = token != '"'
-        elif token == '"':
-            in_string = True
-        elif token in "[{":
-            depth += 1
-            if depth > MAX_JSON_DEPTH:
-                line = text.count("\n", 0, match.start()) + 1
-                return f"nested deeper than {MAX_JSON_DEPTH} levels (line {line})"
-        elif token in "]}":
-            depth -= 1
-    return None
-
-
-def read_json_file(path: Path) -> Any:
-    """The JSON in ``path``; a missing, unreadable or malformed file is a :class:`RecordError` naming it.
-
-    Integers too long to be any record's value read as a placeholder
-    (:class:`~harness.results.codec.LongInteger`) that the codec refuses, naming the key;
-    ``NaN`` and ``Infinity`` are refused there too.
-    """
-    text = read_text_file(path)
-    if text is None:
-        raise RecordError(f"{path}: not found; is {path.parent} a results directory?")
-    return parse_json(text, str(path))
-
-
-def parse_json(text: str, source: str) -> Any:
-    """The JSON ``text`` read from ``source``, as :func:`read_json_file` reads a file's."""
-    deep = _json_depth_error(text)
-    if deep is not None:
-        raise RecordError(f"{source}: not a record: {deep}")
-    try:
-        return json.loads(text, parse_int=_parse_int)
-    except json.JSONDecodeError as exc:
-        raise RecordError(f"{source}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from exc
-    except (ValueError, RecursionError) as exc:
-        raise RecordError(f"{source}: not a record ({' '.join(str(exc).split())})") from exc
-
-
 def write_summary(directory: Path, run: RunRecord) -> Path:
     """Write ``summary.json`` into ``directory`` (atomically)."""
     return write_json(Path(directory) / SUMMARY, run.to_json())
@@ -961,102 +847,23 @@ def read_strategy_file(directory: Path, name: str) -> StrategyRecord | None:
     return decode(StrategyRecord, written.record, source=str(path), where="record", version=LAYOUT_VERSION)
 
 
-_NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?"
-"""A number in a results CSV, as Python and pandas write them (``nan``, ``inf`` and the like are not numbers)."""
-
-
-def _csv_rows(path: Path, columns: tuple[str, ...], expected_rows: int | None) -> list[list[str]]:
-    """The data rows of a results CSV, each with every column; the header must be ``columns``, and the
-    rows ``expected_rows`` in number where the record states it."""
-    text = read_text_file(path)
-    if text is None:
-        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
-    if not text.strip():
-        raise RecordError(f"{path}: empty; expected a header of {', '.join(columns)}")
-    if not text.endswith("\n"):
-        line = text.count("\n") + 1
-        raise RecordError(f"{path}: row {line}: the file ends inside a row (it was cut short)")
-    try:
-        reader = csv.reader(io.StringIO(text, newline=""), strict=True)
-        header = next(reader)
-        rows = list(reader)
-    except csv.Error as exc:
-        raise RecordError(f"{path}: not a readable CSV ({exc})") from exc
-    if tuple(header) != columns:
-        raise RecordError(f"{path}: expected the columns {', '.join(columns)}; got {', '.join(header)}")
-    for i, row in enumerate(rows):
-        if len(row) != len(columns):
-            raise RecordError(f"{path}: row {i + 2}: expected {len(columns)} fields, got {len(row)}"
-                              + (" (a short or cut row)" if len(row) < len(columns) else ""))
-    if expected_rows is not None and len(rows) != expected_rows:
-        cut = " (it was cut short)" if len(rows) < expected_rows else ""
-        raise RecordError(f"{path}: {len(rows)} data rows, but the strategy's record states {expected_rows} were "
-                          f"written{cut}")
-    return rows
-
-
-def _read_csv(path: Path, columns: tuple[str, ...], text_column: str, rows: int | None) -> pd.DataFrame:
-    """A results CSV: numbers as float64 (an empty cell NaN), ``text_column`` as text (an empty cell NA).
-
-    A number must be finite and below :data:`MAX_BYTES` in a byte column, :data:`MAX_INTEGER`
-    elsewhere; ``t_s`` must be present and not negative, byte columns not negative, ``engine``
-    at least -1 (no engine). ``rows``: how many data rows the record states (None: not checked).
-    """
-    import pandas as pd
-
-    frame = pd.DataFrame(_csv_rows(path, columns, rows), columns=list(columns), dtype=object)
-    for column in columns:
-        cells = frame[column].astype(str)
-        empty = cells == ""
-        if column == text_column:
-            frame[column] = cells.where(~empty, None).astype("string")
-            continue
-        lowest = -1.0 if column == "engine" else 0.0
-
-        def fail(mask: pd.Series, problem: str, column: str = column, cells: pd.Series = cells) -> RecordError:
-            row = int(mask.to_numpy().nonzero()[0][0])
-            return RecordError(f"{path}: row {row + 2}, column {column}: {problem} ({cells.iloc[row]!r})")
-
-        if column == "t_s" and empty.any():
-            raise fail(empty, "missing")
-        bad = ~empty & ~cells.str.fullmatch(_NUMBER)
-        if bad.any():
-            raise fail(bad, "not a finite number")
-        values = pd.to_numeric(cells.where(~empty, None), errors="coerce").astype("float64")
-        bound, words = (MAX_BYTES, "less than 2**53 expected") if column.endswith("bytes") else (
-            MAX_INTEGER, "at most 2**63 - 1 in size")
-        in_range = values.abs() < bound
-        if (~empty & ~in_range).any():
-            raise fail(~empty & ~in_range, f"out of range ({words})")
-        if (values < lowest).any():
-            raise fail(values < lowest, f"expected at least {lowest:g}")
-        frame[column] = values
-    return frame.sort_values("t_s", kind="stable").reset_index(drop=True)
-
-
-def _empty(columns: tuple[str, ...], text_column: str) -> pd.DataFrame:
-    import pandas as pd
-
-    return pd.DataFrame({c: pd.Series(dtype="string" if c == text_column else "float64") for c in columns})
-
-
 def empty_samples() -> pd.DataFrame:
     """Samples of a strategy that wrote none: the columns of :func:`read_samples`, no rows."""
-    return _empty(SAMPLE_COLUMNS, "phase")
+    return empty_frame(SAMPLE_COLUMNS, "phase")
 
 
 def empty_events() -> pd.DataFrame:
     """Events of a strategy that wrote none: the columns of :func:`read_events`, no rows."""
-    return _empty(EVENT_COLUMNS, "event")
+    return empty_frame(EVENT_COLUMNS, "event")
 
 
 def read_samples(path: Path, rows: int | None = None) -> pd.DataFrame:
     """A ``samples-<strategy>.csv``: numbers as float64 (empty cells NaN), ``phase`` as text; with ``rows`` (the
     record's ``sample_rows``), exactly that many rows or a :class:`RecordError`."""
-    return _read_csv(Path(path), SAMPLE_COLUMNS, "phase", rows)
+    return read_csv(Path(path), SAMPLE_COLUMNS, "phase", rows)
 
 
 def read_events(path: Path, rows: int | None = None) -> pd.DataFrame:
     """An ``events-<strategy>.csv``: numbers as float64 (empty cells NaN), ``event`` as text; with ``rows`` (the
     record's ``event_rows``), exactly that many rows or a :class:`RecordError`."""
-    return _read_csv(Path(path), EVENT_COLUMNS, "event", rows)
+    return read_csv(Path(path), EVENT_COLUMNS, "event", rows)

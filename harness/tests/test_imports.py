@@ -40,6 +40,7 @@ TORCH_FREE = (
     "harness.catalog",
     "harness.scenario",
     "harness.results.record",
+    "harness.results.files",
     "harness.results.metrics",
     "harness.results.reading",
     "harness.results.spread",
