@@ -115,8 +115,6 @@ fields); ``reference.*`` are the keys of each ``[[reference]]`` table; see ``sce
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 import re
 import tomllib
 import zlib
@@ -128,10 +126,22 @@ from typing import Any
 from harness.catalog import BACKENDS, COMPILER_BACKENDS, COMPILER_WEIGHTS, ENGINE_WEIGHTS, STRATEGY_LISTINGS
 from harness.errors import HarnessError
 from harness.results.codec import NAME, TABLE_STYLE, Limit, decode, decode_fields, describe_typed, encode
+from harness.results.files import not_regular
 from harness.results.names import reserved_problem
 from harness.results.record import Reference
-from harness.units import GIB, MIB, PIB, TIB
-from weightmap import PREFETCH_METHODS, non_regular_kind
+from harness.units import GIB, MIB, PIB
+from harness.weightspec import (
+    MAX_MODEL_BYTES,
+    MAX_SPEC_NESTING,
+    MAX_SPEC_TENSORS,
+    SpecFileError,
+    dtype_itemsize,
+    model_bytes_problem,
+    read_spec,
+    read_spec_data,
+    spec_problem,
+)
+from weightmap import PREFETCH_METHODS
 
 __all__ = [
     "CACHES",
@@ -150,7 +160,6 @@ __all__ = [
     "BuildConfig",
     "CheckpointConfig",
     "Limit",
-    "NestingError",
     "OneOf",
     "ModelConfig",
     "Reference",
@@ -159,8 +168,6 @@ __all__ = [
     "ScenarioError",
     "checkpoint_path_problem",
     "default_checkpoint_for",
-    "json_nesting",
-    "load_json_bounded",
     "load_scenario",
     "synthetic_numel",
     "validate_scenario",
@@ -181,15 +188,8 @@ FALLBACKS: tuple[str, ...] = ("spec",)
 DATA_DIR = Path("data")
 """Where default checkpoints go, relative to the repository root."""
 
-MAX_MODEL_BYTES = 16 * TIB
-"""The most weight bytes a model may have (well within what a file offset, a tensor's byte
-count and torch's element count can hold; larger than any disk the harness writes to)."""
-MAX_SPEC_TENSORS = 100_000
-"""The most tensors a weight spec may list (pi0.5 has 813)."""
 MAX_NESTING = 8
 """How deep a scenario file may nest arrays and tables (the schema needs 3)."""
-MAX_SPEC_NESTING = 16
-"""How deep a weight-spec JSON may nest arrays and objects (the format needs 4)."""
 
 
 def _int(low: int, high: int) -> Limit:
@@ -468,114 +468,10 @@ def synthetic_numel(*, layers: int, width: int, vocab: int, ffn_mult: int) -> in
     return vocab * width + layers * per_layer + width
 
 
-def _itemsize(name: Any) -> int | None:
-    """Bytes per element of the torch dtype called ``name``; None when there is none."""
-    import torch  # only a scenario with a synthetic model or a spec asks: torch knows its dtypes
-
-    dtype = getattr(torch, name, None) if isinstance(name, str) else None
-    return dtype.itemsize if isinstance(dtype, torch.dtype) else None
-
-
-def _size(n: int) -> str:
-    if n >= TIB:
-        return f"{n / TIB:.3g} TiB"
-    return f"{n / GIB:.3g} GiB" if n >= GIB else f"{n:,} bytes"
-
-
-def _too_large(what: str, nbytes: int) -> str | None:
-    if nbytes <= MAX_MODEL_BYTES:
-        return None
-    return (f"{what} come to {nbytes:,} bytes ({_size(nbytes)}); a model may have at most "
-            f"{MAX_MODEL_BYTES:,} bytes (16 TiB)")
-
-
 def _synthetic_problem(layers: int, width: int, vocab: int, ffn_mult: int, dtype: str) -> str | None:
     numel = synthetic_numel(layers=layers, width=width, vocab=vocab, ffn_mult=ffn_mult)
-    return _too_large(f"layers {layers}, width {width}, vocab {vocab}, ffn_mult {ffn_mult} in {dtype}",
-                      numel * (_itemsize(dtype) or 4))
-
-
-def _entry_bytes(entry: Any) -> tuple[int, int]:
-    """``(bytes, largest dimension)`` of one spec entry; (0, 0) for an entry :func:`harness.models.load_spec`
-    refuses (no shape of integers >= 0, an unknown dtype), which is not this check's to report."""
-    if not isinstance(entry, dict):
-        return 0, 0
-    shape, size = entry.get("shape"), _itemsize(entry.get("dtype"))
-    if size is None or not isinstance(shape, list):
-        return 0, 0
-    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        return 0, 0
-    return math.prod(shape) * size, max(shape, default=0)
-
-
-def _spec_problem(data: Mapping[str, Any], trim: tuple[str, ...] | set[str]) -> str | None:
-    """What makes a weight spec's model unrepresentable (too many tensors, a dimension or a total
-    beyond :data:`MAX_MODEL_BYTES`), or None. Counts what the model holds: persistent tensors not
-    trimmed (a tied group once) and non-persistent buffers."""
-    tensors = data.get("tensors")
-    tensors = tensors if isinstance(tensors, list) else []
-    buffers = data.get("non_persistent_buffers")
-    buffers = buffers if isinstance(buffers, list) else []
-    if len(tensors) + len(buffers) > MAX_SPEC_TENSORS:
-        return (f"lists {len(tensors) + len(buffers):,} tensors and buffers; a weight spec may list at most "
-                f"{MAX_SPEC_TENSORS:,}")
-    group_of: dict[str, int] = {}
-    tied = data.get("tied")
-    for i, group in enumerate(tied if isinstance(tied, list) else []):
-        for name in group if isinstance(group, list) else []:
-            if isinstance(name, str):
-                group_of.setdefault(name, i)
-    skip = set(trim)
-    groups: set[int] = set()
-    total = 0
-    for persistent, entries in ((True, tensors), (False, buffers)):
-        for entry in entries:
-            name = entry.get("name") if isinstance(entry, dict) else None
-            if persistent and name in skip:
-                continue
-            group = group_of.get(name) if persistent and isinstance(name, str) else None
-            if group is not None:
-                if group in groups:
-                    continue
-                groups.add(group)
-            nbytes, largest = _entry_bytes(entry)
-            if largest > MAX_MODEL_BYTES:
-                return f"tensor {name!r} has a dimension of {largest:,}; at most {MAX_MODEL_BYTES:,}"
-            total += nbytes
-    return _too_large("its tensors", total)
-
-
-class NestingError(ValueError):
-    """Text nests arrays or objects deeper than its format needs (and a parser's recursion can take)."""
-
-
-_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
-_JSON_BRACKET = re.compile(r"[\[\]{}]")
-
-
-def json_nesting(text: str) -> int:
-    """How deep the arrays and objects of JSON ``text`` nest (brackets in strings skipped), counted
-    without recursion; for text that is not JSON, at least as deep as a parser would get."""
-    depth = deepest = 0
-    for match in _JSON_BRACKET.finditer(_JSON_STRING.sub('""', text)):
-        if match.group() in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        else:
-            depth -= 1
-    return deepest
-
-
-def load_json_bounded(text: str, limit: int = MAX_SPEC_NESTING) -> Any:
-    """``json.loads(text)``, refusing text that nests more than ``limit`` levels with
-    :class:`NestingError` before the parser recurses into it."""
-    depth = json_nesting(text)
-    if depth > limit:
-        raise NestingError(f"arrays and objects nest {depth} levels deep; at most {limit}")
-    try:
-        return json.loads(text)
-    except RecursionError as exc:  # a caller already deep in its own stack
-        raise NestingError(f"arrays and objects nest too deeply to parse; at most {limit}") from exc
+    return model_bytes_problem(f"layers {layers}, width {width}, vocab {vocab}, ffn_mult {ffn_mult} in {dtype}",
+                      numel * (dtype_itemsize(dtype) or 4))
 
 
 def _nesting(data: Any, limit: int) -> str | None:
@@ -597,22 +493,10 @@ def _nesting(data: Any, limit: int) -> str | None:
     return None
 
 
-def _not_regular(path: Path) -> str | None:
-    """What ``path`` is when it is there and is not a regular file (``stat``, following links; never
-    opened), else None (a regular file, or nothing there)."""
-    try:
-        mode = path.stat().st_mode
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        return f"cannot be looked at ({exc.strerror or exc})"
-    return non_regular_kind(mode)
-
-
 def checkpoint_path_problem(path: Path) -> str | None:
     """Why ``path`` cannot be a checkpoint (a directory, a FIFO, a device, ...: anything there but a
     regular file), found with ``stat`` alone, so a FIFO is never opened; None when it may be one."""
-    kind = _not_regular(path)
+    kind = not_regular(path)
     if kind is None:
         return None
     if kind.startswith("cannot"):
@@ -620,15 +504,6 @@ def checkpoint_path_problem(path: Path) -> str | None:
     if kind == "a directory":
         return f"{path}: is a directory; the harness reads and writes one .safetensors file"
     return f"{path}: is {kind}, not a regular file; the harness reads and writes one .safetensors file"
-
-
-def _read_spec(path: Path) -> Any:
-    """A weight spec's JSON; ``OSError``, ``UnicodeDecodeError``, ``json.JSONDecodeError`` or
-    :class:`NestingError` when it cannot be read as one."""
-    kind = _not_regular(path)
-    if kind is not None and not kind.startswith("cannot"):
-        raise OSError(f"it is {kind}, not a regular file")
-    return load_json_bounded(path.read_text(encoding="utf-8"))
 
 
 def validate_scenario(scenario: Scenario) -> None:
@@ -653,10 +528,10 @@ def validate_scenario(scenario: Scenario) -> None:
             raise ScenarioError(f"{scenario.where('model')}: {problem}")
     elif m.spec is not None:
         try:
-            data = _read_spec(m.spec)
+            data = read_spec(m.spec)
         except (OSError, ValueError) as exc:
             raise ScenarioError(f"{scenario.where('model.spec')}: cannot read {m.spec} ({exc})") from exc
-        problem = _spec_problem(data if isinstance(data, dict) else {}, m.trim)
+        problem = spec_problem(data if isinstance(data, dict) else {}, m.trim)
         if problem:
             raise ScenarioError(f"{scenario.where('model.spec')}: {m.spec} {problem}")
     problem = checkpoint_path_problem(scenario.checkpoint.path)
@@ -688,33 +563,12 @@ def _resolve_spec(raw: str, scenario_dir: Path, fail: _Fail) -> Path | None:
     given = Path(raw).expanduser()
     for base in (scenario_dir, Path.cwd()):
         candidate = given if given.is_absolute() else base / given
-        kind = _not_regular(candidate)
+        kind = not_regular(candidate)
         if kind is not None and kind != "a directory":
             raise fail("spec", f"{candidate} is {kind}, not a regular file")
         if candidate.is_file():
             return candidate.resolve()
     return None
-
-
-def _read_spec_data(path: Path, fail: _Fail) -> dict[str, Any]:
-    """A weight-spec JSON with a list of named tensors; raises naming ``model.spec`` when it is not one."""
-    try:
-        data = _read_spec(path)
-    except UnicodeDecodeError as exc:
-        raise fail("spec", f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
-    except json.JSONDecodeError as exc:
-        raise fail("spec", f"{path} is not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from exc
-    except NestingError as exc:
-        raise fail("spec", f"{path} is not a weight spec: {exc} (a weight spec needs 4)") from exc
-    except OSError as exc:
-        raise fail("spec", f"cannot read {path} ({exc.strerror or exc})") from exc
-    tensors = data.get("tensors") if isinstance(data, dict) else None
-    if not isinstance(tensors, list) or not all(isinstance(t, dict) and isinstance(t.get("name"), str)
-                                                for t in tensors):
-        raise fail("spec", f"{path} is not a weight spec: expected an object whose \"tensors\" "
-                           "is a list of objects with a \"name\"")
-    assert isinstance(data, dict)
-    return data
 
 
 _REQUIRED_MODEL_KEYS: dict[str, tuple[str, ...]] = {
@@ -742,12 +596,15 @@ def _load_model(raw: Any, file: Path, scenario_dir: Path) -> ModelConfig:
     spec = _resolve_spec(raw["spec"], scenario_dir, fail)
     if spec is None:
         raise fail("spec", f"file {raw['spec']!r} not found (looked in {scenario_dir} and {Path.cwd()})")
-    data = _read_spec_data(spec, fail)
+    try:
+        data = read_spec_data(spec)
+    except SpecFileError as exc:
+        raise fail("spec", str(exc)) from exc
     names = {t["name"] for t in data["tensors"]}
     for name in model.trim:
         if name not in names:
             raise fail("trim", f"{name!r} is not a tensor of {spec}")
-    problem = _spec_problem(data, model.trim)
+    problem = spec_problem(data, model.trim)
     if problem:
         raise fail("spec", f"{spec} {problem}")
     return dataclasses.replace(model, spec=spec)
@@ -845,7 +702,7 @@ def load_scenario(path: str | Path) -> Scenario:
     file = Path(path)
     shown = file
     file = file if file.is_absolute() else Path.cwd() / file
-    kind = _not_regular(file)
+    kind = not_regular(file)
     if kind is not None:
         raise ScenarioError(f"{shown}: {kind}" if kind.startswith("cannot")
                             else f"{shown}: is {kind}, not a regular file; a scenario is a TOML file")

@@ -26,7 +26,8 @@ from harness.models.base import (
     pattern,
     show_path,
 )
-from harness.scenario import ModelConfig, load_json_bounded
+from harness.scenario import ModelConfig
+from harness.weightspec import load_json_bounded
 
 __all__ = ["SpecModel", "build_from_spec", "load_spec", "spec_differences", "spec_of"]
 
@@ -41,7 +42,7 @@ def load_spec(path: str | Path) -> dict[str, Any]:
     optional ``tied`` (lists of tensor names) and ``non_persistent_buffers``
     (``{name, shape, dtype}``). Raises :class:`ModelError` naming the file and the entry; a
     path that is not a regular file is refused before it is opened, and JSON nested deeper than
-    :data:`~harness.scenario.MAX_SPEC_NESTING` before it is parsed.
+    :data:`~harness.weightspec.MAX_SPEC_NESTING` before it is parsed.
     """
     where = Path(path)
     try:

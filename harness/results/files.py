@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_JSON_DEPTH",
     "empty_frame",
+    "not_regular",
     "parse_json",
     "read_csv",
     "read_file",
@@ -36,6 +37,18 @@ __all__ = [
 
 MAX_JSON_DEPTH = 64
 """The deepest nesting of objects and lists a results file may have (the records need 6)."""
+
+
+def not_regular(path: Path) -> str | None:
+    """What ``path`` is when it is there and is not a regular file (``stat``, following links; never
+    opened), else None (a regular file, or nothing there)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot be looked at ({exc.strerror or exc})"
+    return non_regular_kind(mode)
 
 
 def read_file(path: Path) -> bytes:

@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "units", "catalog", "stopping"),
     ("results",),
     ("measure", "progress"),
-    ("scenario",),
+    ("scenario", "weightspec"),
     ("models", "load"),
     ("engines",),
     ("speed", "plan"),
@@ -39,6 +39,7 @@ or those below it. The README's layer list and :mod:`harness`'s docstring name t
 TORCH_FREE = (
     "harness.catalog",
     "harness.scenario",
+    "harness.weightspec",
     "harness.results.record",
     "harness.results.files",
     "harness.results.metrics",
