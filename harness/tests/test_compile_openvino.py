@@ -21,9 +21,9 @@ import torch
 from torch import nn
 
 from harness.engines.compile.compiler import Artifact, EngineLoadError
+from harness.engines.compile.handover import alias
 from harness.engines.compile.openvino import (
     OpenVinoCompiler,
-    alias,
     blob_payload_offset,
     openvino_missing,
     without_telemetry,

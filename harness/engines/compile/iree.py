@@ -51,7 +51,7 @@ import torch
 from torch.export import ExportedProgram
 
 from harness.engines.compile.compiler import Artifact, EngineBuildError, EngineLoadError
-from harness.engines.compile.openvino import alias
+from harness.engines.compile.handover import aliased, drop_behind
 from harness.measure.procfs import read_peak, read_status
 
 __all__ = [
@@ -108,37 +108,18 @@ def program_tensors(program: ExportedProgram) -> dict[str, torch.Tensor]:
 
 @contextlib.contextmanager
 def _handed(program: ExportedProgram, external: bool) -> Iterator[None]:
-    """While the block runs, ``program``'s weights and constants are :func:`~harness.engines.compile.openvino.alias`
+    """While the block runs, ``program``'s weights and constants are :func:`~harness.engines.compile.handover.alias`
     es of its tensors (iree-turbine's importer views an inlined weight with numpy, which would make the model's own
     storage unresizable for good), each marked an external parameter named by its key in :data:`SCOPE` where
     ``external``; the program's tables are restored afterwards."""
     from iree.turbine.aot.tensor_traits import ExternalTensorTrait
 
-    tables = [program.state_dict, program.constants]
-    saved = [dict(table) for table in tables]
-    for table in tables:
-        for name, value in table.items():
-            if isinstance(value, torch.Tensor):
-                table[name] = handed = alias(value)
-                if external:
-                    ExternalTensorTrait(external_scope=SCOPE, external_name=name).set(handed)
-    try:
+    def mark(name: str, handed: torch.Tensor) -> None:
+        if external:
+            ExternalTensorTrait(external_scope=SCOPE, external_name=name).set(handed)
+
+    with aliased(program, mark):
         yield
-    finally:
-        for table, before in zip(tables, saved, strict=True):
-            table.clear()
-            table.update(before)
-
-
-def _drop_behind(path: Path) -> None:
-    """Flush ``path`` and drop its pages from the page cache (the engine is written and let go)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fdatasync(fd)
-        if hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -201,7 +182,7 @@ class IreeCompiler:
             gc.collect()  # the imported module may hold the partition's tensors: drop it before they are released
         if not path.is_file() or not path.stat().st_size:
             raise EngineBuildError(f"{path.name}: IREE's compile returned without writing the module")
-        _drop_behind(path)
+        drop_behind(path)
         return Artifact(path, tensors if self.weights == "mapped" else {}, {
             "convert_s": round(convert_s, 3), "convert_hwm_bytes": convert_hwm, "compile_hwm_bytes": compile_hwm,
             "compiler_read_bytes": done.file_bytes - start.file_bytes,

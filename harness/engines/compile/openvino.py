@@ -10,8 +10,9 @@ Each engine is built in two calls, measured apart (:class:`OpenVinoCompiler`):
    resident after the call, none of a bfloat16 one's). It shares them through numpy, and a
    storage numpy has viewed can never be resized again: the strategies that free a weight by
    resizing its storage after its last engine (``load``) could then free none. So OpenVINO is
-   handed aliases (:func:`alias`): tensors over the same memory, each with a storage of its own,
-   which numpy may pin; the model's own storages stay resizable.
+   handed aliases (:func:`~harness.engines.compile.handover.alias`): tensors over the same
+   memory, each with a storage of its own, which numpy may pin; the model's own storages stay
+   resizable.
 2. **Compile and write.** ``Core().compile_model`` builds the engine for the CPU with an empty
    model cache (``CACHE_DIR``) of the engine's own, so that OpenVINO writes the compiled blob to
    a file as it compiles, streamed (``export_model()`` would hand it back as bytes: two
@@ -49,7 +50,6 @@ with that stub in place (:func:`without_telemetry`): no run reaches the network 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gc
 import os
 import re
@@ -67,6 +67,7 @@ import torch
 from torch.export import ExportedProgram
 
 from harness.engines.compile.compiler import Artifact, EngineBuildError, EngineLoadError
+from harness.engines.compile.handover import aliased, drop_behind
 from harness.measure.procfs import read_peak, read_status
 from harness.units import KIB
 
@@ -76,7 +77,6 @@ __all__ = [
     "WEIGHTS",
     "OpenVinoCompiler",
     "OpenVinoEngine",
-    "alias",
     "blob_payload_offset",
     "import_openvino",
     "load_openvino_modules",
@@ -181,48 +181,6 @@ def blob_payload_offset(path: Path, head: bytes) -> int:
     return match.end()
 
 
-def alias(tensor: torch.Tensor) -> torch.Tensor:
-    """A tensor over ``tensor``'s memory (same dtype, shape, strides and offset) whose storage is a new one that
-    does not own that memory: what is done to it (numpy's view, which makes a storage unresizable for good) leaves
-    ``tensor``'s storage as it was. It must not outlive ``tensor``'s storage. A parameter stays a parameter; a
-    tensor with no bytes, or off the CPU, is returned as it is."""
-    storage = tensor.untyped_storage()
-    if tensor.device.type != "cpu" or not storage.nbytes():
-        return tensor
-    window = (ctypes.c_char * storage.nbytes()).from_address(storage.data_ptr())
-    own = torch.frombuffer(window, dtype=torch.uint8).untyped_storage()
-    view = torch.empty(0, dtype=tensor.dtype).set_(own, tensor.storage_offset(), tensor.shape, tensor.stride())
-    return torch.nn.Parameter(view, requires_grad=False) if isinstance(tensor, torch.nn.Parameter) else view
-
-
-@contextlib.contextmanager
-def _aliased(program: ExportedProgram) -> Iterator[None]:
-    """While the block runs, ``program``'s weights and constants are :func:`alias` es of its tensors."""
-    tables = [program.state_dict, program.constants]
-    saved = [dict(table) for table in tables]
-    for table in tables:
-        for name, value in table.items():
-            if isinstance(value, torch.Tensor):
-                table[name] = alias(value)
-    try:
-        yield
-    finally:
-        for table, before in zip(tables, saved, strict=True):
-            table.clear()
-            table.update(before)
-
-
-def _drop_behind(path: Path) -> None:
-    """Flush ``path`` and drop its pages from the page cache (the engine is written and let go)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fdatasync(fd)
-        if hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 @dataclass(frozen=True)
 class OpenVinoCompiler:
     """OpenVINO's CPU plugin as an :class:`~harness.engines.compile.compiler.EngineCompiler` (see the module
@@ -269,7 +227,7 @@ class OpenVinoCompiler:
         start = read_status()
         try:
             began = time.perf_counter()
-            with without_telemetry(), _aliased(program):
+            with without_telemetry(), aliased(program):
                 model = openvino.convert_model(program, input=[list(a.shape) for a in args])
             convert_s = time.perf_counter() - began
             convert_hwm = read_peak()
@@ -290,7 +248,7 @@ class OpenVinoCompiler:
                                    "the engine was not written")
         os.replace(blobs[0], path)
         shutil.rmtree(cache, ignore_errors=True)
-        _drop_behind(path)
+        drop_behind(path)
         return Artifact(path, {}, {
             "convert_s": round(convert_s, 3), "convert_hwm_bytes": convert_hwm, "compile_hwm_bytes": compile_hwm,
             "compiler_read_bytes": done.file_bytes - start.file_bytes,
