@@ -1,20 +1,18 @@
 """A short read probe of the checkpoint: what keeping read pages and asking ahead cost on this machine.
 
-The strategies that map have two settings whose best value differs between machines (measured:
-on a 2-core VM dropping released pages made ``map`` faster, 0.58x of keeping them; on a 16-core
-host keeping them was faster). :func:`read_probe` measures the two questions directly, cold, on
-regions of the checkpoint itself, before any strategy runs:
+The strategies that map have two settings whose best value differs from machine to machine.
+:func:`read_probe` measures the two questions directly, cold, on regions of the checkpoint itself,
+before any strategy runs:
 
-* **does a growing page cache cost read time?** (Recorded and reported, but no longer a rule's input:
-  it read alike on machines where keeping pages cost 2x and saved 1.4x; :mod:`harness.speed` reads the
-  kernel's free page reporting instead.) Regions read by ``pread`` with their pages kept
-  (``kept``; they stay until the probe ends, so the cache grows as a run's would), every fourth
-  region instead read the same way and dropped behind the reader (``dropped``), over up to
-  :data:`DEFAULT_CACHE_BYTES` of the checkpoint. On this project's VM kept pages came as fast as
-  dropped ones while the kernel could reuse pages it had freed in the seconds before (anywhere
-  from none to a few GiB, by what ran before), and at a quarter to a third of the rate after
-  (fresh pages the host had to back again): so the cache question reads far past that, and
-  the last kept regions answer it.
+* **does a growing page cache cost read time?** (Recorded and reported, but no rule's input:
+  :mod:`harness.speed` reads the kernel's free page reporting instead, since reads alone do not show
+  what keeping pages costs the writes that follow; see :mod:`harness.measure.hostmemory`.) Regions
+  read by ``pread`` with their pages kept (``kept``; they stay until the probe ends, so the cache
+  grows as a run's would), every fourth region instead read the same way and dropped behind the
+  reader (``dropped``), over up to :data:`DEFAULT_CACHE_BYTES` of the checkpoint. Where the host
+  takes freed memory back, the kernel hands out the pages it freed moments before (not yet given
+  back) first, and kept regions read as fast as dropped ones until those run out: so the cache
+  question reads past them, and the last kept regions answer it.
 * **does asking ahead read as fast as faulting?** A mapped region whose pages are touched one by
   one (``faulted``: the kernel's fault readahead, what a build without prefetch does) in turn with
   one touched after ``madvise(MADV_WILLNEED)`` over it (``willneed``: what the ``madvise``
@@ -24,7 +22,7 @@ Every read is of a region of its own, dropped from the page cache first: a regio
 would come from a cache outside a virtual machine's page cache (see
 :mod:`harness.measure.ceiling`). The regions lie in the largest file of the checkpoint, one after
 another. A file with room for fewer than :data:`MIN_CACHE_REGIONS` cache regions besides the
-advice regions (2.4 GiB with the defaults) is not probed.
+advice regions (:func:`probe_bytes`, 2.4 GiB with the defaults) is not probed.
 :func:`harness.speed.choose_speed` turns the figures into the run's settings.
 """
 
@@ -49,7 +47,7 @@ __all__ = [
 
 DEFAULT_CACHE_BYTES = 8 * GIB
 """Bytes of the checkpoint the cache question reads at most (three quarters kept): 8 GiB, past the
-few GiB of just-freed pages this project's VM was seen to reuse."""
+few GiB of just-freed pages a kernel may hand out again first."""
 DEFAULT_CACHE_REGION_BYTES = 256 * MIB
 """Bytes per kept or dropped region: 256 MiB."""
 MIN_CACHE_REGIONS = 8
