@@ -111,7 +111,8 @@ def main() -> int:
         child(source, destination, args.dtype)
         return 0
 
-    from harness.budget.cgroup import CgroupUnavailable, run_in_group
+    from harness.budget.cgroup import run_in_group
+    from harness.budget.controller import CgroupUnavailable
 
     dtype = getattr(torch, args.dtype)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:

@@ -29,17 +29,8 @@ Each attempt is a fresh process on a cold cache in a group of its own::
                            precision_bytes=default_precision(model_bytes))
 """
 
-from harness.budget.cgroup import (
-    DEFAULT_PREFIX,
-    Attempt,
-    CgroupUnavailable,
-    GroupReading,
-    MemoryController,
-    MemoryGroup,
-    find_controller,
-    remove_stale_groups,
-    run_in_group,
-)
+from harness.budget.cgroup import DEFAULT_PREFIX, Attempt, MemoryGroup, remove_stale_groups, run_in_group
+from harness.budget.controller import CgroupUnavailable, GroupReading, MemoryController, find_controller
 from harness.budget.sweep import Sweep, SweepError, SweepPoint, default_precision, smallest_limit
 
 __all__ = [

@@ -15,11 +15,11 @@ Where groups are made
     memory controller to children, so when the memory controller is not
     already in this group's ``cgroup.subtree_control`` the groups are made
     beside it, under its parent. The limits of the groups above
-    (:meth:`MemoryController.enclosing`, :mod:`harness.budget.enclosing`) hold
+    (:meth:`~harness.budget.controller.MemoryController.enclosing`, :mod:`harness.budget.enclosing`) hold
     every group made there: a command OOM-killed while its own group stayed
     below its limit is reported with the enclosing group whose limit it met.
 
-v1 (``/sys/fs/cgroup/memory``) and v2 (``memory.max``), as this module sets and reads them
+v1 (``/sys/fs/cgroup/memory``) and v2 (``memory.max``), as the budget package sets and reads them
     ===================  ===========================================  ==================================
     what                 v1                                           v2
     ===================  ===========================================  ==================================
@@ -70,7 +70,7 @@ Cleanup
     is gone (killing what is left in them), never those of a live owner.
 
 Without a usable memory cgroup (no controller mounted, not delegated to this
-process, no permission, a read-only file system) :class:`CgroupUnavailable` says
+process, no permission, a read-only file system) :class:`~harness.budget.controller.CgroupUnavailable` says
 so; nothing falls back to a watcher.
 """
 
@@ -93,7 +93,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from harness.budget.enclosing import AT_LIMIT_SLACK, Enclosing, enclosing_groups, limit_reached, read_marks
+from harness.budget.controller import (
+    GroupReading,
+    MemoryController,
+    find_controller,
+    group_files,
+    read_group,
+    unavailable,
+)
+from harness.budget.enclosing import AT_LIMIT_SLACK, Enclosing, limit_reached, read_marks
 from harness.budget.signals import deferred
 from harness.measure.coldcache import prepare_cold
 from harness.units import MIB, gib_or_mib
@@ -101,11 +109,7 @@ from harness.units import MIB, gib_or_mib
 __all__ = [
     "DEFAULT_PREFIX",
     "Attempt",
-    "CgroupUnavailable",
-    "GroupReading",
-    "MemoryController",
     "MemoryGroup",
-    "find_controller",
     "remove_stale_groups",
     "run_in_group",
 ]
@@ -137,220 +141,6 @@ _WRAPPER = (
     "    sys.stderr.write(f'cannot run {sys.argv[3]!r}: {exc.strerror}\\n')\n"
     "    os._exit(127)\n"
 )
-
-
-class CgroupUnavailable(RuntimeError):
-    """No writable memory cgroup for budget runs; the message says what is missing."""
-
-
-def _unavailable(why: str) -> CgroupUnavailable:
-    return CgroupUnavailable(f"budget mode needs a writable memory cgroup: {why}")
-
-
-# --------------------------------------------------------------------------- finding the controller
-
-
-@dataclass(frozen=True)
-class Mount:
-    """One line of ``/proc/self/mountinfo``: where, which subtree, which file system, its options."""
-
-    point: Path
-    root: str
-    fstype: str
-    options: frozenset[str]
-
-
-def _unescape(field_: str) -> str:
-    """mountinfo writes space, tab, newline and backslash as octal escapes."""
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field_)
-
-
-def parse_mountinfo(text: str) -> list[Mount]:
-    """The mounts of a ``/proc/<pid>/mountinfo`` text (malformed lines are skipped)."""
-    mounts = []
-    for line in text.splitlines():
-        head, sep, tail = line.partition(" - ")
-        fields, rest = head.split(), tail.split()
-        if not sep or len(fields) < 6 or len(rest) < 2:
-            continue
-        options = set(fields[5].split(","))
-        if len(rest) >= 3:
-            options.update(rest[2].split(","))
-        mounts.append(Mount(Path(_unescape(fields[4])), _unescape(fields[3]), rest[0], frozenset(options)))
-    return mounts
-
-
-def parse_proc_cgroup(text: str) -> dict[str, str]:
-    """``/proc/<pid>/cgroup`` as controller -> path; the v2 entry (``0::/path``) is under ``""``."""
-    paths: dict[str, str] = {}
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
-        if not controllers:
-            paths[""] = path
-        for name in controllers.split(","):
-            if name:
-                paths[name] = path
-    return paths
-
-
-@dataclass(frozen=True)
-class MemoryController:
-    """The memory controller this process can make groups with.
-
-    ``version`` is 1 or 2; ``own`` is the group this process runs in; ``parent`` is the
-    directory new groups are made in (``own`` itself, or on v2 possibly its parent); ``mount``
-    is the hierarchy's root directory (None where unknown: :meth:`enclosing` then walks up to
-    the first directory that is no memory group).
-    """
-
-    version: int
-    own: Path
-    parent: Path
-    mount: Path | None = field(default=None, compare=False)
-
-    def describe(self) -> str:
-        """One line for the results: which controller and where the groups go."""
-        return f"cgroup v{self.version} memory controller; groups made under {self.parent}"
-
-    def enclosing(self) -> list[Enclosing]:
-        """The limited groups above the groups made here, innermost first (:func:`~harness.budget.enclosing.
-        enclosing_groups`): ``parent`` and its ancestors. On v2 without delegation ``own`` is a sibling of the
-        groups made, and its limit does not cover them."""
-        return enclosing_groups(self.version, self.parent, self.mount)
-
-
-def _group_dir(mount: Mount, path: str) -> Path:
-    """The directory of cgroup ``path`` (as ``/proc/self/cgroup`` names it) under ``mount``."""
-    root = mount.root.rstrip("/")
-    if root and (path == root or path.startswith(root + "/")):
-        path = path[len(root):]
-    return mount.point / path.lstrip("/")
-
-
-def _read_words(path: Path) -> set[str]:
-    try:
-        return set(path.read_text().split())
-    except OSError:
-        return set()
-
-
-def find_controller(proc: Path = Path("/proc/self")) -> MemoryController:
-    """Find the memory controller from ``proc``'s ``mountinfo`` and ``cgroup``.
-
-    A v1 ``memory`` hierarchy wins over a cgroup2 mount (hybrid machines mount both,
-    and then the memory controller lives on v1). Raises :class:`CgroupUnavailable`
-    when neither has it or this process's group cannot be found.
-    """
-    try:
-        mounts = parse_mountinfo((proc / "mountinfo").read_text())
-        paths = parse_proc_cgroup((proc / "cgroup").read_text())
-    except OSError as exc:
-        raise _unavailable(f"cannot read {exc.filename} ({exc.strerror}); is this Linux?") from exc
-    v1 = [m for m in mounts if m.fstype == "cgroup" and "memory" in m.options]
-    if v1:
-        mount = v1[0]
-        if "memory" not in paths:
-            raise _unavailable(f"a v1 memory hierarchy is mounted at {mount.point}, "
-                               f"but {proc / 'cgroup'} names no memory group for this process")
-        own = _group_dir(mount, paths["memory"])
-        if not (own / "memory.limit_in_bytes").is_file():
-            raise _unavailable(f"this process's memory group {own} is not visible under {mount.point} "
-                               "(no memory.limit_in_bytes there)")
-        return MemoryController(1, own, own, mount.point)
-    v2 = [m for m in mounts if m.fstype == "cgroup2"]
-    if not v2:
-        raise _unavailable("no memory controller is mounted: no cgroup v1 'memory' hierarchy and no cgroup2 "
-                           f"file system in {proc / 'mountinfo'}")
-    if "" not in paths:
-        raise _unavailable(f"a cgroup2 file system is mounted at {v2[0].point}, but {proc / 'cgroup'} "
-                           "has no '0::' line for this process")
-    own = _group_dir(v2[0], paths[""])
-    if "memory" not in _read_words(own / "cgroup.controllers"):
-        raise _unavailable(f"the memory controller is not enabled for this process's group {own} "
-                           "(not in its cgroup.controllers); delegate it (e.g. systemd-run --scope -p "
-                           "Delegate=yes) or run in a container with its own cgroup")
-    if "memory" in _read_words(own / "cgroup.subtree_control"):
-        return MemoryController(2, own, own, v2[0].point)
-    # A group with processes in it cannot enable controllers for children: make siblings.
-    return MemoryController(2, own, own.parent, v2[0].point)
-
-
-# --------------------------------------------------------------------------- files per version
-
-
-@dataclass(frozen=True)
-class _Files:
-    limit: str
-    peak: str
-
-
-_V1 = _Files(limit="memory.limit_in_bytes", peak="memory.max_usage_in_bytes")
-_V2 = _Files(limit="memory.max", peak="memory.peak")
-
-
-def _files(version: int) -> _Files:
-    return _V1 if version == 1 else _V2
-
-
-def _keyed(path: Path) -> dict[str, int]:
-    """A ``key value`` per line file (``memory.oom_control``, ``memory.events``); {} if absent."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return {}
-    values = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[1].lstrip("-").isdigit():
-            values[parts[0]] = int(parts[1])
-    return values
-
-
-def _number(path: Path) -> int | None:
-    try:
-        text = path.read_text().strip()
-    except FileNotFoundError:
-        return None
-    return int(text) if text.isdigit() else None
-
-
-@dataclass(frozen=True)
-class GroupReading:
-    """What the kernel counted for one group.
-
-    ``peak_bytes``: the group's own high-water mark (page cache included), None where the
-    kernel keeps none (v2 before 5.19). ``oom_kills``: processes the OOM killer killed in
-    the group, None where the kernel does not count them (v1 before 4.13). ``counters``:
-    every counter read, by file and key, for the record.
-    """
-
-    peak_bytes: int | None
-    oom_kills: int | None
-    counters: dict[str, int]
-
-
-def _read_group(version: int, path: Path) -> GroupReading:
-    counters: dict[str, int] = {}
-    if version == 1:
-        for key, value in _keyed(path / "memory.oom_control").items():
-            counters[f"memory.oom_control:{key}"] = value
-        for name in ("memory.failcnt", "memory.memsw.failcnt", "memory.max_usage_in_bytes",
-                     "memory.memsw.max_usage_in_bytes"):
-            number = _number(path / name)
-            if number is not None:
-                counters[name] = number
-        kills = counters.get("memory.oom_control:oom_kill")
-    else:
-        for key, value in _keyed(path / "memory.events").items():
-            counters[f"memory.events:{key}"] = value
-        peak = _number(path / "memory.peak")
-        if peak is not None:
-            counters["memory.peak"] = peak
-        kills = counters.get("memory.events:oom_kill")
-    return GroupReading(counters.get(_files(version).peak), kills, counters)
 
 
 # --------------------------------------------------------------------------- owners and stale groups
@@ -446,7 +236,7 @@ def _write(path: Path, value: str) -> None:
         with open(path, "w") as f:
             f.write(value)
     except OSError as exc:
-        raise _unavailable(f"cannot write {value!r} to {path}: {exc.strerror}") from exc
+        raise unavailable(f"cannot write {value!r} to {path}: {exc.strerror}") from exc
 
 
 class MemoryGroup:
@@ -467,7 +257,7 @@ class MemoryGroup:
         """Make a uniquely named group with ``limit_bytes`` and swap off; remove it on the way out.
 
         Stale groups with the same prefix are removed first (see :func:`remove_stale_groups`).
-        Raises :class:`CgroupUnavailable` when the group cannot be made or limited.
+        Raises :class:`~harness.budget.controller.CgroupUnavailable` when the group cannot be made or limited.
         """
         if limit_bytes < 4096:
             raise ValueError(f"a memory limit of {limit_bytes} bytes is below one page")
@@ -492,11 +282,11 @@ class MemoryGroup:
         try:
             path.mkdir()
         except OSError as exc:
-            raise _unavailable(f"cannot create {path}: {exc.strerror}") from exc
+            raise unavailable(f"cannot create {path}: {exc.strerror}") from exc
         try:
-            files = _files(controller.version)
+            files = group_files(controller.version)
             if not (path / files.limit).exists():
-                raise _unavailable(f"{controller.parent} is not a memory cgroup: the new directory {path.name} "
+                raise unavailable(f"{controller.parent} is not a memory cgroup: the new directory {path.name} "
                                    f"has no {files.limit}")
             _write(path / files.limit, str(limit_bytes))
             if controller.version == 1:
@@ -555,7 +345,7 @@ class MemoryGroup:
         procs = self.path / _PROCS
         _write(procs, str(pid))
         if pid not in _pids(self.path):
-            raise _unavailable(f"wrote pid {pid} to {procs}, but it is not listed there")
+            raise unavailable(f"wrote pid {pid} to {procs}, but it is not listed there")
 
     def pids(self) -> list[int]:
         """The processes in the group now ([] once it is gone)."""
@@ -566,7 +356,7 @@ class MemoryGroup:
 
     def read(self) -> GroupReading:
         """The group's peak and OOM counters as the kernel has them now."""
-        return _read_group(self.controller.version, self.path)
+        return read_group(self.controller.version, self.path)
 
     def kill(self) -> None:
         """SIGKILL every process in the group (the group stays)."""
@@ -667,7 +457,7 @@ def run_in_group(command: Sequence[str], limit_bytes: int, timeout_s: float, *,
     :func:`harness.measure.coldcache.prepare_cold`), so that the group is charged for
     reading them. The command's stderr is passed through (``echo_stderr``) and its last
     lines kept for the reason of a failure. ``wall_s`` runs from the command's release
-    into its group to its exit. Raises :class:`CgroupUnavailable` when no group can be
+    into its group to its exit. Raises :class:`~harness.budget.controller.CgroupUnavailable` when no group can be
     made; a failure of the command itself is an :class:`Attempt` with ``completed=False``.
 
     A command killed while its group stayed below its own limit (its peak more than

@@ -1,7 +1,7 @@
 """The memory limits above a budget's groups: each enclosing memory cgroup's, and the machine's memory.
 
 A budget's groups are made inside the group the harness runs in (or, on cgroup v2 without delegation,
-beside it: :class:`~harness.budget.cgroup.MemoryController`'s ``parent``). That group and each of its
+beside it: :class:`~harness.budget.controller.MemoryController`'s ``parent``). That group and each of its
 ancestors may have a limit of its own: a Slurm job, a Kubernetes pod and a systemd slice with
 ``MemoryMax`` all run their processes so. The kernel charges every page of a budget's group to each
 enclosing group too, and reclaims or OOM-kills as soon as *any* of them is at its limit: a group

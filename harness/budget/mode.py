@@ -80,15 +80,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from harness.budget import signals
-from harness.budget.cgroup import (
-    DEFAULT_PREFIX,
-    Attempt,
-    CgroupUnavailable,
-    MemoryController,
-    MemoryGroup,
-    find_controller,
-    run_in_group,
-)
+from harness.budget.cgroup import DEFAULT_PREFIX, Attempt, MemoryGroup, run_in_group
+from harness.budget.controller import CgroupUnavailable, MemoryController, find_controller
 from harness.budget.enclosing import EffectiveLimit, effective_limit
 from harness.budget.record import (
     AttemptRecord,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.budget.cgroup import CgroupUnavailable, MemoryController, MemoryGroup, find_controller
+from harness.budget.cgroup import MemoryGroup
+from harness.budget.controller import CgroupUnavailable, MemoryController, find_controller
 from harness.units import MIB
 
 

@@ -16,16 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.budget.cgroup import (
-    CgroupUnavailable,
-    MemoryController,
-    MemoryGroup,
-    _read_group,
-    _start_ticks,
-    find_controller,
-    remove_stale_groups,
-    run_in_group,
-)
+from harness.budget.cgroup import MemoryGroup, _start_ticks, remove_stale_groups, run_in_group
+from harness.budget.controller import CgroupUnavailable, MemoryController, find_controller, read_group
 from harness.budget.enclosing import Enclosing, effective_limit, enclosing_groups, limit_reached, read_marks
 from harness.units import GIB, MIB
 
@@ -292,7 +284,7 @@ def test_v2_without_the_memory_controller_is_refused(tmp_path) -> None:
 def test_v2_counters_are_read_from_memory_events_and_peak(tmp_path) -> None:
     (tmp_path / "memory.events").write_text("low 0\nhigh 0\nmax 12\noom 2\noom_kill 1\noom_group_kill 0\n")
     (tmp_path / "memory.peak").write_text("134217728\n")
-    reading = _read_group(2, tmp_path)
+    reading = read_group(2, tmp_path)
     assert reading.peak_bytes == 128 * MIB and reading.oom_kills == 1
     assert reading.counters["memory.events:max"] == 12
 
@@ -301,10 +293,10 @@ def test_v1_counters_are_read_from_oom_control_and_max_usage(tmp_path) -> None:
     (tmp_path / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n")
     (tmp_path / "memory.max_usage_in_bytes").write_text("4096\n")
     (tmp_path / "memory.failcnt").write_text("7\n")
-    reading = _read_group(1, tmp_path)
+    reading = read_group(1, tmp_path)
     assert reading.peak_bytes == 4096 and reading.oom_kills == 3 and reading.counters["memory.failcnt"] == 7
     (tmp_path / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\n")  # kernels before 4.13
-    assert _read_group(1, tmp_path).oom_kills is None
+    assert read_group(1, tmp_path).oom_kills is None
 
 
 def test_a_sweep_of_real_runs_finds_what_the_command_needs(controller, no_leftovers) -> None:

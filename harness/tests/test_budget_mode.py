@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.budget.cgroup import CgroupUnavailable, MemoryController
+from harness.budget.controller import CgroupUnavailable, MemoryController
 from harness.budget.mode import BudgetUnavailable, groups_of_this_process, run_budget
 from harness.budget.record import BUDGET_FILE, read_budget
 from harness.cli import main

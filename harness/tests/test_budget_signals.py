@@ -21,11 +21,8 @@ import psutil
 import pytest
 
 from harness.budget import signals
-from harness.budget.cgroup import (
-    DEFAULT_PREFIX,
-    MemoryController,
-    remove_stale_groups,
-)
+from harness.budget.cgroup import DEFAULT_PREFIX, remove_stale_groups
+from harness.budget.controller import MemoryController
 from harness.tests.tiny_scenario import tiny_scenario_text
 
 ROOT = Path(__file__).resolve().parents[2]
