@@ -7,8 +7,8 @@ times ``request_bytes`` per ``pread``, until ``point_s`` seconds have passed (or
 checkpoint is read, if sooner; each reader makes at least one request), and records the rate of each.
 Each point reads a part of the checkpoint of its own (the files taken end to end, cut into as
 many equal parts as there are points, in order): a point that read what an earlier one read
-would find it in caches a guest's page cache does not reach (a virtual disk's host cache: on
-this project's VM the second read of the same gigabytes came at 3.4 GB/s, the first at 0.7).
+would find it in caches a guest's page cache does not reach (a virtual disk's host cache, which
+serves a second read of the same bytes several times faster than the disk).
 Within a point the readers share one queue of request-sized ranges in file order, each into a
 page-aligned buffer of its own, and drop every range from the page cache once read, so the page
 cache does not grow. Before each point the files' pages are dropped (this process's files only,
