@@ -19,27 +19,17 @@ mapped: that is the residency of a checkpoint; the process's own share of it is 
 always none. ``FileResidency.page_cache_visible`` says which case applies, and a
 ``RuntimeWarning`` is issued at construction when it is False.
 
-Why two: their cost. For one 9 GiB file (2.36 M pages of 4 KiB), median of 20 to 50
-calls, Linux 6.18, x86-64, on a 2-vCPU VM and on an H200 host (16 cores):
-
-=================  ======================  ======================
-method             none of it cached       all of it cached
-=================  ======================  ======================
-``mincore``        110 ms VM, 20 ms H200   170 ms VM, 62 ms H200
-``cachestat``      0.002 ms                0.3 ms VM, 0.24 ms H200
-=================  ======================  ======================
-
-``mincore`` looks up every page of the range one by one, cached or not (the numpy count
-is under 0.1 ms of it); ``cachestat`` walks only the entries the page cache holds (cached
-folios, and shadows of evicted pages: 0.6 ms on the VM once most of the file had been
-evicted). ``method="auto"`` (default) therefore uses ``cachestat`` wherever the kernel has
-it and ``mincore`` elsewhere. Under ``mincore`` one call on a multi-GB checkpoint outlasts
-a 10 ms RSS sampling interval, so a sampler must then read residency only every N-th
-sample (``Sampler(residency_every=N)``): the thread spends cost / (N x interval) of its time
-in ``mincore`` and each such read delays the next RSS sample by its cost, e.g. N = 20 at
-10 ms for 62 ms calls (a third of the time). ``mincore`` is called with the GIL released,
-so its cost falls on the sampling thread only; ``cachestat`` keeps the GIL for its
-fraction of a millisecond, which spares the sampler a wait for the GIL mid-sample.
+Why two: their cost. ``mincore`` looks up every page of the range one by one, cached or not,
+so a call costs time in proportion to the file's size; ``cachestat`` walks only the entries the
+page cache holds (cached folios, and shadows of evicted pages), so its cost grows with the
+file's cached pages and is next to nothing on a file little of which is cached (a cold
+checkpoint, the state each strategy starts in). ``method="auto"`` (default) therefore uses
+``cachestat`` wherever the kernel has it and ``mincore`` elsewhere. Under ``mincore`` one call
+on a multi-GB checkpoint can
+outlast a sampling interval of milliseconds, so a sampler must then read residency only every N-th
+sample (``Sampler(residency_every=N)``): the thread spends cost / (N x interval) of its time in
+``mincore``, and each such read delays the next RSS sample by its cost. Both calls release the GIL
+(see ``_CachestatFile``), so their cost falls on the sampling thread only.
 
 File sizes are taken at construction; bytes appended later are not counted.
 """
@@ -207,9 +197,8 @@ class _CachestatFile:
 
     Full pages and the partial last page are asked for separately, so that a cached last
     page counts only the file's bytes in it. The call releases the GIL: its cost grows with
-    the file's cached pages (measured here: about 7 ms per GiB in the page cache, 34 ms for
-    4.6 GiB of a 9 GiB checkpoint), and a sampler holding the GIL that long every 10 ms
-    starved the measured thread (it ran several times slower). ``mincore`` releases it too.
+    the file's cached pages, to milliseconds per GiB cached, and a sampler that held the GIL
+    that long at every sample would starve the thread it measures. ``mincore`` releases it too.
     """
 
     __slots__ = ("path", "size", "visible", "_nr", "_syscall", "_fd", "_full", "_last", "_out", "_tail")
