@@ -4,8 +4,7 @@ All figures are in bytes. Linux only: on other platforms the readers raise ``OSE
 (``reset_peak`` returns False instead).
 
 ``/proc/self/status`` is cheap to read (the kernel formats about 1.5 KB from counters it
-keeps; no page-table walk): about 10 us per :meth:`StatusReader.read` on Linux 6.18, on a
-2-vCPU VM and on an H200 host alike, so it is what a sampling loop calls.
+keeps; no page-table walk), so it is what a sampling loop calls.
 ``/proc/self/smaps`` walks every mapping and is far slower: :func:`mapping_rss` is for tests
 and reports, never for a sampling loop.
 
@@ -55,11 +54,10 @@ class StatusReader:
 
     The file stays open and each read is one ``pread`` at offset 0 into a buffer allocated
     once (grown only if the kernel's text ever fills it); only the five needed lines are
-    parsed. The ``pread`` is libc's, called through ctypes *without releasing the GIL*
-    (about 10 us): ``os.pread``/``os.preadv`` release it, and a sampling thread that gives
-    the GIL away mid-sample waits up to ``sys.getswitchinterval()`` (5 ms) to get it back
-    whenever another thread runs Python code; measured on 2 vCPUs with a busy main thread,
-    that made a 10 ms sampler's mean interval about 15 ms instead of about 12 ms. Where
+    parsed. The ``pread`` is libc's, called through ctypes *without releasing the GIL* (the
+    read takes microseconds): ``os.pread``/``os.preadv`` release it, and a sampling thread
+    that gives the GIL away mid-sample waits up to ``sys.getswitchinterval()`` to get it
+    back whenever another thread runs Python code, which stretches its intervals. Where
     libc's ``pread`` cannot be loaded, ``os.preadv`` is used.
 
     Safe to call from any thread (an internal lock guards the buffer). After
