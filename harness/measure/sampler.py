@@ -13,12 +13,11 @@ reads, so samples can arrive late while another thread holds it: :attr:`Sampler.
 reports the intervals achieved, and the kernel's high-water mark (:class:`PeakTracker`,
 re-exported here) is the exact check on any peak the samples missed.
 
-Measured: a sample costs about 12 us without files (status read, appends) and adds the
-residency call with files (see :mod:`harness.measure.residency`). At 10 ms the thread keeps a
-10.0 ms mean (15 ms worst gap) while the main thread sleeps; against a main thread
-running pure Python the mean grows to about 15 ms (the GIL is handed over at
-``sys.getswitchinterval()``, 5 ms), and torch's CUDA initialisation, which keeps the GIL,
-left a single 210 ms gap on an H200.
+A sample costs microseconds without files (status read, appends) and adds the residency call
+with files (see :mod:`harness.measure.residency`). The intervals hold while the other threads
+wait on the kernel; against a thread running Python they stretch by up to
+``sys.getswitchinterval()``, and a call that keeps the GIL throughout (torch's CUDA
+initialisation, say) leaves one gap as long as the call.
 """
 
 from __future__ import annotations
@@ -77,12 +76,12 @@ class Sampler:
     empty cells when there are none). Residency is read on every ``residency_every``-th
     background sample and by ``mark`` and ``sample_now``, and carried forward in between;
     ``start`` and ``stop`` always read it. ``residency_budget`` bounds what reading it may
-    cost: its cost grows with the file's cached pages (about 7 ms per GiB cached here, so
-    63 ms for a whole 9 GiB checkpoint), and read ten times a second it took a core of a
-    2-core machine from the run it measured. After a read that took ``d`` seconds, none is
-    made for ``d / residency_budget`` seconds (default 0.05: at most 5% of one core), so a
-    large cached file is read less often rather than slowing the run. ``gpu``: a :class:`GpuMonitor`, or None for no
-    GPU columns (empty cells, not zeros). ``t0``: the ``time.monotonic()`` origin of ``t_s``,
+    cost: its cost grows with the file's cached pages (milliseconds per GiB cached), and read
+    at every sample it would take a core from the run it measures. After a read that took
+    ``d`` seconds, none is made for ``d / residency_budget`` seconds (default 0.05: at most 5%
+    of one core), so a large cached file is read less often rather than slowing the run.
+    ``gpu``: a :class:`GpuMonitor`, or None for no GPU columns (empty cells, not zeros).
+    ``t0``: the ``time.monotonic()`` origin of ``t_s``,
     e.g. the process's start; default: construction time.
 
     ``gpu_used_bytes`` is NVML ``used`` minus a baseline: ``used`` at ``start`` until
