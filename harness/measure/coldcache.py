@@ -8,16 +8,15 @@
    them), so a read-only checkpoint needs no write permission. It also sends the device a
    cache flush, so a virtual disk's host has the data too. Why flush first:
    ``posix_fadvise(POSIX_FADV_DONTNEED)`` drops only pages that are clean when it gets to
-   them. On Linux 6.18 it starts the writeback of dirty pages itself, but skips those still
-   under writeback: on a file written a moment before, it was seen to leave half of it
-   (128 of 256 MiB) cached, and the measured read then shares the disk with that
-   writeback. ``fsync`` returns only once the writeback has finished.
+   them. It may start the writeback of dirty pages itself, but skips those still under
+   writeback, so on a file written a moment before it can leave much of it cached, and the
+   measured read then shares the disk with that writeback. ``fsync`` returns only once the
+   writeback has finished.
 2. **Settle** (``settle=True``): ``sync`` the machine and wait, at most ``timeout_s``, until
    the whole machine's ``Dirty`` + ``Writeback`` (``/proc/meminfo``) falls to
    ``settle_bytes`` or less, so that no other file's writeback competes with the read
-   either (2 GB of another file's dirty pages cost a quarter of a cold read's rate here;
-   a writer running during the read cost half to two thirds, and no preparation can
-   prevent that). Where other users keep writing, the wait ends at the timeout, and the
+   either (a writer running during the read competes too, and no preparation can prevent
+   that). Where other users keep writing, the wait ends at the timeout, and the
    report says what was left.
 3. **Drop.** ``posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED)`` on each file (no root
    needed).
@@ -346,8 +345,8 @@ def page_aligned_buffer(nbytes: int) -> mmap.mmap:
     """An anonymous, page-aligned buffer of ``nbytes`` (rounded up to whole pages).
 
     Page alignment matters for ``read()``: the kernel's copy into a buffer at a 16-byte
-    offset (what ``bytearray`` gives) took about 2.5 times the CPU of a copy into a
-    page-aligned one, measured here (AMD EPYC VM, Linux 6.18).
+    offset (what ``bytearray`` gives) can take several times the CPU of a copy into a
+    page-aligned one.
     """
     page = mmap.PAGESIZE
     return mmap.mmap(-1, max(page, -(-nbytes // page) * page))
