@@ -64,7 +64,7 @@ class GpuMonitor:
     """Memory of one NVIDIA device, read through NVML.
 
     Create it with :meth:`open`. ``name`` and ``total_bytes`` are read once;
-    :meth:`used_bytes` is one NVML query (about 11 us on an H200). Methods may be called from
+    :meth:`used_bytes` is one NVML query (microseconds). Methods may be called from
     any thread. Call :meth:`close` (or use it as a context manager) to release NVML.
     """
 
@@ -134,7 +134,7 @@ def torch_reserved_bytes(device: int | None = None) -> int | None:
     Never imports torch and never initialises CUDA: before the process's first CUDA call the
     caching allocator has reserved nothing anyway. ``device=None`` means the calling thread's
     current device, which in a new thread is device 0 whatever the main thread chose: a
-    sampling thread should pass the index explicitly. About 60 us per call (H200, torch 2.11).
+    sampling thread should pass the index explicitly. Cheap enough for a sampling loop (microseconds).
     """
     torch = sys.modules.get("torch")
     cuda = getattr(torch, "cuda", None) if torch is not None else None
