@@ -6,8 +6,7 @@ their pages again, so that the strategy measured next starts cold as well. The p
 nothing it read: its RSS grows by the buffer only. The result, a :class:`ReadBandwidth`, is
 the reference a strategy's read-bound time is put against: model bytes / ``bytes_per_s`` is
 what reading the model once costs on this disk at that time. (A loader that faults pages in
-through a mapping has no copy in the kernel and can read faster than this ``read()``; it did
-in most series measured here.)
+through a mapping has no copy in the kernel and can read faster than this ``read()``.)
 
 It also records the CPU time the read took (``cpu_seconds``, the kernel's copy into the
 buffer) and how the machine's CPUs were spent meanwhile (``machine_cpu``, shares of
