@@ -37,41 +37,14 @@ from harness.results.record import (
 from harness.run import run_scenario
 from harness.scenario import ScenarioError, load_scenario
 from harness.schema import at_layout
+from harness.tests.tiny_scenario import compiled_scenario
 from harness.units import MIB
 from harness.worker import StrategyRun
 from weightmap import map_weights
 
-TINY = """
-name = "tiny-compile"
-strategies = ["map"]
-[model]
-source = "synthetic"
-layers = 2
-width = 256
-heads = 4
-vocab = 4096
-dtype = "float32"
-[checkpoint]
-path = "{checkpoint}"
-generate = true
-[build]
-engines = {engines}
-backend = "inductor"
-weights = "{weights}"
-tokens = 8
-device = "cpu"
-[run]
-cache = "warm"
-sample_interval_ms = 10.0
-timeout_s = 600
-"""
-
 
 def _scenario(tmp_path: Path, *, engines: int = 1, weights: str = "mapped", extra: str = "") -> Path:
-    path = tmp_path / "tiny-compile.toml"
-    text = TINY.format(checkpoint=tmp_path / "tiny.safetensors", engines=engines, weights=weights)
-    path.write_text(text.replace("[run]", extra + "\n[run]") if extra else text, encoding="utf-8")
-    return path
+    return compiled_scenario(tmp_path, "inductor", name="tiny-compile", engines=engines, weights=weights, extra=extra)
 
 
 def _replace(text: str, old: str, new: str) -> str:

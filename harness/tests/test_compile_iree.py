@@ -9,7 +9,6 @@ its check processes included. Checkpoints, engines and results go under temporar
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from harness.results.metrics import floor_bytes
 from harness.results.reading import load_results
 from harness.run import run_scenario
 from harness.scenario import ScenarioError, load_scenario
+from harness.tests.tiny_scenario import compiled_scenario
 from harness.units import MIB
 from weightmap import release_storage
 
@@ -35,38 +35,9 @@ needs_iree = pytest.mark.skipif(
     reason=f"the iree backend cannot be tested here: {iree_missing()}",
 )
 
-TINY = """
-name = "tiny-iree"
-strategies = {strategies}
-[model]
-source = "synthetic"
-layers = 2
-width = 256
-heads = 4
-vocab = 4096
-dtype = "float32"
-[checkpoint]
-path = "{checkpoint}"
-generate = true
-[build]
-engines = 2
-backend = "iree"
-{weights}tokens = 8
-device = "{device}"
-[run]
-cache = "warm"
-sample_interval_ms = 10.0
-timeout_s = 600
-"""
-
-
 def _scenario(tmp_path: Path, *, weights: str | None = "mapped", strategies: tuple[str, ...] = ("map",),
               device: str = "cpu") -> Path:
-    path = tmp_path / "tiny-iree.toml"
-    path.write_text(TINY.format(checkpoint=tmp_path / "tiny.safetensors", strategies=json.dumps(list(strategies)),
-                                weights="" if weights is None else f'weights = "{weights}"\n', device=device),
-                    encoding="utf-8")
-    return path
+    return compiled_scenario(tmp_path, "iree", name="tiny-iree", weights=weights, strategies=strategies, device=device)
 
 
 # --------------------------------------------------------------------------- scenario and registry

@@ -35,6 +35,7 @@ from harness.results.metrics import floor_bytes, floor_formula
 from harness.results.record import LAYOUT_VERSION, EngineRecord, StrategyRecord
 from harness.run import run_scenario
 from harness.scenario import ScenarioError, load_scenario
+from harness.tests.tiny_scenario import compiled_scenario
 from harness.units import MIB
 from weightmap import release_storage
 
@@ -43,36 +44,8 @@ needs_openvino = pytest.mark.skipif(
     reason=f"the openvino backend cannot be tested here: {openvino_missing()}",
 )
 
-TINY = """
-name = "tiny-openvino"
-strategies = {strategies}
-[model]
-source = "synthetic"
-layers = 2
-width = 256
-heads = 4
-vocab = 4096
-dtype = "float32"
-[checkpoint]
-path = "{checkpoint}"
-generate = true
-[build]
-engines = 2
-backend = "openvino"
-{weights}tokens = 8
-device = "cpu"
-[run]
-cache = "warm"
-sample_interval_ms = 10.0
-timeout_s = 600
-"""
-
-
 def _scenario(tmp_path: Path, *, weights: str | None = None, strategies: tuple[str, ...] = ("map",)) -> Path:
-    path = tmp_path / "tiny-openvino.toml"
-    path.write_text(TINY.format(checkpoint=tmp_path / "tiny.safetensors", strategies=json.dumps(list(strategies)),
-                                weights="" if weights is None else f'weights = "{weights}"\n'), encoding="utf-8")
-    return path
+    return compiled_scenario(tmp_path, "openvino", name="tiny-openvino", weights=weights, strategies=strategies)
 
 
 # --------------------------------------------------------------------------- scenario and registry
