@@ -30,8 +30,9 @@ from harness.models import build_model
 from harness.models.checkpoints import CheckpointError, checkpoint_specs, describe_specs, ensure_checkpoint
 from harness.results.atomic import write_json
 from harness.results.codec import decode, encode
+from harness.results.disk import SpeedChoice
 from harness.results.files import read_json_file
-from harness.results.record import CheckpointInfo, ModelInfo, RecordError, SpeedChoice
+from harness.results.record import CheckpointInfo, ModelInfo, RecordError
 from harness.scenario import Scenario, validate_scenario
 from harness.speed import choose_speed
 from harness.units import GIB

@@ -87,24 +87,21 @@ from harness.measure.shared_disk import shared_disk
 from harness.plan import Plan, make_plan, write_plan
 from harness.progress import RunCounter
 from harness.results.atomic import FileBatch
+from harness.results.disk import CeilingPoint, DiskRead, SharedDisk
 from harness.results.metrics import StrategyMetrics, best_ceiling
 from harness.results.names import reserved_problem
 from harness.results.publish import Staging, publish
 from harness.results.record import (
     PLAN,
-    CeilingPoint,
-    DiskRead,
     MachineInfo,
     RepeatRecord,
     RunRecord,
-    SharedDisk,
     StrategyRecord,
-    events_file,
     read_strategy_file,
-    samples_file,
     strategy_file,
     write_summary,
 )
+from harness.results.samples import events_file, samples_file
 from harness.rounds import round_orders
 from harness.scenario import RunConfig, Scenario
 from harness.stopping import STOP_SIGNALS, RunInterrupted, die_with_parent

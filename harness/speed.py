@@ -3,7 +3,7 @@
 A scenario may set ``[run] prefetch`` (a method, or ``"off"``) and ``[run] drop_cache`` (true or
 false); what it leaves as ``"auto"`` / absent is chosen here, once per run, from a read probe of the
 checkpoint (:func:`harness.measure.probe.read_probe`) and what the kernel says of its memory, and
-recorded with the reason (:class:`~harness.results.record.SpeedChoice`). The rules:
+recorded with the reason (:class:`~harness.results.disk.SpeedChoice`). The rules:
 
 * **drop_cache** on when the checkpoint is larger than the memory the kernel reports available
   (keeping it would push other pages out), or when the kernel hands its free memory back to a host
@@ -28,7 +28,7 @@ A checkpoint smaller than the probe needs (:func:`~harness.measure.probe.probe_b
 not probed and its page cache stays small: drop-cache is off and prefetch ``madvise`` (what earlier
 layouts ran by default), and the reason says so. A probe that fails (a read error, the file gone) costs
 the run nothing: the settings are chosen as for a checkpoint not probed, the reason says the probe
-failed, and :attr:`~harness.results.record.SpeedChoice.probe_error` says why.
+failed, and :attr:`~harness.results.disk.SpeedChoice.probe_error` says why.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import psutil
 
 from harness.measure.hostmemory import free_page_reporting
 from harness.measure.probe import probe_bytes, read_probe
-from harness.results.record import ReadProbe, SpeedChoice
+from harness.results.disk import ReadProbe, SpeedChoice
 from harness.scenario import PREFETCH_AUTO, PREFETCH_OFF, RunConfig
 from harness.units import GIB
 

@@ -58,15 +58,8 @@ from harness.plan import Plan, read_plan
 from harness.progress import engine_bar, phase_ticker
 from harness.results.atomic import write_atomic
 from harness.results.metrics import SampleColumns, sampled_peaks
-from harness.results.record import (
-    EVENT_COLUMNS,
-    EngineRecord,
-    Phases,
-    StrategyRecord,
-    events_file,
-    samples_file,
-    write_strategy_file,
-)
+from harness.results.record import EngineRecord, Phases, StrategyRecord, write_strategy_file
+from harness.results.samples import EVENT_COLUMNS, events_file, samples_file
 from weightmap import ReleasePlan
 
 __all__ = ["FAILURE_PREFIX", "OUTSIDE_STATUS", "engine_directory", "measure", "outside", "worker_command"]

@@ -101,15 +101,8 @@ from harness.results.atomic import write_atomic
 from harness.results.codec import json_key
 from harness.results.names import budget_name, reserved_problem
 from harness.results.publish import Staging, publish
-from harness.results.record import (
-    PLAN,
-    MachineInfo,
-    RecordError,
-    StrategyRecord,
-    read_samples,
-    read_strategy_file,
-    samples_file,
-)
+from harness.results.record import PLAN, MachineInfo, RecordError, StrategyRecord, read_strategy_file
+from harness.results.samples import read_samples, samples_file
 from harness.run import ENGINES, WorkerCommand
 from harness.scenario import LIMITS, Limit, Scenario
 from harness.stopping import RunInterrupted

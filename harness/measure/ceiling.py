@@ -27,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from harness.measure.coldcache import drop_cached, page_aligned_buffer
-from harness.results.record import CeilingPoint
+from harness.results.disk import CeilingPoint
 from harness.units import MIB
 
 __all__ = ["DEFAULT_POINT_S", "DEFAULT_REQUESTS", "DEFAULT_THREADS", "read_ceiling"]

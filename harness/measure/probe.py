@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.measure.coldcache import drop_cached, page_aligned_buffer
-from harness.results.record import ReadProbe
+from harness.results.disk import ReadProbe
 from harness.units import GIB, MIB
 
 __all__ = [

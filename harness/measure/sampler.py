@@ -38,7 +38,7 @@ from harness.measure.gpu import GpuMonitor, torch_reserved_bytes
 from harness.measure.procfs import PeakTracker, StatusReader
 from harness.measure.residency import FileResidency
 from harness.results.atomic import write_atomic
-from harness.results.record import SAMPLE_COLUMNS
+from harness.results.samples import SAMPLE_COLUMNS
 
 __all__ = ["PeakTracker", "Sampler", "SamplerStats"]
 

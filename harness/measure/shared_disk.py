@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harness.measure.diskread import cold_read_bandwidth
-from harness.results.record import SharedDisk
+from harness.results.disk import SharedDisk
 from harness.units import MIB
 
 __all__ = ["DEFAULT_CHUNK", "both_at_once", "read_cold", "shared_disk", "write_files"]

@@ -56,8 +56,9 @@ from typing import Any
 import numpy as np
 
 from harness.catalog import BUILT_WITHOUT_RESIDENT_WEIGHTS, HOLDS_WEIGHTS, builds_read_weights
+from harness.results.disk import CeilingPoint, DiskRead
 from harness.results.labels import BUILD_HOST_GPU_PEAK, BUILD_HOST_PEAK
-from harness.results.record import CeilingPoint, DiskRead, EngineRecord, Phases, RunRecord, StrategyRecord
+from harness.results.record import EngineRecord, Phases, RunRecord, StrategyRecord
 
 __all__ = [
     "BuildLimit",
@@ -499,7 +500,7 @@ def build_limit(run: RunRecord, metrics: Mapping[str, StrategyMetrics],
     * the model's bytes read at the disk's ceiling (:func:`best_ceiling` of the run's sweep);
     * the median build phase of ``engines_cost`` (``load``: its weights are resident when it builds, so its
       build is the engines' own cost);
-    * where the engines are written as files (:class:`~harness.results.record.SharedDisk`, each time it was
+    * where the engines are written as files (:class:`~harness.results.disk.SharedDisk`, each time it was
       measured), the median time of the checkpoint read while as many bytes are written, scaled to the model's
       bytes: the builds' reads and writes share that disk.
 

@@ -25,18 +25,8 @@ from harness.results.metrics import (
     engines_hold_compiler_memory,
     run_metrics,
 )
-from harness.results.record import (
-    SUMMARY,
-    RecordError,
-    RunRecord,
-    StrategyRecord,
-    empty_events,
-    empty_samples,
-    events_file,
-    read_events,
-    read_samples,
-    samples_file,
-)
+from harness.results.record import SUMMARY, RecordError, RunRecord, StrategyRecord
+from harness.results.samples import empty_events, empty_samples, events_file, read_events, read_samples, samples_file
 
 __all__ = ["Results", "load_results"]
 

@@ -7,8 +7,8 @@ A results directory ``results/<name>/`` holds:
                                :class:`StrategyRecord` per strategy
 ``plan.json``                  the resolved plan every strategy ran (:mod:`harness.plan`)
 ``strategy-<strategy>.json``   what that strategy's process wrote (:func:`strategy_file`)
-``samples-<strategy>.csv``     its samples, :data:`SAMPLE_COLUMNS`
-``events-<strategy>.csv``      its load, partition and engine events, :data:`EVENT_COLUMNS`
+``samples-<strategy>.csv``     its samples, :data:`harness.results.samples.SAMPLE_COLUMNS`
+``events-<strategy>.csv``      its events, :data:`harness.results.samples.EVENT_COLUMNS`
 =============================  =====================================================
 
 Every record is a frozen dataclass written and read by :mod:`harness.results.codec` from its
@@ -41,7 +41,7 @@ a later one did:
    against eager); ``phases`` gains ``export_start_s`` and ``export_end_s``. All ``None`` for
    the ``copy`` backend and when reading version 1 or 2.
 4. Adds, per run, ``repeats`` (cold runs per strategy), ``prefetch`` (the scenario's
-   prefetch setting) and ``disk_reads`` (:class:`DiskRead`: cold sequential reads of the
+   prefetch setting) and ``disk_reads`` (:class:`~harness.results.disk.DiskRead`: cold sequential reads of the
    checkpoint made in the same run, the reference for read-bound time); per strategy
    ``cache`` (:class:`CacheRecord`: how the page cache was prepared and the checkpoint's
    residency at load start), ``prefetch`` and ``drop_cache`` (what its release plan was
@@ -62,11 +62,11 @@ a later one did:
    ``write_peak_bytes`` and ``write_read_bytes`` (RSS when the weights began to be written
    into the artifact, the largest RSS while they were, and the largest rise of file-backed RSS
    meanwhile: the source pages resident at once). ``None`` where not measured. Per run,
-   ``read_ceiling``: the points of the disk's read-ceiling sweep (:class:`CeilingPoint`), made
+   ``read_ceiling``: the points of the disk's read-ceiling sweep (:class:`~harness.results.disk.CeilingPoint`), made
    before the first round of a cold run; empty where none was made. ``speed``
-   (:class:`SpeedChoice`): the prefetch and drop-cache settings the run's strategies that map
+   (:class:`~harness.results.disk.SpeedChoice`): the prefetch and drop-cache settings the run's strategies that map
    used, each set by the scenario or chosen by a read probe of the checkpoint
-   (:class:`ReadProbe`) at the run's start; ``None`` when reading versions 1 to 6.
+   (:class:`~harness.results.disk.ReadProbe`) at the run's start; ``None`` when reading versions 1 to 6.
 8. Adds, per strategy, where its prefetch threads spent their time: ``prefetch_busy_s`` (seconds
    in the calls that ask for pages ahead) and ``prefetch_evict_s`` (seconds dropping released
    weights from the page cache, on the prefetcher's eviction thread beside the asking one).
@@ -75,8 +75,8 @@ a later one did:
    (:func:`harness.rounds.round_order`: it changes from round to round, so that no strategy always
    follows the same one). Reading versions 1 to 8 fills in the order they ran in: the scenario's
    (the order of ``strategies``), the same in every round.
-10. Adds, per run, ``shared_disk`` (:class:`SharedDisk`, one per time it was measured): the checkpoint
-    read cold and as many bytes written as engine files, each alone and both at once, measured after
+10. Adds, per run, ``shared_disk`` (:class:`~harness.results.disk.SharedDisk`, one per time it was measured): the
+    checkpoint read cold and as many bytes written as engine files, each alone and both at once, measured after
     the last round of a cold run whose engines are written as files of their weights; empty where
     none was made, and when reading versions 1 to 9.
 11. Adds, per strategy, ``sample_rows`` and ``event_rows``: how many data rows its process wrote into
@@ -131,11 +131,10 @@ harness and are never read back by it.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from harness.catalog import is_gpu
 from harness.results.atomic import write_json
@@ -150,29 +149,20 @@ from harness.results.codec import (
     decode,
     name_problem,
 )
-from harness.results.files import empty_frame, read_csv, read_json_file
+from harness.results.disk import CeilingPoint, DiskRead, SharedDisk, SpeedChoice
+from harness.results.files import read_json_file
 from harness.units import GIB, PIB
 
-if TYPE_CHECKING:
-    import pandas as pd
-
 __all__ = [
-    "EVENT_COLUMNS",
     "LAYOUT_VERSION",
     "MAX_BYTES",
     "MAX_ENGINES",
     "MAX_INTEGER",
     "NAME",
     "PLAN",
-    "SAMPLE_COLUMNS",
     "SUMMARY",
     "CacheRecord",
-    "CeilingPoint",
-    "ReadProbe",
-    "SharedDisk",
-    "SpeedChoice",
     "CheckpointInfo",
-    "DiskRead",
     "EngineRecord",
     "ExportRecord",
     "MachineInfo",
@@ -184,14 +174,8 @@ __all__ = [
     "RunRecord",
     "StrategyRecord",
     "check_name",
-    "empty_events",
-    "empty_samples",
-    "events_file",
-    "read_events",
-    "read_samples",
     "read_strategy_file",
     "results_name_problem",
-    "samples_file",
     "strategy_file",
     "write_strategy_file",
     "write_summary",
@@ -206,42 +190,6 @@ PLAN = "plan.json"
 MAX_ENGINES = 100_000
 """The most engines a run may have: every engine holds at least one weight tensor, and no model
 a scenario names comes near this many (pi0.5 has 813 tensors)."""
-
-SAMPLE_COLUMNS: tuple[str, ...] = (
-    "t_s",
-    "rss_bytes",
-    "anon_bytes",
-    "file_bytes",
-    "resident_bytes",
-    "gpu_used_bytes",
-    "gpu_reserved_bytes",
-    "engine",
-    "phase",
-)
-"""``samples-<strategy>.csv``: one row per sample of :class:`harness.measure.sampler.Sampler` (all versions)."""
-
-EVENT_COLUMNS: tuple[str, ...] = (
-    "t_s",
-    "event",
-    "engine",
-    "weight_bytes",
-    "host_hwm_bytes",
-    "released_bytes",
-    "rss_bytes",
-    "gpu_used_bytes",
-)
-"""``events-<strategy>.csv``: load, partition and engine events of :mod:`harness.worker` (all versions)."""
-
-
-def samples_file(strategy: str) -> str:
-    """File name of a strategy's samples."""
-    return f"samples-{strategy}.csv"
-
-
-def events_file(strategy: str) -> str:
-    """File name of a strategy's events."""
-    return f"events-{strategy}.csv"
-
 
 def strategy_file(strategy: str) -> str:
     """File name of the record a strategy's process writes."""
@@ -389,125 +337,6 @@ class RepeatRecord(Record):
     build_s: float | None
     build_peak_bytes: int | None
     resident_at_load_bytes: int | None
-
-
-@dataclass(frozen=True)
-class DiskRead(Record):
-    """A cold sequential ``read()`` of the checkpoint, made in the run (version 4).
-
-    ``bytes`` read in ``seconds``: ``bytes_per_s``; ``cpu_seconds`` of the reading
-    process meanwhile (close to ``seconds``: the copy on the CPU bound it, not the disk);
-    ``before``: which repeat's strategies it preceded; ``method``: how it was read
-    (:func:`harness.measure.diskread.cold_read_bandwidth`); ``resident_at_start_bytes``: the
-    checkpoint's residency once prepared cold.
-    """
-
-    before: int
-    bytes: int
-    seconds: float
-    bytes_per_s: float
-    cpu_seconds: float
-    method: str
-    resident_at_start_bytes: int
-
-
-@dataclass(frozen=True)
-class CeilingPoint(Record):
-    """One point of the disk's read-ceiling sweep (version 7, :func:`harness.measure.ceiling.read_ceiling`):
-    ``threads`` readers of ``request_bytes`` per ``pread`` read ``bytes`` of the checkpoint cold in ``seconds``."""
-
-    threads: int
-    request_bytes: int
-    bytes: int
-    seconds: float
-
-    @property
-    def bytes_per_s(self) -> float:
-        """The point's read rate (0 where nothing was read)."""
-        return self.bytes / self.seconds if self.seconds > 0 else 0.0
-
-
-@dataclass(frozen=True)
-class SharedDisk(Record):
-    """The disk read and written at once (version 10, :func:`harness.measure.shared_disk.shared_disk`): the
-    checkpoint's ``bytes`` read cold (``read_s``), as many written as files of ``file_bytes``, each fsynced,
-    dropped from the page cache and removed (``write_s``), and the two started together, until both were done
-    (``both_s``)."""
-
-    bytes: int
-    file_bytes: int
-    read_s: float
-    write_s: float
-    both_s: float
-
-    @property
-    def overlap(self) -> float | None:
-        """``both_s`` over the larger time alone: 1 where the disk serves reads and writes side by side,
-        :attr:`one_at_a_time` where it serves one at a time; None where neither took time."""
-        larger = max(self.read_s, self.write_s)
-        return self.both_s / larger if larger > 0 else None
-
-    @property
-    def one_at_a_time(self) -> float | None:
-        """What :attr:`overlap` would be with one served at a time: the sum alone over the larger."""
-        larger = max(self.read_s, self.write_s)
-        return (self.read_s + self.write_s) / larger if larger > 0 else None
-
-
-def _median_rate(nbytes: int, seconds: tuple[float, ...]) -> float:
-    """``nbytes`` over the median of ``seconds`` (0 where there is none)."""
-    median = statistics.median(seconds) if seconds else 0.0
-    return nbytes / median if median > 0 else 0.0
-
-
-@dataclass(frozen=True)
-class ReadProbe(Record):
-    """Reads of regions of the checkpoint, cold, timed (version 7, :func:`harness.measure.probe.read_probe`),
-    each region read once. ``kept_s`` / ``dropped_s``: regions of ``cache_region_bytes`` read by ``pread``,
-    in turn, the kept ones left in the page cache until the probe ends (so it grows as a run's would) and
-    the dropped ones dropped behind the reader; ``faulted_s`` / ``willneed_s``: regions of
-    ``advice_region_bytes`` mapped and every page touched, without advice / after ``madvise(MADV_WILLNEED)``
-    over the region (how the prefetcher asks)."""
-
-    cache_region_bytes: int
-    kept_s: tuple[float, ...]
-    dropped_s: tuple[float, ...]
-    advice_region_bytes: int
-    faulted_s: tuple[float, ...]
-    willneed_s: tuple[float, ...]
-
-    @property
-    def kept_bytes_per_s(self) -> float:
-        """The median rate of the last three kept regions: a run keeps far more than the probe, and the first
-        kept pages may come from pages the kernel had just freed (fast), which a whole checkpoint outgrows."""
-        return _median_rate(self.cache_region_bytes, self.kept_s[-3:])
-
-    @property
-    def dropped_bytes_per_s(self) -> float:
-        return _median_rate(self.cache_region_bytes, self.dropped_s)
-
-    @property
-    def faulted_bytes_per_s(self) -> float:
-        return _median_rate(self.advice_region_bytes, self.faulted_s)
-
-    @property
-    def willneed_bytes_per_s(self) -> float:
-        return _median_rate(self.advice_region_bytes, self.willneed_s)
-
-
-@dataclass(frozen=True)
-class SpeedChoice(Record):
-    """The prefetch method (``None``: off) and drop-cache setting of the strategies that map, and why each
-    (version 7, :func:`harness.speed.choose_speed`): set by the scenario, or chosen from ``probe``;
-    ``probe_error`` says why the probe failed, where it did (version 12)."""
-
-    prefetch: str | None
-    drop_cache: bool
-    prefetch_why: str
-    drop_cache_why: str
-    probe: ReadProbe | None = None
-    # version 12; plan.json, read at version 1, holds it too, and earlier ones lack it
-    probe_error: str | None = field(default=None, metadata={"absent_until": 11})
 
 
 @dataclass(frozen=True)
@@ -846,24 +675,3 @@ def read_strategy_file(directory: Path, name: str) -> StrategyRecord | None:
         raise RecordError(f"{path}: layout: expected layout {LAYOUT_VERSION} for strategy {name!r}")
     return decode(StrategyRecord, written.record, source=str(path), where="record", version=LAYOUT_VERSION)
 
-
-def empty_samples() -> pd.DataFrame:
-    """Samples of a strategy that wrote none: the columns of :func:`read_samples`, no rows."""
-    return empty_frame(SAMPLE_COLUMNS, "phase")
-
-
-def empty_events() -> pd.DataFrame:
-    """Events of a strategy that wrote none: the columns of :func:`read_events`, no rows."""
-    return empty_frame(EVENT_COLUMNS, "event")
-
-
-def read_samples(path: Path, rows: int | None = None) -> pd.DataFrame:
-    """A ``samples-<strategy>.csv``: numbers as float64 (empty cells NaN), ``phase`` as text; with ``rows`` (the
-    record's ``sample_rows``), exactly that many rows or a :class:`RecordError`."""
-    return read_csv(Path(path), SAMPLE_COLUMNS, "phase", rows)
-
-
-def read_events(path: Path, rows: int | None = None) -> pd.DataFrame:
-    """An ``events-<strategy>.csv``: numbers as float64 (empty cells NaN), ``event`` as text; with ``rows`` (the
-    record's ``event_rows``), exactly that many rows or a :class:`RecordError`."""
-    return read_csv(Path(path), EVENT_COLUMNS, "event", rows)

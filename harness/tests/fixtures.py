@@ -20,8 +20,6 @@ import pandas as pd
 from harness.catalog import is_gpu
 from harness.results.metrics import SampleColumns, StrategyMetrics, sampled_peaks
 from harness.results.record import (
-    EVENT_COLUMNS,
-    SAMPLE_COLUMNS,
     CheckpointInfo,
     EngineRecord,
     MachineInfo,
@@ -30,10 +28,9 @@ from harness.results.record import (
     Reference,
     RunRecord,
     StrategyRecord,
-    events_file,
-    samples_file,
     write_summary,
 )
+from harness.results.samples import EVENT_COLUMNS, SAMPLE_COLUMNS, events_file, samples_file
 from harness.units import GIB, MIB
 
 ENGINE_GIB = (1.5, 0.5, 1.0, 1.0)

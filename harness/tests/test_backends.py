@@ -21,7 +21,8 @@ from harness.engines.registry import BACKEND_ENTRIES, Backend, BackendUnavailabl
 from harness.load.strategies import load_map
 from harness.models import SyntheticTransformer, fill_non_persistent
 from harness.plan import Plan, make_plan
-from harness.results.record import ExportRecord, read_events, read_samples
+from harness.results.record import ExportRecord
+from harness.results.samples import read_events, read_samples
 from harness.scenario import load_scenario
 from harness.tests.tiny_scenario import tiny_scenario_text
 from harness.worker import measure

@@ -11,8 +11,8 @@ import pytest
 
 from harness.measure.ceiling import read_ceiling
 from harness.measure.residency import FileResidency
+from harness.results.disk import CeilingPoint
 from harness.results.metrics import best_ceiling
-from harness.results.record import CeilingPoint
 from harness.tests.test_coldcache import synced_files
 from harness.units import MIB
 

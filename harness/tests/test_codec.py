@@ -22,22 +22,19 @@ from harness.results.codec import (
     encode,
     json_key,
 )
+from harness.results.disk import DiskRead, ReadProbe, SharedDisk, SpeedChoice
 from harness.results.record import (
     LAYOUT_VERSION,
     CacheRecord,
     CheckpointInfo,
-    DiskRead,
     EngineRecord,
     ExportRecord,
     MachineInfo,
     ModelInfo,
     Phases,
-    ReadProbe,
     Reference,
     RepeatRecord,
     RunRecord,
-    SharedDisk,
-    SpeedChoice,
     StrategyRecord,
 )
 from harness.scenario import BuildConfig, CheckpointConfig, ModelConfig, RunConfig, Scenario

@@ -41,6 +41,8 @@ TORCH_FREE = (
     "harness.scenario",
     "harness.weightspec",
     "harness.results.record",
+    "harness.results.samples",
+    "harness.results.disk",
     "harness.results.files",
     "harness.results.metrics",
     "harness.results.reading",

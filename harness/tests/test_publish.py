@@ -274,7 +274,8 @@ def test_a_strategy_that_recorded_its_own_failure_is_a_result_and_is_published(
 HANDS_IN_A_RESULT = """
 import os, shutil, sys
 from pathlib import Path
-from harness.results.record import events_file, samples_file, write_strategy_file
+from harness.results.record import write_strategy_file
+from harness.results.samples import events_file, samples_file
 from harness.results.reading import load_results
 out, strategy, source, fs = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4])
 leave = int(sys.argv[5])

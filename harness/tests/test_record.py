@@ -12,15 +12,8 @@ import pytest
 from harness.catalog import is_gpu
 from harness.results.metrics import SampleColumns, StrategyMetrics, sampled_peaks
 from harness.results.reading import load_results
-from harness.results.record import (
-    LAYOUT_VERSION,
-    SUMMARY,
-    RecordError,
-    RunRecord,
-    events_file,
-    read_samples,
-    samples_file,
-)
+from harness.results.record import LAYOUT_VERSION, SUMMARY, RecordError, RunRecord
+from harness.results.samples import events_file, read_samples, samples_file
 from harness.tests.fixtures import make_results
 from harness.tests.recorded import COMMITTED, RECORDED, run_id
 

@@ -12,9 +12,9 @@ from harness.catalog import writes_weights_to_files
 from harness.measure.residency import FileResidency
 from harness.measure.shared_disk import shared_disk
 from harness.report.markdown import limit_observation, shared_disk_observation
+from harness.results.disk import CeilingPoint, SharedDisk
 from harness.results.metrics import build_limit
 from harness.results.reading import Results, load_results
-from harness.results.record import CeilingPoint, SharedDisk
 from harness.tests.fixtures import make_results
 from harness.tests.test_coldcache import synced_files
 from harness.units import MIB

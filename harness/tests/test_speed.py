@@ -18,9 +18,10 @@ from harness.engines.backends import CopyToFiles, fault_in
 from harness.measure.procfs import read_status
 from harness.plan import make_plan
 from harness.report import render_staged
+from harness.results.disk import DiskRead
 from harness.results.metrics import StrategyMetrics, disk_metrics
 from harness.results.reading import load_results
-from harness.results.record import DiskRead, RunRecord, StrategyRecord
+from harness.results.record import RunRecord, StrategyRecord
 from harness.run import SHARED_DISK_TIMES, combine_repeats, representative, run_scenario
 from harness.scenario import (
     BuildConfig,

@@ -13,8 +13,8 @@ from harness.measure.hostmemory import free_page_reporting
 from harness.measure.probe import probe_bytes, read_probe
 from harness.measure.residency import file_page_counts
 from harness.report.markdown import render_report
+from harness.results.disk import ReadProbe
 from harness.results.reading import load_results
-from harness.results.record import ReadProbe
 from harness.scenario import RunConfig
 from harness.speed import WILLNEED_FLOOR, choose_speed, decide
 from harness.tests.fixtures import make_results

@@ -289,7 +289,8 @@ BUILDS_ENGINES = """
 import json, shutil, sys, time
 from pathlib import Path
 from harness.results.reading import load_results
-from harness.results.record import StrategyRecord, events_file, samples_file, write_strategy_file
+from harness.results.record import StrategyRecord, write_strategy_file
+from harness.results.samples import events_file, samples_file
 plan, strategy, out, source, marks = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4]), sys.argv[5:]
 engines = Path(json.loads(plan.read_text())["workdir"]) / f"tiny-{strategy}"  # where the worker builds
 engines.mkdir(parents=True, exist_ok=True)
