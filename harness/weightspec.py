@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from harness.results.files import not_regular
+from harness.results.files import JsonNestingError, load_bounded_json, not_regular
 from harness.units import GIB, TIB
 
 __all__ = [
@@ -28,7 +27,6 @@ __all__ = [
     "NestingError",
     "SpecFileError",
     "dtype_itemsize",
-    "json_nesting",
     "load_json_bounded",
     "model_bytes_problem",
     "read_spec",
@@ -122,31 +120,13 @@ class NestingError(ValueError):
     """Text nests arrays or objects deeper than its format needs (and a parser's recursion can take)."""
 
 
-_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
-_JSON_BRACKET = re.compile(r"[\[\]{}]")
-
-
-def json_nesting(text: str) -> int:
-    """How deep the arrays and objects of JSON ``text`` nest (brackets in strings skipped), counted
-    without recursion; for text that is not JSON, at least as deep as a parser would get."""
-    depth = deepest = 0
-    for match in _JSON_BRACKET.finditer(_JSON_STRING.sub('""', text)):
-        if match.group() in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        else:
-            depth -= 1
-    return deepest
-
-
 def load_json_bounded(text: str, limit: int = MAX_SPEC_NESTING) -> Any:
     """``json.loads(text)``, refusing text that nests more than ``limit`` levels with
-    :class:`NestingError` before the parser recurses into it."""
-    depth = json_nesting(text)
-    if depth > limit:
-        raise NestingError(f"arrays and objects nest {depth} levels deep; at most {limit}")
+    :class:`NestingError` before the parser recurses into it (:func:`harness.results.files.load_bounded_json`)."""
     try:
-        return json.loads(text)
+        return load_bounded_json(text, limit)
+    except JsonNestingError as exc:
+        raise NestingError(f"arrays and objects nest {exc.depth} levels deep; at most {limit}") from exc
     except RecursionError as exc:  # a caller already deep in its own stack
         raise NestingError(f"arrays and objects nest too deeply to parse; at most {limit}") from exc
 

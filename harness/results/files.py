@@ -14,6 +14,7 @@ import io
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +27,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_JSON_DEPTH",
+    "JsonNestingError",
     "empty_frame",
+    "load_bounded_json",
     "not_regular",
     "parse_json",
     "read_csv",
@@ -101,13 +104,26 @@ def _parse_int(text: str) -> int | LongInteger:
 _JSON_TOKENS = re.compile(r'\\.|["\[\]{}]')
 
 
-def _json_depth_error(text: str) -> str | None:
-    """Where ``text`` nests objects and lists deeper than :data:`MAX_JSON_DEPTH`, in words; else None.
+class JsonNestingError(ValueError):
+    """JSON text nests objects and lists deeper than its reader allows: ``depth`` is how deep it nests, ``limit``
+    the most allowed and ``line`` the line where it first went deeper than that."""
 
-    One pass over the quotes, escapes and brackets, skipping strings, before the parser
-    (which recurses once per level) sees the text.
+    def __init__(self, depth: int, limit: int, line: int) -> None:
+        super().__init__(f"nested deeper than {limit} levels (line {line})")
+        self.depth, self.limit, self.line = depth, limit, line
+
+
+def load_bounded_json(text: str, limit: int = MAX_JSON_DEPTH, parse_int: Callable[[str], Any] | None = None) -> Any:
+    """``json.loads(text, parse_int=parse_int)``, refusing text that nests objects and lists more than ``limit``
+    levels with :class:`JsonNestingError` before the parser (which recurses once per level) sees it.
+
+    The depth is counted in one pass over the quotes, escapes and brackets, skipping strings, without recursion;
+    for text that is not JSON it is at least as deep as the parser would get. ``json.JSONDecodeError``,
+    ``ValueError`` and ``RecursionError`` (a caller already deep in its own stack) reach the caller.
     """
-    depth, in_string = 0, False
+    depth = deepest = 0
+    line: int | None = None
+    in_string = False
     for match in _JSON_TOKENS.finditer(text):
         token = match.group()
         if in_string:
@@ -116,12 +132,14 @@ def _json_depth_error(text: str) -> str | None:
             in_string = True
         elif token in "[{":
             depth += 1
-            if depth > MAX_JSON_DEPTH:
+            deepest = max(deepest, depth)
+            if depth > limit and line is None:
                 line = text.count("\n", 0, match.start()) + 1
-                return f"nested deeper than {MAX_JSON_DEPTH} levels (line {line})"
         elif token in "]}":
             depth -= 1
-    return None
+    if line is not None:
+        raise JsonNestingError(deepest, limit, line)
+    return json.loads(text, parse_int=parse_int)
 
 
 def read_json_file(path: Path) -> Any:
@@ -139,11 +157,10 @@ def read_json_file(path: Path) -> Any:
 
 def parse_json(text: str, source: str) -> Any:
     """The JSON ``text`` read from ``source``, as :func:`read_json_file` reads a file's."""
-    deep = _json_depth_error(text)
-    if deep is not None:
-        raise RecordError(f"{source}: not a record: {deep}")
     try:
-        return json.loads(text, parse_int=_parse_int)
+        return load_bounded_json(text, parse_int=_parse_int)
+    except JsonNestingError as exc:
+        raise RecordError(f"{source}: not a record: {exc}") from exc
     except json.JSONDecodeError as exc:
         raise RecordError(f"{source}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from exc
     except (ValueError, RecursionError) as exc:

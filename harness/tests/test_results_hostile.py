@@ -23,10 +23,12 @@ import pytest
 
 from harness.budget.record import BUDGET_FILE, read_budget
 from harness.cli import main
+from harness.results.files import JsonNestingError, load_bounded_json
 from harness.results.record import MAX_ENGINES, SUMMARY
 from harness.results.samples import events_file, samples_file
 from harness.tests.fixtures import make_results
 from harness.units import GIB
+from harness.weightspec import NestingError, load_json_bounded
 
 ROOT = Path(__file__).resolve().parents[2]
 FIFO = "a named pipe (FIFO), not a regular file; expected a file the harness wrote"
@@ -236,6 +238,16 @@ def test_deeply_nested_json_is_refused_before_it_is_parsed(run_dir: Path, capsys
     summary = run_dir / SUMMARY
     summary.write_text('{"a": ' + "[" * depth + "]" * depth + "}")
     assert plot_error(capsys, run_dir) == f"{summary}: not a record: nested deeper than 64 levels (line 1)"
+
+
+def test_one_bounded_json_reader_serves_results_and_weight_specs() -> None:
+    text = '{"s": "[[[\\"[[",\n "a": ' + "[" * 20 + "]" * 20 + "}"  # brackets in a string do not count
+    assert load_bounded_json(text, limit=21)["s"] == '[[[\"[['
+    with pytest.raises(JsonNestingError) as caught:
+        load_bounded_json(text, limit=16)
+    assert (caught.value.depth, caught.value.limit, caught.value.line) == (21, 16, 2)
+    with pytest.raises(NestingError, match="^arrays and objects nest 21 levels deep; at most 16$"):
+        load_json_bounded(text)  # the weight spec's reader, with its own limit and wording
 
 
 def test_nesting_inside_strings_does_not_count(run_dir: Path) -> None:
