@@ -17,7 +17,7 @@ below it (``harness/tests/test_imports.py`` holds the layers and checks the impo
 ``measure`` ``progress``
     The sampler, page residency, ``/proc``, the GPU, the cold cache, the disk read, the read probe and
     ceiling, the shared disk, the machine; the bars and lines printed while a run goes.
-``scenario`` ``weightspec``
+``scenario`` ``scenario_rules`` ``weightspec``
     The TOML validated; a weight spec's JSON read and its size checked, without torch.
 ``models`` ``load``
     The models, built on meta, and their generated checkpoints; the strategy registry

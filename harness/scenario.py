@@ -7,7 +7,7 @@ starts with the scenario file and the dotted key, e.g.
 ``scenarios/smoke.toml: build.engines: expected an integer >= 1 and <= 4096, got "8" (str)``.
 
 Numbers
-    Every number has a range (:data:`LIMITS`), checked when the file is loaded and again by
+    Every number has a range (:data:`~harness.scenario_rules.LIMITS`), checked when the file is loaded and again by
     :func:`validate_scenario` for a scenario built in code, before anything runs; the error
     says the range. Floats must be finite; integers must fit the range whatever their size
     in the file. The model's weights, computed from its settings without building it,
@@ -125,11 +125,11 @@ from typing import Any
 
 from harness.catalog import BACKENDS, COMPILER_BACKENDS, COMPILER_WEIGHTS, ENGINE_WEIGHTS, STRATEGY_LISTINGS
 from harness.errors import HarnessError
-from harness.results.codec import NAME, TABLE_STYLE, Limit, decode, decode_fields, describe_typed, encode
+from harness.results.codec import TABLE_STYLE, Limit, decode, decode_fields, describe_typed, encode
 from harness.results.files import not_regular
-from harness.results.names import reserved_problem
 from harness.results.record import Reference
-from harness.units import GIB, MIB, PIB
+from harness.scenario_rules import limit, name_problem, one_of, repeats, strategies_problem
+from harness.units import MIB
 from harness.weightspec import (
     MAX_MODEL_BYTES,
     MAX_SPEC_NESTING,
@@ -150,7 +150,6 @@ __all__ = [
     "MODEL_DTYPES",
     "PREFETCH",
     "SOURCES",
-    "LIMITS",
     "TABLES",
     "TOP_KEYS",
     "MAX_MODEL_BYTES",
@@ -160,7 +159,6 @@ __all__ = [
     "BuildConfig",
     "CheckpointConfig",
     "Limit",
-    "OneOf",
     "ModelConfig",
     "Reference",
     "RunConfig",
@@ -192,29 +190,6 @@ MAX_NESTING = 8
 """How deep a scenario file may nest arrays and tables (the schema needs 3)."""
 
 
-def _int(low: int, high: int) -> Limit:
-    return Limit(low, high, integer=True)
-
-
-LIMITS: dict[str, Limit] = {
-    "model.layers": _int(1, 1024),
-    "model.width": _int(1, 65536),
-    "model.heads": _int(1, 4096),
-    "model.vocab": _int(1, 1 << 24),
-    "model.ffn_mult": _int(1, 64),
-    "checkpoint.seed": _int(0, 2**63 - 1),
-    "build.engines": _int(1, 4096),
-    "build.engine_cap_mib": Limit(0, MAX_MODEL_BYTES / MIB, low_open=True, unit="MiB", note="16 TiB"),
-    "build.tokens": _int(1, 8192),
-    "run.sample_interval_ms": Limit(0.1, 60_000, unit="ms"),
-    "run.residency_every": _int(1, 100_000),
-    "run.memory_limit_gib": Limit(MIB / GIB, PIB // GIB, unit="GiB", note="1 MiB to 1 PiB"),
-    "run.timeout_s": Limit(0, 7 * 24 * 3600, low_open=True, unit="s", note="a week"),
-    "run.repeats": _int(1, 100),
-    "run.warmup": _int(0, 100),
-}
-"""Every numeric setting's range, by dotted key (a ``[[reference]]``'s are on :class:`Reference`)."""
-
 _SYNTHETIC_KEYS = frozenset({"layers", "width", "heads", "vocab", "ffn_mult", "dtype"})
 _SPEC_KEYS = frozenset({"spec", "trim"})
 _MODEL_KEYS = {
@@ -235,55 +210,6 @@ _STYLE = dataclasses.replace(TABLE_STYLE, error=ScenarioError)
 """How :func:`harness.results.codec.decode` reports a scenario table's errors."""
 
 
-@dataclass(frozen=True)
-class OneOf:
-    """A field's ``check``: its value must be one of ``choices`` (which :mod:`harness.schema` lists)."""
-
-    choices: tuple[str, ...]
-
-    def __call__(self, value: Any) -> str | None:
-        if value in self.choices:
-            return None
-        return f"expected one of {', '.join(map(repr, self.choices))}, got {value!r}"
-
-
-def _one_of(choices: tuple[str, ...]) -> dict[str, Callable[[Any], str | None]]:
-    """A field's metadata: its value must be one of ``choices``."""
-    return {"check": OneOf(choices)}
-
-
-def _limit(key: str) -> dict[str, Limit]:
-    """A field's metadata: its number must lie in ``LIMITS[key]``."""
-    return {"limit": LIMITS[key]}
-
-
-def _repeats(values: tuple[str, ...]) -> str | None:
-    """What a list lists twice, or None."""
-    seen: set[str] = set()
-    for item in values:
-        if item in seen:
-            return f"{item!r} is listed twice"
-        seen.add(item)
-    return None
-
-
-def _strategies_problem(strategies: tuple[str, ...]) -> str | None:
-    if problem := _repeats(strategies):
-        return problem
-    if not strategies:
-        return "expected at least one strategy"
-    unknown = next((s for s in strategies if s not in STRATEGY_LISTINGS), None)
-    if unknown is not None:
-        return f"unknown strategy {unknown!r} (known: {', '.join(STRATEGY_LISTINGS)})"
-    return None
-
-
-def _name_problem(name: str) -> str | None:
-    if not NAME.fullmatch(name):
-        return f"expected [a-z0-9_-]+, got {name!r}"
-    return reserved_problem(name)  # no name the harness derives from others (harness.results.names)
-
-
 # --------------------------------------------------------------------------- dataclasses
 
 
@@ -297,16 +223,16 @@ class ModelConfig:
     ``spec`` is an absolute path after :func:`load_scenario`.
     """
 
-    source: str = field(default="synthetic", metadata=_one_of(SOURCES))
-    layers: int | None = field(default=None, metadata=_limit("model.layers"))
-    width: int | None = field(default=None, metadata=_limit("model.width"))
-    heads: int = field(default=8, metadata=_limit("model.heads"))
-    vocab: int | None = field(default=None, metadata=_limit("model.vocab"))
-    ffn_mult: int = field(default=4, metadata=_limit("model.ffn_mult"))
-    dtype: str = field(default="float32", metadata=_one_of(MODEL_DTYPES))
+    source: str = field(default="synthetic", metadata=one_of(SOURCES))
+    layers: int | None = field(default=None, metadata=limit("model.layers"))
+    width: int | None = field(default=None, metadata=limit("model.width"))
+    heads: int = field(default=8, metadata=limit("model.heads"))
+    vocab: int | None = field(default=None, metadata=limit("model.vocab"))
+    ffn_mult: int = field(default=4, metadata=limit("model.ffn_mult"))
+    dtype: str = field(default="float32", metadata=one_of(MODEL_DTYPES))
     spec: Path | None = None
-    fallback: str | None = field(default=None, metadata=_one_of(FALLBACKS))
-    trim: tuple[str, ...] = field(default=(), metadata={"check": _repeats})
+    fallback: str | None = field(default=None, metadata=one_of(FALLBACKS))
+    trim: tuple[str, ...] = field(default=(), metadata={"check": repeats})
 
     @property
     def key(self) -> str:
@@ -334,7 +260,7 @@ class CheckpointConfig:
     the harness may write it (``generate``)."""
 
     path: Path
-    seed: int = field(default=0, metadata=_limit("checkpoint.seed"))
+    seed: int = field(default=0, metadata=limit("checkpoint.seed"))
     generate: bool = False
 
 
@@ -345,13 +271,13 @@ class BuildConfig:
     ``weights`` and ``tokens`` apply to compiler backends (:data:`COMPILER_BACKENDS`) only.
     """
 
-    engines: int | None = field(default=None, metadata=_limit("build.engines"))
-    engine_cap_mib: float | None = field(default=None, metadata=_limit("build.engine_cap_mib"))
-    backend: str = field(default="copy", metadata=_one_of(BACKENDS))
-    device: str = field(default="auto", metadata=_one_of(DEVICES))
+    engines: int | None = field(default=None, metadata=limit("build.engines"))
+    engine_cap_mib: float | None = field(default=None, metadata=limit("build.engine_cap_mib"))
+    backend: str = field(default="copy", metadata=one_of(BACKENDS))
+    device: str = field(default="auto", metadata=one_of(DEVICES))
     release: bool = True
-    weights: str = field(default="mapped", metadata=_one_of(ENGINE_WEIGHTS))
-    tokens: int = field(default=16, metadata=_limit("build.tokens"))
+    weights: str = field(default="mapped", metadata=one_of(ENGINE_WEIGHTS))
+    tokens: int = field(default=16, metadata=limit("build.tokens"))
 
     @property
     def compiler(self) -> bool:
@@ -373,15 +299,15 @@ class BuildConfig:
 class RunConfig:
     """How a strategy run is sampled and bounded. ``memory_limit_gib=None``: no limit."""
 
-    cache: str = field(default="cold", metadata=_one_of(CACHES))
-    sample_interval_ms: float = field(default=10.0, metadata=_limit("run.sample_interval_ms"))
-    residency_every: int = field(default=1, metadata=_limit("run.residency_every"))
-    memory_limit_gib: float | None = field(default=None, metadata=_limit("run.memory_limit_gib"))
-    timeout_s: float = field(default=1800.0, metadata=_limit("run.timeout_s"))
-    prefetch: str = field(default=DEFAULT_PREFETCH, metadata=_one_of(PREFETCH))
+    cache: str = field(default="cold", metadata=one_of(CACHES))
+    sample_interval_ms: float = field(default=10.0, metadata=limit("run.sample_interval_ms"))
+    residency_every: int = field(default=1, metadata=limit("run.residency_every"))
+    memory_limit_gib: float | None = field(default=None, metadata=limit("run.memory_limit_gib"))
+    timeout_s: float = field(default=1800.0, metadata=limit("run.timeout_s"))
+    prefetch: str = field(default=DEFAULT_PREFETCH, metadata=one_of(PREFETCH))
     drop_cache: bool | None = None  # None: chosen per run (harness.speed)
-    repeats: int = field(default=1, metadata=_limit("run.repeats"))
-    warmup: int = field(default=0, metadata=_limit("run.warmup"))
+    repeats: int = field(default=1, metadata=limit("run.repeats"))
+    warmup: int = field(default=0, metadata=limit("run.warmup"))
     read_ceiling: bool = True  # a cold run sweeps the disk's read ceiling before its first round
     shared_disk: bool = True  # where engines are files, a cold run times the disk read and written at once at its end
 
@@ -393,10 +319,10 @@ class Scenario:
     ``path`` is the file it was read from, ``None`` for one built in code.
     """
 
-    name: str = field(metadata={"check": _name_problem})
+    name: str = field(metadata={"check": name_problem})
     description: str = ""
     path: Path | None = None
-    strategies: tuple[str, ...] = field(default=tuple(STRATEGY_LISTINGS), metadata={"check": _strategies_problem})
+    strategies: tuple[str, ...] = field(default=tuple(STRATEGY_LISTINGS), metadata={"check": strategies_problem})
     model: ModelConfig
     checkpoint: CheckpointConfig
     build: BuildConfig
@@ -508,7 +434,7 @@ def checkpoint_path_problem(path: Path) -> str | None:
 
 def validate_scenario(scenario: Scenario) -> None:
     """Check what :func:`load_scenario` checks of numbers and files on a scenario however it was
-    made (one built in code never went through the loader): every setting of :data:`LIMITS`, the
+    made (one built in code never went through the loader): every setting of :data:`~harness.scenario_rules.LIMITS`, the
     model's weight bytes, the checkpoint path's type. Raises :class:`ScenarioError` naming
     ``scenario.where(key)``; reads the spec, opens nothing else."""
     m, b = scenario.model, scenario.build

@@ -2,7 +2,7 @@
 
 :func:`scenario_schema` lists every key of a scenario file (:mod:`harness.scenario`), one line each: its
 dotted key (``run.cache``; ``reference.label`` for each ``[[reference]]`` table), what it takes (the field's
-type, the choices of its ``check`` where that is a :class:`~harness.scenario.OneOf`, the range of its
+type, the choices of its ``check`` where that is a :class:`~harness.scenario_rules.OneOf`, the range of its
 ``limit``) and its default (``required`` where the field has none; what the loader puts in its place where
 it computes one, :data:`LOADER_DEFAULTS`). :func:`layout_history` lists, for each layout version of
 ``summary.json`` (:data:`~harness.results.record.LAYOUT_VERSION`), the keys it added (each field's
@@ -26,7 +26,8 @@ from typing import Any
 
 from harness.results.codec import Limit, json_key
 from harness.results.record import LAYOUT_VERSION, RunRecord
-from harness.scenario import TABLES, TOP_KEYS, OneOf, Scenario
+from harness.scenario import TABLES, TOP_KEYS, Scenario
+from harness.scenario_rules import OneOf
 
 __all__ = [
     "LOADER_DEFAULTS",

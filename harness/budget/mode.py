@@ -104,7 +104,8 @@ from harness.results.publish import Staging, publish
 from harness.results.record import PLAN, MachineInfo, RecordError, StrategyRecord, read_strategy_file
 from harness.results.samples import read_samples, samples_file
 from harness.run import ENGINES, WorkerCommand
-from harness.scenario import LIMITS, Limit, Scenario
+from harness.scenario import Limit, Scenario
+from harness.scenario_rules import LIMITS
 from harness.stopping import RunInterrupted
 from harness.units import GIB, MIB, PIB, TIB, gib_or_mib
 from harness.worker import worker_command

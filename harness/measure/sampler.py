@@ -94,7 +94,7 @@ class Sampler:
     ``write_csv`` may be called from any thread while the sampler runs; a lock serialises
     samples. ``interval_s`` must be positive and at most ``threading.TIMEOUT_MAX`` (``ValueError``
     here, not a failure of the thread later; a scenario's ``sample_interval_ms`` is bounded far
-    below, :data:`harness.scenario.LIMITS`). A sampler runs once: ``start`` after ``stop`` raises
+    below, :data:`harness.scenario_rules.LIMITS`). A sampler runs once: ``start`` after ``stop`` raises
     ``RuntimeError``. If the
     background thread fails (a reader raised), sampling stops, the rows taken so far are
     kept, and ``stop`` raises ``RuntimeError`` from that error.

@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "units", "catalog", "stopping"),
     ("results",),
     ("measure", "progress"),
-    ("scenario", "weightspec"),
+    ("scenario", "scenario_rules", "weightspec"),
     ("models", "load"),
     ("engines",),
     ("speed", "plan"),
@@ -39,6 +39,7 @@ or those below it. The README's layer list and :mod:`harness`'s docstring name t
 TORCH_FREE = (
     "harness.catalog",
     "harness.scenario",
+    "harness.scenario_rules",
     "harness.weightspec",
     "harness.results.record",
     "harness.results.samples",

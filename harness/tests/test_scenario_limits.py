@@ -30,7 +30,6 @@ from harness.models import ModelError, SyntheticTransformer, build_model, load_s
 from harness.models.checkpoints import checkpoint_metadata, checkpoint_specs, ensure_checkpoint, file_bytes
 from harness.plan import make_plan
 from harness.scenario import (
-    LIMITS,
     MAX_MODEL_BYTES,
     BuildConfig,
     CheckpointConfig,
@@ -43,6 +42,7 @@ from harness.scenario import (
     synthetic_numel,
     validate_scenario,
 )
+from harness.scenario_rules import LIMITS
 from harness.tests.tiny_scenario import tiny_scenario_text
 from harness.units import GIB, TIB
 
