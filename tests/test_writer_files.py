@@ -236,7 +236,7 @@ def test_without_o_tmpfile_a_save_survives_another_removing_its_file_before_it_i
     # Two saves in one directory: the second one's clean-up runs in the window between the
     # first one creating its hidden file and locking it, sees a free lock, and removes it.
     monkeypatch.setattr(AtomicFile, "_open_unnamed", staticmethod(lambda directory: None))
-    real_lock = atomic_write._lock
+    real_lock = atomic_write.try_lock
     raced: list[int] = []
 
     def lock_after_another_save_cleaned_up(fd: int) -> bool | None:
@@ -249,7 +249,7 @@ def test_without_o_tmpfile_a_save_survives_another_removing_its_file_before_it_i
                 os.close(directory)
         return real_lock(fd)
 
-    monkeypatch.setattr(atomic_write, "_lock", lock_after_another_save_cleaned_up)
+    monkeypatch.setattr(atomic_write, "try_lock", lock_after_another_save_cleaned_up)
     target = tmp_path / "m.safetensors"
     save(target, 2.0)  # raised FileNotFoundError for the hidden file before
     assert raced and value_of(target) == 2.0 and os.listdir(tmp_path) == ["m.safetensors"]

@@ -50,7 +50,7 @@ try:
 except ImportError:  # not POSIX: no locks, so abandoned files are never taken for removable
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["AtomicFile", "resolve_target"]
+__all__ = ["AtomicFile", "resolve_target", "try_lock"]
 
 PathArg = str | os.PathLike[str]
 
@@ -86,7 +86,7 @@ def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
-def _lock(fd: int) -> bool | None:
+def try_lock(fd: int) -> bool | None:
     """Try to lock ``fd`` exclusively: True when locked, False when someone holds it, None when
     this file system has no locks."""
     if fcntl is None:
@@ -121,7 +121,7 @@ def _remove_abandoned(dir_fd: int) -> None:
             found = os.fstat(fd)
             # Locked by us, the name cannot be renamed or removed by its writer, so checking that
             # it still names this file and then removing it is race-free.
-            if stat.S_ISREG(found.st_mode) and _lock(fd) and _same_file(
+            if stat.S_ISREG(found.st_mode) and try_lock(fd) and _same_file(
                 os.stat(name, dir_fd=dir_fd, follow_symlinks=False), found
             ):
                 os.unlink(name, dir_fd=dir_fd)
@@ -197,7 +197,7 @@ class AtomicFile:
         fd = self._open_unnamed(directory)
         if fd is not None:
             self._fd, self._unnamed = fd, True
-            _lock(fd)  # held until the hidden name it is linked under is renamed
+            try_lock(fd)  # held until the hidden name it is linked under is renamed
             return
         self._fd, self._temp = self._open_named()
 
@@ -226,7 +226,7 @@ class AtomicFile:
                 continue
             # Between the create and the lock another save may take the new file for abandoned
             # and remove it (its lock was free): then the name is gone, or names another file.
-            locked = _lock(fd)
+            locked = try_lock(fd)
             if locked is False:  # another save took it for abandoned and is removing it
                 os.close(fd)
                 continue

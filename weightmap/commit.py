@@ -41,7 +41,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from weightmap.atomic_write import AtomicFile
+from weightmap.atomic_write import AtomicFile, try_lock
 from weightmap.checkpoint import INDEX_NAME, open_checkpoint
 from weightmap.errors import MappingError
 
@@ -101,16 +101,8 @@ def locked_directory(directory: Path) -> Iterator[int]:
     directory.mkdir(parents=True, exist_ok=True)
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
     try:
-        try:
-            import fcntl
-
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except ImportError:
-            pass
-        except BlockingIOError:
-            raise MappingError(
-                f"{directory}: another conversion is writing into this directory; wait for it to end"
-            ) from None
+        if try_lock(fd) is False:
+            raise MappingError(f"{directory}: another conversion is writing into this directory; wait for it to end")
         yield fd
     finally:
         os.close(fd)

@@ -40,11 +40,10 @@ from weightmap.errors import MappingError
 from weightmap.format import Header, TensorEntry, check_little_endian
 from weightmap.runnable import meta_buffer_problem
 from weightmap.targets import Target, collect_targets
-from weightmap.text import counted
+from weightmap.text import SHOWN, counted, names_shown
 
 __all__ = ["MappedWeights", "MappingPreview", "map_weights", "preview_mapping"]
 
-_SHOWN = 20  # problems listed in one message; the rest are counted
 
 KeyMap = Mapping[str, str] | Callable[[str], "str | None"]
 
@@ -229,7 +228,7 @@ def _check_twins(plan: _Plan, checkpoint: Checkpoint) -> None:
         held = f"dtype {entry.dtype} against {plan.entry.dtype}" if entry.dtype != plan.entry.dtype else "other bytes"
         raise MappingError(
             f"{header.path}: tensors {plan.entry.name!r} and {entry.name!r} are one tied tensor in the model "
-            f"(model names {_names_shown(names)}) but the checkpoint holds different values for them "
+            f"(model names {names_shown(names)}) but the checkpoint holds different values for them "
             f"({entry.name!r} holds {held} than {plan.entry.name!r}, in {plan.header.path}): a mapped tensor "
             "holds one value only (load_state_dict would keep the value of the last of these names in "
             "state_dict order). Pass "
@@ -269,15 +268,10 @@ def _meta_buffer_names(plans: list[_Plan]) -> list[str]:
     return [plan.target.names[0] for plan in plans if plan.meta_buffer]
 
 
-def _names_shown(names: list[str]) -> str:
-    shown = ", ".join(repr(name) for name in names[:_SHOWN])
-    return shown + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
-
-
 def _strict_error(source: Path, problems: list[str]) -> MappingError:
     n = len(problems)
-    shown = "\n  ".join(problems[:_SHOWN])
-    more = f"\n  ... and {n - _SHOWN} more" if n > _SHOWN else ""
+    shown = "\n  ".join(problems[:SHOWN])
+    more = f"\n  ... and {n - SHOWN} more" if n > SHOWN else ""
     return MappingError(
         f"{source}: strict=True requires every persistent tensor to be mapped without a copy; "
         f"{counted(n, 'problem')}:\n  {shown}{more}\nThe model was left unchanged."

@@ -14,17 +14,9 @@ import torch
 
 from weightmap.errors import MappingError
 from weightmap.targets import collect_targets
-from weightmap.text import counted, is_are
+from weightmap.text import counted, is_are, names_shown
 
 __all__ = ["assert_runnable", "meta_buffer_problem"]
-
-_SHOWN = 20  # names listed in one message; the rest are counted
-
-
-def _names_shown(names: list[str]) -> str:
-    shown = ", ".join(repr(name) for name in names[:_SHOWN])
-    return shown + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
-
 
 def meta_buffer_problem(names: list[str]) -> str:
     """What is wrong with non-persistent buffers left on meta, and the two ways out."""
@@ -32,7 +24,7 @@ def meta_buffer_problem(names: list[str]) -> str:
     them = "it" if n == 1 else "them"
     return (
         f"{counted(n, 'non-persistent buffer')} {is_are(n)} on the meta device and no checkpoint holds "
-        f"{them}, so the model cannot run: {_names_shown(names)}. Build the model under "
+        f"{them}, so the model cannot run: {names_shown(names)}. Build the model under "
         f"weightmap.init_empty_weights() so that its __init__ computes {them}, or fill {them} yourself"
     )
 
@@ -41,7 +33,7 @@ def _persistent_problem(names: list[str]) -> str:
     n = len(names)
     return (
         f"{counted(n, 'parameter or persistent buffer', 'parameters or persistent buffers')} {is_are(n)} on the "
-        f"meta device, so the model cannot run: {_names_shown(names)}. The checkpoint mapped did not hold "
+        f"meta device, so the model cannot run: {names_shown(names)}. The checkpoint mapped did not hold "
         f"{'it' if n == 1 else 'them'} (see MappedWeights.missing); map or load a checkpoint that does"
     )
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["counted", "is_are"]
+__all__ = ["SHOWN", "counted", "is_are", "names_shown"]
 
 
 def counted(n: int, singular: str, plural: str | None = None) -> str:
@@ -14,3 +14,13 @@ def counted(n: int, singular: str, plural: str | None = None) -> str:
 def is_are(n: int) -> str:
     """The verb that agrees with ``n`` things: ``"is"`` for one, ``"are"`` otherwise."""
     return "is" if n == 1 else "are"
+
+
+SHOWN = 20
+"""Names (or problems) a message lists; the rest are counted."""
+
+
+def names_shown(names: list[str]) -> str:
+    """The first :data:`SHOWN` names, quoted and comma-separated, then how many more there are."""
+    shown = ", ".join(repr(name) for name in names[:SHOWN])
+    return shown + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
