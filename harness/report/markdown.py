@@ -14,7 +14,7 @@ from pathlib import Path
 from harness.catalog import HEADLINE_STRATEGY, peers_of
 from harness.report.compiler import compiler_lines
 from harness.report.notes import NEVER_CHECKED, Notes, check_notes, migrate_notes
-from harness.report.table import columns, disk_cells, reference_cells, strategy_cells
+from harness.report.table import table_lines
 from harness.report.text import (
     cell,
     format_gib,
@@ -35,20 +35,7 @@ from harness.results.record import RunRecord, StrategyRecord
 from harness.results.spread import median_spread, ratio_of_medians, strategy_rounds
 from harness.units import MIB
 
-__all__ = ["render_report", "table_lines", "write_report"]
-
-
-def table_lines(run: Results) -> list[str]:
-    """The table as markdown lines: a row per strategy, then a row per reference."""
-    headers = [c.header for c in columns(run)]
-    rows = [[cells[h] for h in headers] for cells in strategy_cells(run).values()]
-    disk = disk_cells(run)
-    if disk is not None:
-        rows.append([disk[h] for h in headers])
-    rows += [[cells[h] for h in headers] for cells in reference_cells(run)]
-    align = ["---"] + ["---:"] * (len(headers) - 2) + ["---"]
-    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(align) + " |"]
-    return lines + ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
+__all__ = ["render_report", "write_report"]
 
 
 def context_paragraph(results: Results) -> str:
