@@ -41,7 +41,7 @@ from harness.results.labels import (
     BUILD_HOST_PEAK,
     EXCESS,
     FLOOR,
-    GPU_PEAK,
+    WHOLE_RUN_GPU_PEAK,
     WHOLE_RUN_HOST_PEAK,
 )
 from harness.results.names import comparison_name as name_of_comparison
@@ -60,7 +60,7 @@ _MEMORY_COLOURS = {
     EXCESS: "#D55E00",
     WHOLE_RUN_HOST_PEAK: "#56B4E9",
     ANON_ABOVE_BASELINE: SERIES_COLOURS["anon"],
-    GPU_PEAK: SERIES_COLOURS["gpu"],
+    WHOLE_RUN_GPU_PEAK: SERIES_COLOURS["gpu"],
 }
 
 

@@ -5,8 +5,9 @@
 * every memory figure's delta NEW − BASE (:class:`MemoryDelta`), in bytes and as a share of BASE's
   model: the build-phase host peak, on a GPU the build-phase host + GPU peak, the floor, the excess
   over the floor (the peak compared with the floor, minus the floor), the whole-run host peak, the
-  anonymous peak above the baseline and the GPU peak; each read from :mod:`harness.results.metrics`
-  and the measured record;
+  anonymous peak above the baseline and the whole-run GPU peak, each under the name the results table
+  gives it (:mod:`harness.results.labels`); each read from :mod:`harness.results.metrics` and the
+  measured record;
 * every time's ratio NEW / BASE, wall, load and build, with an interval over the rounds
   (:func:`harness.results.spread.ratio_of_medians`).
 
@@ -31,7 +32,7 @@ from harness.results.labels import (
     BUILD_HOST_PEAK,
     EXCESS,
     FLOOR,
-    GPU_PEAK,
+    WHOLE_RUN_GPU_PEAK,
     WHOLE_RUN_HOST_PEAK,
 )
 from harness.results.metrics import StrategyMetrics
@@ -271,7 +272,7 @@ def _memory(base: StrategyMetrics, new: StrategyMetrics, model_bytes: int, noise
         delta(ANON_ABOVE_BASELINE, base.anon_above_baseline_bytes, new.anon_above_baseline_bytes),
     ]
     if gpu:
-        rows.append(delta(GPU_PEAK, base.record.gpu_peak_bytes, new.record.gpu_peak_bytes))
+        rows.append(delta(WHOLE_RUN_GPU_PEAK, base.record.gpu_peak_bytes, new.record.gpu_peak_bytes))
     return tuple(rows)
 
 

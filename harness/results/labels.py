@@ -7,12 +7,12 @@ Each is a figure of :mod:`harness.results.metrics` or of the measured record:
 :data:`BUILD_HOST_PEAK`        ``StrategyRecord.build_peak_bytes``: the build phase's host peak
 :data:`BUILD_HOST_GPU_PEAK`    ``StrategyRecord.host_gpu_peak_bytes``: the build phase's host + GPU peak
 :data:`FLOOR`                  ``StrategyMetrics.floor_bytes``
-:data:`EXCESS`                 the peak compared with the floor, less the floor (the comparison's row; the table's
-                               column, the excess as a share of the model, is :data:`EXCESS_SHARE`)
+:data:`EXCESS`                 the peak compared with the floor, less the floor (the comparison's row, in bytes and
+                               as a share of the model); the table shows it as a share of the model only, under
+                               :data:`EXCESS_SHARE`: this label with that unit
 :data:`WHOLE_RUN_HOST_PEAK`    ``StrategyRecord.host_peak_bytes``: the whole run's host peak, the load included
 :data:`ANON_ABOVE_BASELINE`    ``StrategyMetrics.anon_above_baseline_bytes``
-:data:`WHOLE_RUN_GPU_PEAK`     ``StrategyRecord.gpu_peak_bytes`` as the table names it; the comparison's row
-                               names it :data:`GPU_PEAK`
+:data:`WHOLE_RUN_GPU_PEAK`     ``StrategyRecord.gpu_peak_bytes``: the whole run's GPU peak
 =============================  ==================================================================================
 """
 
@@ -25,7 +25,6 @@ __all__ = [
     "EXCESS",
     "EXCESS_SHARE",
     "FLOOR",
-    "GPU_PEAK",
     "WHOLE_RUN_GPU_PEAK",
     "WHOLE_RUN_HOST_PEAK",
 ]
@@ -33,9 +32,8 @@ __all__ = [
 BUILD_HOST_PEAK = "build-phase host peak"
 BUILD_HOST_GPU_PEAK = "build-phase host + GPU peak"
 FLOOR = "floor"
-EXCESS = "excess over the floor"
-EXCESS_SHARE = "excess over floor (% of model)"
+EXCESS = "excess over floor"
+EXCESS_SHARE = f"{EXCESS} (% of model)"
 WHOLE_RUN_HOST_PEAK = "whole-run host peak"
 ANON_ABOVE_BASELINE = "anonymous peak above baseline"
-GPU_PEAK = "GPU peak"
 WHOLE_RUN_GPU_PEAK = "whole-run GPU peak"

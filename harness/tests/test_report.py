@@ -278,7 +278,11 @@ def test_the_memory_figures_are_named_by_one_declaration(tmp_path: Path) -> None
     comparison = compare_results(run, run)
     assert [d.label for d in comparison.strategies[0].memory] == [
         labels.BUILD_HOST_PEAK, labels.BUILD_HOST_GPU_PEAK, labels.FLOOR, labels.EXCESS, labels.WHOLE_RUN_HOST_PEAK,
-        labels.ANON_ABOVE_BASELINE, labels.GPU_PEAK]
+        labels.ANON_ABOVE_BASELINE, labels.WHOLE_RUN_GPU_PEAK]
+    # each figure has one label: the comparison's rows are the table's headers, the excess with its unit there
+    headers = {c.header for c in columns(run)}
+    assert {d.label for d in comparison.strategies[0].memory} - headers == {labels.EXCESS}
+    assert [h for h in headers if h.startswith(labels.EXCESS)] == [labels.EXCESS_SHARE]
     legend = [t.get_text() for t in comparison_figure(comparison).legends[0].get_texts()]
     assert set(legend) >= {d.label for d in comparison.strategies[0].memory}  # each row has its colour
 
