@@ -88,7 +88,7 @@ from harness.plan import Plan, make_plan, write_plan
 from harness.progress import RunCounter
 from harness.results.atomic import FileBatch
 from harness.results.disk import CeilingPoint, DiskRead, SharedDisk
-from harness.results.metrics import StrategyMetrics, best_ceiling
+from harness.results.metrics import StrategyMetrics, best_ceiling, resident_at_load
 from harness.results.names import reserved_problem
 from harness.results.publish import Staging, publish
 from harness.results.record import (
@@ -376,7 +376,7 @@ def _repeat_record(repeat: int, record: StrategyRecord) -> RepeatRecord:
         repeat=repeat, status=record.status, error=record.error, wall_s=record.wall_s,
         load_s=ms(record.phases.load_s), build_s=ms(record.phases.build_s),
         build_peak_bytes=record.build_peak_bytes,
-        resident_at_load_bytes=None if record.cache is None else record.cache.resident_at_load_bytes,
+        resident_at_load_bytes=resident_at_load(record),
     )
 
 

@@ -79,6 +79,7 @@ __all__ = [
     "gpu_floor_bytes",
     "host_floor_bytes",
     "phase_spans",
+    "resident_at_load",
     "run_metrics",
     "sampled_peaks",
 ]
@@ -250,6 +251,13 @@ def baseline_anon_bytes(samples: SampleColumns, phases: Phases) -> int | None:
     return int(anon[pick])
 
 
+def resident_at_load(record: StrategyRecord) -> int | None:
+    """The checkpoint's bytes in the page cache when ``record``'s load began, from its cache record; None where
+    it has none or the residency was not measured. What the table shows and what each round's
+    :class:`~harness.results.record.RepeatRecord` keeps."""
+    return None if record.cache is None else record.cache.resident_at_load_bytes
+
+
 def _in_build_order(engines: Iterable[EngineRecord]) -> list[EngineRecord]:
     """``engines`` in the order they were built: by index."""
     return sorted(engines, key=lambda e: e.index)
@@ -359,8 +367,9 @@ class StrategyMetrics:
 
     @property
     def resident_at_load_bytes(self) -> int | None:
-        """The checkpoint's bytes in the page cache when the load began (None where not measured)."""
-        return None if self.record.cache is None else self.record.cache.resident_at_load_bytes
+        """The checkpoint's bytes in the page cache when the load began (None where not measured):
+        :func:`resident_at_load` of its record."""
+        return resident_at_load(self.record)
 
     @classmethod
     def of(cls, name: str, record: StrategyRecord, run: RunRecord,
