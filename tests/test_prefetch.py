@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import mmap
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from pages import cached_pages, drop_cache, tensor_present_pages
 from safetensors.torch import save_file
 
 from weightmap import PREFETCH_METHODS, ReleasePlan, ReleaseStep, map_weights
+from weightmap import prefetch as prefetch_module
 from weightmap.prefetch import FileRange, Prefetcher, file_ranges
 
 PAGE = mmap.PAGESIZE
@@ -281,10 +283,9 @@ def test_an_eviction_never_waits_behind_the_warming(tmp_path: Path, monkeypatch:
     release = threading.Event()
     warming = threading.Event()
 
-    def stuck(self: Prefetcher, tag: int, r: FileRange, buffer: bytearray | None) -> bool:
+    def stuck(self: Prefetcher, request: object, buffer: bytearray | None) -> None:
         warming.set()
         release.wait(60)  # a warming request the disk is slow to take: the kernel's queue is full
-        return True
 
     monkeypatch.setattr(Prefetcher, "_warm", stuck)
     with Prefetcher("fadvise") as prefetcher:
@@ -297,3 +298,78 @@ def test_an_eviction_never_waits_behind_the_warming(tmp_path: Path, monkeypatch:
         release.set()
         assert prefetcher.wait(60)
     assert prefetcher.stats.evicted_bytes == 64 * PAGE and prefetcher.stats.evict_s > 0
+
+
+@pytest.mark.parametrize("method", PREFETCH_METHODS)
+def test_several_readers_warm_everything_asked_for(cold_file: tuple[Path, int], method: str) -> None:
+    path, nbytes = cold_file
+    model = mapped_four(path, nbytes)
+    ranges = file_ranges([getattr(model, n) for n in NAMES])
+    if cached_fraction(path, ranges) > 0.05:
+        pytest.skip("the file did not leave the page cache (fadvise DONTNEED refused here)")
+    before = prefetch_threads()
+    with Prefetcher(method, request_bytes=MIB, readers=3) as prefetcher:  # type: ignore[arg-type]
+        prefetcher.submit(ranges)
+        assert prefetch_threads() == before + 3
+        assert prefetcher.wait(60), "prefetch did not finish in a minute"
+        assert prefetcher.stats.errors == 0
+        assert prefetcher.stats.warmed_bytes == prefetcher.stats.requested_bytes >= 4 * nbytes
+    assert settled_fraction(path, ranges) >= 0.95, "prefetch did not warm the page cache"
+    assert wait_until(lambda: prefetch_threads() == before), "a reader outlived close()"
+
+
+@pytest.mark.parametrize("readers", [1, 2, 4])
+def test_readers_ask_at_once_in_requests_of_the_size_given(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, readers: int) -> None:
+    path = tmp_path / "f.bin"
+    path.write_bytes(bytes(8 * MIB))
+    in_flight, most, sizes = 0, 0, []
+    lock = threading.Lock()
+    real_preadv = os.preadv
+
+    def slow_preadv(fd: int, buffers: list[memoryview], offset: int) -> int:
+        nonlocal in_flight, most
+        with lock:
+            in_flight += 1
+            most = max(most, in_flight)
+            sizes.append(sum(len(b) for b in buffers))
+        time.sleep(0.02)
+        try:
+            return real_preadv(fd, buffers, offset)
+        finally:
+            with lock:
+                in_flight -= 1
+
+    monkeypatch.setattr(prefetch_module.os, "preadv", slow_preadv)
+    with Prefetcher("read", request_bytes=MIB // 2, readers=readers) as prefetcher:
+        prefetcher.submit([FileRange(path, 0, 8 * MIB, 0)])
+        assert prefetcher.wait(60)
+        assert prefetcher.stats.warmed_bytes == 8 * MIB
+    assert most == readers
+    assert sizes == [MIB // 2] * 16
+
+
+def test_a_failed_request_stops_the_rest_of_its_range_only(tmp_path: Path) -> None:
+    there = tmp_path / "there.bin"
+    there.write_bytes(bytes(MIB))
+    with Prefetcher("read", request_bytes=PAGE * 16, readers=2) as prefetcher:
+        prefetcher.submit([FileRange(tmp_path / "missing.bin", 0, MIB, 0), FileRange(there, 0, MIB, 0)])
+        assert prefetcher.wait(60)
+        assert prefetcher.stats.errors == 1  # once for the missing file; the rest of its range is not read
+        assert prefetcher.stats.warmed_bytes == MIB
+        assert prefetcher.stats.cancelled_bytes == MIB
+
+
+def test_a_plan_passes_its_readers_and_request_size_on(cold_file: tuple[Path, int]) -> None:
+    path, nbytes = cold_file
+    model = mapped_four(path, nbytes)
+    with pytest.raises(ValueError, match="readers=0"):
+        Prefetcher("read", readers=0)
+    before = prefetch_threads()
+    with ReleasePlan.from_names(model, [[n] for n in NAMES], prefetch="read", prefetch_readers=2,
+                                prefetch_request_bytes=MIB) as plan:
+        assert "prefetch_readers=2" in repr(plan)
+        plan.prefetch(0)
+        assert prefetch_threads() == before + 2
+        assert plan.wait_for_prefetch(60)
+    assert wait_until(lambda: prefetch_threads() == before)

@@ -49,7 +49,15 @@ from typing import Any
 
 import torch
 
-from weightmap.prefetch import FileRange, Prefetcher, PrefetchMethod, PrefetchStats, evict_ranges, file_ranges
+from weightmap.prefetch import (
+    CHUNK_BYTES,
+    FileRange,
+    Prefetcher,
+    PrefetchMethod,
+    PrefetchStats,
+    evict_ranges,
+    file_ranges,
+)
 from weightmap.release import is_mapped, release_mapped_storage, release_storage
 from weightmap.targets import collect_targets
 
@@ -134,6 +142,12 @@ class ReleasePlan:
       partition being built, from its start: measured here, that overlaps
       nothing and gains nothing. Each partition ahead costs page cache (the
       machine's memory, reclaimable), never the process's RSS.
+    * ``prefetch_readers`` (default 1) and ``prefetch_request_bytes`` (default
+      :data:`weightmap.prefetch.CHUNK_BYTES`): how many warming threads ask at
+      once, and the bytes of each request (see :class:`weightmap.Prefetcher`):
+      size them to the disk, e.g. from a sweep of reader threads and request
+      sizes over a cold file. They change how fast pages come in, never what
+      is warmed or released.
     * ``drop_cache`` (default False): after a mapped storage's last reader,
       also drop its pages from the page cache (``POSIX_FADV_DONTNEED`` on the
       pages entirely inside it), so the run's page cache stays near one
@@ -152,7 +166,8 @@ class ReleasePlan:
 
     def __init__(self, partitions: Sequence[Iterable[torch.Tensor]], *, resize: bool = False,
                  reread: bool = True, prefetch: PrefetchMethod | None = None, prefetch_ahead: int = 1,
-                 drop_cache: bool = False) -> None:
+                 drop_cache: bool = False, prefetch_readers: int = 1,
+                 prefetch_request_bytes: int = CHUNK_BYTES) -> None:
         if prefetch_ahead < 0:
             raise ValueError(f"prefetch_ahead={prefetch_ahead}: must be 0 or more")
         self.partitions = len(partitions)
@@ -160,7 +175,8 @@ class ReleasePlan:
         self.reread = reread
         self.prefetch_ahead = prefetch_ahead
         self.drop_cache = drop_cache
-        self._prefetcher = Prefetcher(prefetch) if prefetch is not None else None
+        self._prefetcher = (Prefetcher(prefetch, request_bytes=prefetch_request_bytes, readers=prefetch_readers)
+                            if prefetch is not None else None)
         if self._prefetcher is not None:  # a plan dropped without close() stops its thread too
             weakref.finalize(self, self._prefetcher.shutdown)
         self._warmed = -1  # the last partition handed to the prefetcher
@@ -188,7 +204,8 @@ class ReleasePlan:
     @classmethod
     def from_tensors(cls, partitions: Sequence[Iterable[torch.Tensor]], *, resize: bool = False,
                      reread: bool = True, prefetch: PrefetchMethod | None = None,
-                     prefetch_ahead: int = 1, drop_cache: bool = False) -> ReleasePlan:
+                     prefetch_ahead: int = 1, drop_cache: bool = False, prefetch_readers: int = 1,
+                     prefetch_request_bytes: int = CHUNK_BYTES) -> ReleasePlan:
         """A plan from the tensors each partition reads, partitions in build order.
 
         Meta tensors and empty ones are ignored (nothing to release).
@@ -198,12 +215,14 @@ class ReleasePlan:
             plan = ReleasePlan.from_tensors([[model.embed.weight], [model.head.weight]])
         """
         return cls(partitions, resize=resize, reread=reread, prefetch=prefetch, prefetch_ahead=prefetch_ahead,
-                   drop_cache=drop_cache)
+                   drop_cache=drop_cache, prefetch_readers=prefetch_readers,
+                   prefetch_request_bytes=prefetch_request_bytes)
 
     @classmethod
     def from_names(cls, model: torch.nn.Module | Any, partitions: Sequence[Iterable[str]], *,
                    resize: bool = False, reread: bool = True, prefetch: PrefetchMethod | None = None,
-                   prefetch_ahead: int = 1, drop_cache: bool = False) -> ReleasePlan:
+                   prefetch_ahead: int = 1, drop_cache: bool = False, prefetch_readers: int = 1,
+                   prefetch_request_bytes: int = CHUNK_BYTES) -> ReleasePlan:
         """A plan from the names (state_dict or buffer names) each partition reads.
 
         ``model`` is a module or an ExportedProgram. An unknown name is a
@@ -223,14 +242,16 @@ class ReleasePlan:
                 tensors.append(by_name[name])
             resolved.append(tensors)
         return cls(resolved, resize=resize, reread=reread, prefetch=prefetch, prefetch_ahead=prefetch_ahead,
-                   drop_cache=drop_cache)
+                   drop_cache=drop_cache, prefetch_readers=prefetch_readers,
+                   prefetch_request_bytes=prefetch_request_bytes)
 
     def __repr__(self) -> str:
         method = self._prefetcher.method if self._prefetcher is not None else None
+        readers = f", prefetch_readers={self._prefetcher.readers}" if self._prefetcher is not None else ""
         return (
             f"ReleasePlan(partitions={self.partitions}, next={self._next}, storages={len(self._weights)}, "
             f"pending_bytes={self.pending_bytes}, resize={self.resize}, reread={self.reread}, "
-            f"prefetch={method!r}, drop_cache={self.drop_cache})"
+            f"prefetch={method!r}{readers}, drop_cache={self.drop_cache})"
         )
 
     def prefetch(self, index: int) -> int:

@@ -16,16 +16,21 @@ Three ways of asking, picked by name (:data:`PREFETCH_METHODS`):
   through a read-only descriptor opened from the mapping's path (a path that
   names another file since it was mapped, or a named pipe, is not warmed: an
   error is counted, and nothing blocks);
-* ``"read"``: ``pread()`` of the ranges into one small reused buffer: the
-  bytes are copied and thrown away, and the page cache keeps the pages.
+* ``"read"``: ``pread()`` of the ranges into one small reused buffer per
+  reader: the bytes are copied and thrown away, and the page cache keeps the
+  pages.
 
 Linux caps one readahead request at the device's ``read_ahead_kb`` (a single
-``WILLNEED`` on 256 MiB read 8 MiB here), so ranges are asked for in chunks
-of ``CHUNK_BYTES``. Each method runs on one background thread, so asking never
-blocks the caller: with the device's queue full, each ``WILLNEED`` call waits
-for room (1 GiB took 0.8 to 1.6 s of calls here), and that wait happens on the
-prefetch thread. Requests run in the order asked; a request for a partition
-that is already built is dropped (:meth:`Prefetcher.cancel_through`).
+``WILLNEED`` on 256 MiB read 8 MiB here), so ranges are asked for in requests
+of ``request_bytes`` (default :data:`CHUNK_BYTES`). The requests run on
+``readers`` background threads (default 1), each taking the next request in
+the order asked, so that up to ``readers`` requests are in flight at once: a
+disk that reads fastest with several readers (the harness's read-ceiling
+sweep measures which) is asked as it reads fastest. Asking never blocks the
+caller: with the device's queue full, each ``WILLNEED`` call waits for room
+(1 GiB took 0.8 to 1.6 s of calls here), and that wait happens on a prefetch
+thread. A request for a partition that is already built is dropped
+(:meth:`Prefetcher.cancel_through`).
 Dropping released ranges from the page cache (:meth:`Prefetcher.evict`) runs
 on a second thread, so that it never holds up the next request: the disk
 reads only while the warming thread keeps asking.
@@ -192,9 +197,13 @@ def evict_ranges(ranges: Iterable[FileRange]) -> None:
 
 
 @dataclass
-class _Job:
+class _Request:
+    """One request of a job: ``length`` bytes of ``r`` from ``offset`` into it (relative to the range)."""
+
     tag: int
-    ranges: Sequence[FileRange]
+    r: FileRange
+    start: int
+    length: int
 
 
 @dataclass
@@ -202,8 +211,9 @@ class PrefetchStats:
     """What a :class:`Prefetcher` did.
 
     Bytes asked for, warmed, and dropped from requests cancelled; seconds the
-    thread spent warming; bytes evicted from the page cache and the seconds
-    that took; errors (logged, never raised).
+    warming threads spent warming, summed over them (with several readers it
+    can exceed the wall time); bytes evicted from the page cache and the
+    seconds that took; errors, one per range that failed (logged, never raised).
     """
 
     requested_bytes: int = 0
@@ -217,14 +227,18 @@ class PrefetchStats:
 
 @dataclass
 class Prefetcher:
-    """Warms the page cache for file ranges on one background thread.
+    """Warms the page cache for file ranges on ``readers`` background threads.
 
-    ``method`` is one of :data:`PREFETCH_METHODS`; ``buffer_bytes`` bounds the
-    ``"read"`` method's one reused buffer (its only memory). :meth:`submit`
-    returns at once; :meth:`wait` blocks until everything asked for is done
-    (for tests and benchmarks; a builder never needs it). Errors (a file
-    removed, a mapping gone) are logged on the ``weightmap`` logger and
-    counted, never raised: prefetch is advice.
+    ``method`` is one of :data:`PREFETCH_METHODS`. Ranges are asked for in
+    requests of ``request_bytes`` (one ``WILLNEED`` advice, or one ``pread``
+    into the ``"read"`` method's buffer of that size per reader, its only
+    memory); ``readers`` threads take the requests in the order submitted, so
+    up to ``readers`` are in flight at once, and requests of one range are
+    started in file order. :meth:`submit` returns at once; :meth:`wait` blocks
+    until everything asked for is done (for tests and benchmarks; a builder
+    never needs it). Errors (a file removed, a mapping gone) are logged on the
+    ``weightmap`` logger and counted, never raised: prefetch is advice; after
+    an error the rest of that range is not asked for.
 
     Example::
 
@@ -235,14 +249,17 @@ class Prefetcher:
     """
 
     method: PrefetchMethod = "fadvise"
-    buffer_bytes: int = CHUNK_BYTES
+    request_bytes: int = CHUNK_BYTES
+    readers: int = 1
     stats: PrefetchStats = field(default_factory=PrefetchStats, init=False)
-    _jobs: deque[_Job] = field(default_factory=deque, init=False, repr=False)
+    _requests: deque[_Request] = field(default_factory=deque, init=False, repr=False)
     _cond: threading.Condition = field(default_factory=threading.Condition, init=False, repr=False)
     _cancelled: int = field(default=-1, init=False, repr=False)
-    _busy: bool = field(default=False, init=False, repr=False)
+    _busy: int = field(default=0, init=False, repr=False)
+    _running: int = field(default=0, init=False, repr=False)
     _closed: bool = field(default=False, init=False, repr=False)
-    _thread: threading.Thread | None = field(default=None, init=False, repr=False)
+    _threads: list[threading.Thread] = field(default_factory=list, init=False, repr=False)
+    _failed: set[tuple[int, FileRange]] = field(default_factory=set, init=False, repr=False)
     _fds: dict[Path, int] = field(default_factory=dict, init=False, repr=False)
     _evictions: deque[list[FileRange]] = field(default_factory=deque, init=False, repr=False)
     _evicting: bool = field(default=False, init=False, repr=False)
@@ -251,8 +268,10 @@ class Prefetcher:
     def __post_init__(self) -> None:
         if self.method not in PREFETCH_METHODS:
             raise ValueError(f"prefetch method {self.method!r} is not one of {', '.join(PREFETCH_METHODS)}")
-        if self.buffer_bytes < mmap.PAGESIZE:
-            raise ValueError(f"prefetch buffer_bytes={self.buffer_bytes} is under one page ({mmap.PAGESIZE})")
+        if self.request_bytes < mmap.PAGESIZE:
+            raise ValueError(f"prefetch request_bytes={self.request_bytes} is under one page ({mmap.PAGESIZE})")
+        if self.readers < 1:
+            raise ValueError(f"prefetch readers={self.readers}: must be 1 or more")
 
     def submit(self, ranges: Sequence[FileRange], tag: int = 0) -> None:
         """Queue ``ranges`` to be warmed; returns at once. ``tag`` names the request for :meth:`cancel_through`."""
@@ -261,7 +280,9 @@ class Prefetcher:
         with self._cond:
             if self._closed:
                 raise RuntimeError("this Prefetcher is closed")
-            self._jobs.append(_Job(tag, list(ranges)))
+            for r in ranges:
+                self._requests.extend(_Request(tag, r, start, min(self.request_bytes, r.length - start))
+                                      for start in range(0, r.length, self.request_bytes))
             self.stats.requested_bytes += sum(r.length for r in ranges)
             self._start()
             self._cond.notify_all()
@@ -287,9 +308,11 @@ class Prefetcher:
             self._cond.notify_all()
 
     def _start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="weightmap-prefetch", daemon=True)
-            self._thread.start()
+        while len(self._threads) < self.readers:
+            thread = threading.Thread(target=self._run, name="weightmap-prefetch", daemon=True)
+            self._threads.append(thread)
+            self._running += 1
+            thread.start()
 
     def cancel_through(self, tag: int) -> None:
         """Drop what is still to do for requests tagged ``tag`` or lower (they are no longer ahead)."""
@@ -304,7 +327,7 @@ class Prefetcher:
         """
         with self._cond:
             return self._cond.wait_for(
-                lambda: not self._jobs and not self._busy and not self._evictions and not self._evicting, timeout)
+                lambda: not self._requests and not self._busy and not self._evictions and not self._evicting, timeout)
 
     @property
     def closed(self) -> bool:
@@ -312,17 +335,17 @@ class Prefetcher:
         return self._closed
 
     def shutdown(self) -> None:
-        """Tell the warming thread to stop after the chunk in hand (what is queued is dropped) and the eviction
+        """Tell the warming threads to stop after the request in hand (what is queued is dropped) and the eviction
         thread to stop once its queue is done; does not wait."""
         with self._cond:
             self._closed = True
-            self._jobs.clear()
+            self._requests.clear()
             self._cond.notify_all()
 
     def close(self) -> None:
         """Stop the threads and wait for them (the queued evictions done); they close the descriptors they opened."""
         self.shutdown()
-        for thread in (self._thread, self._evictor):
+        for thread in (*self._threads, self._evictor):
             if thread is not None and thread is not threading.current_thread():
                 thread.join()
 
@@ -335,26 +358,28 @@ class Prefetcher:
     # ------------------------------------------------------------------ the thread
 
     def _run(self) -> None:
-        buffer = bytearray(self.buffer_bytes) if self.method == "read" else None
+        buffer = bytearray(self.request_bytes) if self.method == "read" else None
         try:
             while True:
                 with self._cond:
-                    self._busy = False
-                    self._cond.notify_all()
-                    self._cond.wait_for(lambda: self._jobs or self._closed)
+                    self._cond.wait_for(lambda: self._requests or self._closed)
                     if self._closed:
                         return
-                    job = self._jobs.popleft()
-                    self._busy = True
-                for r in job.ranges:
-                    if not self._warm(job.tag, r, buffer):
-                        break
+                    request = self._requests.popleft()
+                    self._busy += 1
+                try:
+                    self._warm(request, buffer)
+                finally:
+                    with self._cond:
+                        self._busy -= 1
+                        self._cond.notify_all()
         finally:
-            for fd in self._fds.values():
-                os.close(fd)
-            self._fds.clear()
             with self._cond:
-                self._busy = False
+                self._running -= 1
+                if self._running == 0:  # the last reader out closes the descriptors they shared
+                    for fd in self._fds.values():
+                        os.close(fd)
+                    self._fds.clear()
                 self._cond.notify_all()
 
     def _run_evictions(self) -> None:
@@ -384,55 +409,63 @@ class Prefetcher:
     def _live(self, tag: int) -> bool:
         return not self._closed and tag > self._cancelled
 
-    def _warm(self, tag: int, r: FileRange, buffer: bytearray | None) -> bool:
-        """Warm one range chunk by chunk; False once the request was cancelled."""
+    def _warm(self, request: _Request, buffer: bytearray | None) -> None:
+        """Warm one request, unless its request was cancelled or an earlier part of its range failed."""
+        with self._cond:
+            skip = not self._live(request.tag) or (request.tag, request.r) in self._failed
+        if skip:
+            with self._cond:
+                self.stats.cancelled_bytes += request.length
+            return
         started = time.perf_counter()
         done = 0
         try:
-            done = self._warm_mapped(tag, r) if self.method == "madvise" else self._warm_file(tag, r, buffer)
+            done = self._warm_mapped(request) if self.method == "madvise" else self._warm_file(request, buffer)
         except OSError as exc:
-            with self._cond:  # the eviction thread counts its errors too
-                self.stats.errors += 1
-            log.debug("prefetch of %s [%d, +%d) stopped: %s", r.path, r.offset, r.length, exc)
+            with self._cond:  # counted once per range, however many of its requests were in flight
+                if (request.tag, request.r) not in self._failed:
+                    self.stats.errors += 1
+                    self._failed.add((request.tag, request.r))
+            log.debug("prefetch of %s [%d, +%d) stopped: %s", request.r.path, request.r.offset + request.start,
+                      request.length, exc)
         finally:
-            self.stats.busy_s += time.perf_counter() - started
-            self.stats.warmed_bytes += done
-        if done < r.length:
-            self.stats.cancelled_bytes += r.length - done
-        return self._live(tag)
+            with self._cond:
+                self.stats.busy_s += time.perf_counter() - started
+                self.stats.warmed_bytes += done
+                if done < request.length:
+                    self.stats.cancelled_bytes += request.length - done
 
     def _fd(self, r: FileRange) -> int:
-        fd = self._fds.get(r.path)
-        if fd is None:
-            fd = self._fds[r.path] = open_mapped_file(r)
-        return fd
+        with self._cond:
+            fd = self._fds.get(r.path)
+            if fd is None:
+                fd = self._fds[r.path] = open_mapped_file(r)
+            return fd
 
-    def _warm_file(self, tag: int, r: FileRange, buffer: bytearray | None) -> int:
-        fd = self._fd(r)
+    def _warm_file(self, request: _Request, buffer: bytearray | None) -> int:
+        fd = self._fd(request.r)
+        offset = request.r.offset + request.start
+        if buffer is None:
+            os.posix_fadvise(fd, offset, request.length, os.POSIX_FADV_WILLNEED)
+            return request.length
+        view = memoryview(buffer)
         done = 0
-        view = memoryview(buffer) if buffer is not None else None
-        while done < r.length and self._live(tag):
-            if view is not None:
-                n = os.preadv(fd, [view[: min(len(view), r.length - done)]], r.offset + done)
-                if n <= 0:
-                    break  # the file is shorter than it was when mapped
-            else:
-                n = min(CHUNK_BYTES, r.length - done)
-                os.posix_fadvise(fd, r.offset + done, n, os.POSIX_FADV_WILLNEED)
+        while done < request.length:
+            n = os.preadv(fd, [view[: request.length - done]], offset + done)
+            if n <= 0:
+                break  # the file is shorter than it was when mapped
             done += n
         return done
 
-    def _warm_mapped(self, tag: int, r: FileRange) -> int:
+    def _warm_mapped(self, request: _Request) -> int:
+        r = request.r
         found = registry.find_region(r.address, r.length)  # a strong reference: not unmapped meanwhile
         if found is None:
             return 0
         page = mmap.PAGESIZE
-        start = r.address // page * page
-        end = r.address + r.length
-        done = start
-        while done < end and self._live(tag):
-            n = min(CHUNK_BYTES, end - done)
-            _madvise(done, n, mmap.MADV_WILLNEED)
-            done += n
+        first = r.address + request.start
+        start = first // page * page
+        end = first + request.length
+        _madvise(start, end - start, mmap.MADV_WILLNEED)
         del found
-        return max(0, min(done, end) - r.address)
+        return request.length
