@@ -57,7 +57,7 @@ from harness.models.checkpoints import checkpoint_specs, describe_specs
 from harness.plan import Plan, read_plan
 from harness.progress import engine_bar, phase_ticker
 from harness.results.atomic import write_atomic
-from harness.results.metrics import SampleColumns, sampled_peaks
+from harness.results.metrics import SampleColumns, engine_gpu_peaks, sampled_peaks
 from harness.results.record import EngineRecord, Phases, StrategyRecord, write_strategy_file
 from harness.results.samples import EVENT_COLUMNS, events_file, samples_file
 from weightmap import ReleasePlan
@@ -119,6 +119,22 @@ def _major_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_majflt
 
 
+def _reset_allocator_peaks() -> bool:
+    """Reset the caching allocator's high-water marks of the current CUDA device; whether CUDA is initialised (the
+    peaks are then read by :func:`_allocator_peaks`)."""
+    if not torch.cuda.is_initialized():
+        return False
+    torch.cuda.reset_peak_memory_stats()
+    return True
+
+
+def _allocator_peaks() -> dict[str, int]:
+    """The caching allocator's reserved and allocated high-water marks since :func:`_reset_allocator_peaks`, as
+    :class:`~harness.results.record.EngineRecord` fields."""
+    return {"gpu_reserved_peak_bytes": int(torch.cuda.max_memory_reserved()),
+            "gpu_allocated_peak_bytes": int(torch.cuda.max_memory_allocated())}
+
+
 def _named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     named: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
     named.update(model.named_buffers(remove_duplicate=False))
@@ -170,6 +186,8 @@ class StrategyRun:
     def prepare(self) -> torch.nn.Module:
         """Rebuild the planned model on meta, make the builder, start CUDA and the sampler; take the baseline."""
         plan = self.plan
+        # First: whatever initialises CUDA below (making the builder, say) is the context's.
+        before_cuda = self._open_gpu() if is_gpu(plan.device) else None
         model = build_model(plan.scenario.model).module
         built = describe_specs(checkpoint_specs(model))
         if (built["tensors"], built["nbytes"]) != (plan.model.tensors, plan.model.bytes):
@@ -186,8 +204,7 @@ class StrategyRun:
         else:
             self._set(cache=prepare_warm(files).record)
         if is_gpu(plan.device):
-            torch.empty(1, device="cuda")  # the CUDA context exists before the baseline
-            self.gpu = GpuMonitor.open(torch.cuda.current_device())
+            self._start_cuda(before_cuda)
         self.sampler = Sampler(
             interval_s=plan.scenario.run.sample_interval_ms / 1000,
             files=files,
@@ -201,6 +218,21 @@ class StrategyRun:
         self.sampler.mark(phase="baseline")
         self._set(baseline_rss_bytes=read_status().rss_bytes)
         return model
+
+    def _open_gpu(self) -> int | None:
+        """Open the GPU monitor of the device the CUDA context will be made on (torch's current device: 0 until
+        CUDA is initialised), without initialising CUDA; NVML ``used`` now, or None without a monitor."""
+        self.gpu = GpuMonitor.open(torch.cuda.current_device() if torch.cuda.is_initialized() else 0)
+        return None if self.gpu is None else self.gpu.used_bytes()
+
+    def _start_cuda(self, before: int | None) -> None:
+        """Create the CUDA context (before the baseline, which then holds it) and record its bytes: NVML ``used``
+        after the first allocation minus ``before`` (read by :meth:`_open_gpu`), less what the caching allocator
+        reserved for that allocation."""
+        torch.empty(1, device="cuda")  # the CUDA context exists before the baseline
+        if self.gpu is not None and before is not None:
+            after = self.gpu.used_bytes()
+            self._set(gpu_context_bytes=max(0, after - before - torch.cuda.memory_reserved()))
 
     def _gpu_used(self) -> int | None:
         if self.gpu is None or self.record.gpu_baseline_bytes is None:
@@ -265,11 +297,14 @@ class StrategyRun:
                 self.peak.begin()
                 self.sampler.mark(engine=engine.index)
                 faults = _major_faults()
+                gpu_start = self._gpu_used()
+                allocator = _reset_allocator_peaks() if is_gpu(plan.device) else False
                 start = self.events.add("engine_start", engine=engine.index, weight_bytes=engine.weight_bytes)
                 if hooks is not None:
                     hooks.before(engine.index, engine.names)
                     named = self._engine_tensors(model)  # the hook may have put new tensors in place
                 built = builder.build_engine(engine.index, {n: named[n] for n in engine.names})
+                peaks = _allocator_peaks() if allocator else {}
                 step = plan_release.built(engine.index) if plan_release else None
                 by_hooks = hooks.after(engine.index, engine.names) if hooks is not None else 0
                 hwm = self.peak.end()
@@ -288,7 +323,7 @@ class StrategyRun:
                     index=engine.index, weight_bytes=engine.weight_bytes, start_s=round(start, 6),
                     end_s=round(end, 6), host_hwm_bytes=hwm, released_bytes=released, rss_after_bytes=rss,
                     gpu_used_bytes=gpu, tensors=len(engine.names), major_faults=_major_faults() - faults,
-                    **built.columns,
+                    gpu_start_bytes=gpu_start, **peaks, **built.columns,
                 ))
                 bar.built(engine.weight_bytes)
         finally:
@@ -379,6 +414,8 @@ class StrategyRun:
         record = self.record
         if columns is not None:
             record = record.replace(**sampled_peaks(record, SampleColumns.of(columns)))
+            record = record.replace(engines=engine_gpu_peaks(record.engines, columns["engine"],
+                                                             columns["gpu_used_bytes"]))
         write_strategy_file(self.out, self.strategy, record)
         return record
 

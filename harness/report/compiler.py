@@ -14,7 +14,9 @@ Drawn and tabled only for runs of a compiler backend (records of layout 3 with
   per engine and strategy, with the memory of the processes the compiler started: their summed
   PSS, or, in records before layout 13, their summed RSS, named as such. For a compiler that
   converts, then compiles (OpenVINO and IREE, layout 14), the row gives each call's peak, the weights it
-  read and what it held beside them instead; its figure marks the conversion's peak too.
+  read and what it held beside them instead; its figure marks the conversion's peak too. For a run on a GPU that
+  measured it (layout 16), each strategy's CUDA context, and per engine the GPU split: GPU in use at its start and
+  at its peak, its weights' device copies, the caching allocator's peaks and the compiler's own device memory.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from matplotlib.patches import Patch
 
 from harness.report.style import figure_legend, new_figure, strategy_colour, styled
 from harness.report.text import DASH, TableColumn, format_seconds, markdown_table
-from harness.results.metrics import StrategyMetrics
+from harness.results.metrics import StrategyMetrics, compiler_gpu_own_bytes
 from harness.results.reading import Results
 from harness.results.record import EngineRecord, ExportRecord, StrategyRecord
 from harness.units import MIB
@@ -252,6 +254,38 @@ _TWO_CALL_TEXT = (
 )
 
 
+_GPU_COLUMNS: list[TableColumn[tuple[str, EngineRecord]]] = [
+    TableColumn("GPU at start", lambda row: _mib(row[1].gpu_start_bytes)),
+    TableColumn("GPU peak", lambda row: _mib(row[1].gpu_peak_bytes)),
+    TableColumn("weights on GPU", lambda row: _mib(row[1].gpu_weights_bytes)),
+    TableColumn("allocator peak (reserved)", lambda row: _mib(row[1].gpu_reserved_peak_bytes)),
+    TableColumn("allocator peak (allocated)", lambda row: _mib(row[1].gpu_allocated_peak_bytes)),
+    TableColumn("compiler's own on GPU", lambda row: _mib(compiler_gpu_own_bytes(row[1]))),
+]
+"""The per-engine GPU split, after the other columns, for runs that measured it (on a GPU, layout 16)."""
+
+_GPU_TEXT = (
+    "on the GPU (NVML `used` above the strategy's baseline, which holds the CUDA context): GPU at start = when the "
+    "engine's build began (what earlier engines left), GPU peak = the largest sampled while it was built (device-"
+    "wide: processes the compiler started count), weights on GPU = the device copies of its weights the build made, "
+    "allocator peak = torch's caching allocator's reserved and allocated high-water marks in this process over the "
+    "build, compiler's own on GPU = GPU peak − weights on GPU − GPU at start"
+)
+
+
+def _gpu_split(run: Results) -> bool:
+    """Whether the run measured the GPU split of its engines (a run on a GPU, layout 16 on)."""
+    return any(e.gpu_peak_bytes is not None or e.gpu_reserved_peak_bytes is not None
+               for r in run.strategies.values() for e in _compiled(r))
+
+
+def _context_lines(run: Results) -> list[str]:
+    """A line per strategy that measured its CUDA context (layout 16 on a GPU); none otherwise."""
+    return [f"- **{name}**: CUDA context {_mib(r.gpu_context_bytes)} as the first allocation created it, part of "
+            f"the GPU baseline of {_mib(r.gpu_baseline_bytes)} (NVML `used` when sampling began) and so in no GPU "
+            "figure below" for name, r in run.strategies.items() if r.gpu_context_bytes is not None]
+
+
 def _two_calls(run: Results) -> bool:
     """Whether the run's engines were built by a compiler that converts, then compiles (OpenVINO, layout 14)."""
     return any(e.convert_hwm_bytes is not None for r in run.strategies.values() for e in _compiled(r))
@@ -297,11 +331,15 @@ def compiler_lines(run: Results) -> list[str]:
     checks = [f"- **{name}**: {record.check}" for name, record in run.strategies.items() if record.check]
     if checks:
         lines += ["", "The built model against eager, on the scenario's input:", "", *checks]
+    contexts = _context_lines(run)
+    if contexts:
+        lines += ["", "GPU memory before the build:", "", *contexts]
     if _two_calls(run):
         return lines + ["", f"{_TWO_CALL_TEXT}:", "",
                         *markdown_table(_TWO_CALL_COLUMNS,
                                         ((name, e) for name, r in run.strategies.items() for e in _compiled(r))),
                         ""]
+    gpu = _gpu_split(run)
     lines += ["", "Per engine (host rise = high-water mark while it was built − RSS at its start; over copy "
               "floor = high-water mark − (RSS at its start + its weights), negative where the build did not "
               "bring its weights in; compiler's own = high-water mark when the compiler was done − RSS at its "
@@ -310,7 +348,7 @@ def compiler_lines(run: Results) -> list[str]:
               "weights read = the largest rise of file-backed RSS while they were written (the source's pages "
               "resident at once) and artifact write = the largest RSS meanwhile − RSS when the write began − "
               f"weights read: where the write sets the peak, the three add up to the host rise; "
-              f"{_children_text(run)}):", "",
-              *markdown_table([*_ENGINE_COLUMNS, _children_column(run)],
+              f"{_children_text(run)}{'; ' + _GPU_TEXT if gpu else ''}):", "",
+              *markdown_table([*_ENGINE_COLUMNS, _children_column(run), *(_GPU_COLUMNS if gpu else [])],
                               ((name, e) for name, r in run.strategies.items() for e in _compiled(r)))]
     return lines + [""]

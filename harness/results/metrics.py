@@ -49,7 +49,7 @@ the model only: it has no floor and no excess.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from itertools import accumulate
 from typing import Any
 
@@ -68,9 +68,11 @@ __all__ = [
     "SampleColumns",
     "StrategyMetrics",
     "compared_label",
+    "compiler_gpu_own_bytes",
     "disk_metrics",
     "excess_fraction",
     "floor_bytes",
+    "engine_gpu_peaks",
     "engines_accumulate",
     "engines_hold_compiler_memory",
     "engines_built_without_resident_weights",
@@ -145,6 +147,31 @@ def sampled_peaks(record: StrategyRecord, samples: SampleColumns) -> dict[str, A
         "gpu_peak_bytes": _max([_column_max(samples.gpu_used_bytes)]) if has_gpu else None,
         "wall_s": None if wall is None else round(wall, 3),
     }
+
+
+def engine_gpu_peaks(engines: Sequence[EngineRecord], engine_column: np.ndarray,
+                     gpu_used: np.ndarray) -> tuple[EngineRecord, ...]:
+    """``engines`` with ``gpu_peak_bytes`` set where the samples hold GPU figures: the largest ``gpu_used_bytes``
+    of the samples labelled with the engine (``engine_column``, the samples' engine index), and its
+    ``gpu_start_bytes``. Engines without such figures (no GPU, no sample) are returned as they are."""
+    labels = np.asarray(engine_column, dtype="float64")
+    used = np.asarray(gpu_used, dtype="float64")
+    out = []
+    for e in engines:
+        peak = _max([_column_max(used[labels == e.index]), e.gpu_start_bytes])
+        out.append(e if peak is None else replace(e, gpu_peak_bytes=peak))
+    return tuple(out)
+
+
+def compiler_gpu_own_bytes(engine: EngineRecord) -> int | None:
+    """The device memory a compiler held of its own while it built ``engine``: its GPU peak − the device copies of
+    its weights the build made − what was in use when it began (``gpu_peak_bytes − gpu_weights_bytes −
+    gpu_start_bytes``, NVML ``used`` above the baseline: the compiler's workspace, autotuning buffers, CUDA
+    modules it loaded, and any CUDA context of a process it started). None where any of them was not measured
+    (the CPU, records before layout 16)."""
+    if engine.gpu_peak_bytes is None or engine.gpu_weights_bytes is None or engine.gpu_start_bytes is None:
+        return None
+    return engine.gpu_peak_bytes - engine.gpu_weights_bytes - engine.gpu_start_bytes
 
 
 def host_floor_bytes(baseline_bytes: int, engine_bytes: Sequence[int]) -> int:

@@ -104,6 +104,16 @@ a later one did:
     (``before round <r> of <n>: <reason>``), where one did; it is recorded as failed and the run goes on,
     ``disk_reads`` holding the reads before it, and no read is taken after it. ``None`` where none failed, and
     when reading versions 1 to 14.
+16. Adds the split of GPU memory, for runs on a GPU (``None`` on the CPU, and when reading versions 1 to 15). Per
+    strategy ``gpu_context_bytes``: NVML ``used`` right after this process's first CUDA allocation minus ``used``
+    before it, less what torch's caching allocator reserved for that allocation: the CUDA context as it is created
+    (``gpu_baseline_bytes``, taken after it, includes it; every GPU figure is above that baseline). Per engine:
+    ``gpu_start_bytes`` (NVML ``used`` above the baseline when the engine's build began: what earlier engines and
+    phases left on the device), ``gpu_peak_bytes`` (the largest NVML ``used`` above the baseline sampled while it
+    was built), ``gpu_weights_bytes`` (the bytes of the device copies of the partition's weights the build made;
+    compiler backends only) and ``gpu_reserved_peak_bytes`` and ``gpu_allocated_peak_bytes`` (torch's caching
+    allocator's reserved and allocated high-water marks over the build, reset as it began). The compiler's own
+    device memory follows from them (:func:`harness.results.metrics.compiler_gpu_own_bytes`).
 
 A later version adds keys (each field says the version that added it, ``since`` in its metadata,
 :mod:`harness.results.codec`), bumps :data:`LAYOUT_VERSION` and gets an entry above; records of
@@ -181,7 +191,7 @@ __all__ = [
     "write_summary",
 ]
 
-LAYOUT_VERSION = 15
+LAYOUT_VERSION = 16
 """The layout this code writes; it reads every version from 1 to this one."""
 
 SUMMARY = "summary.json"
@@ -207,6 +217,16 @@ class EngineRecord(Record):
     kernel's exact RSS peak while the engine was built (``VmHWM`` reset at its start);
     ``rss_after_bytes`` and ``gpu_used_bytes`` are read right after its weights were
     released. ``tensors`` counts the names it reads (version 2).
+
+    On a GPU (version 16; ``None`` on the CPU): ``gpu_start_bytes`` is NVML ``used`` above the strategy's
+    ``gpu_baseline_bytes`` when the build began (what earlier engines left), ``gpu_peak_bytes`` the largest
+    such value sampled while it was built (the samples labelled with this engine, and the start: device-wide,
+    so a child process's CUDA context counts; a spike between samples is missed), ``gpu_weights_bytes``
+    the bytes of the device copies of the partition's weights the build made (a compiler backend's;
+    0 where every weight was already on the device), ``gpu_reserved_peak_bytes`` and
+    ``gpu_allocated_peak_bytes`` the high-water marks of torch's caching allocator in this process over
+    the build (``torch.cuda.max_memory_reserved`` and ``max_memory_allocated``, reset as it began; exact,
+    but blind to memory allocated outside the allocator: CUDA modules loaded, other processes).
     """
 
     index: int
@@ -235,6 +255,11 @@ class EngineRecord(Record):
     convert_hwm_bytes: int | None = field(default=None, metadata={"since": 14})
     compiler_read_bytes: int | None = field(default=None, metadata={"since": 14, "signed": True})
     compiler_held_bytes: int | None = field(default=None, metadata={"since": 14, "signed": True})
+    gpu_start_bytes: int | None = field(default=None, metadata={"since": 16, "signed": True})
+    gpu_peak_bytes: int | None = field(default=None, metadata={"since": 16, "signed": True})
+    gpu_weights_bytes: int | None = field(default=None, metadata={"since": 16})
+    gpu_reserved_peak_bytes: int | None = field(default=None, metadata={"since": 16})
+    gpu_allocated_peak_bytes: int | None = field(default=None, metadata={"since": 16})
 
     @property
     def compiler_over_floor_bytes(self) -> int | None:
@@ -400,6 +425,14 @@ class StrategyRecord(Record):
     ``floor_bytes`` and ``excess_over_floor`` are a copy of :mod:`harness.results.metrics`'
     figures for readers outside the harness. ``sample_rows`` and ``event_rows``: the data rows written
     into its samples and events CSVs (``None`` where not written), which their readers check.
+
+    On a GPU, ``gpu_baseline_bytes`` is NVML ``used`` for the device when sampling began, after the CUDA
+    context exists: every GPU figure is above it, so the context is in none of them. ``gpu_context_bytes``
+    (version 16) is the context alone, as the first CUDA allocation created it: NVML ``used`` right after
+    that allocation minus ``used`` before it, less the caching allocator's reservation for it. NVML's
+    ``used`` is device-wide, so another process's change in between counts too; what the context grows
+    by later (CUDA modules loaded lazily at a kernel's first launch, library handles) is above the baseline,
+    in the engines' GPU figures.
     """
 
     status: str
@@ -409,6 +442,7 @@ class StrategyRecord(Record):
     host_at_partitioning_bytes: int | None = None
     load_hwm_bytes: int | None = field(default=None, metadata={"since": 2})
     gpu_baseline_bytes: int | None = field(default=None, metadata={"since": 2})
+    gpu_context_bytes: int | None = field(default=None, metadata={"since": 16})
     host_peak_bytes: int | None = None
     anon_peak_bytes: int | None = None
     gpu_peak_bytes: int | None = None

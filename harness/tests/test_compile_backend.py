@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from harness.engines.builder import BuiltEngine, EngineBuilder, PhaseRecorder
-from harness.engines.compile.backend import CompilerBackend
+from harness.engines.compile.backend import CompilerBackend, release_device_cache
 from harness.engines.compile.check_process import CheckProcessError, compare_with_model
 from harness.engines.compile.compare import Checked, Comparison, MismatchError
 from harness.engines.compile.entry import export_entry
@@ -291,3 +291,32 @@ def test_engines_can_be_handed_the_programs_own_constants(tmp_path: Path) -> Non
     lifted = set(part.weights) - model_names
     assert lifted and lifted == set(constants)  # what the partition reads besides the model's tensors
     assert all(torch.equal(t, torch.tensor([2.0])) for t in constants.values())
+
+
+def test_the_device_cache_is_released_after_an_engine_on_a_gpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    emptied: list[str] = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append("emptied"))
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert release_device_cache("cpu") is False and emptied == []  # the CPU path: nothing changes
+    assert release_device_cache("cuda:0") is True and emptied == ["emptied"]
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # no CUDA yet: no cache to release
+    assert release_device_cache("cuda") is False and emptied == ["emptied"]
+
+
+def test_a_cpu_build_never_touches_the_device_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.engines.compile.graph_partition import PartitionRule
+    from harness.engines.compile.inductor import InductorCompiler
+
+    def refuse() -> None:
+        raise AssertionError("a build on the CPU emptied the CUDA cache")
+
+    monkeypatch.setattr(torch.cuda, "empty_cache", refuse)
+    backend = CompilerBackend(InductorCompiler(weights="packaged"), tmp_path, PartitionRule(count=1))
+    backend.export_program(_WithConstant(), (torch.randn(2, 8),), {}, checkpoint=())
+    (part,) = backend.cut()
+    assert backend.program is not None
+    named = {**backend.program.state_dict, **backend.constants()}
+    built = backend.build_engine(0, {n: named[n] for n in part.weights})
+    assert built.artifact is not None and built.artifact.is_file()
+    assert "gpu_weights_bytes" not in built.columns  # built on the CPU: no weight on a GPU
+    backend.close()

@@ -37,6 +37,7 @@ from harness.engines.compile.inductor import (
     _recorded,
     check_device,
     compile_engine,
+    device_copy_bytes,
     free_device_copies,
     inductor_cache,
     load_engine,
@@ -371,3 +372,14 @@ def test_a_packaged_build_frees_the_copies_it_moved_and_the_engine_still_runs(
         assert all(t.untyped_storage().nbytes() > 0 for t in originals), "the caller's weights were freed"
         engine = compiler.load(artifact)
         torch.testing.assert_close(engine(x)[0], want)
+
+
+def test_the_device_copies_a_build_made_are_counted_once_and_none_on_the_cpu(mapped: Build) -> None:
+    source, shared = torch.randn(64, 64), torch.randn(8)
+    copy = source.clone()  # what to_device makes on a GPU
+    tied = copy.view(-1)  # a second name for the same copy
+    moved, sources = {"w": copy, "t": tied, "b": shared}, {"w": source, "t": source, "b": shared}
+    assert device_copy_bytes(moved, sources) == 64 * 64 * 4
+    assert device_copy_bytes({"b": shared}, {"b": shared}) == 0
+    # built on the CPU, an engine records no weights on a GPU
+    assert mapped.built and all("gpu_weights_bytes" not in b.columns for b in mapped.built)

@@ -8,11 +8,19 @@ import numpy as np
 import pytest
 
 from harness.report.text import phases_text, release_sentence
-from harness.results.metrics import SampleColumns, StrategyMetrics, baseline_anon_bytes, floor_bytes, sampled_peaks
+from harness.results.metrics import (
+    SampleColumns,
+    StrategyMetrics,
+    baseline_anon_bytes,
+    compiler_gpu_own_bytes,
+    engine_gpu_peaks,
+    floor_bytes,
+    sampled_peaks,
+)
 from harness.results.reading import load_results
 from harness.results.record import EngineRecord, Phases, RunRecord, StrategyRecord
 from harness.tests.fixtures import make_results
-from harness.units import GIB
+from harness.units import GIB, MIB
 
 
 def _engines(*sizes: int) -> tuple[EngineRecord, ...]:
@@ -117,3 +125,27 @@ def test_released_counts_each_weight_once_and_names_what_was_kept(run: RunRecord
     part = _metrics(run, StrategyRecord(status="ok", released_bytes=model // 2,
                                         unreleased_bytes=model - model // 2, release_note="some could not."))
     assert "(50.0% of the model)" in (release_sentence(part, model) or "")
+
+
+def _engine(**gpu: int | None) -> EngineRecord:
+    return EngineRecord(index=0, weight_bytes=GIB, start_s=0.0, end_s=1.0, host_hwm_bytes=None, released_bytes=None,
+                        rss_after_bytes=None, gpu_used_bytes=None, **gpu)
+
+
+def test_the_compiler_s_own_gpu_memory_is_its_peak_less_its_weights_and_what_earlier_engines_left() -> None:
+    engine = _engine(gpu_start_bytes=300 * MIB, gpu_peak_bytes=3000 * MIB, gpu_weights_bytes=1024 * MIB)
+    assert compiler_gpu_own_bytes(engine) == (3000 - 1024 - 300) * MIB
+    for missing in ("gpu_start_bytes", "gpu_peak_bytes", "gpu_weights_bytes"):  # the CPU, or an older layout
+        assert compiler_gpu_own_bytes(dataclasses.replace(engine, **{missing: None})) is None  # type: ignore[arg-type]
+
+
+def test_an_engine_s_gpu_peak_is_the_largest_sample_labelled_with_it_or_its_start() -> None:
+    engines = (_engine(gpu_start_bytes=50), dataclasses.replace(_engine(gpu_start_bytes=900), index=1),
+               dataclasses.replace(_engine(), index=2))
+    labels = np.asarray([-1, 0, 0, -1, 1, 1, 2])
+    used = np.asarray([5000.0, 100.0, 700.0, 9000.0, 800.0, np.nan, np.nan])
+    peaks = engine_gpu_peaks(engines, labels, used)
+    assert [e.gpu_peak_bytes for e in peaks] == [700, 900, None]  # engine 2: no GPU figure at all
+    assert peaks[2] is engines[2]
+    no_gpu = np.full(labels.shape, np.nan)  # the CPU: nothing changes
+    assert engine_gpu_peaks((_engine(),), labels, no_gpu) == (_engine(),)

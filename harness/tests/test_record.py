@@ -207,3 +207,44 @@ def test_a_csv_whose_record_states_no_rows_reads_without_the_check(run_dir: Path
     _rewrite(run_dir, data)
     _cut_at_a_row(run_dir / samples_file("map"), 3)
     assert len(load_results(run_dir).samples["map"]) == 3
+
+
+_GPU_SPLIT = {"gpu_start_bytes": 100 * 2**20, "gpu_peak_bytes": 1600 * 2**20, "gpu_weights_bytes": 2**30,
+              "gpu_reserved_peak_bytes": 1400 * 2**20, "gpu_allocated_peak_bytes": 1300 * 2**20}
+
+
+def test_the_gpu_split_reads_back_as_written(tmp_path: Path) -> None:
+    directory = make_results(tmp_path / "results", device="cuda")
+    data = _summary(directory)
+    for strategy in data["strategies"].values():
+        strategy["gpu_context_bytes"] = 500 * 2**20
+        for engine in strategy["engines"]:
+            engine.update(_GPU_SPLIT, gpu_start_bytes=-4096)  # above the baseline: below it where use fell
+    record = RunRecord.from_json(data, "summary.json")
+    assert record.to_json() == data
+    strategy = record.strategies["map"]
+    assert strategy.gpu_context_bytes == 500 * 2**20
+    assert {k: getattr(strategy.engines[0], k) for k in _GPU_SPLIT} == {**_GPU_SPLIT, "gpu_start_bytes": -4096}
+
+
+def test_records_before_layout_16_read_the_gpu_split_as_none(run_dir: Path) -> None:
+    data = _summary(run_dir)
+    for strategy in data["strategies"].values():
+        del strategy["gpu_context_bytes"]
+        for engine in strategy["engines"]:
+            for key in _GPU_SPLIT:
+                del engine[key]
+    data["layout"] = 15  # every other key is one layout 15 has
+    _rewrite(run_dir, data)
+    run = load_results(run_dir).record
+    assert run.layout == 15
+    for strategy in run.strategies.values():
+        assert strategy.gpu_context_bytes is None
+        assert all(getattr(e, k) is None for e in strategy.engines for k in _GPU_SPLIT)
+
+
+@pytest.mark.parametrize("directory", RECORDED, ids=run_id)
+def test_recorded_results_hold_no_gpu_split(directory: Path) -> None:
+    for strategy in load_results(directory).record.strategies.values():
+        assert strategy.gpu_context_bytes is None
+        assert all(e.gpu_peak_bytes is None and e.gpu_weights_bytes is None for e in strategy.engines)

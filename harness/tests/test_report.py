@@ -756,6 +756,45 @@ def test_older_records_show_their_compiler_processes_as_summed_rss(cpu_dir: Path
     assert "once per process, so it overstates what they add" in markdown
 
 
+_GPU_SPLIT_COLUMNS = ("GPU at start", "GPU peak", "weights on GPU", "allocator peak (reserved)",
+                      "allocator peak (allocated)", "compiler's own on GPU")
+
+
+def _with_gpu_split(directory: Path) -> None:
+    """Give the compiled fixture's engines and strategies the GPU split a run on a GPU records (layout 16)."""
+    path = directory / "summary.json"
+    data = json.loads(path.read_text())
+    for strategy in data["strategies"].values():
+        strategy["gpu_context_bytes"] = 500 * MIB
+        for engine in strategy["engines"]:
+            engine.update(gpu_start_bytes=100 * MIB, gpu_peak_bytes=1600 * MIB, gpu_weights_bytes=1000 * MIB,
+                          gpu_reserved_peak_bytes=1400 * MIB, gpu_allocated_peak_bytes=1300 * MIB)
+    path.write_text(json.dumps(data))
+
+
+def test_the_gpu_split_is_shown_for_a_run_that_measured_it(cuda_dir: Path) -> None:
+    _as_compiled(cuda_dir, 700 * MIB)
+    _with_gpu_split(cuda_dir)
+    markdown = _markdown(cuda_dir)
+    rows = _engine_table(markdown)
+    assert rows and all(row["GPU peak"] == "1,600.0 MiB" and row["weights on GPU"] == "1,000.0 MiB"
+                        and row["allocator peak (reserved)"] == "1,400.0 MiB"
+                        and row["allocator peak (allocated)"] == "1,300.0 MiB"
+                        and row["compiler's own on GPU"] == "500.0 MiB" for row in rows)
+    assert "compiler's own on GPU = GPU peak − weights on GPU − GPU at start" in markdown
+    assert "- **map**: CUDA context 500.0 MiB as the first allocation created it" in markdown
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_run_without_the_gpu_split_shows_none_of_its_columns(tmp_path: Path, device: str) -> None:
+    directory = make_results(tmp_path / "results", device=device)
+    _as_compiled(directory, 700 * MIB)
+    markdown = _markdown(directory)
+    rows = _engine_table(markdown)
+    assert rows and not set(_GPU_SPLIT_COLUMNS) & set(rows[0])
+    assert "CUDA context" not in markdown and "on the GPU (NVML" not in markdown
+
+
 @pytest.mark.parametrize("directory", OLD_LAYOUTS, ids=run_id)
 def test_the_context_speaks_of_prefetch_only_for_a_layout_that_recorded_it(directory: Path, cpu_dir: Path) -> None:
     """A run of a layout before ``prefetch`` was recorded (the compiler's layout 3, the first) says nothing of it,

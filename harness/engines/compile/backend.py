@@ -15,7 +15,9 @@ through the steps the worker measures:
    engines; their weight names are what the release plan releases;
 3. :meth:`~CompilerBackend.build_engine` per partition, in order: the partition made a
    program of its own and compiled; its compile time, artifact bytes, the compiler's
-   subprocesses and cache growth are the engine's record columns;
+   subprocesses and cache growth are the engine's record columns; on a GPU, what the caching
+   allocator keeps of the engine's freed device memory is then handed back
+   (:func:`release_device_cache`), so that no engine starts on the blocks of the one before;
 4. :meth:`~CompilerBackend.check`: the built model (the artifacts loaded one at a time, each
    run on the activations of the ones before) against eager, both on a fresh mapping of the
    checkpoint in processes of their own (:mod:`harness.engines.compile.check_process`).
@@ -38,6 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from harness.catalog import is_gpu
 from harness.engines.builder import BuiltEngine, EngineBuilder, PhaseRecorder
 from harness.engines.compile.check_process import (
     CheckRequest,
@@ -57,7 +60,7 @@ from harness.engines.compile.source import ModelSource
 from harness.measure.procfs import read_status
 from harness.results.record import ExportRecord
 
-__all__ = ["CompilerBackend", "ModelSource"]
+__all__ = ["CompilerBackend", "ModelSource", "release_device_cache"]
 
 
 def _tree_bytes(root: Path) -> int:
@@ -67,6 +70,19 @@ def _tree_bytes(root: Path) -> int:
             with contextlib.suppress(OSError):  # a temporary file removed while walking
                 total += os.lstat(os.path.join(folder, name)).st_size
     return total
+
+
+def release_device_cache(device: str) -> bool:
+    """On a GPU, hand what this process's caching allocator keeps of freed memory back to the driver: the
+    partition program's example inputs and its weights' device copies once freed (a ``packaged`` engine's: a
+    ``mapped`` one runs on them, and they stay), so that the next engine starts with none of this one's blocks
+    reserved. Collects garbage first, for a program freed only with a reference cycle. Whether it did (never on
+    the CPU, nor before CUDA is initialised)."""
+    if not is_gpu(device) or not torch.cuda.is_initialized():
+        return False
+    gc.collect()
+    torch.cuda.empty_cache()
+    return True
 
 
 class CompilerBackend(EngineBuilder):
@@ -167,6 +183,7 @@ class CompilerBackend(EngineBuilder):
             artifact = self.engine_compiler.compile(sub, self.workdir / f"engine-{index:03d}")
             del sub
         seconds = time.perf_counter() - start
+        release_device_cache(self.device)
         size = artifact.path.stat().st_size
         self.artifacts[index] = artifact
         return BuiltEngine(nbytes=size, artifact=artifact.path, columns={

@@ -63,6 +63,7 @@ __all__ = [
     "LoadedEngine",
     "check_device",
     "compile_engine",
+    "device_copy_bytes",
     "engine_tensors",
     "free_device_copies",
     "inductor_cache",
@@ -134,13 +135,17 @@ class InductorCompiler:
         """Build ``stem.pt2`` from a partition program whose weights may still be on the CPU."""
         sources = engine_tensors(program)  # before the move, which replaces them in the program
         on_device = to_device(program, self.device)
+        copied = device_copy_bytes(engine_tensors(on_device), sources)
         built = compile_engine(on_device, Path(stem).with_suffix(".pt2"), self)
+        columns: dict[str, int] = dict(built.columns)
+        if check_device(self.device).type != "cpu":
+            columns["gpu_weights_bytes"] = copied
         # A mapped engine runs on the partition's own tensors (on the CPU, the mapped views;
         # on a GPU, their device copies); a packaged one holds its weights.
         if self.weights == "mapped":
-            return Artifact(built.path, engine_tensors(on_device), built.columns)
+            return Artifact(built.path, engine_tensors(on_device), columns)
         free_device_copies(engine_tensors(on_device), sources)
-        return Artifact(built.path, {}, built.columns)
+        return Artifact(built.path, {}, columns)
 
     def load(self, artifact: Artifact) -> LoadedEngine:
         """The engine, ready to run (see :func:`load_engine`)."""
@@ -281,6 +286,24 @@ def _forget_last_trace() -> None:
         record.clear()
 
 
+def _copied(tensor: torch.Tensor, source: torch.Tensor | None) -> bool:
+    """Whether ``tensor`` is a copy :func:`to_device` made of ``source`` that holds memory: a storage of its own, not
+    empty (a tensor that shares its source's storage was not moved)."""
+    storage = tensor.untyped_storage()
+    return source is not None and storage.data_ptr() != source.untyped_storage().data_ptr() and storage.nbytes() > 0
+
+
+def device_copy_bytes(moved: Mapping[str, torch.Tensor], sources: Mapping[str, torch.Tensor]) -> int:
+    """The bytes of the storages :func:`to_device` copied from ``sources`` into ``moved`` (each storage once): the
+    partition's weights on the device. 0 on the CPU, where nothing is moved."""
+    seen: dict[int, int] = {}
+    for name, tensor in moved.items():
+        if _copied(tensor, sources.get(name)):
+            storage = tensor.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
 def free_device_copies(moved: Mapping[str, torch.Tensor], sources: Mapping[str, torch.Tensor]) -> int:
     """Free the storage of every tensor in ``moved`` that :func:`to_device` copied from ``sources``; returns the bytes.
 
@@ -294,10 +317,9 @@ def free_device_copies(moved: Mapping[str, torch.Tensor], sources: Mapping[str, 
     """
     freed = 0
     for name, tensor in moved.items():
-        source = sources.get(name)
-        storage = tensor.untyped_storage()
-        if source is None or storage.data_ptr() == source.untyped_storage().data_ptr() or not storage.nbytes():
+        if not _copied(tensor, sources.get(name)):
             continue
+        storage = tensor.untyped_storage()
         freed += storage.nbytes()
         storage.resize_(0)
     return freed
