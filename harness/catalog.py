@@ -59,6 +59,11 @@ STRATEGY_LISTINGS: dict[str, StrategyListing] = {
                         variant_of="map"),
         StrategyListing("map_keep_cache", "map_weights, pages dropped after each engine, kept in the page cache",
                         "#44AA99", variant_of="map"),
+        StrategyListing("st_prefetch", "safetensors prefetch to the device, one engine ahead, dropped after it",
+                        "#E69F00"),
+        StrategyListing("fastsafetensors", "fastsafetensors per engine (filtered), dropped after it", "#56B4E9"),
+        StrategyListing("instanttensor", "instanttensor per engine (clones on the device), dropped after it",
+                        "#CC6677"),
     )
 }
 """Every strategy, in the order scenarios run them by default."""
@@ -66,6 +71,9 @@ STRATEGY_LISTINGS: dict[str, StrategyListing] = {
 FETCHED_PER_ENGINE: dict[str, str] = {
     "stream": "opening its tensors as views",
     "read_file": "reading its tensors with pread",
+    "st_prefetch": "taking its prefetched tensors",
+    "fastsafetensors": "copying its tensors to the device",
+    "instanttensor": "reading its tensors to the device",
 }
 """The strategies that get each engine's tensors inside its span, right before its build (their per-engine
 hooks, :class:`harness.load.strategies.EngineHooks`), and what getting them is."""

@@ -284,7 +284,8 @@ class StrategyRun:
         assert self.sampler is not None and self.builder is not None
         plan, engines, builder = self.plan, self.plan.engines, self.builder
         plan_release = self._release_plan(model) if plan.scenario.build.release else None
-        hooks = self.spec.hooks(model, Path(plan.checkpoint.path)) if self.spec.hooks else None
+        hooks = (self.spec.hooks(model, Path(plan.checkpoint.path), plan.device, [e.names for e in engines])
+                 if self.spec.hooks else None)
         named = self._engine_tensors(model)
         self.sampler.mark(phase="build")
         if plan_release is not None and self.record.prefetch is not None and engines:

@@ -32,6 +32,10 @@ Each loader takes the model on the meta device and returns it with its weights i
 * ``map_keep_cache``: ``map`` with ``drop_cache`` off whatever the scenario says (prefetch
   still follows it): released weights stay in the page cache, so that one run shows what
   dropping them buys.
+* ``st_prefetch``, ``fastsafetensors``, ``instanttensor``: loaders that read each engine's
+  tensors straight to the device (safetensors' ``prefetch``, one engine ahead; fastsafetensors;
+  instanttensor), per engine as ``stream`` does, each package optional
+  (:mod:`harness.load.gpu_peers`).
 
 A strategy with a ``prefetch_plan`` warms the page cache for the next engine while one is
 built, with the scenario's ``[run] prefetch`` method (its release plan is made by
@@ -48,6 +52,14 @@ from typing import Protocol
 import torch
 
 from harness.catalog import STRATEGY_LISTINGS
+from harness.load.gpu_peers import (
+    FastSafetensorsHooks,
+    InstantTensorHooks,
+    StPrefetchHooks,
+    load_fastsafetensors,
+    load_instanttensor,
+    load_st_prefetch,
+)
 from harness.load.loaded import Loaded, retie, tensor_slot
 from harness.load.peers import StreamLoader, converted_path, ensure_pt, load_torch_mmap, read_file_backend
 from weightmap import PrefetchMethod, ReleasePlan, collect_targets, map_weights, open_checkpoint
@@ -158,7 +170,10 @@ Loader = Callable[[torch.nn.Module, Path], Loaded]
 ReleasePlanner = Callable[[torch.nn.Module, Sequence[Sequence[str]]], ReleasePlan]
 PrefetchPlanner = Callable[[torch.nn.Module, Sequence[Sequence[str]], PrefetchMethod | None, bool], ReleasePlan]
 """``(model, partitions, prefetch method or None, drop_cache) -> ReleasePlan``."""
-HooksFactory = Callable[[torch.nn.Module, Path], EngineHooks]
+HooksFactory = Callable[[torch.nn.Module, Path, str, Sequence[Sequence[str]]], EngineHooks]
+"""``(model, checkpoint, device, partitions) -> EngineHooks``: ``device`` is the one the engines are built on,
+as the plan resolved it (``cpu``, ``cuda``), ``partitions`` each engine's tensor names in build order (for hooks
+that fetch ahead)."""
 Preparer = Callable[[Path], bool]
 FilesRead = Callable[[Path], Sequence[Path]]
 
@@ -176,7 +191,9 @@ class StreamHooks:
     once among the model's released bytes, as for the other strategies.
     """
 
-    def __init__(self, model: torch.nn.Module, path: Path, backend: str | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, path: Path, device: str, partitions: Sequence[Sequence[str]],
+                 backend: str | None = None) -> None:
+        del device, partitions  # the views are host memory whatever the device; fetched one engine at a time
         self.model = model
         self.loader = StreamLoader.for_model(model, path, backend)
         self._meta: dict[str, torch.Tensor | None] = {}
@@ -209,8 +226,9 @@ class ReadFileHooks(StreamHooks):
     """``read_file``'s per-engine steps: :class:`StreamHooks` with safe_open's ``pread`` backend, whose
     tensors are copies in buffers of safetensors' own (anonymous memory), freed when dropped after the build."""
 
-    def __init__(self, model: torch.nn.Module, path: Path) -> None:
-        super().__init__(model, path, read_file_backend(path))
+    def __init__(self, model: torch.nn.Module, path: Path, device: str,
+                 partitions: Sequence[Sequence[str]]) -> None:
+        super().__init__(model, path, device, partitions, read_file_backend(path))
 
 
 def load_nothing_yet(model: torch.nn.Module, path: Path) -> Loaded:
@@ -350,6 +368,35 @@ STRATEGIES: dict[str, Strategy] = {
         ),
         replace(_MAP, name="map_no_prefetch", prefetches=False),
         replace(_MAP, name="map_keep_cache", drops_cache=False),
+        Strategy(
+            name="st_prefetch",
+            load=load_st_prefetch,
+            release_plan=_release_after_last_reader,
+            released_how="each engine's prefetched device tensors dropped after its build and its loaders closed",
+            kept_why=("each engine's prefetched device tensors dropped after its build and its loaders closed; what "
+                      "was kept is ordinary memory the model still reads (non-persistent buffers such as rotary "
+                      "frequencies)"),
+            hooks=StPrefetchHooks,
+        ),
+        Strategy(
+            name="fastsafetensors",
+            load=load_fastsafetensors,
+            release_plan=_release_after_last_reader,
+            released_how="each engine's fastsafetensors tensors dropped after its build and its buffer closed",
+            kept_why=("each engine's fastsafetensors tensors dropped after its build and its buffer closed; what was "
+                      "kept is ordinary memory the model still reads (non-persistent buffers such as rotary "
+                      "frequencies)"),
+            hooks=FastSafetensorsHooks,
+        ),
+        Strategy(
+            name="instanttensor",
+            load=load_instanttensor,
+            release_plan=_release_after_last_reader,
+            released_how="each engine's instanttensor clones dropped after its build",
+            kept_why=("each engine's instanttensor clones dropped after its build; what was kept is ordinary memory "
+                      "the model still reads (non-persistent buffers such as rotary frequencies)"),
+            hooks=InstantTensorHooks,
+        ),
     )
 }
 """Every strategy of the catalog (:data:`harness.catalog.STRATEGY_LISTINGS`), in its order."""

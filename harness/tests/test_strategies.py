@@ -88,8 +88,8 @@ def test_release_note_says_what_happened() -> None:
 class _Recorder:
     """Hooks that note each call and check the engine's tensors are in the model when it is built."""
 
-    def __init__(self, model: torch.nn.Module, path: Path) -> None:
-        self.model, self.path = model, path
+    def __init__(self, model: torch.nn.Module, path: Path, device: str, partitions: Sequence[Sequence[str]]) -> None:
+        self.model, self.path, self.device, self.partitions = model, path, device, partitions
         self.calls: list[tuple[str, int, int]] = []
         CALLS.append(self)
 
@@ -123,6 +123,8 @@ def test_the_worker_calls_a_strategys_hooks_around_each_engine(
     (recorder,) = CALLS
     sizes = [len(e.names) for e in plan.engines]
     assert recorder.calls == [(step, i, sizes[i]) for i in range(3) for step in ("before", "after")]
+    assert recorder.device == plan.device, "the hooks are told the device the engines are built on"
+    assert [list(p) for p in recorder.partitions] == [list(e.names) for e in plan.engines]
     mapped = measure(plan, "map", tmp_path / "plain")
     assert [e.released_bytes for e in record.engines] == [
         (e.released_bytes or 0) + 1000 + e.index for e in mapped.engines
@@ -159,7 +161,8 @@ def test_stream_puts_each_engines_weights_in_place_and_takes_them_out(tmp_path: 
 
     plan = _plan(tmp_path, "stream")
     model = build_model(plan.scenario.model).module
-    hooks = STRATEGIES["stream"].hooks(model, tmp_path / "c.safetensors")  # type: ignore[misc]
+    partitions = [e.names for e in plan.engines]
+    hooks = STRATEGIES["stream"].hooks(model, tmp_path / "c.safetensors", plan.device, partitions)  # type: ignore[misc]
     stored = load_file(str(tmp_path / "c.safetensors"))
     released = 0
     for engine in plan.engines:
@@ -188,7 +191,8 @@ def test_read_file_reads_each_engines_weights_into_buffers_dropped_after_it(tmp_
 
     plan = _plan(tmp_path, "read_file")
     model = build_model(plan.scenario.model).module
-    hooks = STRATEGIES["read_file"].hooks(model, tmp_path / "c.safetensors")  # type: ignore[misc]
+    partitions = [e.names for e in plan.engines]
+    hooks = STRATEGIES["read_file"].hooks(model, tmp_path / "c.safetensors", plan.device, partitions)  # type: ignore[misc]
     assert isinstance(hooks, ReadFileHooks) and hooks.loader.backend in READ_FILE_BACKENDS
     stored = load_file(str(tmp_path / "c.safetensors"))
     released = 0

@@ -1,0 +1,344 @@
+"""Three GPU loaders a user would pick to get a checkpoint onto a CUDA device, to measure ``map`` against.
+
+Each is a peer strategy that loads nothing up front and brings each engine's tensors to the
+device right before its build, dropping them right after (per-engine hooks, as ``stream``
+does); each package is optional, imported only when its strategy runs, and a strategy whose
+package (or device) is missing fails with one line saying what it needs
+(:class:`LoaderUnavailable`).
+
+``st_prefetch``
+    safetensors >= 0.9.0rc1: ``safe_open(file, framework="pt").prefetch(plan, device=...,
+    threads=8)`` starts a ``PrefetchLoader`` that reads the planned tensors to the device in
+    the background; ``take(name)`` waits for a tensor and hands it out once, as a zero-copy
+    view of device memory, and an allocation's memory is freed once every tensor in it was
+    taken and dropped (``close()`` releases the untaken ones). As weightmap's own prefetch
+    does, it works one engine ahead: ``before(k)`` starts engine ``k + 1``'s loaders too, so
+    their reads overlap engine ``k``'s build (:class:`StPrefetchHooks`). All loaders of a
+    process share one pinned staging pool (safetensors' ``__init__.pyi``). CUDA only.
+``fastsafetensors`` (0.5.0)
+    Per engine a ``SafeTensorsFileLoader`` of the files that hold its tensors, filtered to
+    them (``set_tensor_filter``: the ``nogds`` copier then reads only their byte ranges),
+    ``copy_files_to_device()`` and ``get_tensor`` (:class:`FastSafetensorsHooks`). GDS is
+    asked for only where ``/dev/nvidia-fs0`` exists (elsewhere ``nogds=True``). Works on the
+    CPU too (device ``cpu``), so it is a CPU peer as well.
+``instanttensor`` (0.2.2)
+    Per engine ``instanttensor.safe_open(files, framework="pt", device=..., tensor_filter=
+    names, tensor_name_match_mode="exact")`` and its ``tensors()``, clones that own their
+    memory (``copy=True``) (:class:`InstantTensorHooks`). CUDA only.
+
+A tied tensor the checkpoint stores under one name is fetched once per engine that reads it
+(all its names in that engine share one parameter) and its bytes count once among the
+released ones, as for ``stream``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from harness.catalog import is_gpu
+from harness.errors import HarnessError
+from harness.load.loaded import Loaded, tensor_slot
+from weightmap import collect_targets, open_checkpoint
+
+__all__ = [
+    "FASTSAFETENSORS_VERSION",
+    "INSTANTTENSOR_VERSION",
+    "ST_PREFETCH_VERSION",
+    "FastSafetensorsHooks",
+    "InstantTensorHooks",
+    "LoaderUnavailable",
+    "StPrefetchHooks",
+    "fastsafetensors_module",
+    "instanttensor_module",
+    "load_fastsafetensors",
+    "load_instanttensor",
+    "load_st_prefetch",
+    "prefetching_safe_open",
+    "require_cuda",
+]
+
+ST_PREFETCH_VERSION = "0.9.0rc1"
+"""The first safetensors whose ``safe_open`` has ``prefetch``."""
+FASTSAFETENSORS_VERSION = "0.5.0"
+"""The fastsafetensors the ``fastsafetensors`` strategy was written against."""
+INSTANTTENSOR_VERSION = "0.2.2"
+"""The instanttensor the ``instanttensor`` strategy was written against."""
+
+PREFETCH_THREADS = 8
+"""Reader threads per ``PrefetchLoader`` (safetensors' default)."""
+
+
+class LoaderUnavailable(HarnessError, RuntimeError):
+    """A loader this machine cannot run: its package (or the version with what it calls) is not installed,
+    or it needs a CUDA device and the run builds elsewhere. The message says which, in one line."""
+
+
+def require_cuda(strategy: str, device: str) -> None:
+    """Raise :class:`LoaderUnavailable` unless ``device`` (the plan's resolved device) is a CUDA device."""
+    if not is_gpu(device):
+        raise LoaderUnavailable(f"{strategy} needs a CUDA device; this run builds on {device}")
+
+
+def prefetching_safe_open() -> Any:
+    """safetensors' ``safe_open``, where it has ``prefetch`` (safetensors >= 0.9.0rc1); else
+    :class:`LoaderUnavailable` naming the installed version and the one needed."""
+    try:
+        import safetensors
+    except ImportError as exc:
+        raise LoaderUnavailable(f"st_prefetch needs safetensors >= {ST_PREFETCH_VERSION}, which is not installed: "
+                                f"pip install --pre safetensors=={ST_PREFETCH_VERSION}") from exc
+    if not hasattr(safetensors.safe_open, "prefetch"):
+        installed = getattr(safetensors, "__version__", "?")
+        raise LoaderUnavailable(f"st_prefetch needs safetensors >= {ST_PREFETCH_VERSION} (safe_open.prefetch); "
+                                f"safetensors {installed} is installed: pip install --pre "
+                                f"safetensors=={ST_PREFETCH_VERSION}")
+    return safetensors.safe_open
+
+
+def _optional(package: str, version: str) -> ModuleType:
+    try:
+        return importlib.import_module(package)
+    except ImportError as exc:
+        raise LoaderUnavailable(f"{package} needs the {package} package ({version}), which is not installed: "
+                                f"pip install {package}=={version} (optional: not among the project's "
+                                f"dependencies)") from exc
+
+
+def fastsafetensors_module() -> ModuleType:
+    """The installed ``fastsafetensors``; else :class:`LoaderUnavailable` naming the package and version."""
+    return _optional("fastsafetensors", FASTSAFETENSORS_VERSION)
+
+
+def instanttensor_module() -> ModuleType:
+    """The installed ``instanttensor``; else :class:`LoaderUnavailable` naming the package and version."""
+    return _optional("instanttensor", INSTANTTENSOR_VERSION)
+
+
+def load_st_prefetch(model: torch.nn.Module, path: Path) -> Loaded:
+    """``st_prefetch`` loads nothing up front; the installed safetensors must have ``safe_open.prefetch``."""
+    prefetching_safe_open()
+    return Loaded(model, "nothing loaded up front: each engine's tensors are read to the device by safetensors' "
+                         f"safe_open(...).prefetch(threads={PREFETCH_THREADS}), started one engine ahead, taken "
+                         "right before its build and dropped right after")
+
+
+def load_fastsafetensors(model: torch.nn.Module, path: Path) -> Loaded:
+    """``fastsafetensors`` loads nothing up front; the package must be installed."""
+    module = fastsafetensors_module()
+    return Loaded(model, f"nothing loaded up front: each engine's tensors are copied to the device by "
+                         f"fastsafetensors {getattr(module, '__version__', '?')} (SafeTensorsFileLoader, filtered to "
+                         "the engine's tensors) right before its build and dropped right after")
+
+
+def load_instanttensor(model: torch.nn.Module, path: Path) -> Loaded:
+    """``instanttensor`` loads nothing up front; the package must be installed."""
+    instanttensor_module()
+    return Loaded(model, "nothing loaded up front: each engine's tensors are read to the device by "
+                         "instanttensor.safe_open(tensor_filter=its names) as clones right before its build "
+                         "and dropped right after")
+
+
+def _indexed(device: str) -> str:
+    """``cuda`` as ``cuda:<the current device>`` (the loaders take an index); any other device unchanged."""
+    parsed = torch.device(device)
+    if parsed.type == "cuda" and parsed.index is None:
+        return f"cuda:{torch.cuda.current_device()}"
+    return device
+
+
+class _DeviceHooks(ABC):
+    """What the three loaders' hooks share: put one engine's tensors in place of its meta tensors, then take
+    them out, counting each stored tensor's bytes once among the released ones.
+
+    Subclasses fetch: :meth:`_fetch` returns engine ``index``'s tensors by the name the checkpoint stores them
+    under (``wanted``: those names, by file), and :meth:`_finish` lets go of what the loader still holds for
+    it once the tensors are dropped.
+    """
+
+    strategy = ""
+
+    def __init__(self, model: torch.nn.Module, path: Path, device: str,
+                 partitions: Sequence[Sequence[str]]) -> None:
+        self.model = model
+        self.device = device
+        self.checkpoint = open_checkpoint(path)
+        self.partitions = [list(names) for names in partitions]
+        self._aliases: dict[str, str] = {}  # a model's name -> the name the checkpoint stores it under
+        for target in collect_targets(model):
+            stored = [n for n in target.names if n in self.checkpoint.entries]
+            if stored:
+                self._aliases.update({n: stored[0] for n in target.names})
+        self._meta: dict[str, torch.Tensor | None] = {}
+        self._names: list[str] = []
+        self._tensors: dict[str, torch.Tensor] = {}  # stored name -> this engine's tensor
+        self._released: set[str] = set()
+
+    def stored(self, name: str) -> str:
+        """The name the checkpoint stores ``name``'s tensor under (a tied name: its group's stored one)."""
+        return self._aliases.get(name, name)
+
+    def wanted(self, names: Sequence[str]) -> dict[Path, list[str]]:
+        """The stored names of ``names`` the checkpoint holds (non-persistent buffers it does not), by file,
+        each once, in file order of first appearance."""
+        by_file: dict[Path, list[str]] = {}
+        for stored in dict.fromkeys(self.stored(n) for n in names):
+            if stored in self.checkpoint.entries:
+                header, _ = self.checkpoint.entries[stored]
+                by_file.setdefault(header.path, []).append(stored)
+        return by_file
+
+    @abstractmethod
+    def _fetch(self, index: int, wanted: dict[Path, list[str]]) -> dict[str, torch.Tensor]:
+        """Engine ``index``'s tensors of ``wanted`` (stored names by file), by stored name."""
+
+    @abstractmethod
+    def _finish(self, index: int) -> None:
+        """Let go of what the loader still holds for engine ``index`` (its tensors are dropped)."""
+
+    def before(self, index: int, names: Sequence[str]) -> None:
+        """Fetch engine ``index``'s tensors and put them into the model in place of its meta tensors."""
+        self._names = [n for n in names if self.stored(n) in self.checkpoint.entries]
+        self._tensors = self._fetch(index, self.wanted(self._names))
+        wrapped: dict[str, torch.Tensor] = {}  # tied names in one engine share one parameter
+        for name in self._names:
+            tensor = self._tensors[self.stored(name)]
+            slots, key = tensor_slot(self.model, name)
+            self._meta[name] = slots[key]
+            if isinstance(slots[key], torch.nn.Parameter):
+                tensor = wrapped.setdefault(self.stored(name), torch.nn.Parameter(tensor, requires_grad=False))
+            slots[key] = tensor
+
+    def after(self, index: int, names: Sequence[str]) -> int:
+        """Put the meta tensors back, drop the engine's tensors and let the loader go; returns the bytes of
+        the stored tensors dropped that no earlier engine had released."""
+        for name in self._names:
+            slots, key = tensor_slot(self.model, name)
+            slots[key] = self._meta.pop(name)
+        self._names = []
+        fresh = {stored: t.numel() * t.element_size() for stored, t in self._tensors.items()
+                 if stored not in self._released}
+        self._released.update(fresh)
+        self._tensors = {}
+        self._finish(index)
+        return sum(fresh.values())
+
+
+class StPrefetchHooks(_DeviceHooks):
+    """``st_prefetch``'s per-engine steps: safetensors' ``PrefetchLoader`` per file, one engine ahead.
+
+    ``before(k)`` starts engine ``k``'s loaders where they are not started yet and engine ``k + 1``'s (its
+    reads overlap engine ``k``'s build), then ``take``-s engine ``k``'s tensors (views of device memory);
+    ``after(k)`` drops them and closes engine ``k``'s loaders, which frees their device memory.
+    """
+
+    strategy = "st_prefetch"
+
+    def __init__(self, model: torch.nn.Module, path: Path, device: str,
+                 partitions: Sequence[Sequence[str]]) -> None:
+        self._safe_open = prefetching_safe_open()
+        require_cuda(self.strategy, device)
+        super().__init__(model, path, _indexed(device), partitions)
+        self._loaders: dict[int, dict[Path, tuple[Any, Any]]] = {}  # engine -> file -> (handle, PrefetchLoader)
+
+    def started(self) -> list[int]:
+        """The engines whose loaders are running (started and not yet closed), in order."""
+        return sorted(self._loaders)
+
+    def _start(self, index: int) -> None:
+        if index in self._loaders or not 0 <= index < len(self.partitions):
+            return
+        ordinal = torch.device(self.device).index
+        loaders: dict[Path, tuple[Any, Any]] = {}
+        self._loaders[index] = loaders
+        for file, stored in self.wanted(self.partitions[index]).items():
+            handle = self._safe_open(str(file), framework="pt")
+            plan: dict[str, slice | None] = dict.fromkeys(stored)
+            loaders[file] = (handle, handle.prefetch(plan, device=ordinal, threads=PREFETCH_THREADS))
+
+    def _fetch(self, index: int, wanted: dict[Path, list[str]]) -> dict[str, torch.Tensor]:
+        self._start(index)
+        self._start(index + 1)
+        loaders = self._loaders[index]
+        return {stored: loaders[file][1].take(stored) for file, names in wanted.items() for stored in names}
+
+    def _finish(self, index: int) -> None:
+        for _, loader in self._loaders.pop(index, {}).values():
+            loader.close()
+
+
+class FastSafetensorsHooks(_DeviceHooks):
+    """``fastsafetensors``' per-engine steps: a ``SafeTensorsFileLoader`` of the engine's files, filtered to its
+    tensors, copied to the device right before its build; after it the tensors are dropped and the buffer and
+    the loader closed (the tensors share the buffer's allocation, which goes once both are gone)."""
+
+    strategy = "fastsafetensors"
+
+    def __init__(self, model: torch.nn.Module, path: Path, device: str,
+                 partitions: Sequence[Sequence[str]]) -> None:
+        self._module = fastsafetensors_module()
+        super().__init__(model, path, _indexed(device), partitions)
+        self.nogds = not gds_present(device)
+        self._open: tuple[Any, Any] | None = None  # (loader, files buffer) of the engine being built
+
+    def _fetch(self, index: int, wanted: dict[Path, list[str]]) -> dict[str, torch.Tensor]:
+        if not wanted:
+            return {}
+        keep = {stored for names in wanted.values() for stored in names}
+        loader = self._module.SafeTensorsFileLoader(None, self.device, nogds=self.nogds)
+        try:
+            loader.add_filenames({0: [str(file) for file in wanted]})
+            loader.set_tensor_filter(keep.__contains__)
+            buffer = loader.copy_files_to_device()
+        except BaseException:
+            loader.close()
+            raise
+        self._open = (loader, buffer)
+        return {stored: buffer.get_tensor(stored) for stored in keep}
+
+    def _finish(self, index: int) -> None:
+        if self._open is not None:
+            loader, buffer = self._open
+            self._open = None
+            buffer.close()
+            loader.close()
+
+
+def gds_present(device: str) -> bool:
+    """Whether GPUDirect Storage can serve ``device``: a CUDA device and the nvidia-fs device node
+    (``/dev/nvidia-fs0``, which fastsafetensors itself checks before asking cuFile)."""
+    return is_gpu(device) and Path("/dev/nvidia-fs0").exists()
+
+
+class InstantTensorHooks(_DeviceHooks):
+    """``instanttensor``'s per-engine steps: ``instanttensor.safe_open`` of the engine's files, filtered to its
+    tensors by exact name, iterated to clones that own their memory right before its build; dropped after it."""
+
+    strategy = "instanttensor"
+
+    def __init__(self, model: torch.nn.Module, path: Path, device: str,
+                 partitions: Sequence[Sequence[str]]) -> None:
+        self._module = instanttensor_module()
+        require_cuda(self.strategy, device)
+        super().__init__(model, path, _indexed(device), partitions)
+
+    def _fetch(self, index: int, wanted: dict[Path, list[str]]) -> dict[str, torch.Tensor]:
+        if not wanted:
+            return {}
+        names = [stored for stored_names in wanted.values() for stored in stored_names]
+        with self._module.safe_open([str(file) for file in wanted], framework="pt", device=self.device,
+                                    tensor_filter=names, tensor_name_match_mode="exact") as handle:
+            tensors = dict(handle.tensors())
+        missing = [n for n in names if n not in tensors]
+        if missing:
+            raise KeyError(f"instanttensor handed out no tensor {missing[0]!r} of engine {index}")
+        return tensors
+
+    def _finish(self, index: int) -> None:
+        pass  # the clones own their memory: dropping them was all

@@ -1,0 +1,435 @@
+"""The GPU loader peers (:mod:`harness.load.gpu_peers`): listed alike by the catalog, the registry and the H200
+scenario; unavailable with one line naming the package and version (or the device) they need; and their per-engine
+hooks, run here with fake packages injected in ``sys.modules`` that hand out CPU tensors (and fastsafetensors' own
+CPU path where it is installed)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import types
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors import safe_open as real_safe_open
+from safetensors.torch import load_file, save_file
+
+from harness.catalog import FETCHED_PER_ENGINE, STRATEGY_LISTINGS
+from harness.load.gpu_peers import (
+    FastSafetensorsHooks,
+    InstantTensorHooks,
+    LoaderUnavailable,
+    StPrefetchHooks,
+    load_fastsafetensors,
+    load_instanttensor,
+    load_st_prefetch,
+)
+from harness.load.strategies import STRATEGIES
+from harness.plan import Plan, make_plan
+from harness.scenario import load_scenario
+from harness.worker import measure
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU_PEERS: dict[str, Any] = {"st_prefetch": StPrefetchHooks, "fastsafetensors": FastSafetensorsHooks,
+             "instanttensor": InstantTensorHooks}
+
+SCENARIO = """
+name = "t"
+strategies = [{names}]
+[model]
+source = "synthetic"
+layers = 1
+width = 64
+heads = 4
+vocab = 64
+[checkpoint]
+path = "{checkpoint}"
+generate = true
+[build]
+engines = {engines}
+device = "cpu"
+"""
+
+
+def _plan(tmp_path: Path, *names: str, engines: int = 3) -> Plan:
+    path = tmp_path / "s.toml"
+    path.write_text(SCENARIO.format(names=", ".join(f'"{n}"' for n in names), engines=engines,
+                                    checkpoint=tmp_path / "c.safetensors"))
+    return make_plan(load_scenario(path), name="t", workdir=tmp_path / "engines")
+
+
+def _model(plan: Plan) -> torch.nn.Module:
+    from harness.models import build_model
+
+    return build_model(plan.scenario.model).module
+
+
+def _named(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    named: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
+    named.update(model.named_buffers(remove_duplicate=False))
+    return named
+
+
+# --------------------------------------------------------------------------- listings
+
+
+def test_the_catalog_the_registry_and_the_h200_scenario_list_the_gpu_peers() -> None:
+    assert list(STRATEGIES)[-3:] == list(STRATEGY_LISTINGS)[-3:] == list(GPU_PEERS)
+    for name, hooks in GPU_PEERS.items():
+        assert STRATEGIES[name].hooks is hooks
+        assert STRATEGY_LISTINGS[name].variant_of is None, "a peer of its own, not a variant"
+        assert name in FETCHED_PER_ENGINE
+    colours = [s.colour.upper() for s in STRATEGY_LISTINGS.values()]
+    assert len(set(colours)) == len(colours)
+    scenario = load_scenario(ROOT / "scenarios" / "pi05-h200.toml")
+    assert set(GPU_PEERS) <= set(scenario.strategies)
+
+
+# --------------------------------------------------------------------------- unavailable
+
+
+def _without_prefetch(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = types.ModuleType("safetensors")
+    fake.__version__ = "0.8.0"  # type: ignore[attr-defined]
+    fake.safe_open = type("safe_open", (), {})  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "safetensors", fake)
+
+
+def test_st_prefetch_without_safe_open_prefetch_names_the_version_it_needs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _without_prefetch(monkeypatch)
+    with pytest.raises(LoaderUnavailable) as raised:
+        load_st_prefetch(torch.nn.Linear(1, 1), tmp_path / "c.safetensors")
+    message = str(raised.value)
+    assert "\n" not in message
+    assert "safetensors >= 0.9.0rc1" in message and "0.8.0 is installed" in message
+    assert "pip install --pre safetensors==0.9.0rc1" in message
+    with pytest.raises(LoaderUnavailable, match="0.9.0rc1"):
+        StPrefetchHooks(torch.nn.Linear(1, 1), tmp_path / "c.safetensors", "cuda:0", [])
+
+
+@pytest.mark.parametrize(("name", "load", "hooks", "version"), [
+    ("fastsafetensors", load_fastsafetensors, FastSafetensorsHooks, "0.5.0"),
+    ("instanttensor", load_instanttensor, InstantTensorHooks, "0.2.2"),
+])
+def test_a_missing_package_is_named_with_its_version(
+    name: str, load: Any, hooks: Any, version: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, name, None)  # import raises ImportError
+    for attempt in (lambda: load(torch.nn.Linear(1, 1), tmp_path / "c.safetensors"),
+                    lambda: hooks(torch.nn.Linear(1, 1), tmp_path / "c.safetensors", "cuda:0", [])):
+        with pytest.raises(LoaderUnavailable) as raised:
+            attempt()
+        message = str(raised.value)
+        assert "\n" not in message and f"pip install {name}=={version}" in message
+        assert message.startswith(f"{name} needs the {name} package ({version})")
+
+
+@pytest.mark.parametrize("name", ["st_prefetch", "instanttensor"])
+def test_the_cuda_only_peers_refuse_a_cpu_build_in_one_line(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _install_fakes(monkeypatch, [])
+    plan = _plan(tmp_path, name, engines=2)
+    with pytest.raises(LoaderUnavailable, match=f"^{name} needs a CUDA device; this run builds on cpu$"):
+        GPU_PEERS[name](_model(plan), tmp_path / "c.safetensors", "cpu", [e.names for e in plan.engines])
+    record = measure(plan, name, tmp_path / "out", check=False)
+    assert not record.ok
+    assert record.error == f"LoaderUnavailable: {name} needs a CUDA device; this run builds on cpu"
+
+
+def test_a_missing_package_fails_the_run_with_its_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "fastsafetensors", None)
+    plan = _plan(tmp_path, "fastsafetensors", engines=2)
+    record = measure(plan, "fastsafetensors", tmp_path / "out", check=False)
+    assert not record.ok and record.error is not None
+    assert record.error.startswith("LoaderUnavailable: fastsafetensors needs the fastsafetensors package (0.5.0)")
+
+
+# --------------------------------------------------------------------------- fakes
+
+
+@dataclasses.dataclass
+class _Log:
+    """What the fake packages were asked, in order."""
+
+    calls: list[tuple[Any, ...]] = dataclasses.field(default_factory=list)
+    handed: list[torch.Tensor] = dataclasses.field(default_factory=list)
+
+
+def _read(file: str, name: str) -> torch.Tensor:
+    with real_safe_open(file, framework="pt") as handle:
+        return handle.get_tensor(name).clone()
+
+
+def _install_fakes(monkeypatch: pytest.MonkeyPatch, calls: list[tuple[Any, ...]]) -> _Log:
+    """Fake ``safetensors`` (with ``prefetch``), ``fastsafetensors`` and ``instanttensor`` in ``sys.modules``, which
+    read the real files and hand out CPU tensors, logging each call in ``calls``."""
+    log = _Log(calls)
+
+    class PrefetchLoader:
+        def __init__(self, file: str, plan: dict[str, Any], device: Any, threads: int) -> None:
+            self.file, self.plan, self.taken = file, plan, set[str]()
+            calls.append(("prefetch", file, tuple(plan), device, threads))
+
+        def names(self) -> list[str]:
+            return list(self.plan)
+
+        def take(self, name: str) -> torch.Tensor:
+            assert name in self.plan and name not in self.taken, f"{name} taken twice or not planned"
+            self.taken.add(name)
+            calls.append(("take", self.file, name))
+            tensor = _read(self.file, name)
+            log.handed.append(tensor)
+            return tensor
+
+        def close(self) -> None:
+            calls.append(("close", self.file, tuple(self.plan)))
+
+    class SafeOpen:
+        def __init__(self, file: str, framework: str, device: str = "cpu") -> None:
+            assert framework == "pt"
+            self.file = file
+
+        def prefetch(self, plan: dict[str, Any] | None = None, *, device: Any = None,
+                     threads: int = 8) -> PrefetchLoader:
+            assert plan is not None
+            return PrefetchLoader(self.file, plan, device, threads)
+
+    safetensors = types.ModuleType("safetensors")
+    safetensors.__version__ = "0.9.0rc1"  # type: ignore[attr-defined]
+    safetensors.safe_open = SafeOpen  # type: ignore[attr-defined]
+
+    class FilesBuffer:
+        def __init__(self, files: list[str], keep: Any) -> None:
+            self.files, self.keep = files, keep
+
+        def get_tensor(self, name: str) -> torch.Tensor:
+            if not self.keep(name):
+                raise ValueError(f"{name} is filtered out")
+            for file in self.files:
+                with real_safe_open(file, framework="pt") as handle:
+                    if name in handle.keys():  # noqa: SIM118
+                        tensor = _read(file, name)
+                        log.handed.append(tensor)
+                        return tensor
+            raise ValueError(f"{name} was not found in files")
+
+        def close(self) -> None:
+            calls.append(("buffer_close",))
+
+    class SafeTensorsFileLoader:
+        def __init__(self, pg: Any, device: str, nogds: bool = False) -> None:
+            assert pg is None
+            self.files: list[str] = []
+            self.keep: Any = None
+            calls.append(("loader", device, nogds))
+
+        def add_filenames(self, filenames: dict[int, list[str]]) -> None:
+            self.files = filenames[0]
+            calls.append(("add_filenames", tuple(filenames[0])))
+
+        def set_tensor_filter(self, keep: Any) -> None:
+            self.keep = keep
+
+        def copy_files_to_device(self) -> FilesBuffer:
+            assert self.keep is not None, "the filter is set before the copy"
+            return FilesBuffer(self.files, self.keep)
+
+        def close(self) -> None:
+            calls.append(("loader_close",))
+
+    fastsafetensors = types.ModuleType("fastsafetensors")
+    fastsafetensors.__version__ = "0.5.0"  # type: ignore[attr-defined]
+    fastsafetensors.SafeTensorsFileLoader = SafeTensorsFileLoader  # type: ignore[attr-defined]
+
+    class InstantOpen:
+        def __init__(self, files: list[str], framework: str, device: str, *, tensor_filter: list[str],
+                     tensor_name_match_mode: str) -> None:
+            assert framework == "pt" and tensor_name_match_mode == "exact"
+            self.files, self.names = files, list(tensor_filter)
+            calls.append(("instant_open", tuple(files), device, tuple(tensor_filter)))
+
+        def __enter__(self) -> InstantOpen:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            calls.append(("instant_close",))
+
+        def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+            for file in self.files:
+                with real_safe_open(file, framework="pt") as handle:
+                    names = [n for n in handle.keys() if n in self.names]  # noqa: SIM118
+                for name in names:
+                    tensor = _read(file, name)
+                    log.handed.append(tensor)
+                    yield name, tensor
+
+    instanttensor = types.ModuleType("instanttensor")
+    instanttensor.safe_open = InstantOpen  # type: ignore[attr-defined]
+
+    monkeypatch.setitem(sys.modules, "safetensors", safetensors)
+    monkeypatch.setitem(sys.modules, "fastsafetensors", fastsafetensors)
+    monkeypatch.setitem(sys.modules, "instanttensor", instanttensor)
+    return log
+
+
+# --------------------------------------------------------------------------- hooks
+
+
+def _walk(hooks: Any, plan: Plan, model: torch.nn.Module, stored: dict[str, torch.Tensor],
+          each: Any = None) -> int:
+    """Run ``hooks`` over ``plan``'s engines as the worker does, checking the model before and after each; the
+    released bytes."""
+    released = 0
+    for engine in plan.engines:
+        hooks.before(engine.index, engine.names)
+        named = _named(model)
+        held = [n for n in engine.names if n in stored]
+        assert held and all(torch.equal(named[n], stored[n]) for n in held), "the engine's weights are in place"
+        params = dict(model.named_parameters(remove_duplicate=False))
+        assert all(isinstance(params[n], torch.nn.Parameter) for n in held if n in params)
+        others = [n for n in named if n in stored and n not in engine.names]
+        assert all(named[n].is_meta for n in others), "only this engine's weights are in the model"
+        if each is not None:
+            each(engine.index)
+        released += hooks.after(engine.index, engine.names)
+        named = _named(model)
+        assert all(named[n].is_meta for n in held), "the engine's weights are taken out again"
+    return released
+
+
+def test_st_prefetch_starts_the_next_engine_and_takes_this_ones_tensors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plan = _plan(tmp_path, "map", engines=3)
+    stored = load_file(str(tmp_path / "c.safetensors"))
+    calls: list[tuple[Any, ...]] = []
+    _install_fakes(monkeypatch, calls)
+    model = _model(plan)
+    partitions = [e.names for e in plan.engines]
+    hooks = StPrefetchHooks(model, tmp_path / "c.safetensors", "cuda:0", partitions)
+    stored_of = {n: hooks.stored(n) for p in partitions for n in p}
+    started: list[list[int]] = []
+
+    def check(index: int) -> None:
+        started.append(hooks.started())
+        prefetched = [c for c in calls if c[0] == "prefetch"]
+        assert prefetched[-1][2] == tuple(dict.fromkeys(
+            stored_of[n] for n in partitions[min(index + 1, len(partitions) - 1)] if stored_of[n] in stored))
+        assert all(c[3] == 0 and c[4] == 8 for c in prefetched), "device ordinal 0, 8 threads"
+
+    released = _walk(hooks, plan, model, stored, check)
+    assert started == [[0, 1], [1, 2], [2]], "engine k + 1's loader is started in before(k), k's closed in after(k)"
+    assert hooks.started() == []
+    order = [c[0] for c in calls if c[0] in ("prefetch", "close")]
+    assert order == ["prefetch", "prefetch", "close", "prefetch", "close", "close"]
+    # the tied tensor read by the first and the last engine is taken by each, and counts once
+    assert released == plan.model.bytes
+
+
+def _tied_names(model: torch.nn.Module) -> list[str]:
+    from weightmap import collect_targets
+
+    groups = [t.names for t in collect_targets(model) if len(t.names) > 1]
+    assert groups, "the synthetic model ties a tensor"
+    return list(groups[0])
+
+
+@pytest.mark.parametrize("name", list(GPU_PEERS))
+def test_tied_names_in_one_engine_share_one_parameter_and_count_once(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plan = _plan(tmp_path, "map", engines=1)
+    stored = load_file(str(tmp_path / "c.safetensors"))
+    calls: list[tuple[Any, ...]] = []
+    log = _install_fakes(monkeypatch, calls)
+    model = _model(plan)
+    tied = _tied_names(model)
+    (engine,) = plan.engines
+    hooks = GPU_PEERS[name](model, tmp_path / "c.safetensors", "cuda:0", [engine.names])
+    hooks.before(0, engine.names)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    assert len({id(params[n]) for n in tied}) == 1, "one parameter for the tied names"
+    assert len(log.handed) == len(stored), "each stored tensor fetched once"
+    assert hooks.after(0, engine.names) == plan.model.bytes
+    assert all(p.is_meta for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", ["fastsafetensors", "instanttensor"])
+def test_the_per_engine_peers_fetch_only_the_engines_tensors_and_let_go_after_it(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plan = _plan(tmp_path, "map", engines=3)
+    stored = load_file(str(tmp_path / "c.safetensors"))
+    calls: list[tuple[Any, ...]] = []
+    log = _install_fakes(monkeypatch, calls)
+    model = _model(plan)
+    partitions = [e.names for e in plan.engines]
+    hooks = GPU_PEERS[name](model, tmp_path / "c.safetensors", "cuda:0", partitions)
+    opened: list[int] = []
+
+    def check(index: int) -> None:
+        wanted = {hooks.stored(n) for n in partitions[index]} & set(stored)
+        handed = log.handed[-len(wanted):]
+        assert len(log.handed) == sum(len({hooks.stored(n) for n in p} & set(stored)) for p in partitions[:index + 1])
+        assert sorted(t.numel() for t in handed) == sorted(stored[n].numel() for n in wanted)
+        opened.append(len(calls))
+        if name == "instanttensor":
+            assert calls[-1] == ("instant_close",), "the handle is closed once the clones are made"
+            assert set(calls[-2][3]) == wanted and calls[-2][2] == "cuda:0"
+        else:
+            assert ("loader", "cuda:0", True) in calls, "nogds without /dev/nvidia-fs0"
+            assert calls[-1] == ("add_filenames", (str(tmp_path / "c.safetensors"),))
+
+    released = _walk(hooks, plan, model, stored, check)
+    assert released == plan.model.bytes
+    if name == "fastsafetensors":
+        closes = [c for c in calls if c[0] in ("buffer_close", "loader_close")]
+        assert closes == [("buffer_close",), ("loader_close",)] * len(partitions), "buffer, then loader, per engine"
+        assert opened and all(calls[i][0] == "buffer_close" for i in opened), "closed in after(), not before"
+
+
+def test_st_prefetch_plans_per_file_of_a_sharded_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    first, second = {k: state[k] for k in ("0.weight", "1.weight")}, {k: state[k] for k in ("0.bias", "1.bias")}
+    save_file(first, str(tmp_path / "a.safetensors"))
+    save_file(second, str(tmp_path / "b.safetensors"))
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {**dict.fromkeys(first, "a.safetensors"),
+                                                **dict.fromkeys(second, "b.safetensors")}}))
+    calls: list[tuple[Any, ...]] = []
+    _install_fakes(monkeypatch, calls)
+    meta = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)).to("meta")
+    engines: list[Sequence[str]] = [["0.weight", "0.bias"], ["1.weight", "1.bias"]]
+    hooks = StPrefetchHooks(meta, index, "cuda:0", engines)
+    hooks.before(0, engines[0])
+    prefetched = {(Path(c[1]).name, c[2]) for c in calls if c[0] == "prefetch"}
+    assert prefetched == {("a.safetensors", ("0.weight",)), ("b.safetensors", ("0.bias",)),
+                          ("a.safetensors", ("1.weight",)), ("b.safetensors", ("1.bias",))}
+    assert all(torch.equal(meta.get_parameter(n), state[n]) for n in engines[0])
+    assert hooks.after(0, engines[0]) == sum(state[n].numel() * 4 for n in engines[0])
+    assert sorted(Path(c[1]).name for c in calls if c[0] == "close") == ["a.safetensors", "b.safetensors"]
+
+
+# --------------------------------------------------------------------------- fastsafetensors on the CPU
+
+
+def test_fastsafetensors_builds_on_the_cpu(tmp_path: Path) -> None:
+    pytest.importorskip("fastsafetensors")
+    plan = _plan(tmp_path, "fastsafetensors", engines=3)
+    stored = load_file(str(tmp_path / "c.safetensors"))
+    model = _model(plan)
+    hooks = FastSafetensorsHooks(model, tmp_path / "c.safetensors", "cpu", [e.names for e in plan.engines])
+    assert hooks.nogds
+    assert _walk(hooks, plan, model, stored) == plan.model.bytes
+    record = measure(plan, "fastsafetensors", tmp_path / "out")
+    assert record.ok, record.error
+    assert record.released_bytes == plan.model.bytes
+    assert "fastsafetensors" in record.note and "buffer closed" in record.release_note
