@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import datetime
 import functools
 import os
@@ -104,8 +105,9 @@ from harness.results.record import (
 from harness.results.samples import events_file, samples_file
 from harness.rounds import round_orders
 from harness.scenario import RunConfig, Scenario
+from harness.speed import sized_to_ceiling
 from harness.stopping import STOP_SIGNALS, RunInterrupted, die_with_parent
-from harness.units import GIB
+from harness.units import GIB, MIB
 from harness.worker import FAILURE_PREFIX, OUTSIDE_STATUS, worker_command
 
 __all__ = ["Render", "WorkerCommand", "finished_strategies", "planned_runs", "run_label", "run_scenario", "watch"]
@@ -595,8 +597,14 @@ def _measure(plan: Plan, staging: Path, command: WorkerCommand, stop: _Stop) -> 
                 _progress("the disk's read ceiling: a cold read sweep over reader threads and request sizes")
                 points, error = _reference(lambda: read_ceiling([Path(f) for f in plan.checkpoint_files]))
                 run = run.replace(read_ceiling=points or (), read_ceiling_error=error)
-                write_summary(staging, run)
                 _progress(_ceiling_line(run.read_ceiling) if error is None else f"disk ceiling: failed ({error})")
+                sized = sized_to_ceiling(plan.speed, run.read_ceiling)
+                if sized != plan.speed:  # the rounds' workers read it from the plan's file
+                    write_plan(plan_path, dataclasses.replace(plan, speed=sized))
+                    run = run.replace(speed=sized)
+                    _progress(f"prefetch asks with {sized.prefetch_readers} reader(s) of "
+                              f"{sized.prefetch_request_bytes // MIB} MiB ({sized.prefetch_sizing_why})")
+                write_summary(staging, run)
             if run.disk_read_error is None:  # after a read that failed, none is taken
                 disk, error = _reference(functools.partial(measure_disk, plan, repeat))
                 if error is None:

@@ -29,10 +29,16 @@ not probed and its page cache stays small: drop-cache is off and prefetch ``madv
 layouts ran by default), and the reason says so. A probe that fails (a read error, the file gone) costs
 the run nothing: the settings are chosen as for a checkpoint not probed, the reason says the probe
 failed, and :attr:`~harness.results.disk.SpeedChoice.probe_error` says why.
+
+**How prefetch asks** (:func:`sized_to_ceiling`): where the run swept the disk's read ceiling (reader threads
+by request sizes, cold), prefetch asks as the sweep's fastest point read: that many threads at once, in
+requests of that size, so that the pages an engine waits for come in as fast as this disk gives them.
+Without a sweep it asks with one thread in weightmap's default requests.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 
@@ -40,11 +46,12 @@ import psutil
 
 from harness.measure.hostmemory import free_page_reporting
 from harness.measure.probe import probe_bytes, read_probe
-from harness.results.disk import ReadProbe, SpeedChoice
+from harness.results.disk import CeilingPoint, ReadProbe, SpeedChoice
+from harness.results.metrics import best_ceiling
 from harness.scenario import PREFETCH_AUTO, PREFETCH_OFF, RunConfig
-from harness.units import GIB
+from harness.units import GIB, MIB
 
-__all__ = ["PREFETCH_METHOD", "WILLNEED_FLOOR", "choose_speed", "decide"]
+__all__ = ["PREFETCH_METHOD", "WILLNEED_FLOOR", "choose_speed", "decide", "sized_to_ceiling"]
 
 WILLNEED_FLOOR = 0.25
 """``MADV_WILLNEED`` reads under this share of the fault reads' rate turn prefetch off."""
@@ -131,3 +138,15 @@ def choose_speed(run: RunConfig, files: Sequence[str | os.PathLike[str]],
     reporting = free_page_reporting() if run.drop_cache is None else None
     return decide(run, probe, checkpoint_bytes, psutil.virtual_memory().available, reporting, builds_read_weights,
                   probe_error)
+
+
+def sized_to_ceiling(speed: SpeedChoice, points: Sequence[CeilingPoint]) -> SpeedChoice:
+    """``speed`` with prefetch asking as the read-ceiling sweep's fastest point read (its reader threads and
+    request size), and why; unchanged where prefetch is off or the sweep read nothing."""
+    best = best_ceiling(points)
+    if speed.prefetch is None or best is None:
+        return speed
+    return dataclasses.replace(
+        speed, prefetch_readers=best.threads, prefetch_request_bytes=best.request_bytes,
+        prefetch_sizing_why=(f"the read-ceiling sweep's fastest point ({best.threads} reader(s) of "
+                             f"{best.request_bytes // MIB} MiB, {_mb(best.bytes_per_s)})"))

@@ -220,6 +220,9 @@ def speed_observation(run: Results) -> list[str]:
     if speed is None:
         return []
     prefetch = f"`{speed.prefetch}` one engine ahead" if speed.prefetch else "off"
+    if speed.prefetch and speed.prefetch_sizing_why is not None:
+        prefetch += (f", {speed.prefetch_readers} reader(s) asking at once in requests of "
+                     f"{speed.prefetch_request_bytes / MIB:g} MiB ({speed.prefetch_sizing_why})")
     lines = [f"- **settings of the strategies that map**: prefetch {prefetch} ({speed.prefetch_why}); "
              f"drop_cache {'on' if speed.drop_cache else 'off'} ({speed.drop_cache_why})."]
     probe = speed.probe
@@ -326,14 +329,15 @@ def _cache_text(r: StrategyRecord, decimals: int) -> str | None:
     return text
 
 
-def _prefetch_detail(r: StrategyRecord, decimals: int) -> str | None:
+def _prefetch_detail(r: StrategyRecord, decimals: int, readers: int) -> str | None:
     if r.prefetch is None and not r.drop_cache:
         return None
     parts = []
     if r.prefetch is not None:
         warmed = "" if r.prefetch_warmed_bytes is None else f", {format_gib(r.prefetch_warmed_bytes, decimals)} warmed"
         if r.prefetch_busy_s is not None:
-            warmed += f" in {r.prefetch_busy_s:.2f} s of the thread's calls"
+            calls = "the thread's calls" if readers == 1 else f"calls summed over its {readers} readers"
+            warmed += f" in {r.prefetch_busy_s:.2f} s of {calls}"
         parts.append(f"prefetch `{r.prefetch}` one engine ahead{warmed}")
     if r.drop_cache:
         evict = ""
@@ -459,7 +463,7 @@ def strategy_observations(run: Results, s: StrategyMetrics) -> list[str]:
     cache = _cache_text(r, decimals)
     if cache:
         details.append(cache)
-    prefetch = _prefetch_detail(r, decimals)
+    prefetch = _prefetch_detail(r, decimals, 1 if run.record.speed is None else run.record.speed.prefetch_readers)
     if prefetch:
         details.append(prefetch)
     sampling = []

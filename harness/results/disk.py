@@ -9,6 +9,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from harness.results.codec import Record
+from harness.units import MIB
 
 __all__ = ["CeilingPoint", "DiskRead", "ReadProbe", "SharedDisk", "SpeedChoice"]
 
@@ -117,11 +118,18 @@ class ReadProbe(Record):
         return _median_rate(self.advice_region_bytes, self.willneed_s)
 
 
+EARLIER_REQUEST_BYTES = 2 * MIB
+"""The prefetch request size of runs recorded before version 16, which record none (weightmap's then)."""
+
+
 @dataclass(frozen=True)
 class SpeedChoice(Record):
     """The prefetch method (``None``: off) and drop-cache setting of the strategies that map, and why each
     (version 7, :func:`harness.speed.choose_speed`): set by the scenario, or chosen from ``probe``;
-    ``probe_error`` says why the probe failed, where it did (version 12)."""
+    ``probe_error`` says why the probe failed, where it did (version 12). ``prefetch_readers`` threads ask at
+    once, in requests of ``prefetch_request_bytes`` (version 16; earlier runs: one thread, 2 MiB requests):
+    the read-ceiling sweep's best point where the run measured one (:func:`harness.speed.sized_to_ceiling`),
+    and ``prefetch_sizing_why`` says which."""
 
     prefetch: str | None
     drop_cache: bool
@@ -130,3 +138,7 @@ class SpeedChoice(Record):
     probe: ReadProbe | None = None
     # version 12; plan.json, read at version 1, holds it too, and earlier ones lack it
     probe_error: str | None = field(default=None, metadata={"absent_until": 11})
+    # version 16; plan.json, read at version 1, holds them too, and earlier ones lack them
+    prefetch_readers: int = field(default=1, metadata={"absent_until": 15})
+    prefetch_request_bytes: int = field(default=EARLIER_REQUEST_BYTES, metadata={"absent_until": 15})
+    prefetch_sizing_why: str | None = field(default=None, metadata={"absent_until": 15})

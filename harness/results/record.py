@@ -113,7 +113,9 @@ a later one did:
     was built), ``gpu_weights_bytes`` (the bytes of the device copies of the partition's weights the build made;
     compiler backends only) and ``gpu_reserved_peak_bytes`` and ``gpu_allocated_peak_bytes`` (torch's caching
     allocator's reserved and allocated high-water marks over the build, reset as it began). The compiler's own
-    device memory follows from them (:func:`harness.results.metrics.compiler_gpu_own_bytes`).
+    device memory follows from them (:func:`harness.results.metrics.compiler_gpu_own_bytes`). In ``speed``:
+    ``prefetch_readers``, ``prefetch_request_bytes`` and ``prefetch_sizing_why``, how prefetch asks (one reader of
+    2 MiB requests when reading versions 1 to 15).
 
 A later version adds keys (each field says the version that added it, ``since`` in its metadata,
 :mod:`harness.results.codec`), bumps :data:`LAYOUT_VERSION` and gets an entry above; records of

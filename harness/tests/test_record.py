@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from harness.catalog import is_gpu
+from harness.results.disk import SpeedChoice
 from harness.results.metrics import SampleColumns, StrategyMetrics, sampled_peaks
 from harness.results.reading import load_results
 from harness.results.record import LAYOUT_VERSION, SUMMARY, RecordError, RunRecord
@@ -81,8 +82,8 @@ def test_the_warm_up_rounds_are_read_from_the_scenario_the_record_keeps(run_dir:
 
 def test_the_prefetch_method_the_run_states_is_the_one_its_speed_choice_records(run_dir: Path) -> None:
     data = _summary(run_dir)
-    data["speed"] = {"prefetch": "madvise", "drop_cache": True, "prefetch_why": "chosen", "drop_cache_why": "chosen",
-                     "probe": None, "probe_error": None}
+    data["speed"] = SpeedChoice(prefetch="madvise", drop_cache=True, prefetch_why="chosen",
+                                drop_cache_why="chosen").to_json()
     data["prefetch"] = "madvise"
     _rewrite(run_dir, data)
     assert load_results(run_dir).record.prefetch == "madvise"

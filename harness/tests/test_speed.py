@@ -15,11 +15,12 @@ import pytest
 import torch
 
 from harness.engines.backends import CopyToFiles, fault_in
+from harness.load.strategies import _release_and_prefetch
 from harness.measure.procfs import read_status
-from harness.plan import make_plan
+from harness.plan import make_plan, read_plan
 from harness.report import render_staged
-from harness.results.disk import DiskRead
-from harness.results.metrics import StrategyMetrics, disk_metrics
+from harness.results.disk import CeilingPoint, DiskRead, SpeedChoice
+from harness.results.metrics import StrategyMetrics, best_ceiling, disk_metrics
 from harness.results.reading import load_results
 from harness.results.record import RunRecord, StrategyRecord
 from harness.run import SHARED_DISK_TIMES, combine_repeats, representative, run_scenario
@@ -31,6 +32,7 @@ from harness.scenario import (
     ScenarioError,
     load_scenario,
 )
+from harness.speed import sized_to_ceiling
 from harness.tests.fixtures import make_results
 from harness.tests.test_run import TINY
 from harness.units import MIB
@@ -120,6 +122,35 @@ def test_prefetch_is_recorded_and_changes_nothing_that_is_released(repeated: tup
     assert [e.released_bytes for e in on.engines] == [e.released_bytes for e in off.engines]
 
 
+def test_prefetch_asks_as_the_fastest_point_of_the_ceiling_sweep_read(repeated: tuple[RunRecord, Path]) -> None:
+    record, out = repeated
+    best = best_ceiling(record.read_ceiling)
+    assert record.speed is not None and best is not None
+    assert (record.speed.prefetch_readers, record.speed.prefetch_request_bytes) == (best.threads, best.request_bytes)
+    assert record.speed.prefetch_sizing_why and "fastest point" in record.speed.prefetch_sizing_why
+    plan = read_plan(out / "plan.json")  # what the rounds' workers read
+    assert plan.speed == record.speed
+    report = (out.parent / "speedy.md").read_text()
+    assert f"{best.threads} reader(s) asking at once in requests of {best.request_bytes / MIB:g} MiB" in report
+
+
+def test_sizing_to_the_ceiling_takes_its_fastest_point_and_leaves_prefetch_off_alone() -> None:
+    points = [CeilingPoint(1, MIB, 100 * MIB, 1.0), CeilingPoint(4, 8 * MIB, 100 * MIB, 0.5),
+              CeilingPoint(2, 32 * MIB, 100 * MIB, 0.7)]
+    on = SpeedChoice(prefetch="madvise", drop_cache=False, prefetch_why="set", drop_cache_why="set")
+    sized = sized_to_ceiling(on, points)
+    assert (sized.prefetch_readers, sized.prefetch_request_bytes) == (4, 8 * MIB)
+    assert sized.prefetch_sizing_why == "the read-ceiling sweep's fastest point (4 reader(s) of 8 MiB, 210 MB/s)"
+    assert sized_to_ceiling(on, []) == on  # nothing swept: one reader, weightmap's requests
+    off = SpeedChoice(prefetch=None, drop_cache=False, prefetch_why="set", drop_cache_why="set")
+    assert sized_to_ceiling(off, points) == off
+    plan = _release_and_prefetch(torch.nn.Linear(2, 2), [["weight"]], "madvise", False, 3, 4 * MIB)
+    try:
+        assert "prefetch_readers=3" in repr(plan)
+    finally:
+        plan.close()
+
+
 def test_each_run_starts_cold_and_says_how(repeated: tuple[RunRecord, Path]) -> None:
     record, _ = repeated
     for name, entry in record.strategies.items():
@@ -178,7 +209,7 @@ def test_engine_builds_are_split_into_pages_and_copy(repeated: tuple[RunRecord, 
 
 
 def test_the_report_shows_the_disk_row_runs_and_engine_times(repeated: tuple[RunRecord, Path]) -> None:
-    _, out = repeated
+    record, out = repeated
     text = (out.parent / "speedy.md").read_text()
     assert "| disk: cold sequential read() of the checkpoint, this run |" in text
     assert "- **disk ceiling**: the best cold read of a sweep" in text
@@ -189,7 +220,9 @@ def test_the_report_shows_the_disk_row_runs_and_engine_times(repeated: tuple[Run
     row = next(line for line in text.splitlines() if line.startswith("| map |"))
     assert "| madvise |" in row and "| 2: " in row
     assert "bringing weights' pages in" in text
-    assert "prefetch `madvise` one engine ahead" in text and "s of the thread's calls" in text
+    readers = record.speed.prefetch_readers if record.speed else 1
+    calls = "s of the thread's calls" if readers == 1 else f"s of calls summed over its {readers} readers"
+    assert "prefetch `madvise` one engine ahead" in text and calls in text
     assert (out.parent / "speedy.engine-times.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     results = load_results(out)
     assert results.disk is not None and results.disk.reads == 2
