@@ -387,7 +387,8 @@ class StrategyRun:
         drop = plan.drop_cache and self.spec.drops_cache
         if planner is not None and (method is not None or drop):
             self._set(prefetch=method, drop_cache=drop)
-            return planner(model, names, method, drop)  # type: ignore[arg-type]
+            return planner(model, names, method, drop, plan.speed.prefetch_readers,  # type: ignore[arg-type]
+                           plan.speed.prefetch_request_bytes)
         self._set(drop_cache=False)
         if self.builder.keeps_model_tensors:
             return release_without_resizing(model, names)

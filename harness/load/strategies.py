@@ -168,8 +168,10 @@ class EngineHooks(Protocol):
 
 Loader = Callable[[torch.nn.Module, Path], Loaded]
 ReleasePlanner = Callable[[torch.nn.Module, Sequence[Sequence[str]]], ReleasePlan]
-PrefetchPlanner = Callable[[torch.nn.Module, Sequence[Sequence[str]], PrefetchMethod | None, bool], ReleasePlan]
-"""``(model, partitions, prefetch method or None, drop_cache) -> ReleasePlan``."""
+PrefetchPlanner = Callable[[torch.nn.Module, Sequence[Sequence[str]], PrefetchMethod | None, bool, int, int],
+                          ReleasePlan]
+"""``(model, partitions, prefetch method or None, drop_cache, prefetch readers, prefetch request bytes) ->
+ReleasePlan``."""
 HooksFactory = Callable[[torch.nn.Module, Path, str, Sequence[Sequence[str]]], EngineHooks]
 """``(model, checkpoint, device, partitions) -> EngineHooks``: ``device`` is the one the engines are built on,
 as the plan resolved it (``cpu``, ``cuda``), ``partitions`` each engine's tensor names in build order (for hooks
@@ -255,10 +257,13 @@ def release_without_resizing(model: torch.nn.Module, partitions: Sequence[Sequen
 
 
 def _release_and_prefetch(model: torch.nn.Module, partitions: Sequence[Sequence[str]],
-                          method: PrefetchMethod | None, drop_cache: bool) -> ReleasePlan:
+                          method: PrefetchMethod | None, drop_cache: bool, readers: int,
+                          request_bytes: int) -> ReleasePlan:
     """weightmap's default plan, warming the page cache one engine ahead with ``method`` (None: not at all),
-    and evicting released weights from it with ``drop_cache``."""
-    return ReleasePlan.from_names(model, partitions, prefetch=method, prefetch_ahead=1, drop_cache=drop_cache)
+    ``readers`` threads asking at once in requests of ``request_bytes``, and evicting released weights from it
+    with ``drop_cache``."""
+    return ReleasePlan.from_names(model, partitions, prefetch=method, prefetch_ahead=1, drop_cache=drop_cache,
+                                  prefetch_readers=readers, prefetch_request_bytes=request_bytes)
 
 
 @dataclass(frozen=True)
