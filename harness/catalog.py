@@ -5,8 +5,9 @@ registry (:data:`harness.load.strategies.STRATEGIES`) gives each name here its l
 release plan; scenario validation, the results and the figures need only what is here, so
 reading a scenario or rendering results imports no torch.
 
-:data:`STRATEGY_LISTINGS` is in the order scenarios run strategies by default (all of them
-when a scenario lists none), which is also the order the figures take their colours in.
+:data:`STRATEGY_LISTINGS` is in the order scenarios run strategies by default
+(:data:`DEFAULT_STRATEGIES`, every one that needs no optional package, when a scenario lists none),
+which is also the order the figures take their colours in.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ __all__ = [
     "FETCHED_PER_ENGINE",
     "HOLDS_WEIGHTS",
     "STRATEGY_LISTINGS",
+    "DEFAULT_STRATEGIES",
     "StrategyListing",
     "builds_read_weights",
     "is_gpu",
@@ -38,12 +40,14 @@ __all__ = [
 class StrategyListing:
     """One strategy as scenarios and results name it: its name, its label in tables and figures, its colour, and
     the strategy it is a variant of (``variant_of``: the same loader with one setting changed; ``None`` for a way
-    of loading of its own, a peer)."""
+    of loading of its own, a peer), and the optional package its loader needs (``package``; such a strategy runs
+    only where a scenario lists it)."""
 
     name: str
     label: str
     colour: str
     variant_of: str | None = None
+    package: str | None = None
 
 
 STRATEGY_LISTINGS: dict[str, StrategyListing] = {
@@ -60,13 +64,17 @@ STRATEGY_LISTINGS: dict[str, StrategyListing] = {
         StrategyListing("map_keep_cache", "map_weights, pages dropped after each engine, kept in the page cache",
                         "#44AA99", variant_of="map"),
         StrategyListing("st_prefetch", "safetensors prefetch to the device, one engine ahead, dropped after it",
-                        "#E69F00"),
-        StrategyListing("fastsafetensors", "fastsafetensors per engine (filtered), dropped after it", "#56B4E9"),
+                        "#E69F00", package="safetensors>=0.9.0rc1"),
+        StrategyListing("fastsafetensors", "fastsafetensors per engine (filtered), dropped after it", "#56B4E9",
+                        package="fastsafetensors==0.5.0"),
         StrategyListing("instanttensor", "instanttensor per engine (clones on the device), dropped after it",
-                        "#CC6677"),
+                        "#CC6677", package="instanttensor==0.2.2"),
     )
 }
-"""Every strategy, in the order scenarios run them by default."""
+"""Every strategy, in the order scenarios list and run them."""
+
+DEFAULT_STRATEGIES: tuple[str, ...] = tuple(n for n, s in STRATEGY_LISTINGS.items() if s.package is None)
+"""What a scenario that lists no strategies runs: every strategy that needs no optional package."""
 
 FETCHED_PER_ENGINE: dict[str, str] = {
     "stream": "opening its tensors as views",

@@ -123,7 +123,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.catalog import BACKENDS, COMPILER_BACKENDS, COMPILER_WEIGHTS, ENGINE_WEIGHTS, STRATEGY_LISTINGS
+from harness.catalog import (
+    BACKENDS,
+    COMPILER_BACKENDS,
+    COMPILER_WEIGHTS,
+    DEFAULT_STRATEGIES,
+    ENGINE_WEIGHTS,
+)
 from harness.errors import HarnessError
 from harness.results.codec import TABLE_STYLE, Limit, decode, decode_fields, describe_typed, encode
 from harness.results.files import not_regular
@@ -322,7 +328,7 @@ class Scenario:
     name: str = field(metadata={"check": name_problem})
     description: str = ""
     path: Path | None = None
-    strategies: tuple[str, ...] = field(default=tuple(STRATEGY_LISTINGS), metadata={"check": strategies_problem})
+    strategies: tuple[str, ...] = field(default=DEFAULT_STRATEGIES, metadata={"check": strategies_problem})
     model: ModelConfig
     checkpoint: CheckpointConfig
     build: BuildConfig
