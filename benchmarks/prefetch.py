@@ -15,7 +15,9 @@ partition by partition in a fresh process per run, cold cache each time:
   being built (double buffering), ``AHEAD=0`` only the one being built;
 * an ``evict`` variant (``METHOD:AHEAD:evict``, or ``none:evict``) makes the
   plan drop each released weight from the page cache too
-  (``ReleasePlan(drop_cache=True)``).
+  (``ReleasePlan(drop_cache=True)``);
+* ``METHOD:AHEAD:rN`` warms with ``N`` reader threads asking at once
+  (``prefetch_readers=N``), each request ``--request-mib`` MiB.
 
 Cold means: the file is fsynced (dirty pages are never dropped) and its pages
 evicted with ``POSIX_FADV_DONTNEED``; the residency at the start of each run is
@@ -58,7 +60,7 @@ import torch  # noqa: E402
 
 from weightmap import PREFETCH_METHODS, ReleasePlan, map_weights  # noqa: E402
 from weightmap.format import TensorSpec, read_header, write_checkpoint  # noqa: E402
-from weightmap.prefetch import PrefetchMethod  # noqa: E402
+from weightmap.prefetch import CHUNK_BYTES, PrefetchMethod  # noqa: E402
 
 TENSOR_BYTES = 64 * 2**20
 PAGE = mmap.PAGESIZE
@@ -154,6 +156,7 @@ class Variant:
     method: str  # "none" or one of PREFETCH_METHODS
     ahead: int = 0
     evict: bool = False
+    readers: int = 1
 
     @classmethod
     def parse(cls, text: str) -> Variant:
@@ -162,14 +165,15 @@ class Variant:
             raise SystemExit(f"unknown variant {text!r}: method must be none or one of {PREFETCH_METHODS}")
         evict = "evict" in rest
         numbers = [int(p) for p in rest if p.isdigit()]
-        if len(numbers) + evict != len(rest):
-            raise SystemExit(f"unknown variant {text!r}: expected METHOD[:AHEAD][:evict]")
-        return cls(method, numbers[0] if numbers else 1, evict)
+        readers = [int(p[1:]) for p in rest if p[:1] == "r" and p[1:].isdigit()]
+        if len(numbers) + evict + len(readers) != len(rest) or len(readers) > 1:
+            raise SystemExit(f"unknown variant {text!r}: expected METHOD[:AHEAD][:rREADERS][:evict]")
+        return cls(method, numbers[0] if numbers else 1, evict, readers[0] if readers else 1)
 
     @property
     def label(self) -> str:
         base = "none" if self.method == "none" else f"{self.method}:{self.ahead}"
-        return base + (":evict" if self.evict else "")
+        return base + (f":r{self.readers}" if self.readers != 1 else "") + (":evict" if self.evict else "")
 
 
 def cpu_work(seconds: float, a: torch.Tensor) -> None:
@@ -178,7 +182,8 @@ def cpu_work(seconds: float, a: torch.Tensor) -> None:
         torch.mm(a, a)
 
 
-def run_once(path: Path, count: int, partitions: int, variant: Variant, cpu_ms: float) -> dict[str, Any]:
+def run_once(path: Path, count: int, partitions: int, variant: Variant, cpu_ms: float,
+             request_bytes: int = CHUNK_BYTES) -> dict[str, Any]:
     torch.set_num_threads(1)  # one core builds; the other is left to the kernel and the prefetch thread
     cold = make_cold(path)
     model = Weights(count)
@@ -189,7 +194,8 @@ def run_once(path: Path, count: int, partitions: int, variant: Variant, cpu_ms: 
     tensors = [[getattr(model, n) for n in part] for part in parts]
     method = None if variant.method == "none" else cast(PrefetchMethod, variant.method)
     plan = ReleasePlan.from_names(model, parts, prefetch=method, prefetch_ahead=variant.ahead,
-                                  drop_cache=variant.evict)
+                                  drop_cache=variant.evict, prefetch_readers=variant.readers,
+                                  prefetch_request_bytes=request_bytes)
     buffer = torch.empty(TENSOR_BYTES, dtype=torch.uint8)
     buffer.fill_(0)  # its pages are ours before the peak is reset
     work = torch.randn(256, 256)
@@ -244,7 +250,8 @@ def read_once(path: Path, chunk: int = 8 * 2**20) -> dict[str, Any]:
 
 def child(args: argparse.Namespace, variant: str | None) -> dict[str, Any]:
     command = [sys.executable, __file__, "--child", variant or "read", "--file", str(args.file),
-               "--partitions", str(args.partitions), "--cpu-ms", str(args.cpu_ms)]
+               "--partitions", str(args.partitions), "--cpu-ms", str(args.cpu_ms),
+               "--request-mib", str(args.request_mib)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"run {variant or 'read'} failed:\n{done.stderr[-4000:]}")
@@ -304,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
                              + ", ".join(PREFETCH_METHODS))
     parser.add_argument("--keep", action="store_true", help="keep the checkpoint afterwards")
     parser.add_argument("--json", type=Path, help="write every run's figures here")
+    parser.add_argument("--request-mib", type=float, default=CHUNK_BYTES / 2**20,
+                        help="bytes of each prefetch request, in MiB (default weightmap's)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--file", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -313,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.child == "read":
             result = read_once(args.file)
         else:
-            result = run_once(args.file, n, args.partitions, Variant.parse(args.child), args.cpu_ms)
+            result = run_once(args.file, n, args.partitions, Variant.parse(args.child), args.cpu_ms,
+                              int(args.request_mib * 2**20))
         print(json.dumps(result))
         return 0
 
