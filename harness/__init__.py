@@ -10,8 +10,9 @@ below it (``harness/tests/test_imports.py`` holds the layers and checks the impo
     The one-line error; the binary units of bytes (KiB to PiB); strategy and backend names, the strategies'
     labels and colours (no torch); the signals that stop a run or a sweep.
 ``results``
-    The results layout (``record``, its disk measurements ``disk`` and its samples and events CSVs
-    ``samples``, read and written by ``codec``, which reads a scenario's tables too), reading files and
+    The results layout (``record``, its history ``layouts``, its disk measurements ``disk`` and its samples
+    and events CSVs ``samples``, read and written by ``codec``, which reads a scenario's tables too), reading
+    files and
     bounded JSON (``files``), the memory figures' labels (``labels``), derived figures (``metrics``),
     reading a results directory back (``reading``), writing files (``atomic``), staging and publishing a
     run (``publish``), results names (``names``), two runs compared (``comparison``, ``spread``).

@@ -11,7 +11,7 @@ of an object (a strategy's name), ``[]`` for any item of a list.
 
 Both are read from the fields alone, so they cannot differ from what the loader and the codec read; what a
 key means is said where its field is declared and in :mod:`harness.scenario`'s and
-:mod:`harness.results.record`'s docstrings, which the tests check against these listings. Imports no torch.
+:mod:`harness.results.layouts`' docstrings, which the tests check against these listings. Imports no torch.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import harness.results.record as record
+import harness.results.layouts as layouts
 import harness.scenario as scenario
 from harness.cli import main
 from harness.results.codec import decode
@@ -69,7 +69,7 @@ def test_the_listing_names_every_key_the_loader_reads_and_its_default(tmp_path: 
 
 
 def _entries(docstring: str) -> dict[int, str]:
-    """The numbered entries of the versions list of :mod:`harness.results.record`'s docstring, by number."""
+    """The numbered entries of the versions list of :mod:`harness.results.layouts`' docstring, by number."""
     start = docstring.index("\n1. ")
     end = docstring.index("\nA later version adds keys")
     parts = re.split(r"^(\d+)\. ", docstring[start:end], flags=re.M)
@@ -82,12 +82,12 @@ def _leaf(path: str) -> str:
 
 
 def test_the_record_docstring_has_one_entry_per_layout() -> None:
-    assert list(_entries(record.__doc__ or "")) == list(range(1, LAYOUT_VERSION + 1))
+    assert list(_entries(layouts.__doc__ or "")) == list(range(1, LAYOUT_VERSION + 1))
 
 
 @pytest.mark.parametrize("version", range(2, LAYOUT_VERSION + 1))
 def test_each_layout_entry_names_the_keys_its_version_added_and_none_a_later_one_did(version: int) -> None:
-    text = _entries(record.__doc__ or "")[version]
+    text = _entries(layouts.__doc__ or "")[version]
     named = {word for quoted in re.findall(r"``([\w.]+)``", text) for word in quoted.split(".")}
     keys = list(record_keys())
     added = [k.path for k in keys if k.since == version and k.field.metadata.get("since") == version]
