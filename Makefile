@@ -11,7 +11,7 @@ TORCH_PIN := torch==2.13.0
 .PHONY: install venv-tools test lint typecheck pytest bench-map bench-smoke bench-pi05 bench-pi05-trim plot clean-data \
 	bench-smoke-compile bench-pi05-compile bench-lerobot-compile lerobot-venv budget-smoke budget-pi05 \
 	budget-pi05-compile bench-smoke-openvino bench-pi05-compile-openvino bench-smoke-iree \
-	bench-pi05-compile-iree
+	bench-pi05-compile-iree gpu-peers bench-pi05-h200
 
 # The command-line tools the README names, whose scripts must be in $(VENV)/bin.
 VENV_TOOLS := pytest ruff mypy
@@ -99,6 +99,14 @@ bench-smoke-iree: $(IREE_STAMP)
 # The pi0.5-sized model built by IREE, weights read as parameters (bfloat16 cannot be inlined).
 bench-pi05-compile-iree: $(IREE_STAMP)
 	$(PY) -m harness run scenarios/pi05-compile-iree.toml
+
+# The GPU loader peers (optional; safetensors 0.9.0rc1 replaces 0.8 in .venv), then pi0.5 on a CUDA GPU
+# with every strategy and peer (scenarios/pi05-h200.toml).
+gpu-peers: $(STAMP)
+	$(PY) -m pip install -q --pre 'safetensors==0.9.0rc1' 'fastsafetensors==0.5.0' 'instanttensor==0.2.2'
+
+bench-pi05-h200: gpu-peers
+	$(PY) -m harness run scenarios/pi05-h200.toml
 
 # lerobot's own pi0.5 compiled on a GPU; needs lerobot (LEROBOT_PY: a Python where it
 # imports, e.g. the one `make lerobot-venv` sets up) and data/pi05.safetensors (make bench-pi05).
