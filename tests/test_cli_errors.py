@@ -85,6 +85,9 @@ def test_sigint_is_one_line_and_exit_130_and_leaves_the_destination(tmp_path: Pa
     out = tmp_path / "out"
     code = (
         "import os, signal, sys, time\n"
+        # as an interactive shell starts a command: a job put in the background by a non-interactive shell (a CI
+        # runner's `cmd &`) starts with SIGINT ignored, which Python then leaves ignored
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "from weightmap import cli, convert\n"
         "original = convert._Writer._written\n"
         "def slow(self, nbytes):\n"

@@ -35,6 +35,7 @@ from harness.results.metrics import floor_bytes, floor_formula
 from harness.results.record import LAYOUT_VERSION, EngineRecord, StrategyRecord
 from harness.run import run_scenario
 from harness.scenario import ScenarioError, load_scenario
+from harness.schema import at_layout
 from harness.tests.tiny_scenario import compiled_scenario
 from harness.units import MIB
 from weightmap import release_storage
@@ -121,11 +122,12 @@ def test_layout_14_fields_round_trip_and_layout_13_reads_them_as_none() -> None:
     again = StrategyRecord.from_json(data, "s.json", "x", LAYOUT_VERSION)
     assert again == record and again.engines[0].compiler_held_bytes == -2 * MIB  # a growth may be negative
     new = {"convert_s", "convert_hwm_bytes", "compiler_read_bytes", "compiler_held_bytes"}
-    v13 = {**data, "engines": [{k: v for k, v in data["engines"][0].items() if k not in new}]}
+    v13 = at_layout(StrategyRecord, data, 13)
+    assert new <= set(at_layout(StrategyRecord, data, 14)["engines"][0]) and not new & set(v13["engines"][0])
     old = StrategyRecord.from_json(v13, "s.json", "x", 13)
     assert all(getattr(old.engines[0], k) is None for k in new)
     with pytest.raises(ValueError, match=r"engines\[0\]: unknown key 'compiler_held_bytes' \(and 3 more\)"):
-        StrategyRecord.from_json(data, "s.json", "x", 13)
+        StrategyRecord.from_json(at_layout(StrategyRecord, data, 14), "s.json", "x", 13)
 
 
 # --------------------------------------------------------------------------- what OpenVINO is handed and writes

@@ -17,6 +17,7 @@ from harness.results.record import LAYOUT_VERSION, SUMMARY, RecordError, RunReco
 from harness.results.samples import events_file, read_samples, samples_file
 from harness.tests.fixtures import make_results
 from harness.tests.recorded import COMMITTED, RECORDED, run_id
+from harness.units import GIB, MIB
 
 
 def _summary(directory: Path) -> dict[str, Any]:
@@ -210,21 +211,21 @@ def test_a_csv_whose_record_states_no_rows_reads_without_the_check(run_dir: Path
     assert len(load_results(run_dir).samples["map"]) == 3
 
 
-_GPU_SPLIT = {"gpu_start_bytes": 100 * 2**20, "gpu_peak_bytes": 1600 * 2**20, "gpu_weights_bytes": 2**30,
-              "gpu_reserved_peak_bytes": 1400 * 2**20, "gpu_allocated_peak_bytes": 1300 * 2**20}
+_GPU_SPLIT = {"gpu_start_bytes": 100 * MIB, "gpu_peak_bytes": 1600 * MIB, "gpu_weights_bytes": GIB,
+              "gpu_reserved_peak_bytes": 1400 * MIB, "gpu_allocated_peak_bytes": 1300 * MIB}
 
 
 def test_the_gpu_split_reads_back_as_written(tmp_path: Path) -> None:
     directory = make_results(tmp_path / "results", device="cuda")
     data = _summary(directory)
     for strategy in data["strategies"].values():
-        strategy["gpu_context_bytes"] = 500 * 2**20
+        strategy["gpu_context_bytes"] = 500 * MIB
         for engine in strategy["engines"]:
             engine.update(_GPU_SPLIT, gpu_start_bytes=-4096)  # above the baseline: below it where use fell
     record = RunRecord.from_json(data, "summary.json")
     assert record.to_json() == data
     strategy = record.strategies["map"]
-    assert strategy.gpu_context_bytes == 500 * 2**20
+    assert strategy.gpu_context_bytes == 500 * MIB
     assert {k: getattr(strategy.engines[0], k) for k in _GPU_SPLIT} == {**_GPU_SPLIT, "gpu_start_bytes": -4096}
 
 
@@ -245,7 +246,14 @@ def test_records_before_layout_16_read_the_gpu_split_as_none(run_dir: Path) -> N
 
 
 @pytest.mark.parametrize("directory", RECORDED, ids=run_id)
-def test_recorded_results_hold_no_gpu_split(directory: Path) -> None:
-    for strategy in load_results(directory).record.strategies.values():
-        assert strategy.gpu_context_bytes is None
-        assert all(e.gpu_peak_bytes is None and e.gpu_weights_bytes is None for e in strategy.engines)
+def test_recorded_results_hold_the_gpu_split_where_their_layout_and_device_have_one(directory: Path) -> None:
+    record = load_results(directory).record
+    split = record.layout >= 16 and record.on_gpu
+    for strategy in record.strategies.values():
+        if not split:
+            assert strategy.gpu_context_bytes is None
+            assert all(e.gpu_peak_bytes is None and e.gpu_weights_bytes is None for e in strategy.engines)
+            continue
+        assert strategy.gpu_context_bytes is not None and strategy.gpu_context_bytes > 0  # taken before the load
+        assert all(e.gpu_peak_bytes is not None and e.gpu_start_bytes is not None for e in strategy.engines)
+        assert all(e.gpu_weights_bytes is None for e in strategy.engines)  # the copy backend is no compiler
