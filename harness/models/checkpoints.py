@@ -5,14 +5,19 @@ one tensor per persistent tensor object of the model (a tied group once, under i
 first state-dict name, as ``safetensors.torch.save_model`` does), filled with seeded
 random values, plus metadata that identifies it::
 
-    {"generator": "weightmap-harness", "format": "2", "seed": "<seed>"}
+    {"format": "pt", "generator": "weightmap-harness", "values": "2", "seed": "<seed>"}
+
+``format`` is what safetensors' own writer puts there (``"pt"``: a PyTorch checkpoint), and what
+readers check (InstantTensor refuses a file whose ``format`` is another); ``values`` is this module's
+own version of how the values are drawn.
 
 :func:`ensure_checkpoint` reuses a file whose header (never its name) matches the
 model and seed, and otherwise writes a new one with
 :func:`weightmap.write_checkpoint`, one tensor in memory at a time.
 
-Values (format "2"; files of format "1", whose chunks ignored the upper bits of the
-seed, are regenerated): each tensor is split into chunks of :data:`CHUNK_ELEMENTS`
+Values (version "2"; files of version "1", whose chunks ignored the upper bits of the
+seed, are regenerated, as are files that carried the version under ``format``): each
+tensor is split into chunks of :data:`CHUNK_ELEMENTS`
 elements, and chunk ``i`` is drawn from its own ``torch.Generator`` seeded from the
 scenario seed, ``zlib.crc32`` of the tensor name and ``i`` (mixed, then folded to the
 32 bits torch's CPU generator actually uses). So the values do not
@@ -65,8 +70,11 @@ __all__ = [
 GENERATOR = "weightmap-harness"
 """``generator`` metadata value: files with it are ours to replace."""
 
-FORMAT = "2"
-"""``format`` metadata value; change it whenever the generated values change."""
+FORMAT = "pt"
+"""``format`` metadata value: safetensors' own for a PyTorch checkpoint."""
+
+VALUES = "2"
+"""``values`` metadata value; change it whenever the generated values change."""
 
 CHUNK_ELEMENTS = 1 << 22
 """Elements per independently seeded chunk (16 MiB of float32 scratch per worker)."""
@@ -83,7 +91,7 @@ class CheckpointError(HarnessError, RuntimeError):
 
 def checkpoint_metadata(seed: int) -> dict[str, str]:
     """The metadata a generated checkpoint carries."""
-    return {"generator": GENERATOR, "format": FORMAT, "seed": str(seed)}
+    return {"format": FORMAT, "generator": GENERATOR, "values": VALUES, "seed": str(seed)}
 
 
 def default_checkpoint_path(scenario: Scenario) -> Path:
@@ -129,7 +137,7 @@ def checkpoint_matches(path: str | os.PathLike[str], specs: Sequence[TensorSpec]
     """True when ``path`` is a valid safetensors file generated for exactly ``specs`` and ``seed``.
 
     Reads only the header: the same names, and for each the same dtype and shape,
-    and metadata with this module's ``generator``, ``format`` and ``seed`` (other
+    and metadata with this module's ``format``, ``generator``, ``values`` and ``seed`` (other
     metadata keys are ignored). A missing, unreadable or corrupt file gives False.
     """
     try:

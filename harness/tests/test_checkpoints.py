@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from harness.models import SpecModel, SyntheticTransformer
@@ -23,10 +24,10 @@ from harness.models.checkpoints import (
     tied_aliases,
 )
 from harness.units import MIB
-from weightmap import TensorSpec, read_header
+from weightmap import TensorSpec, read_header, write_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
-METADATA = {"generator": "weightmap-harness", "format": "2", "seed": "7"}
+METADATA = {"format": "pt", "generator": "weightmap-harness", "values": "2", "seed": "7"}
 
 
 def small_model(width: int = 32) -> SyntheticTransformer:
@@ -58,6 +59,21 @@ def test_generated_file_matches_specs_and_metadata(tmp_path: Path) -> None:
     assert not checkpoint_matches(path, specs, 8)
     assert not checkpoint_matches(path, specs[:-1], 7)
     assert [p.name for p in path.parent.iterdir()] == ["m.safetensors"]  # no temporary left
+
+
+def test_the_format_is_safetensors_own_and_a_file_that_carried_the_values_there_is_regenerated(
+        tmp_path: Path) -> None:
+    model = small_model()
+    path = tmp_path / "m.safetensors"
+    ensure_checkpoint(model, path, 7, progress=False)
+    with safe_open(str(path), framework="pt") as f:  # what readers that check the format read
+        assert f.metadata()["format"] == "pt"
+    specs = checkpoint_specs(model)
+    earlier = {"generator": "weightmap-harness", "format": "2", "seed": "7"}  # the layout files had before
+    write_checkpoint(path, specs, lambda spec: torch.zeros(spec.shape, dtype=spec.dtype), metadata=earlier)
+    assert not checkpoint_matches(path, specs, 7)
+    _, generated = ensure_checkpoint(model, path, 7, progress=False)
+    assert generated and read_header(path).metadata == METADATA
 
 
 def test_checkpoint_loads_into_the_model(tmp_path: Path) -> None:
