@@ -20,8 +20,8 @@ recorded with the reason (:class:`~harness.results.disk.SpeedChoice`). The rules
   reading and costs a thread). Asking ahead pays by overlapping the next engine's reads with this one's
   build, so it need not read as fast as faults.
 
-What each setting bought on the machines measured, ``map`` against ``map_no_prefetch`` and
-``map_keep_cache`` in the same rounds, is in the results' notes (``results/pi05.notes.md``,
+What each setting bought on the machines measured, ``map`` against ``map_no_prefetch`` (and
+``map_keep_cache``, where a run has it) in the same rounds, is in the results' notes (``results/pi05.notes.md``,
 ``results/pi05-h200.notes.md``, ``results/pi05-compile.notes.md``).
 
 A checkpoint smaller than the probe needs (:func:`~harness.measure.probe.probe_bytes`) is
