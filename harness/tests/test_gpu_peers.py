@@ -31,34 +31,18 @@ from harness.load.gpu_peers import (
 from harness.load.strategies import STRATEGIES
 from harness.plan import Plan, make_plan
 from harness.scenario import load_scenario
+from harness.tests.tiny_scenario import tiny_scenario_text
 from harness.worker import measure
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_PEERS: dict[str, Any] = {"st_prefetch": StPrefetchHooks, "fastsafetensors": FastSafetensorsHooks,
              "instanttensor": InstantTensorHooks}
 
-SCENARIO = """
-name = "t"
-strategies = [{names}]
-[model]
-source = "synthetic"
-layers = 1
-width = 64
-heads = 4
-vocab = 64
-[checkpoint]
-path = "{checkpoint}"
-generate = true
-[build]
-engines = {engines}
-device = "cpu"
-"""
-
-
 def _plan(tmp_path: Path, *names: str, engines: int = 3) -> Plan:
     path = tmp_path / "s.toml"
-    path.write_text(SCENARIO.format(names=", ".join(f'"{n}"' for n in names), engines=engines,
-                                    checkpoint=tmp_path / "c.safetensors"))
+    listed = ", ".join(f'"{n}"' for n in names)
+    path.write_text(tiny_scenario_text(tmp_path / "c.safetensors", {'strategies = ["map"]': f"strategies = [{listed}]",
+                                                                    "engines = 2": f"engines = {engines}"}))
     return make_plan(load_scenario(path), name="t", workdir=tmp_path / "engines")
 
 
