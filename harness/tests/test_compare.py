@@ -13,7 +13,7 @@ import pytest
 
 from harness.cli import main
 from harness.report.comparison import comparison_markdown
-from harness.results.comparison import MEMORY_TOLERANCE, compare_results
+from harness.results.comparison import MEMORY_TOLERANCE, Regression, compare_results
 from harness.results.reading import load_results
 from harness.results.record import SUMMARY
 from harness.results.spread import median_spread
@@ -244,12 +244,16 @@ def test_every_recorded_run_compares_with_itself(directory: Path) -> None:
     run = load_results(directory)
     comparison = compare_results(run, run)
     assert [s.name for s in comparison.strategies] == list(run.strategies)
-    assert comparison.flagged() == 0 and comparison.regressions() == []
+    failed = [name for name, record in run.strategies.items() if not record.ok]  # no figure shows it did not regress
+    assert comparison.flagged() == 0
+    assert comparison.regressions() == [Regression(name, "failed", float("inf")) for name in failed]
     for strategy in comparison.strategies:
         for time in strategy.times:
             assert time.ratio is None or time.ratio.value == 1.0
         assert all(d.delta_bytes in (0, None) for d in strategy.memory)
-    assert "Nothing moved beyond the noise." in comparison_markdown(comparison)
+    failures = ", ".join(f"{name}: failed in NEW, as in BASE" for name in failed)
+    said = f"Nothing moved beyond the noise; regressions: {failures}" if failed else "Nothing moved beyond the noise."
+    assert said in comparison_markdown(comparison)
 
 
 def _drop(strategy: str) -> Callable[[dict[str, Any]], None]:
