@@ -198,7 +198,7 @@ def evict_ranges(ranges: Iterable[FileRange]) -> None:
 
 @dataclass
 class _Request:
-    """One request of a job: ``length`` bytes of ``r`` from ``offset`` into it (relative to the range)."""
+    """One request: ``length`` bytes of the range ``r`` from ``start`` bytes into it, asked for under ``tag``."""
 
     tag: int
     r: FileRange
@@ -412,11 +412,9 @@ class Prefetcher:
     def _warm(self, request: _Request, buffer: bytearray | None) -> None:
         """Warm one request, unless its request was cancelled or an earlier part of its range failed."""
         with self._cond:
-            skip = not self._live(request.tag) or (request.tag, request.r) in self._failed
-        if skip:
-            with self._cond:
+            if not self._live(request.tag) or (request.tag, request.r) in self._failed:
                 self.stats.cancelled_bytes += request.length
-            return
+                return
         started = time.perf_counter()
         done = 0
         try:

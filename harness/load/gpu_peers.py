@@ -44,8 +44,8 @@ import torch
 
 from harness.catalog import is_gpu
 from harness.errors import HarnessError
-from harness.load.loaded import Loaded, tensor_slot
-from weightmap import collect_targets, open_checkpoint
+from harness.load.loaded import Loaded, put_in_place, restore, stored_names
+from weightmap import open_checkpoint
 
 __all__ = [
     "FASTSAFETENSORS_VERSION",
@@ -170,11 +170,8 @@ class _DeviceHooks(ABC):
         self.device = device
         self.checkpoint = open_checkpoint(path)
         self.partitions = [list(names) for names in partitions]
-        self._aliases: dict[str, str] = {}  # a model's name -> the name the checkpoint stores it under
-        for target in collect_targets(model):
-            stored = [n for n in target.names if n in self.checkpoint.entries]
-            if stored:
-                self._aliases.update({n: stored[0] for n in target.names})
+        # a model's name -> the name the checkpoint stores it under
+        self._aliases = stored_names(model, self.checkpoint.entries)
         self._meta: dict[str, torch.Tensor | None] = {}
         self._names: list[str] = []
         self._tensors: dict[str, torch.Tensor] = {}  # stored name -> this engine's tensor
@@ -206,21 +203,13 @@ class _DeviceHooks(ABC):
         """Fetch engine ``index``'s tensors and put them into the model in place of its meta tensors."""
         self._names = [n for n in names if self.stored(n) in self.checkpoint.entries]
         self._tensors = self._fetch(index, self.wanted(self._names))
-        wrapped: dict[str, torch.Tensor] = {}  # tied names in one engine share one parameter
-        for name in self._names:
-            tensor = self._tensors[self.stored(name)]
-            slots, key = tensor_slot(self.model, name)
-            self._meta[name] = slots[key]
-            if isinstance(slots[key], torch.nn.Parameter):
-                tensor = wrapped.setdefault(self.stored(name), torch.nn.Parameter(tensor, requires_grad=False))
-            slots[key] = tensor
+        self._meta = put_in_place(self.model, {name: self._tensors[self.stored(name)] for name in self._names})
 
     def after(self, index: int, names: Sequence[str]) -> int:
         """Put the meta tensors back, drop the engine's tensors and let the loader go; returns the bytes of
         the stored tensors dropped that no earlier engine had released."""
-        for name in self._names:
-            slots, key = tensor_slot(self.model, name)
-            slots[key] = self._meta.pop(name)
+        restore(self.model, self._meta)
+        self._meta = {}
         self._names = []
         fresh = {stored: t.numel() * t.element_size() for stored, t in self._tensors.items()
                  if stored not in self._released}

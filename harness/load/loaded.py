@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Loaded", "retie", "tensor_slot"]
+from weightmap import collect_targets
+
+__all__ = ["Loaded", "put_in_place", "restore", "retie", "stored_names", "tensor_slot"]
 
 
 @dataclass(frozen=True)
@@ -39,3 +42,35 @@ def retie(model: torch.nn.Module, groups: list[list[str]]) -> None:
             continue
         for s, k in slots:
             s[k] = loaded
+
+
+def stored_names(model: torch.nn.Module, held: Collection[str]) -> dict[str, str]:
+    """Each name of a tied group the checkpoint holds under one name (``held``: its names) -> that name, for
+    every group it holds; a per-engine loader asks the checkpoint for the stored name."""
+    aliases: dict[str, str] = {}
+    for target in collect_targets(model):
+        stored = [n for n in target.names if n in held]
+        if stored:
+            aliases.update({n: stored[0] for n in target.names})
+    return aliases
+
+
+def put_in_place(model: torch.nn.Module, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor | None]:
+    """Put each named tensor into the model's slot of that name (a parameter's as a frozen Parameter, names
+    given one tensor object sharing one Parameter); returns what the slots held, for :func:`restore`."""
+    before: dict[str, torch.Tensor | None] = {}
+    wrapped: dict[int, torch.Tensor] = {}  # tied names in one engine share one parameter
+    for name, tensor in tensors.items():
+        slots, key = tensor_slot(model, name)
+        before[name] = slots[key]
+        if isinstance(slots[key], torch.nn.Parameter):
+            tensor = wrapped.setdefault(id(tensor), torch.nn.Parameter(tensor, requires_grad=False))
+        slots[key] = tensor
+    return before
+
+
+def restore(model: torch.nn.Module, before: Mapping[str, torch.Tensor | None]) -> None:
+    """Put back what :func:`put_in_place` took out of the model's slots."""
+    for name, tensor in before.items():
+        slots, key = tensor_slot(model, name)
+        slots[key] = tensor

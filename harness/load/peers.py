@@ -57,7 +57,7 @@ from typing import Any, BinaryIO, cast
 
 import torch
 
-from harness.load.loaded import Loaded, retie
+from harness.load.loaded import Loaded, retie, stored_names
 from harness.progress import byte_bar
 from weightmap import collect_targets, open_checkpoint
 
@@ -213,13 +213,7 @@ class StreamLoader:
     def for_model(cls, model: torch.nn.Module, checkpoint_path: str | os.PathLike[str],
                   backend: str | None = None) -> StreamLoader:
         """A loader that also answers to every name of a tied group the checkpoint holds under one name."""
-        entries = open_checkpoint(checkpoint_path).entries
-        aliases = {}
-        for target in collect_targets(model):
-            stored = [n for n in target.names if n in entries]
-            if stored:
-                aliases.update({n: stored[0] for n in target.names})
-        return cls(checkpoint_path, aliases, backend)
+        return cls(checkpoint_path, stored_names(model, open_checkpoint(checkpoint_path).entries), backend)
 
     def _stored(self, name: str) -> str:
         return self._aliases.get(name, name)

@@ -60,7 +60,7 @@ from harness.load.gpu_peers import (
     load_instanttensor,
     load_st_prefetch,
 )
-from harness.load.loaded import Loaded, retie, tensor_slot
+from harness.load.loaded import Loaded, put_in_place, restore, retie
 from harness.load.peers import StreamLoader, converted_path, ensure_pt, load_torch_mmap, read_file_backend
 from weightmap import PrefetchMethod, ReleasePlan, collect_targets, map_weights, open_checkpoint
 
@@ -204,19 +204,11 @@ class StreamHooks:
 
     def before(self, index: int, names: Sequence[str]) -> None:
         self._names = [n for n in names if self.loader.holds(n)]
-        weights = self.loader.load(self._names)
-        wrapped: dict[int, torch.Tensor] = {}  # tied names in one engine share one parameter
-        for name, tensor in weights.items():
-            slots, key = tensor_slot(self.model, name)
-            self._meta[name] = slots[key]
-            if isinstance(slots[key], torch.nn.Parameter):
-                tensor = wrapped.setdefault(id(tensor), torch.nn.Parameter(tensor, requires_grad=False))
-            slots[key] = tensor
+        self._meta = put_in_place(self.model, self.loader.load(self._names))
 
     def after(self, index: int, names: Sequence[str]) -> int:
-        for name in self._names:
-            slots, key = tensor_slot(self.model, name)
-            slots[key] = self._meta.pop(name)
+        restore(self.model, self._meta)
+        self._meta = {}
         dropped = self.loader.drop(self._names)
         self._names = []
         fresh = {stored: nbytes for stored, nbytes in dropped.items() if stored not in self._released}
