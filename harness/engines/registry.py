@@ -114,7 +114,9 @@ def _make_inductor(plan: BuildTarget, workdir: Path) -> EngineBuilder:
     if weights not in WEIGHTS:
         raise BackendUnavailable(f"backend 'inductor': weights must be one of {', '.join(WEIGHTS)}, not {weights!r}")
     load_compiler_modules()
-    return _compiler_backend(plan, workdir, InductorCompiler(weights=weights, device=plan.device))  # type: ignore[arg-type]
+    compiler = InductorCompiler(weights=weights, device=plan.device,  # type: ignore[arg-type]
+                                drop_host_pages=plan.scenario.build.release)
+    return _compiler_backend(plan, workdir, compiler)
 
 
 def _openvino_why_not() -> str | None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from harness.engines.builder import BuiltEngine
 from harness.engines.compile.backend import CompilerBackend
@@ -41,6 +42,7 @@ from harness.engines.compile.inductor import (
     free_device_copies,
     inductor_cache,
     load_engine,
+    release_copied_sources,
 )
 from harness.engines.compile.layouts import EngineInputError, InputLayout, conform
 from harness.engines.compile.pipeline import CompiledPipeline, Routing
@@ -49,6 +51,7 @@ from harness.measure.procfs import PeakTracker
 from harness.models import SyntheticTransformer, fill_non_persistent
 from harness.models.checkpoints import ensure_checkpoint
 from harness.scenario import ModelConfig
+from harness.tests.pages import PAGE, resident_pages
 from harness.units import MIB
 from weightmap import ReleasePlan, ReleaseStep, map_weights
 
@@ -312,9 +315,9 @@ def test_inputs_are_laid_out_as_recorded(tmp_path: Path) -> None:
 
 
 class _Layer(torch.nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, width: int = 64) -> None:
         super().__init__()
-        self.proj = torch.nn.Linear(64, 64)
+        self.proj = torch.nn.Linear(width, width)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
         return (self.proj(x).relu(),)
@@ -343,11 +346,14 @@ def test_device_copies_are_freed_and_the_callers_tensors_kept() -> None:
     assert source.untyped_storage().nbytes() == 64 * 64 * 4 and shared.untyped_storage().nbytes() == 8 * 4
 
 
+@pytest.mark.parametrize("drop_host_pages", [True, False])
 def test_a_packaged_build_frees_the_copies_it_moved_and_the_engine_still_runs(
-        cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, drop_host_pages: bool) -> None:
     # On a GPU the compiler builds from device copies of the weights; a packaged engine holds its
-    # own, so the copies are freed once it is written, whoever inside torch still refers to them.
-    # Here a "move" to the CPU that copies every weight stands in for the move to a GPU.
+    # own, so the copies are freed once it is written, whoever inside torch still refers to them;
+    # and nothing of the build reads the mapped weights' pages once copied, so they are dropped
+    # where the compiler is asked to. Here a "move" to the CPU that copies every weight stands in
+    # for the move to a GPU.
     import harness.engines.compile.inductor as inductor
 
     made: list[torch.Tensor] = []
@@ -359,19 +365,74 @@ def test_a_packaged_build_frees_the_copies_it_moved_and_the_engine_still_runs(
             made.append(moved)
         return program
 
-    layer = _Layer()
-    x = torch.randn(2, 64)
-    want = layer(x)[0]
+    checkpoint = tmp_path / "layer.safetensors"
+    save_file(_Layer(1024).state_dict(), str(checkpoint))  # a 4 MiB weight
+    layer = _Layer(1024)
+    map_weights(layer, checkpoint, strict=True).close()
+    x = torch.randn(2, 1024)
+    want = layer(x)[0]  # reads every page of the mapped weights
     program = torch.export.export(layer, (x,))
     originals = [t for t in program.state_dict.values()]
+    weight = layer.proj.weight
+    assert resident_pages(weight) >= weight.nbytes // PAGE - 1
     monkeypatch.setattr(inductor, "to_device", copying_move)
-    compiler = InductorCompiler(weights="packaged")
+    compiler = InductorCompiler(weights="packaged", drop_host_pages=drop_host_pages)
     with compiler.session(cache):
         artifact = compiler.compile(program, tmp_path / "layer")
         assert made and all(t.untyped_storage().nbytes() == 0 for t in made), "the moved copies were kept"
         assert all(t.untyped_storage().nbytes() > 0 for t in originals), "the caller's weights were freed"
+        # only the partial pages at the weight's ends, shared with its neighbours in the file, may stay
+        assert (resident_pages(weight) <= 2) is drop_host_pages, resident_pages(weight)
         engine = compiler.load(artifact)
         torch.testing.assert_close(engine(x)[0], want)
+    torch.testing.assert_close(layer(x)[0], want)  # the dropped pages come back from the file
+
+
+def test_only_the_mapped_pages_of_copied_weights_are_dropped(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "w.safetensors"
+    save_file({"copied": torch.randn(MIB), "kept": torch.randn(MIB)}, str(checkpoint))  # 4 MiB each
+    holder = torch.nn.Module()
+    for name in ("copied", "kept"):
+        holder.register_buffer(name, torch.empty(MIB, device="meta"))
+    map_weights(holder, checkpoint, strict=True).close()
+    copied, kept = holder.get_buffer("copied"), holder.get_buffer("kept")
+    want = copied.clone()
+    kept.sum()
+    plain = torch.randn(MIB)
+    # "kept" shares its source's storage (nothing was moved), "plain" is no mapped storage
+    moved = {"copied": want.clone(), "tied": want.clone(), "kept": kept, "plain": plain.clone()}
+    sources = {"copied": copied, "tied": copied, "kept": kept, "plain": plain}
+    assert release_copied_sources(moved, sources) == 4 * MIB  # the tied name's storage counted once
+    assert resident_pages(copied) <= 2
+    assert resident_pages(kept) >= MIB * 4 // PAGE - 1
+    assert resident_pages(plain) >= MIB * 4 // PAGE
+    torch.testing.assert_close(copied, want)
+
+
+def test_a_gpu_build_tunes_its_kernels_on_its_own_weights_unless_told_otherwise(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # AOTInductor's default tunes a GPU engine's Triton kernels on random tensors, a copy of each weight
+    # a kernel reads among them; a GPU build here runs the engine on its own weights instead.
+    import harness.engines.compile.inductor as inductor
+
+    given: list[dict[str, Any]] = []
+
+    class Stop(EngineBuildError):  # passed on as it is
+        pass
+
+    def capture(program: torch.export.ExportedProgram, configs: dict[str, Any]) -> list[str]:
+        given.append(dict(configs))
+        raise Stop
+
+    monkeypatch.setattr(inductor, "compile_without_weights", capture)
+    program = torch.export.export(_Layer(), (torch.randn(2, 64),))
+    for device, configs in (("cpu", {}), ("cuda", {}), ("cuda", {"triton.autotune_at_compile_time": True})):
+        monkeypatch.setattr(inductor, "check_device", lambda d, device=device: torch.device(device))
+        with pytest.raises(Stop):
+            compile_engine(program, tmp_path / "e.pt2", InductorCompiler(weights="packaged", configs=configs))
+    assert "triton.autotune_at_compile_time" not in given[0]
+    assert given[1]["triton.autotune_at_compile_time"] is False
+    assert given[2]["triton.autotune_at_compile_time"] is True
 
 
 def test_the_device_copies_a_build_made_are_counted_once_and_none_on_the_cpu(mapped: Build) -> None:

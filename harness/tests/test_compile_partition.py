@@ -138,6 +138,18 @@ def test_subprograms_hold_the_mapped_views_themselves(exported: Exported) -> Non
     assert [s.arg.name for s in sub.graph_signature.input_specs if s.target is None] == list(part.inputs)
 
 
+def test_subprogram_examples_are_zeros_a_gather_can_run_on(exported: Exported) -> None:
+    # A compiler may tune its kernels by running the program on its example inputs (AOTInductor on a GPU):
+    # token ids must be valid indices, not whatever memory held.
+    first = partition_program(exported.program, count=3)[0]
+    sub = subprogram(exported.program, first)
+    (tokens,), _ = sub.example_inputs
+    assert tokens.dtype == exported.tokens.dtype and tokens.shape == exported.tokens.shape
+    assert not tokens.any()
+    (out, *_) = sub.module()(tokens)
+    assert torch.isfinite(out).all()
+
+
 def test_one_engine_reads_everything(exported: Exported) -> None:
     parts = partition_program(exported.program, count=1)
     assert len(parts) == 1

@@ -6,7 +6,6 @@ artifact; the layout, the size slot and the writer's refusals are tested without
 
 from __future__ import annotations
 
-import os
 import shutil
 import struct
 import subprocess
@@ -24,10 +23,10 @@ from safetensors.torch import save_file
 from harness.engines.compile.compiler import EngineBuildError
 from harness.engines.compile.inductor import InductorCompiler
 from harness.engines.compile.streamed import BlobEntry, blob_layout, record_blob_size, write_blob
+from harness.tests.pages import PAGE, resident_pages
 from harness.units import MIB
 from weightmap import map_weights
 
-PAGE = os.sysconf("SC_PAGE_SIZE")
 WIDTH = 1024
 
 
@@ -41,16 +40,6 @@ class _Net(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(torch.relu(self.up(x)))
-
-
-def _resident_pages(t: torch.Tensor) -> int:
-    """Pages of a tensor's storage in this process's RSS (/proc/self/pagemap)."""
-    storage = t.untyped_storage()
-    first, last = storage.data_ptr() // PAGE, (storage.data_ptr() + storage.nbytes() - 1) // PAGE
-    with open("/proc/self/pagemap", "rb") as f:
-        f.seek(first * 8)
-        raw = f.read((last - first + 1) * 8)
-    return sum(1 for (e,) in struct.iter_unpack("<Q", raw) if e >> 63)
 
 
 @dataclass
@@ -85,7 +74,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
         compiled = compiler.compile(program, work / "net")
     return Built(compiled.path, dict(compiled.columns), checkpoint, work / "x.pt", expected, weights,
                  sum(t.untyped_storage().nbytes() for t in weights.values()),
-                 {name: _resident_pages(t) for name, t in weights.items()})
+                 {name: resident_pages(t) for name, t in weights.items()})
 
 
 def _blob(artifact: Path) -> zipfile.ZipInfo:
@@ -224,7 +213,7 @@ def test_a_mapped_weight_is_written_with_a_chunk_of_it_resident_at_a_time(tmp_pa
     # brings in up to a folio more at either end
     assert MIB // 2 <= stats.peak_read_bytes <= 5 * MIB + MIB // 2, stats
     assert stats.rss_start_bytes <= stats.peak_rss_bytes <= stats.rss_start_bytes + 6 * MIB, stats
-    assert _resident_pages(weight) <= 2
+    assert resident_pages(weight) <= 2
 
 
 def _blob_named(archive: Path, name: str) -> zipfile.ZipInfo:

@@ -370,11 +370,15 @@ def _describe(
 
 
 def _example(val: Any, device: torch.device | None) -> torch.Tensor:
-    """An uninitialised tensor of the recorded value's shape, strides and dtype (compiling reads no value)."""
+    """A zeroed tensor of the recorded value's shape, strides and dtype.
+
+    Zeros, not uninitialised memory: a compiler that tunes its kernels by running the program on its example
+    inputs (AOTInductor on a GPU) would otherwise gather with whatever indices the memory held, out of range.
+    """
     if not isinstance(val, torch.Tensor):
         raise PartitionError(f"a partition boundary carries {type(val).__name__}: only tensors can cross one")
     target = device if device is not None else val.device
-    return torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=val.dtype, device=target)
+    return torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=val.dtype, device=target).zero_()
 
 
 def subprogram(
@@ -389,7 +393,7 @@ def subprogram(
     the same tensor objects (no copy, nothing read); lifted tensor constants become
     non-persistent buffers, so that a compiler keeps their names; its user inputs are
     ``part.inputs`` and it returns ``part.outputs`` as a tuple, in that order. Example
-    inputs (needed by AOTInductor) are uninitialised tensors shaped like the values export
+    inputs (needed by AOTInductor) are zeroed tensors shaped like the values export
     recorded, on ``example_device`` (default: where export recorded them).
     """
     graph_module = program.graph_module

@@ -28,7 +28,19 @@ engine fed a broadcast view it was not built for reads neighbouring memory).
 
 Compiling on ``cuda`` moves the partition's weights to the GPU first (the engine's weights
 live there); the artifact is then built for the GPU. It needs a CUDA build of torch and a GPU;
-without one, :func:`check_device` says so before anything is compiled.
+without one, :func:`check_device` says so before anything is compiled. Two settings keep what a
+GPU build holds beside those device copies down:
+
+* the mapped host pages of each weight copied to the device are dropped once the copies are made
+  (``drop_host_pages``, :func:`release_copied_sources`): nothing in the build reads them again
+  (a packaged engine's blob is written from the device copies), and a weight a later engine
+  reads is read from the file again;
+* the Triton kernels are tuned by running the engine once on its own weights
+  (``triton.autotune_at_compile_time = False``: inductor's two-pass AOT compile), unless
+  ``configs`` say otherwise. AOTInductor's default tunes them at compile time on random tensors
+  it allocates for every argument of every kernel, the weights a kernel reads included, each
+  kept until its last kernel ran: beside the device copies, another device copy of every weight
+  a Triton kernel reads (a gathered embedding table, whole).
 """
 
 from __future__ import annotations
@@ -69,6 +81,7 @@ __all__ = [
     "inductor_cache",
     "load_compiler_modules",
     "load_engine",
+    "release_copied_sources",
     "to_device",
 ]
 
@@ -79,6 +92,8 @@ RESERVED_CONFIGS: tuple[str, ...] = (
     "aot_inductor.metadata",
 )
 """The inductor settings the weight setting decides, which ``configs`` may not give."""
+GPU_CONFIGS: Mapping[str, Any] = {"triton.autotune_at_compile_time": False}
+"""The inductor settings a GPU build takes unless ``configs`` give them (see the module docstring)."""
 _WEIGHTS_KEY = "weightmap_harness.weights"
 _CONSTANTS_KEY = "weightmap_harness.constants"
 _INPUTS_KEY = "weightmap_harness.inputs"
@@ -100,7 +115,9 @@ class InductorCompiler:
 
     ``weights``: one of :data:`~harness.engines.compile.compiler.WEIGHTS` (see the module docstring).
     ``device``: ``"cpu"`` or ``"cuda[:N]"``. ``configs``: further ``torch._inductor.config`` settings, by
-    their dotted names; those this module sets itself (:data:`RESERVED_CONFIGS`) may not be given. It is the
+    their dotted names; those this module sets itself (:data:`RESERVED_CONFIGS`) may not be given; on a GPU
+    :data:`GPU_CONFIGS` apply where ``configs`` do not give them. ``drop_host_pages``: on a GPU, drop the
+    mapped pages of the weights copied to the device once copied (:func:`release_copied_sources`). It is the
     :class:`~harness.engines.compile.compiler.EngineCompiler` that
     :class:`~harness.engines.compile.backend.CompilerBackend` drives.
     """
@@ -108,6 +125,7 @@ class InductorCompiler:
     weights: WeightsMode = "packaged"
     device: str = "cpu"
     configs: Mapping[str, Any] = field(default_factory=dict)
+    drop_host_pages: bool = False
     name: str = field(default="inductor", init=False)
 
     def __post_init__(self) -> None:
@@ -136,6 +154,8 @@ class InductorCompiler:
         sources = engine_tensors(program)  # before the move, which replaces them in the program
         on_device = to_device(program, self.device)
         copied = device_copy_bytes(engine_tensors(on_device), sources)
+        if self.drop_host_pages:
+            release_copied_sources(engine_tensors(on_device), sources)
         built = compile_engine(on_device, Path(stem).with_suffix(".pt2"), self)
         columns: dict[str, int] = dict(built.columns)
         if check_device(self.device).type != "cpu":
@@ -247,6 +267,8 @@ def compile_engine(
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = engine_tensors(program)
     configs: dict[str, Any] = dict(compiler.configs)
+    if check_device(compiler.device).type != "cpu":
+        configs = {**GPU_CONFIGS, **configs}
     configs["aot_inductor.metadata"] = {
         _WEIGHTS_KEY: compiler.weights,
         _CONSTANTS_KEY: _describe_constants(tensors),
@@ -323,6 +345,24 @@ def free_device_copies(moved: Mapping[str, torch.Tensor], sources: Mapping[str, 
         freed += storage.nbytes()
         storage.resize_(0)
     return freed
+
+
+def release_copied_sources(moved: Mapping[str, torch.Tensor], sources: Mapping[str, torch.Tensor]) -> int:
+    """Drop the mapped pages of every tensor in ``sources`` that :func:`to_device` copied into ``moved``; the bytes
+    of the storages whose pages were dropped (:func:`weightmap.release_mapped_storage`: each storage once; a
+    storage that is not mapped, or was not copied, is left as it is). The tensors stay valid: a later read
+    brings their pages in from the file again."""
+    from weightmap import release_mapped_storage
+
+    done: dict[int, int] = {}
+    for name, tensor in moved.items():
+        source = sources.get(name)
+        if source is None or not _copied(tensor, source):
+            continue
+        storage = source.untyped_storage()
+        if storage.data_ptr() not in done and release_mapped_storage(storage):
+            done[storage.data_ptr()] = storage.nbytes()
+    return sum(done.values())
 
 
 def to_device(program: ExportedProgram, device: str) -> ExportedProgram:

@@ -1,0 +1,20 @@
+"""How much of a tensor's storage is in this process's memory, for the tests of dropped pages."""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import torch
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def resident_pages(t: torch.Tensor) -> int:
+    """Pages of a tensor's storage in this process's RSS (``/proc/self/pagemap``)."""
+    storage = t.untyped_storage()
+    first, last = storage.data_ptr() // PAGE, (storage.data_ptr() + storage.nbytes() - 1) // PAGE
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(first * 8)
+        raw = f.read((last - first + 1) * 8)
+    return sum(1 for (e,) in struct.iter_unpack("<Q", raw) if e >> 63)
