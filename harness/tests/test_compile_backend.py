@@ -96,6 +96,11 @@ def test_each_backend_makes_its_own_builder(tmp_path: Path) -> None:
         return dataclasses.replace(plan, scenario=dataclasses.replace(
             plan.scenario, build=dataclasses.replace(plan.scenario.build, **build)))
 
+    # a scenario that releases nothing keeps the host pages of weights a GPU build copied, too
+    assert compiler.engine_compiler.drop_host_pages  # type: ignore[attr-defined]
+    keeping = make_builder(built_with(release=False), tmp_path / "keeping")
+    assert not keeping.engine_compiler.drop_host_pages  # type: ignore[attr-defined]
+    keeping.close()
     copy = make_builder(built_with(backend="copy"), tmp_path / "copy")
     assert isinstance(copy, CopyToFiles) and copy.compiler is None  # a copy builder is no compiler
     with pytest.raises(BackendUnavailable, match="weights must be one of packaged, packaged_compiler, mapped"):
