@@ -274,16 +274,20 @@ def compile_engine(
         _CONSTANTS_KEY: _describe_constants(tensors),
         _INPUTS_KEY: layouts_to_json(input_layouts(program)),
     }
+    # no_grad: a GPU build runs the engine once to tune its kernels, on weights that may require grad
+    no_grad = torch.no_grad()
     try:
-        if compiler.weights == "packaged" and tensors:
-            files = compile_without_weights(program, configs)
-            compiled_hwm = read_peak()
-            return CompiledEngine(path, compiled_hwm, package_streamed(files, path, tensors))
-        # A program without weights is packaged by the compiler, which then has nothing to copy
-        # (and torch's loader cannot map an empty external blob).
-        configs["aot_inductor.package_constants_in_so"] = compiler.weights != "mapped"
-        out = torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=configs)
-        return CompiledEngine(Path(out), read_peak())
+        with no_grad:
+            if compiler.weights == "packaged" and tensors:
+                files = compile_without_weights(program, configs)
+                compiled_hwm = read_peak()
+                return CompiledEngine(path, compiled_hwm, package_streamed(files, path, tensors))
+            # A program without weights is packaged by the compiler, which then has nothing to copy
+            # (and torch's loader cannot map an empty external blob).
+            configs["aot_inductor.package_constants_in_so"] = compiler.weights != "mapped"
+            out = torch._inductor.aoti_compile_and_package(program, package_path=str(path),
+                                                           inductor_configs=configs)
+            return CompiledEngine(Path(out), read_peak())
     except EngineBuildError:
         raise
     except Exception as exc:
