@@ -200,7 +200,7 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
     say = progress or (lambda message: None)
     validate_scenario(scenario)  # one built in code never went through the loader's checks
     try:
-        check_backend(scenario.build.backend)
+        check_backend(scenario.build.backend, scenario.build.weights)
     except BackendUnavailable as exc:
         raise BackendUnavailable(f"{scenario.where('build.backend')}: {exc}") from exc
     info = build_model(scenario.model)  # first: a model that cannot be built here says why

@@ -49,11 +49,13 @@ class BackendUnavailable(HarnessError, RuntimeError):
 @dataclass(frozen=True)
 class Backend:
     """One backend: ``why_not()`` is why it cannot run here (the whole message; None: it can);
-    ``make(plan, workdir)`` its builder for a plan, engines under ``workdir`` (None: no builder yet)."""
+    ``make(plan, workdir)`` its builder for a plan, engines under ``workdir`` (None: no builder yet);
+    ``weights_why_not(weights)``, where given, why it cannot build engines with that weight setting here."""
 
     name: str
     why_not: Callable[[], str | None]
     make: Callable[[BuildTarget, Path], EngineBuilder] | None
+    weights_why_not: Callable[[str], str | None] | None = None
 
 
 def _copy_runs_everywhere() -> str | None:
@@ -89,6 +91,20 @@ def _inductor_missing() -> str | None:
         check_toolchain(cxx)
     except ToolchainError as exc:
         return str(exc)
+    return None
+
+
+def _inductor_weights_why_not(weights: str) -> str | None:
+    """Why AOTInductor engines with ``weights`` cannot be built here: a ``packaged`` engine's blob size is written into
+    its shared library with pyelftools (:func:`harness.engines.compile.streamed.record_blob_size`)."""
+    if weights != "packaged":
+        return None
+    try:
+        import elftools.elf.elffile  # noqa: F401
+    except Exception as exc:  # ImportError, or a broken install raising anything
+        return (f"backend 'inductor' with weights = \"packaged\" needs pyelftools, which writes each engine's weights "
+                f"size into it ({type(exc).__name__}: {exc}); install it (pip install pyelftools; it is in the harness "
+                "extra) or use weights = \"packaged_compiler\"")
     return None
 
 
@@ -177,7 +193,7 @@ BACKEND_ENTRIES: dict[str, Backend] = {
     b.name: b
     for b in (
         Backend("copy", _copy_runs_everywhere, _make_copy),
-        Backend("inductor", _inductor_why_not, _make_inductor),
+        Backend("inductor", _inductor_why_not, _make_inductor, _inductor_weights_why_not),
         Backend("openvino", _openvino_why_not, _make_openvino),
         Backend("iree", _iree_why_not, _make_iree),
         Backend("tensorrt", _tensorrt_why_not, None),
@@ -195,9 +211,13 @@ def _entry(name: str) -> Backend:
     return backend
 
 
-def check_backend(name: str) -> None:
-    """Fail fast, before any strategy runs, when the backend cannot run here (its entry's ``why_not``)."""
-    why = _entry(name).why_not()
+def check_backend(name: str, weights: str | None = None) -> None:
+    """Fail fast, before any strategy runs, when the backend cannot run here (its entry's ``why_not``), or cannot
+    build engines with the ``weights`` setting (its ``weights_why_not``)."""
+    entry = _entry(name)
+    why = entry.why_not()
+    if why is None and weights is not None and entry.weights_why_not is not None:
+        why = entry.weights_why_not(weights)
     if why is not None:
         raise BackendUnavailable(why)
 
@@ -205,7 +225,7 @@ def check_backend(name: str) -> None:
 def make_builder(plan: BuildTarget, workdir: Path) -> EngineBuilder:
     """The builder of ``plan``'s backend on its (resolved) device, engines under ``workdir``; checked first."""
     backend = plan.scenario.build.backend
-    check_backend(backend)
+    check_backend(backend, plan.scenario.build.weights)
     make = _entry(backend).make
     if make is None:
         raise BackendUnavailable(f"backend {backend!r} has no engine builder in this version of the harness")

@@ -105,6 +105,19 @@ def test_tensorrt_fails_fast_through_its_registry_entry(monkeypatch: pytest.Monk
     check_backend("tensorrt")
 
 
+def test_packaged_inductor_engines_without_pyelftools_fail_before_any_strategy(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    check_backend("inductor", "packaged")  # pyelftools is in the harness extra
+    monkeypatch.setitem(sys.modules, "elftools.elf.elffile", None)  # as if it were not installed
+    with pytest.raises(BackendUnavailable, match=r"^backend 'inductor' with weights = \"packaged\" needs pyelftools.*"
+                                                 r"use weights = \"packaged_compiler\"$"):
+        check_backend("inductor", "packaged")
+    for weights in ("mapped", "packaged_compiler"):
+        check_backend("inductor", weights)
+
+
 def test_unknown_backends_are_named_with_the_registered_ones() -> None:
     with pytest.raises(BackendUnavailable, match=r"^unknown backend 'onnx': expected 'copy', 'inductor', "
                                                  r"'openvino', 'iree' or 'tensorrt'$"):
