@@ -274,10 +274,9 @@ def compile_engine(
         _CONSTANTS_KEY: _describe_constants(tensors),
         _INPUTS_KEY: layouts_to_json(input_layouts(program)),
     }
-    # no_grad: a GPU build runs the engine once to tune its kernels, on weights that may require grad
-    no_grad = torch.no_grad()
     try:
-        with no_grad:
+        # without grad: a GPU build runs the engine once to tune its kernels, on weights that may require it
+        with torch.no_grad():
             if compiler.weights == "packaged" and tensors:
                 files = compile_without_weights(program, configs)
                 compiled_hwm = read_peak()
