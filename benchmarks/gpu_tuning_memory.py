@@ -43,6 +43,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from harness.engines.compile.inductor import GPU_CONFIGS  # noqa: E402
+from harness.measure.gpu import GpuMonitor  # noqa: E402
 
 GIB = 2**30
 SETTINGS: dict[str, dict[str, Any]] = {
@@ -65,14 +66,10 @@ class _Model(torch.nn.Module):
 
 
 def _child(setting: str, vocab: int, width: int, tokens: int) -> dict[str, Any]:
-    import pynvml
-
-    pynvml.nvmlInit()
-    handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
-
-    def used() -> int:
-        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
-
+    gpu = GpuMonitor.open(torch.cuda.current_device())
+    if gpu is None:
+        raise SystemExit("gpu_tuning_memory: NVML cannot read this GPU (nvidia-ml-py and an NVIDIA driver needed)")
+    used = gpu.used_bytes
     start = used()
     torch.empty(1, device="cuda")
     context = used() - start
@@ -103,6 +100,7 @@ def _child(setting: str, vocab: int, width: int, tokens: int) -> dict[str, Any]:
         seconds = time.perf_counter() - began
     done.set()
     sampler.join()
+    gpu.close()
     return {
         "setting": setting, "torch": torch.__version__, "device": torch.cuda.get_device_name(),
         "context_gib": context / GIB, "weights_gib": weights / GIB, "compile_s": seconds,

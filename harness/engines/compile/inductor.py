@@ -153,9 +153,10 @@ class InductorCompiler:
         """Build ``stem.pt2`` from a partition program whose weights may still be on the CPU."""
         sources = engine_tensors(program)  # before the move, which replaces them in the program
         on_device = to_device(program, self.device)
-        copied = device_copy_bytes(engine_tensors(on_device), sources)
+        moved = engine_tensors(on_device)
+        copied = device_copy_bytes(moved, sources)
         if self.drop_host_pages:
-            release_copied_sources(engine_tensors(on_device), sources)
+            release_copied_sources(moved, sources)
         built = compile_engine(on_device, Path(stem).with_suffix(".pt2"), self)
         columns: dict[str, int] = dict(built.columns)
         if check_device(self.device).type != "cpu":
@@ -163,8 +164,8 @@ class InductorCompiler:
         # A mapped engine runs on the partition's own tensors (on the CPU, the mapped views;
         # on a GPU, their device copies); a packaged one holds its weights.
         if self.weights == "mapped":
-            return Artifact(built.path, engine_tensors(on_device), columns)
-        free_device_copies(engine_tensors(on_device), sources)
+            return Artifact(built.path, moved, columns)
+        free_device_copies(moved, sources)
         return Artifact(built.path, {}, columns)
 
     def load(self, artifact: Artifact) -> LoadedEngine:
@@ -311,22 +312,26 @@ def _forget_last_trace() -> None:
         record.clear()
 
 
-def _copied(tensor: torch.Tensor, source: torch.Tensor | None) -> bool:
-    """Whether ``tensor`` is a copy :func:`to_device` made of ``source`` that holds memory: a storage of its own, not
-    empty (a tensor that shares its source's storage was not moved)."""
-    storage = tensor.untyped_storage()
-    return source is not None and storage.data_ptr() != source.untyped_storage().data_ptr() and storage.nbytes() > 0
+def _copies(moved: Mapping[str, torch.Tensor],
+            sources: Mapping[str, torch.Tensor]) -> list[tuple[torch.UntypedStorage, torch.UntypedStorage]]:
+    """(the copy's storage, its source's storage) for each storage :func:`to_device` copied from ``sources`` into
+    ``moved`` that holds memory, each copy once (names tied to one weight share one). A tensor that shares its
+    source's storage was not moved (the CPU, or a weight already on the device): it is none of them."""
+    found: dict[int, tuple[torch.UntypedStorage, torch.UntypedStorage]] = {}
+    for name, tensor in moved.items():
+        source = sources.get(name)
+        if source is None:
+            continue
+        copy, original = tensor.untyped_storage(), source.untyped_storage()
+        if copy.data_ptr() != original.data_ptr() and copy.nbytes() > 0:
+            found.setdefault(copy.data_ptr(), (copy, original))
+    return list(found.values())
 
 
 def device_copy_bytes(moved: Mapping[str, torch.Tensor], sources: Mapping[str, torch.Tensor]) -> int:
     """The bytes of the storages :func:`to_device` copied from ``sources`` into ``moved`` (each storage once): the
     partition's weights on the device. 0 on the CPU, where nothing is moved."""
-    seen: dict[int, int] = {}
-    for name, tensor in moved.items():
-        if _copied(tensor, sources.get(name)):
-            storage = tensor.untyped_storage()
-            seen[storage.data_ptr()] = storage.nbytes()
-    return sum(seen.values())
+    return sum(copy.nbytes() for copy, _ in _copies(moved, sources))
 
 
 def free_device_copies(moved: Mapping[str, torch.Tensor], sources: Mapping[str, torch.Tensor]) -> int:
@@ -341,12 +346,9 @@ def free_device_copies(moved: Mapping[str, torch.Tensor], sources: Mapping[str, 
     weight already on the device) is the caller's and is left as it is.
     """
     freed = 0
-    for name, tensor in moved.items():
-        if not _copied(tensor, sources.get(name)):
-            continue
-        storage = tensor.untyped_storage()
-        freed += storage.nbytes()
-        storage.resize_(0)
+    for copy, _ in _copies(moved, sources):
+        freed += copy.nbytes()
+        copy.resize_(0)
     return freed
 
 
@@ -357,15 +359,9 @@ def release_copied_sources(moved: Mapping[str, torch.Tensor], sources: Mapping[s
     brings their pages in from the file again."""
     from weightmap import release_mapped_storage
 
-    done: dict[int, int] = {}
-    for name, tensor in moved.items():
-        source = sources.get(name)
-        if source is None or not _copied(tensor, source):
-            continue
-        storage = source.untyped_storage()
-        if storage.data_ptr() not in done and release_mapped_storage(storage):
-            done[storage.data_ptr()] = storage.nbytes()
-    return sum(done.values())
+    released = {original.data_ptr(): original.nbytes() for _, original in _copies(moved, sources)
+                if release_mapped_storage(original)}
+    return sum(released.values())
 
 
 def to_device(program: ExportedProgram, device: str) -> ExportedProgram:
