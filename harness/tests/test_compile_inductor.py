@@ -43,8 +43,9 @@ from harness.engines.compile.inductor import (
     inductor_cache,
     load_engine,
     release_copied_sources,
+    to_device,
 )
-from harness.engines.compile.layouts import EngineInputError, InputLayout, conform
+from harness.engines.compile.layouts import EngineInputError, InputLayout, conform, input_layouts
 from harness.engines.compile.pipeline import CompiledPipeline, Routing
 from harness.engines.compile.source import ModelSource
 from harness.measure.procfs import PeakTracker
@@ -293,6 +294,24 @@ def test_an_engine_reads_a_broadcast_input_as_the_layout_it_was_built_for(cache:
         engine(torch.ones(1, 256, dtype=torch.int32))
     with pytest.raises(EngineInputError, match="takes 1 inputs"):
         engine(view, view)
+
+
+def test_examples_moved_to_a_device_are_laid_out_as_its_graph_records_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A partition's examples are made on the build's device with the recorded strides; the
+    # move re-strides the graph's broadcast input to a dense one but leaves such an example
+    # as it was, and AOTInductor tuning on a GPU runs the program on it against the graph's
+    # layout ("expected size 256==256, stride 0==1"). "meta" stands in for the GPU here.
+    from harness.engines.compile import inductor
+
+    monkeypatch.setattr(inductor, "check_device", lambda d: torch.device("meta"))
+    program = torch.export.export(_MaskCount(), (_strided_view(True),))
+    broadcast_example = torch.empty_strided((1, 256), (1, 0), dtype=torch.bool, device="meta")
+    program.example_inputs = ((broadcast_example,), {})
+    moved = to_device(program, "meta")
+    (layout,) = input_layouts(moved)
+    (example,) = moved.example_inputs[0]
+    assert layout.stride == (256, 1) and layout.device == "meta"
+    assert layout.matches(example) and example.stride() == (256, 1)
 
 
 def test_inputs_are_laid_out_as_recorded(tmp_path: Path) -> None:

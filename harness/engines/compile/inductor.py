@@ -77,6 +77,7 @@ __all__ = [
     "compile_engine",
     "device_copy_bytes",
     "engine_tensors",
+    "examples_as_recorded",
     "free_device_copies",
     "inductor_cache",
     "load_compiler_modules",
@@ -368,14 +369,30 @@ def to_device(program: ExportedProgram, device: str) -> ExportedProgram:
     """``program`` with its weights, examples and device arguments on ``device``.
 
     On the CPU it is returned as is (mapped views stay mapped). Elsewhere the weights are
-    copied there (``torch.export.passes.move_to_device_pass``, in place).
+    copied there (``torch.export.passes.move_to_device_pass``, in place), and the example
+    inputs are laid out as the moved graph records its inputs (:func:`examples_as_recorded`).
     """
     dev = check_device(device)
     if dev.type == "cpu":
         return program
     from torch.export.passes import move_to_device_pass
 
-    return move_to_device_pass(program, dev)
+    return examples_as_recorded(move_to_device_pass(program, dev))
+
+
+def examples_as_recorded(program: ExportedProgram) -> ExportedProgram:
+    """``program`` (changed in place) with each example input in the layout its graph records for that input.
+
+    The move to a device re-strides a recorded broadcast value (stride 0) to a dense one but
+    leaves an example already on that device as it was; AOTInductor compiles against the
+    graph's layout and, tuning on a GPU, runs the program on its examples, which must match it.
+    """
+    if program.example_inputs is None:
+        return program
+    args, kwargs = program.example_inputs
+    laid = conform(Path("example inputs"), input_layouts(program), list(args))
+    program.example_inputs = (tuple(laid), kwargs)
+    return program
 
 
 @dataclass
