@@ -20,6 +20,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+import harness.engines.compile.inductor as inductor
 from harness.engines.builder import BuiltEngine
 from harness.engines.compile.backend import CompilerBackend
 from harness.engines.compile.check_process import CheckProcessError, check_in_processes
@@ -301,8 +302,6 @@ def test_examples_moved_to_a_device_are_laid_out_as_its_graph_records_them(monke
     # move re-strides the graph's broadcast input to a dense one but leaves such an example
     # as it was, and AOTInductor tuning on a GPU runs the program on it against the graph's
     # layout ("expected size 256==256, stride 0==1"). "meta" stands in for the GPU here.
-    from harness.engines.compile import inductor
-
     monkeypatch.setattr(inductor, "check_device", lambda d: torch.device("meta"))
     program = torch.export.export(_MaskCount(), (_strided_view(True),))
     broadcast_example = torch.empty_strided((1, 256), (1, 0), dtype=torch.bool, device="meta")
@@ -373,8 +372,6 @@ def test_a_packaged_build_frees_the_copies_it_moved_and_the_engine_still_runs(
     # and nothing of the build reads the mapped weights' pages once copied, so they are dropped
     # where the compiler is asked to. Here a "move" to the CPU that copies every weight stands in
     # for the move to a GPU.
-    import harness.engines.compile.inductor as inductor
-
     made: list[torch.Tensor] = []
 
     def copying_move(program: torch.export.ExportedProgram, device: str) -> torch.export.ExportedProgram:
@@ -432,8 +429,6 @@ def test_a_gpu_build_tunes_its_kernels_on_its_own_weights_unless_told_otherwise(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # AOTInductor's default tunes a GPU engine's Triton kernels on random tensors, a copy of each weight
     # a kernel reads among them; a GPU build here runs the engine on its own weights instead.
-    import harness.engines.compile.inductor as inductor
-
     given: list[dict[str, Any]] = []
 
     class Stop(EngineBuildError):  # passed on as it is
