@@ -8,7 +8,7 @@ warning above them that lists the figures that changed since they were last chec
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from harness.catalog import HEADLINE_STRATEGY, peers_of
@@ -17,6 +17,7 @@ from harness.report.notes import NEVER_CHECKED, Notes, check_notes, migrate_note
 from harness.report.table import table_lines
 from harness.report.text import (
     cell,
+    format_bytes,
     format_gib,
     format_seconds,
     gib_decimals,
@@ -155,8 +156,12 @@ def ceiling_observation(run: Results) -> list[str]:
     model = run.record.model.bytes
     read_s = model / best.bytes_per_s
     sweep = ", ".join(f"{p.threads}×{p.request_bytes >> 20} MiB {p.bytes_per_s / 1e6:.0f}" for p in points)
+    read = [p for p in points if p.bytes > 0 and p.seconds > 0]
+    amount = _extent([p.bytes for p in read], lambda b: format_bytes(int(b)))
+    duration = _extent([p.seconds for p in read], lambda s: f"{s:.2f}")
     lines = [f"- **disk ceiling**: the best cold read of a sweep over reader threads × `pread` size (MB/s: "
-             f"{sweep}) is {best.bytes_per_s / 1e6:.0f} MB/s with {best.threads} reader(s) of "
+             f"{sweep}; each point read {amount} of the checkpoint, a part no other point read, in {duration} s) "
+             f"is {best.bytes_per_s / 1e6:.0f} MB/s with {best.threads} reader(s) of "
              f"{best.request_bytes >> 20} MiB; reading the model once at that rate takes {format_seconds(read_s)}."]
     for s in run.metrics.values():
         rounds = strategy_rounds(s)
@@ -164,6 +169,13 @@ def ceiling_observation(run: Results) -> list[str]:
             times = _times_of(rounds.build_s, read_s, "the model's read time at the ceiling")
             lines.append(f"  - {s.name}: build phase {times}.")
     return lines
+
+
+def _extent(values: Sequence[float], fmt: Callable[[float], str]) -> str:
+    """The smallest and largest of ``values`` formatted by ``fmt`` (``"0.38–0.53"``), or one of them where the
+    two format the same (``"0.73 GiB"``)."""
+    low, high = fmt(min(values)), fmt(max(values))
+    return low if low == high else f"{low}–{high}"
 
 
 def shared_disk_observation(run: Results) -> list[str]:

@@ -19,6 +19,7 @@ from harness.load.strategies import _release_and_prefetch
 from harness.measure.procfs import read_status
 from harness.plan import make_plan, read_plan
 from harness.report import render_staged
+from harness.report.text import format_bytes
 from harness.results.disk import CeilingPoint, DiskRead, SpeedChoice
 from harness.results.metrics import StrategyMetrics, best_ceiling, disk_metrics
 from harness.results.reading import load_results
@@ -213,6 +214,13 @@ def test_the_report_shows_the_disk_row_runs_and_engine_times(repeated: tuple[Run
     text = (out.parent / "speedy.md").read_text()
     assert "| disk: cold sequential read() of the checkpoint, this run |" in text
     assert "- **disk ceiling**: the best cold read of a sweep" in text
+    # the ceiling says how much each point read and how long it took, so a reader can judge one sample's weight
+    read = [p for p in record.read_ceiling if p.bytes > 0]
+    fastest, slowest = f"{min(p.seconds for p in read):.2f}", f"{max(p.seconds for p in read):.2f}"
+    took = fastest if fastest == slowest else f"{fastest}–{slowest}"
+    least, most = format_bytes(min(p.bytes for p in read)), format_bytes(max(p.bytes for p in read))
+    amount = least if least == most else f"{least}–{most}"
+    assert f"each point read {amount} of the checkpoint, a part no other point read, in {took} s) is " in text
     assert f"- **disk shared by reads and engine writes** (measured {SHARED_DISK_TIMES} times after the last round)" \
         in text
     assert "the model's read time at the ceiling" in text
