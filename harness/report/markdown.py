@@ -173,7 +173,7 @@ def ceiling_observation(run: Results) -> list[str]:
 
 def _extent(values: Sequence[float], fmt: Callable[[float], str]) -> str:
     """The smallest and largest of ``values`` formatted by ``fmt`` (``"0.38–0.53"``), or one of them where the
-    two format the same (``"0.73 GiB"``)."""
+    two format the same (``"743.4 MiB"``)."""
     low, high = fmt(min(values)), fmt(max(values))
     return low if low == high else f"{low}–{high}"
 
