@@ -30,7 +30,13 @@ from harness.report.text import (
 )
 from harness.results.atomic import FileBatch, write_atomic
 from harness.results.codec import field_since
-from harness.results.metrics import StrategyMetrics, best_ceiling, build_limit, floor_formula
+from harness.results.metrics import (
+    StrategyMetrics,
+    best_ceiling,
+    build_limit,
+    ceiling_points_read,
+    floor_formula,
+)
 from harness.results.reading import Results
 from harness.results.record import RunRecord, StrategyRecord
 from harness.results.spread import median_spread, ratio_of_medians, strategy_rounds
@@ -156,7 +162,7 @@ def ceiling_observation(run: Results) -> list[str]:
     model = run.record.model.bytes
     read_s = model / best.bytes_per_s
     sweep = ", ".join(f"{p.threads}×{p.request_bytes >> 20} MiB {p.bytes_per_s / 1e6:.0f}" for p in points)
-    read = [p for p in points if p.bytes > 0 and p.seconds > 0]
+    read = ceiling_points_read(points)
     amount = _extent([p.bytes for p in read], lambda b: format_bytes(int(b)))
     duration = _extent([p.seconds for p in read], lambda s: f"{s:.2f}")
     lines = [f"- **disk ceiling**: the best cold read of a sweep over reader threads × `pread` size (MB/s: "

@@ -64,6 +64,7 @@ __all__ = [
     "BuildLimit",
     "DiskMetrics",
     "best_ceiling",
+    "ceiling_points_read",
     "build_limit",
     "SampleColumns",
     "StrategyMetrics",
@@ -503,9 +504,14 @@ class DiskMetrics:
         return nbytes / self.median_bytes_per_s
 
 
+def ceiling_points_read(points: Sequence[CeilingPoint]) -> list[CeilingPoint]:
+    """The points of a read-ceiling sweep that read something, in a measurable time."""
+    return [p for p in points if p.bytes > 0 and p.seconds > 0]
+
+
 def best_ceiling(points: Sequence[CeilingPoint]) -> CeilingPoint | None:
     """The fastest point of a read-ceiling sweep (the disk's ceiling); None where it read nothing."""
-    read = [p for p in points if p.bytes > 0 and p.seconds > 0]
+    read = ceiling_points_read(points)
     return max(read, key=lambda p: p.bytes_per_s) if read else None
 
 
