@@ -486,7 +486,8 @@ def strategy_observations(run: Results, s: StrategyMetrics) -> list[str]:
         details.append(prefetch)
     sampling = []
     if r.peak_source:
-        sampling.append(f"peaks from the {r.peak_source}")
+        sampled = "anonymous and GPU peaks" if s.gpu_measured else "anonymous peak"
+        sampling.append(f"host peaks from the {r.peak_source}, {sampled} from the samples alone")
     sampling.append(f"{r.samples} samples")
     if r.max_gap_ms is not None:
         sampling.append(f"longest gap between samples {r.max_gap_ms:.1f} ms")

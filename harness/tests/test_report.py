@@ -517,6 +517,16 @@ def test_no_gpu_data_says_no_gpu_and_draws_no_gpu_bars(cpu_dir: Path) -> None:
     assert "No GPU was measured" in markdown
 
 
+@pytest.mark.parametrize(("device", "sampled"), [("cpu", "anonymous peak"), ("cuda", "anonymous and GPU peaks")])
+def test_the_report_says_which_peaks_only_the_samples_saw(tmp_path: Path, device: str, sampled: str) -> None:
+    # the kernel's high-water mark bounds RSS only: a peak of anonymous or GPU memory between two
+    # samples is missed, which a reader of a run with long gaps between samples must be told
+    markdown = _markdown(make_results(tmp_path / "results", device=device))
+    lines = [line for line in markdown.splitlines() if "longest gap between samples" in line]
+    assert lines and all(f"host peaks from the kernel high-water mark, {sampled} from the samples alone, " in line
+                         for line in lines)
+
+
 def test_gpu_data_draws_gpu_series(cuda_dir: Path) -> None:
     run = load_results(cuda_dir)
     ticks = [t.get_text() for ax in peaks_figure(run).axes for t in ax.get_xticklabels()]
