@@ -13,30 +13,16 @@ import pytest
 import harness.measure.coldcache as coldcache
 from harness.measure.coldcache import COLD_TOLERANCE_BYTES, file_page_counts, prepare_cold, prepare_warm
 from harness.measure.residency import FileResidency
+from harness.tests.pages import skip_if_in_memory
 from harness.units import GIB, KIB, MIB
 
 SIZE = 16 * MIB
 
 
-def _fs_type(path: Path) -> str:
-    """Filesystem type of the mount holding ``path`` (Linux ``/proc/self/mountinfo``)."""
-    target = os.path.realpath(path)
-    best, best_type = "", ""
-    with open("/proc/self/mountinfo") as fh:
-        for line in fh:
-            fields = line.split()
-            mount_point = fields[4].replace("\\040", " ")
-            fs_type = fields[fields.index("-") + 1]
-            inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
-            if inside and len(mount_point) >= len(best):
-                best, best_type = mount_point, fs_type
-    return best_type
-
 
 @pytest.fixture
 def disk_dir(tmp_path: Path) -> Path:
-    if _fs_type(tmp_path) in ("tmpfs", "ramfs"):
-        pytest.skip(f"{tmp_path} is in memory: its page cache cannot be dropped")
+    skip_if_in_memory(tmp_path)
     return tmp_path
 
 
@@ -57,8 +43,7 @@ def _write(path: Path, nbytes: int = SIZE, *, sync: bool) -> None:
 def synced_files(directory: Path, names: Sequence[str], nbytes: int) -> list[Path]:
     """Files ``names`` of ``nbytes`` each under ``directory``, written and synced; skips the calling test where
     ``directory`` is in memory (tmpfs, ramfs), whose page cache cannot be dropped."""
-    if _fs_type(directory) in ("tmpfs", "ramfs"):
-        pytest.skip(f"{directory} is in memory: its page cache cannot be dropped")
+    skip_if_in_memory(directory)
     paths = [directory / name for name in names]
     for path in paths:
         _write(path, nbytes, sync=True)

@@ -13,7 +13,8 @@ from harness.measure.coldcache import COLD_TOLERANCE_BYTES
 from harness.measure.diskread import cold_read_bandwidth, cpu_times
 from harness.measure.procfs import read_status
 from harness.measure.residency import FileResidency
-from harness.tests.test_coldcache import _fs_type, _write
+from harness.tests.pages import skip_if_in_memory
+from harness.tests.test_coldcache import _write
 from harness.units import MIB
 
 SIZE = 24 * MIB + 12345  # not a multiple of the chunk or of a page
@@ -21,8 +22,7 @@ SIZE = 24 * MIB + 12345  # not a multiple of the chunk or of a page
 
 @pytest.fixture
 def cold_file(tmp_path: Path) -> Path:
-    if _fs_type(tmp_path) in ("tmpfs", "ramfs"):
-        pytest.skip(f"{tmp_path} is in memory: its page cache cannot be dropped")
+    skip_if_in_memory(tmp_path)
     path = tmp_path / "weights.bin"
     _write(path, SIZE, sync=False)  # dirty: the reference must flush it before it drops it
     return path

@@ -14,6 +14,7 @@ import harness.measure.residency as residency
 from harness.measure.procfs import mapping_rss
 from harness.measure.residency import FileResidency, Method
 from harness.measure.sampler import Sampler
+from harness.tests.pages import skip_if_in_memory
 from harness.units import MIB
 
 SIZE = 64 * MIB
@@ -34,26 +35,11 @@ def _methods() -> list[Method]:
 METHODS = _methods()
 
 
-def _fs_type(path: Path) -> str:
-    """Filesystem type of the mount holding ``path`` (Linux ``/proc/self/mountinfo``)."""
-    target = os.path.realpath(path)
-    best, best_type = "", ""
-    with open("/proc/self/mountinfo") as fh:
-        for line in fh:
-            fields = line.split()
-            mount_point = fields[4].replace("\\040", " ")
-            fs_type = fields[fields.index("-") + 1]
-            inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
-            if inside and len(mount_point) >= len(best):
-                best, best_type = mount_point, fs_type
-    return best_type
-
 
 @pytest.fixture
 def cold_file(tmp_path: Path) -> Path:
     """A 64 MiB file written to disk and dropped from the page cache."""
-    if _fs_type(tmp_path) in ("tmpfs", "ramfs"):
-        pytest.skip(f"{tmp_path} is in memory: its page cache cannot be dropped")
+    skip_if_in_memory(tmp_path)
     path = tmp_path / "weights.bin"
     chunk = bytes(range(256)) * (MIB // 256)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
