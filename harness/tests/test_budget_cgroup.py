@@ -19,6 +19,7 @@ import pytest
 from harness.budget.cgroup import MemoryGroup, _start_ticks, remove_stale_groups, run_in_group
 from harness.budget.controller import CgroupUnavailable, MemoryController, find_controller, read_group
 from harness.budget.enclosing import Enclosing, effective_limit, enclosing_groups, limit_reached, read_marks
+from harness.tests.processes import gone_within
 from harness.units import GIB, MIB
 
 # One prefix per test process: groups are named in the machine's cgroup tree, which another test run
@@ -116,25 +117,13 @@ def test_a_failing_command_is_recorded_with_its_status_and_last_words(controller
     assert attempt.reason is not None and "status 3" in attempt.reason and "no checkpoint here" in attempt.reason
 
 
-def _gone(pid: int, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-        except OSError:
-            return True
-        if state in ("Z", "X"):
-            return True
-        time.sleep(0.02)
-    return False
-
 
 def test_what_the_command_leaves_running_is_killed(controller, no_leftovers, tmp_path) -> None:
     pid_file = tmp_path / "pid"
     attempt = run_in_group(["sh", "-c", f"sleep 60 & echo $! > {pid_file}; exit 0"], 64 * MIB, 30,
                            controller=controller, name_prefix=PREFIX)
     assert attempt.completed, attempt.reason
-    assert _gone(int(pid_file.read_text()))
+    assert gone_within(int(pid_file.read_text()))
 
 
 @pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])

@@ -17,12 +17,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
 from harness.budget import signals
 from harness.budget.cgroup import DEFAULT_PREFIX, remove_stale_groups
 from harness.budget.controller import MemoryController
+from harness.tests.processes import alive, gone_within
 from harness.tests.tiny_scenario import tiny_scenario_text
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,19 +43,6 @@ mode.worker_command = worker
 sys.exit(main(["budget", str(tmp / "s.toml"), "--results", str(tmp / "results")]))
 """
 
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _gone_within(pid: int, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not _alive(pid)
 
 
 def _groups_of(controller: MemoryController, pid: int) -> list[Path]:
@@ -88,7 +75,7 @@ def sweep(tmp_path: Path, controller: MemoryController) -> Iterator[tuple[subpro
         if parent.poll() is None:
             parent.kill()
         parent.communicate()
-        if worker is not None and _alive(worker):
+        if worker is not None and alive(worker):
             os.kill(worker, signal.SIGKILL)  # a regression's orphan: not left for two minutes
         remove_stale_groups(controller)
 
@@ -107,7 +94,7 @@ def test_a_caught_signal_stops_the_attempt_removes_its_group_and_says_so(
                                 "memory cgroup removed; "), err
     assert "results/tiny-budget is unchanged" in lines[-1]
     assert sum(line.startswith("error:") for line in lines) == 1 and "Traceback" not in err, err
-    assert not _alive(worker), "the worker outlived its parent"
+    assert not alive(worker), "the worker outlived its parent"
     assert _groups_of(controller, parent.pid) == [], "the parent left its memory cgroup behind"
 
 
@@ -117,7 +104,7 @@ def test_a_killed_sweep_takes_its_worker_along_and_the_next_start_removes_its_gr
     parent, worker = sweep
     parent.kill()
     parent.wait()
-    assert _gone_within(worker, 10), "the worker outlived its SIGKILLed parent"
+    assert gone_within(worker, 10), "the worker outlived its SIGKILLed parent"
     left = _groups_of(controller, parent.pid)
     assert len(left) == 1, "nothing could run to remove the group of a SIGKILLed parent"
     again = _parent(tmp_path, "fail")  # a sweep whose only attempt fails at once

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from harness.measure.proctree import descendants, pss_sum, read_tree
 from harness.run import watch
+from harness.tests.processes import gone_within
 from harness.units import KIB, MIB
 
 # The worker starts a child that writes its pid and touches 300 MiB, then waits for it; the worker itself
@@ -27,18 +27,6 @@ HUNGRY_CHILD = (
 )
 
 
-def _gone(pid: int, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-        except OSError:
-            return True
-        if state in ("Z", "X"):
-            return True
-        time.sleep(0.02)
-    return False
-
 
 def test_what_the_worker_starts_counts_toward_the_limit_and_is_stopped_with_it(tmp_path: Path) -> None:
     pid_file = tmp_path / "child.pid"
@@ -48,7 +36,7 @@ def test_what_the_worker_starts_counts_toward_the_limit_and_is_stopped_with_it(t
         "stopped by the harness: the worker and the 1 process it started held ")
     assert "(PSS summed), past the scenario's memory limit of 0.15 GiB" in outcome.reason
     assert outcome.peak_rss_bytes < 150 * MIB  # the worker's own RSS never came near it
-    assert _gone(int(pid_file.read_text()))
+    assert gone_within(int(pid_file.read_text()))
 
 
 def test_a_timeout_stops_what_the_worker_started_too(tmp_path: Path) -> None:
@@ -57,7 +45,7 @@ def test_a_timeout_stops_what_the_worker_started_too(tmp_path: Path) -> None:
            "open(sys.argv[1], 'w').write(str(c.pid)); time.sleep(60)"
     outcome = watch([sys.executable, "-c", code, str(pid_file)], None, 1.0)
     assert outcome.reason is not None and "timeout of 1 s" in outcome.reason
-    assert _gone(int(pid_file.read_text()))
+    assert gone_within(int(pid_file.read_text()))
 
 
 # The worker touches 200 MiB, then forks three children that share it copy-on-write and wait: summed RSS is
