@@ -20,7 +20,6 @@ either way).
 from __future__ import annotations
 
 import mmap
-import os
 import shutil
 import time
 from collections.abc import Iterable
@@ -30,6 +29,7 @@ from pathlib import Path
 import torch
 
 from harness.engines.builder import BuiltEngine, EngineBuilder
+from harness.measure.coldcache import write_back_and_drop
 from weightmap import TensorSpec, write_checkpoint
 
 __all__ = ["ALIGN", "CopyToDevice", "CopyToFiles", "fault_in", "packed_layout"]
@@ -123,14 +123,6 @@ class CopyToDevice(EngineBuilder):
         self.engines.clear()
 
 
-def _drop_from_page_cache(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
 
 @dataclass
 class CopyToFiles(EngineBuilder):
@@ -152,7 +144,7 @@ class CopyToFiles(EngineBuilder):
         path = self.workdir / f"engine-{index:03d}.safetensors"
         specs = [TensorSpec(n, t.dtype, tuple(t.shape)) for n, t in distinct.items()]
         header = write_checkpoint(path, specs, lambda spec: distinct[spec.name].detach())
-        _drop_from_page_cache(path)
+        write_back_and_drop(path)
         columns = _split(started, paged)
         return BuiltEngine(nbytes=sum(e.nbytes for e in header.tensors.values()), artifact=path, columns=columns)
 

@@ -63,6 +63,7 @@ __all__ = [
     "prepare_warm",
     "read_through",
     "system_dirty_bytes",
+    "write_back_and_drop",
 ]
 
 MEMINFO = "/proc/meminfo"
@@ -99,6 +100,23 @@ def drop_cached(fd: int, offset: int = 0, length: int = 0) -> None:
     writeback and pages some process maps stay.
     """
     os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+
+
+def write_back_and_drop(file: int | str | os.PathLike[str]) -> None:
+    """Write a file's dirty data back (``fdatasync``), then drop its pages from the page cache (:func:`drop_cached`).
+
+    ``file`` is an open descriptor, which is left open, or a path. Used on a file just written, so that
+    it holds no page-cache memory of the run's once let go.
+    """
+    if isinstance(file, int):
+        os.fdatasync(file)
+        drop_cached(file)
+        return
+    fd = os.open(file, os.O_RDONLY)
+    try:
+        write_back_and_drop(fd)
+    finally:
+        os.close(fd)
 
 
 @dataclass

@@ -117,7 +117,6 @@ def test_a_failing_command_is_recorded_with_its_status_and_last_words(controller
     assert attempt.reason is not None and "status 3" in attempt.reason and "no checkpoint here" in attempt.reason
 
 
-
 def test_what_the_command_leaves_running_is_killed(controller, no_leftovers, tmp_path) -> None:
     pid_file = tmp_path / "pid"
     attempt = run_in_group(["sh", "-c", f"sleep 60 & echo $! > {pid_file}; exit 0"], 64 * MIB, 30,

@@ -44,7 +44,6 @@ sys.exit(main(["budget", str(tmp / "s.toml"), "--results", str(tmp / "results")]
 """
 
 
-
 def _groups_of(controller: MemoryController, pid: int) -> list[Path]:
     mark = f"{DEFAULT_PREFIX}-{pid}-"
     return sorted(p for p in controller.parent.iterdir() if p.name.startswith(mark) and p.is_dir())

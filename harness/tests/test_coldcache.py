@@ -11,13 +11,18 @@ from pathlib import Path
 import pytest
 
 import harness.measure.coldcache as coldcache
-from harness.measure.coldcache import COLD_TOLERANCE_BYTES, file_page_counts, prepare_cold, prepare_warm
+from harness.measure.coldcache import (
+    COLD_TOLERANCE_BYTES,
+    file_page_counts,
+    prepare_cold,
+    prepare_warm,
+    write_back_and_drop,
+)
 from harness.measure.residency import FileResidency
 from harness.tests.pages import skip_if_in_memory
 from harness.units import GIB, KIB, MIB
 
 SIZE = 16 * MIB
-
 
 
 @pytest.fixture
@@ -189,6 +194,25 @@ def test_bad_arguments_are_refused(tmp_path: Path) -> None:
         prepare_cold([tmp_path / "missing.bin"])
     with pytest.raises(FileNotFoundError, match="not a regular file"):
         prepare_warm([tmp_path])
+
+
+@pytest.mark.parametrize("by", ["path", "descriptor"])
+def test_a_file_just_written_is_written_back_and_leaves_the_page_cache(disk_dir: Path, by: str) -> None:
+    path = disk_dir / "engine.bin"
+    _write(path, sync=False)  # dirty: dropping alone would leave its pages
+    assert _resident(path) == SIZE
+    if by == "path":
+        write_back_and_drop(path)
+    else:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            write_back_and_drop(fd)
+            os.fstat(fd)  # still open: the caller's to close
+        finally:
+            os.close(fd)
+    assert _resident(path) <= COLD_TOLERANCE_BYTES
+    assert _dirty(path) in (0, None)
+    assert path.read_bytes()[:255] == bytes(range(1, 256))  # the data, written back intact
 
 
 def test_system_dirty_bytes_reads_meminfo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

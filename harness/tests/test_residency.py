@@ -35,7 +35,6 @@ def _methods() -> list[Method]:
 METHODS = _methods()
 
 
-
 @pytest.fixture
 def cold_file(tmp_path: Path) -> Path:
     """A 64 MiB file written to disk and dropped from the page cache."""

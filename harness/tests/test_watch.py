@@ -27,7 +27,6 @@ HUNGRY_CHILD = (
 )
 
 
-
 def test_what_the_worker_starts_counts_toward_the_limit_and_is_stopped_with_it(tmp_path: Path) -> None:
     pid_file = tmp_path / "child.pid"
     outcome = watch([sys.executable, "-c", HUNGRY_CHILD, str(pid_file)], 150 * MIB, 60)

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import os
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["alias", "aliased", "drop_behind"]
+__all__ = ["alias", "aliased"]
 
 
 def alias(tensor: torch.Tensor) -> torch.Tensor:
@@ -54,13 +52,3 @@ def aliased(program: Any, mark: Callable[[str, torch.Tensor], None] | None = Non
             table.clear()
             table.update(before)
 
-
-def drop_behind(path: Path) -> None:
-    """Flush ``path`` and drop its pages from the page cache (the engine is written and let go)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fdatasync(fd)
-        if hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)

@@ -51,7 +51,8 @@ import torch
 from torch.export import ExportedProgram
 
 from harness.engines.compile.compiler import Artifact, EngineBuildError, EngineLoadError
-from harness.engines.compile.handover import aliased, drop_behind
+from harness.engines.compile.handover import aliased
+from harness.measure.coldcache import write_back_and_drop
 from harness.measure.procfs import read_peak, read_status
 
 __all__ = [
@@ -182,7 +183,7 @@ class IreeCompiler:
             gc.collect()  # the imported module may hold the partition's tensors: drop it before they are released
         if not path.is_file() or not path.stat().st_size:
             raise EngineBuildError(f"{path.name}: IREE's compile returned without writing the module")
-        drop_behind(path)
+        write_back_and_drop(path)
         return Artifact(path, tensors if self.weights == "mapped" else {}, {
             "convert_s": round(convert_s, 3), "convert_hwm_bytes": convert_hwm, "compile_hwm_bytes": compile_hwm,
             "compiler_read_bytes": done.file_bytes - start.file_bytes,

@@ -67,7 +67,8 @@ import torch
 from torch.export import ExportedProgram
 
 from harness.engines.compile.compiler import Artifact, EngineBuildError, EngineLoadError
-from harness.engines.compile.handover import aliased, drop_behind
+from harness.engines.compile.handover import aliased
+from harness.measure.coldcache import write_back_and_drop
 from harness.measure.procfs import read_peak, read_status
 from harness.units import KIB
 
@@ -248,7 +249,7 @@ class OpenVinoCompiler:
                                    "the engine was not written")
         os.replace(blobs[0], path)
         shutil.rmtree(cache, ignore_errors=True)
-        drop_behind(path)
+        write_back_and_drop(path)
         return Artifact(path, {}, {
             "convert_s": round(convert_s, 3), "convert_hwm_bytes": convert_hwm, "compile_hwm_bytes": compile_hwm,
             "compiler_read_bytes": done.file_bytes - start.file_bytes,

@@ -46,6 +46,7 @@ from typing import Any
 import torch
 
 from harness.engines.compile.compiler import EngineBuildError
+from harness.measure.coldcache import write_back_and_drop
 from harness.measure.procfs import read_status
 from harness.units import MIB
 
@@ -228,12 +229,6 @@ def _view(host: torch.Tensor) -> memoryview:
     return memoryview((ctypes.c_char * host.numel()).from_address(host.data_ptr())).cast("B")
 
 
-def _drop_behind(fd: int) -> None:
-    """Flush what was written to ``fd`` and drop it from the page cache."""
-    os.fdatasync(fd)
-    if hasattr(os, "posix_fadvise"):
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-
 
 def _aligned_extra(header_offset: int, name: str, align: int) -> bytes:
     """A local-header extra field that puts an entry's data on an ``align``-byte boundary.
@@ -303,13 +298,13 @@ def write_blob(
                     if release_mapped_storage(storage):
                         released += 1
                     zf.fp.flush()
-                    _drop_behind(fd)
+                    write_back_and_drop(fd)
                 pad = entry.data_size - storage.nbytes()
                 if pad:
                     out.write(bytes(pad))
                 total += entry.data_size
         zf.fp.flush()
-        _drop_behind(zf.fp.fileno())
+        write_back_and_drop(zf.fp.fileno())
     return BlobWriteStats(total, chunks, released, begun.rss_bytes, peak_rss, peak_read)
 
 
