@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from pathlib import Path
 import torch
 
 from harness.engines.compile.inductor import InductorCompiler
+from harness.measure.coldcache import write_back_and_drop
 
 MIB = 2**20
 
@@ -81,15 +81,6 @@ class _Layer(torch.nn.Module):
         return self.proj(x)
 
 
-def _drop_cached(path: Path) -> None:
-    """The artifact's pages out of the page cache (only its own: the machine's cache is left alone)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -110,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             runs = []
             for _ in range(args.loads):
                 if args.cold:
-                    _drop_cached(artifact)
+                    write_back_and_drop(artifact)
                 with tempfile.TemporaryDirectory(dir=work) as tmp:
                     out = subprocess.run([sys.executable, "-c", textwrap.dedent(_LOAD), str(artifact), tmp, str(width)],
                                          check=True, capture_output=True, text=True)

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import json
 import mmap
 import os
@@ -58,6 +57,8 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
+from harness.measure.coldcache import write_back_and_drop  # noqa: E402
+from harness.measure.residency import FileResidency  # noqa: E402
 from weightmap import PREFETCH_METHODS, ReleasePlan, map_weights  # noqa: E402
 from weightmap.format import TensorSpec, read_header, write_checkpoint  # noqa: E402
 from weightmap.prefetch import CHUNK_BYTES, PrefetchMethod  # noqa: E402
@@ -88,41 +89,15 @@ def reset_peak() -> bool:
         return False
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-_libc.mmap.restype = ctypes.c_void_p
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-
-
 def cached_bytes(path: Path) -> int:
-    """Bytes of ``path`` in the page cache (mincore on a mapping that is never read)."""
-    size = path.stat().st_size
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        address = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-    finally:
-        os.close(fd)
-    if address in (None, ctypes.c_void_p(-1).value):
-        raise OSError(ctypes.get_errno(), f"mmap of {path}")
-    try:
-        vec = ctypes.create_string_buffer((size + PAGE - 1) // PAGE)
-        if _libc.mincore(address, size, vec) != 0:
-            raise OSError(ctypes.get_errno(), f"mincore of {path}")
-        raw = vec.raw
-        return (len(raw) - raw.count(0)) * PAGE
-    finally:
-        _libc.munmap(address, size)
+    """Bytes of ``path`` in the page cache (the harness's residency reader: cachestat or mincore)."""
+    with FileResidency([path]) as residency:
+        return residency.resident_bytes()
 
 
 def make_cold(path: Path) -> int:
-    """fsync, then evict the file's pages; returns the bytes still cached afterwards."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    """Write the file back, then evict its pages; returns the bytes still cached afterwards."""
+    write_back_and_drop(path)
     return cached_bytes(path)
 
 

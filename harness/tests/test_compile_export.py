@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +9,7 @@ import pytest
 import torch
 
 from harness.engines.compile.export import export_mapped, shared_with_model
+from harness.measure.coldcache import write_back_and_drop
 from harness.models import SyntheticTransformer, fill_non_persistent
 from harness.models.checkpoints import ensure_checkpoint
 from harness.units import KIB, MIB
@@ -19,14 +19,6 @@ from weightmap import map_weights
 SHAPE: dict[str, Any] = {"layers": 2, "width": 256, "heads": 4, "vocab": 4096, "dtype": torch.bfloat16}
 TOKENS = torch.tensor([[1, 2, 3, 4095]])
 
-
-def _cold(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +37,7 @@ def _mapped(path: Path) -> SyntheticTransformer:
 
 def test_export_of_a_mapped_model_reads_nothing_and_holds_the_views(checkpoint: Path) -> None:
     model = _mapped(checkpoint)
-    _cold(checkpoint)
+    write_back_and_drop(checkpoint)
     result = export_mapped(model, (TOKENS,), checkpoint=[checkpoint])
     assert result.record.pages_read_bytes == 0
     assert result.record.residency_read_bytes is not None
@@ -69,7 +61,7 @@ def test_an_export_that_reads_the_weights_is_seen(checkpoint: Path, monkeypatch:
 
     monkeypatch.setattr(torch.export, "export", reading)
     model = _mapped(checkpoint)
-    _cold(checkpoint)
+    write_back_and_drop(checkpoint)
     result = export_mapped(model, (TOKENS,), checkpoint=[checkpoint])
     assert result.record.pages_read_bytes is not None and result.record.pages_read_bytes > 4 * MIB
     assert result.record.residency_read_bytes is not None
