@@ -81,7 +81,6 @@ class _Layer(torch.nn.Module):
         return self.proj(x)
 
 
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mib", type=int, default=256, help="the weight's size in MiB")

@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import mmap
 import os
 import statistics
 import subprocess
@@ -64,9 +63,8 @@ from weightmap.format import TensorSpec, read_header, write_checkpoint  # noqa: 
 from weightmap.prefetch import CHUNK_BYTES, PrefetchMethod  # noqa: E402
 
 TENSOR_BYTES = 64 * 2**20
-PAGE = mmap.PAGESIZE
 
-# ----------------------------------------------------------------------------- /proc and mincore
+# ----------------------------------------------------------------------------- /proc and the page cache
 
 
 def status() -> dict[str, int]:

@@ -123,7 +123,6 @@ class CopyToDevice(EngineBuilder):
         self.engines.clear()
 
 
-
 @dataclass
 class CopyToFiles(EngineBuilder):
     """``copy`` without a GPU: each engine is a file (``workdir/engine-NNN.safetensors``), written and

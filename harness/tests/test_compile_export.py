@@ -20,7 +20,6 @@ SHAPE: dict[str, Any] = {"layers": 2, "width": 256, "heads": 4, "vocab": 4096, "
 TOKENS = torch.tensor([[1, 2, 3, 4095]])
 
 
-
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path, _ = ensure_checkpoint(SyntheticTransformer(**SHAPE), tmp_path_factory.mktemp("ckpt") / "m.safetensors",

@@ -51,4 +51,3 @@ def aliased(program: Any, mark: Callable[[str, torch.Tensor], None] | None = Non
         for table, before in zip(tables, saved, strict=True):
             table.clear()
             table.update(before)
-

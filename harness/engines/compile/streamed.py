@@ -229,7 +229,6 @@ def _view(host: torch.Tensor) -> memoryview:
     return memoryview((ctypes.c_char * host.numel()).from_address(host.data_ptr())).cast("B")
 
 
-
 def _aligned_extra(header_offset: int, name: str, align: int) -> bytes:
     """A local-header extra field that puts an entry's data on an ``align``-byte boundary.
 
