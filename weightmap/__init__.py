@@ -13,8 +13,11 @@ Public API:
   model runs once its weights are mapped; ties made in ``__init__`` stay ties.
 * :func:`map_weights` points a module's or an ExportedProgram's tensors at
   zero-copy, copy-on-write views of a checkpoint and returns a
-  :class:`MappedWeights` report/handle. :func:`preview_mapping` says what it
-  would do (a :class:`MappingPreview`) from the headers alone.
+  :class:`MappedWeights` report/handle: the state ``load_state_dict`` would give
+  (ties, storage ties of other views, tensors that share an entry through
+  ``key_map`` independent), or an error before any change. :func:`preview_mapping`
+  says what it would do (a :class:`MappingPreview`) from the headers, reading no
+  weight but a tie held twice, compared and dropped from the page cache again.
 * :func:`assert_runnable` raises unless no tensor of a model is left on the meta
   device (``map_weights`` accepts non-persistent buffers that no checkpoint holds,
   as ``load_state_dict`` does; this says whether the model can run).

@@ -8,7 +8,10 @@ per dtype, which tensors sit at an offset that is not a multiple of their item s
 (built under :func:`weightmap.init_empty_weights`) it also says what
 :func:`weightmap.map_weights` would map, copy, miss or leave on meta.
 
-No weight is read. Headers are read with the kernel's read-ahead off, so that
+No weight is read, except the entries of a tie the checkpoint holds under several
+names when a model is given: they are compared as :func:`weightmap.map_weights`
+compares them, and the pages that brought into the page cache are dropped again.
+Headers are read with the kernel's read-ahead off, so that
 reading a header brings no page of the data section into the page cache either
 (a plain read of the first 64 KiB of a file makes the kernel read ahead about a
 MiB of weights past it). ``python -m weightmap inspect`` prints the report.
@@ -127,7 +130,9 @@ def inspect_checkpoint(
       would refuse. A model that ``map_weights`` would refuse whatever ``strict``
       says (a shape mismatch, a tie held twice with different values) raises its
       :class:`MappingError`. The model is not
-      changed. ``model_name`` is how the report names it.
+      changed. A tie the checkpoint holds under several names is compared as
+      ``map_weights`` compares it (its entries are read, and the pages that brought
+      into the page cache are dropped again). ``model_name`` is how the report names it.
 
     Example::
 
