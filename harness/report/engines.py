@@ -69,9 +69,8 @@ def engines_figure(run: Results) -> Figure:
             slot = releasing.index(name)
             middle.bar(np.asarray(xs) - 0.4 + released_width * (slot + 0.5), gib(ys), released_width, color=colour,
                        zorder=2, gid=f"released:{name}")
-        if any(e.released_bytes is not None for e in record.engines):
-            if metrics.released_share is not None:
-                label += f", released {metrics.released_share * 100:.0f}% of the model"
+        if any(e.released_bytes is not None for e in record.engines) and metrics.released_share is not None:
+            label += f", released {metrics.released_share * 100:.0f}% of the model"
         if metrics.engine_s:
             xs, seconds = zip(*metrics.engine_s, strict=True)
             bottom.bar(np.asarray(xs) + offsets, seconds, width, color=colour, zorder=2, gid=f"build-s:{name}")

@@ -39,7 +39,7 @@ from harness.report.style import (
     new_figure,
     styled,
 )
-from harness.report.text import format_gib, gib_decimals, run_subject, status_text
+from harness.report.text import run_subject, status_text
 from harness.results.reading import Results
 from harness.results.record import StrategyRecord
 from harness.units import GIB
