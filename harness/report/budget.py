@@ -35,7 +35,7 @@ from harness.budget.record import AttemptRecord, BudgetRecord, StrategyBudget, r
 from harness.catalog import HEADLINE_STRATEGY, strategy_colour
 from harness.report.names import figure_name
 from harness.report.style import STYLE, figure_png, strategy_line, wrapped_title
-from harness.report.text import DASH, cell, gib_decimals, short_commit
+from harness.report.text import DASH, cell, commit_text, gib_decimals, short_commit
 from harness.results.atomic import FileBatch
 from harness.results.files import read_text_file
 from harness.units import GIB
@@ -298,7 +298,7 @@ def wall_figure(record: BudgetRecord) -> Figure:
                    title_fontproperties={"size": 11, "weight": "bold"})
         footer = (f"{record.model_name}, {_gib(record.model_bytes, d)}, {record.engines} engines, "
                   f"{record.backend} backend on {record.device}; {record.machine.cpus} CPUs; "
-                  f"commit {short_commit(record.commit)}, {record.created}")
+                  f"{commit_text(record.commit, 12)}, {record.created}")
         lines = textwrap.wrap(footer, 150)
         fig.text(0.01, 0.01, "\n".join(lines), fontsize=9, color="#333333", va="bottom", linespacing=1.35)
         footer_height = (len(lines) * 9 * 1.35 + 10) / 72 / fig.get_figheight()  # figure fraction

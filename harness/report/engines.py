@@ -6,7 +6,9 @@ whose marks equal an earlier one's at every engine, to the decimals the report p
 (:func:`harness.report.style.coinciding`), says so in the legend. Each legend entry gives the
 strategy's build phase as the report's table prints it (:attr:`~harness.results.metrics.StrategyMetrics.build_s`
 formatted by :func:`~harness.report.text.format_seconds`); the bars under it are each engine's
-own span, whose sum leaves out the moments between engines.
+own span, whose sum leaves out the moments between engines. The released panel gives a slot
+only to the strategies that released something (its title names the others), so that no empty
+slot splits an engine's group.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from harness.report.style import SERIES_COLOURS, coinciding, figure_legend, gib, new_figure, strategy_line, styled
-from harness.report.text import format_seconds, gib_decimals
+from harness.report.text import format_seconds, gib_decimals, run_subject
 from harness.results.reading import Results
 from harness.units import GIB
 
@@ -47,6 +49,9 @@ def engines_figure(run: Results) -> Figure:
     marks = {name: {e.index: e.host_hwm_bytes / GIB for e in run.strategies[name].engines
                     if e.host_hwm_bytes is not None} for name in names}
     same = coinciding(marks, 0.5 * 10**-decimals)
+    # the released panel gives slots only to strategies that released something, so no empty slot splits a group
+    releasing = [name for name in names if any(e.released_bytes for e in run.strategies[name].engines)]
+    released_width = 0.8 / max(1, len(releasing))
     for i, name in enumerate(names):
         record, metrics = run.strategies[name], run.metrics[name]
         line = strategy_line(name, names)
@@ -58,12 +63,14 @@ def engines_figure(run: Results) -> Figure:
         if marks[name]:
             top.plot(np.asarray(list(marks[name]), dtype="float64") + offsets, list(marks[name].values()),
                      markersize=5, linewidth=1.6, zorder=3, gid=f"hwm:{name}", **line)
-        released = [(e.index, e.released_bytes) for e in record.engines if e.released_bytes is not None]
+        released = [(e.index, e.released_bytes) for e in record.engines if e.released_bytes]
         if released:
             xs, ys = zip(*released, strict=True)
-            middle.bar(np.asarray(xs) + offsets, gib(ys), width, color=colour, zorder=2)
-            if metrics.released_share is not None:
-                label += f", released {metrics.released_share * 100:.0f}% of the model"
+            slot = releasing.index(name)
+            middle.bar(np.asarray(xs) - 0.4 + released_width * (slot + 0.5), gib(ys), released_width, color=colour,
+                       zorder=2, gid=f"released:{name}")
+        if any(e.released_bytes is not None for e in record.engines) and metrics.released_share is not None:
+            label += f", released {metrics.released_share * 100:.0f}% of the model"
         if metrics.engine_s:
             xs, seconds = zip(*metrics.engine_s, strict=True)
             bottom.bar(np.asarray(xs) + offsets, seconds, width, color=colour, zorder=2, gid=f"build-s:{name}")
@@ -75,7 +82,9 @@ def engines_figure(run: Results) -> Figure:
     top.set_title("host high-water mark while each engine is built (lines), its weights (bars)", loc="left")
     middle.set_ylabel("released (GiB)")
     middle.set_ylim(bottom=0)
-    middle.set_title("released after each engine's build", loc="left")
+    kept = [name for name in names if name not in releasing]
+    middle.set_title("released after each engine's build" + (f" (none by {', '.join(kept)})" if kept else ""),
+                     loc="left")
     bottom.set_ylabel("build time (s)")
     bottom.set_ylim(bottom=0)
     bottom.set_title("time to build each engine (its weights read, copied and released)", loc="left")
@@ -86,5 +95,5 @@ def engines_figure(run: Results) -> Figure:
         bottom.set_xticks(indices, [str(i) for i in indices], rotation=90 if len(indices) > 40 else 0)
     else:
         top.text(0.5, 0.5, "no engines recorded", transform=top.transAxes, ha="center", color="#777777")
-    figure_legend(fig, handles, f"{run.name}: memory and time engine by engine ({run.record.model.name})")
+    figure_legend(fig, handles, f"{run.name}: memory and time engine by engine ({run_subject(run)})")
     return fig

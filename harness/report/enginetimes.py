@@ -30,7 +30,7 @@ from matplotlib.patches import Patch
 from harness.catalog import FETCHED_PER_ENGINE
 from harness.report.compiler import has_compiler
 from harness.report.style import figure_legend, new_figure, strategy_colour, styled
-from harness.report.text import format_seconds
+from harness.report.text import format_seconds, run_subject
 from harness.results.reading import Results
 
 __all__ = ["engine_times_applies", "engine_times_figure"]
@@ -128,5 +128,5 @@ def engine_times_figure(run: Results) -> Figure:
         ax.text(0.5, 0.5, "no engines recorded", transform=ax.transAxes, ha="center", color="#777777")
     repeats = run.record.repeats or 1
     shown = "" if repeats <= 1 else f"; the median run of {repeats} per strategy"
-    figure_legend(fig, handles, f"{run.name}: where each engine's build time went ({run.record.model.name}{shown})")
+    figure_legend(fig, handles, f"{run.name}: where each engine's build time went ({run_subject(run)}{shown})")
     return fig

@@ -27,10 +27,12 @@ from harness.report.markdown import spread_text
 from harness.report.names import figure_name
 from harness.report.style import FLOOR_STYLE, figure_legend, new_figure, strategy_colour, styled
 from harness.report.text import (
+    card_text,
     format_gib,
     format_percent,
     format_seconds,
     gib_decimals,
+    model_text,
     phases_text,
     status_text,
 )
@@ -53,6 +55,9 @@ _LABEL_PT = 10
 _TEXT_GAP_PT = 4
 _BOLD_EM = 0.64  # width of a bold character, in ems, on average (digits and lower case)
 _AXIS_IN = 9.7  # both panels' width in a 12-inch figure, beside the strategies' described tick labels
+_HEADROOM = 1.05
+"""An axis's end over the furthest bar, outline, interval or floor it draws."""
+_MIN_SHARE = 0.3
 _REGULAR_EM = 0.56
 
 
@@ -75,7 +80,7 @@ def _bar(ax: Axes, y: float, height: float, m: StrategyMetrics, peak: int, floor
          order: list[str], gid: str, alpha: float, text_at: int | None = None) -> tuple[float, str]:
     """One peak bar from zero (baseline shaded) to ``peak``, ``floor`` drawn across it, ``text`` at its end (at
     ``text_at`` bytes where something is drawn past the bar: the whole-run outline). Returns where the text
-    starts (GiB) and the text, for :func:`_axis_end`."""
+    starts (GiB) and the text, for :func:`_axis_share`."""
     colour = strategy_colour(m.name, order)
     base = min(m.record.baseline_rss_bytes or 0, peak)
     ax.barh(y, base / GIB, height, color=BASELINE_COLOUR, zorder=2)
@@ -91,19 +96,23 @@ def _bar(ax: Axes, y: float, height: float, m: StrategyMetrics, peak: int, floor
                         color="#000000" if m.record.ok else "#B00000", zorder=5,
                         bbox={"boxstyle": "square,pad=0.15", "facecolor": "white", "edgecolor": "none", "alpha": 0.85})
     label.set_gid(f"{'excess' if gid == 'compared' else gid + '-excess'}:{m.name}")
-    label.set_in_layout(False)  # the axis leaves room for it (_axis_end); it must not shrink the axes
+    label.set_in_layout(False)  # the margin right of the axis leaves room for it (_axis_share)
     return start, text
 
 
-def _axis_end(labels: list[tuple[float, str]], points: float = _LABEL_PT, em: float = _BOLD_EM) -> float:
-    """The right end of an axis (in its units) that leaves room for every label: one starting at ``start`` and
-    ``w`` inches wide (its longest line, in type of ``points`` whose characters are ``em`` wide) needs
-    ``end >= start / (1 - w / axis width)`` (a label is given at most 70% of the axis)."""
-    def needed(start: float, text: str) -> float:
-        width = (max(len(line) for line in text.splitlines()) * em * points + _TEXT_GAP_PT + 6) / 72
-        return start / (1.0 - min(0.7, width / _AXIS_IN))
+def _axis_share(labels: list[tuple[float, str]], end: float, points: float = _LABEL_PT, em: float = _BOLD_EM
+                ) -> float:
+    """The share of the panel's width its axis takes, the rest a margin on its right that the labels run into.
 
-    return max((needed(start, text) for start, text in labels), default=0.0)
+    The axis runs to ``end`` (its data and reference lines with :data:`_HEADROOM`), so its scale fits what it
+    draws; a label starting at ``start`` and ``w`` inches wide (its longest line, in type of ``points`` whose
+    characters are ``em`` wide) ends inside the panel's width ``A`` (:data:`_AXIS_IN`) when the axis takes at
+    most ``(A - w) / (A * start / end)`` of it. At least :data:`_MIN_SHARE`, at most all of it."""
+    def most(start: float, text: str) -> float:
+        width = (max(len(line) for line in text.splitlines()) * em * points + _TEXT_GAP_PT + 6) / 72
+        return 1.0 if start <= 0 else (_AXIS_IN - width) / (_AXIS_IN * start / end)
+
+    return max(_MIN_SHARE, min([1.0, *(most(start, text) for start, text in labels)]))
 
 
 def _whole_run_end(m: StrategyMetrics, peak: int, right: float) -> int | None:
@@ -138,7 +147,9 @@ def _strategy_ticks(ax: Axes, metrics: list[StrategyMetrics], order: list[str], 
     ax.set_ylim(-0.6, len(metrics) - 0.4)
 
 
-def _peaks_panel(ax: Axes, run: Results, order: list[str]) -> None:
+def _peaks_panel(ax: Axes, run: Results, order: list[str]) -> float:
+    """Each strategy's peak bars against their floors; returns the share of the panel's width its axis takes
+    (:func:`_axis_share`)."""
     decimals = gib_decimals(run.record.model.bytes)
     metrics = list(run.metrics.values())
     gpu = run.on_gpu
@@ -168,11 +179,12 @@ def _peaks_panel(ax: Axes, run: Results, order: list[str]) -> None:
                            _HOST_GPU_ALPHA if gpu else 1.0, None if gpu else _whole_run_end(m, peak, right)))
         if not gpu:
             _whole_run(ax, y, height, m, peak, right, order, decimals)
-    # room for every label after its bar or the outline past it; no peak at all (every strategy failed before one):
-    # 1 GiB
-    ax.set_xlim(0, max(_axis_end(labels), right * 1.04) if labels else 1.0)
+    # the data and the floors with modest headroom, the labels in the margin right of it; no peak at all (every
+    # strategy failed before one): 1 GiB
+    end = right * _HEADROOM if values else 1.0
+    ax.set_xlim(0, end)
     _strategy_ticks(ax, metrics, order, described=True)
-    ax.set_xlabel("GiB")
+    ax.set_xlabel("GiB", loc="left")
     ax.grid(axis="x", color="#E5E5E5", zorder=0)
     floor = floor_formula(run.on_gpu, run.engines_accumulate, run.engines_built_without_resident_weights,
                           run.engines_hold_compiler_memory)
@@ -181,6 +193,7 @@ def _peaks_panel(ax: Axes, run: Results, order: list[str]) -> None:
                      f"the {run.compared_label} (light) against its floor ({floor})", loc="left")
     else:
         ax.set_title(f"{run.compared_label} against its floor ({floor})", loc="left")
+    return _axis_share(labels, end)
 
 
 def _wall_text(m: StrategyMetrics) -> str:
@@ -203,9 +216,10 @@ def _wall_spread(m: StrategyMetrics) -> MedianSpread | None:
     return spread if spread.low is not None and spread.high is not None else None
 
 
-def _times_panel(ax: Axes, run: Results, order: list[str]) -> list[str]:
+def _times_panel(ax: Axes, run: Results, order: list[str]) -> tuple[list[str], float]:
     """Each strategy's wall time as one bar of its phases in time order, and, over several rounds, the median
-    wall with its interval as an error bar; returns what was drawn (phases, and ``interval``)."""
+    wall with its interval as an error bar; returns what was drawn (phases, and ``interval``) and the share of the
+    panel's width its axis takes (:func:`_axis_share`)."""
     metrics = list(run.metrics.values())
     drawn: list[str] = []
     labels: list[tuple[float, str]] = []
@@ -246,11 +260,12 @@ def _times_panel(ax: Axes, run: Results, order: list[str]) -> list[str]:
         label.set_in_layout(False)
         labels.append((end, text))
     _strategy_ticks(ax, metrics, order, described=False)
-    ax.set_xlim(0, _axis_end(labels, 9, _REGULAR_EM) or 1.0)  # room for the text after each bar
-    ax.set_xlabel(f"seconds from the strategy's load start ({_engine_times_pointer(run)})")
+    end = max((start for start, _ in labels), default=0.0) * _HEADROOM or 1.0
+    ax.set_xlim(0, end)  # the bars and intervals with modest headroom, the text after each in the margin
+    ax.set_xlabel(f"seconds from the strategy's load start ({_engine_times_pointer(run)})", loc="left")
     ax.grid(axis="x", color="#E5E5E5", zorder=0)
-    ax.set_title("where the wall time goes, phase by phase", loc="left")
-    return list(dict.fromkeys(drawn))
+    ax.set_title("where the wall time goes, phase by phase", loc="left", pad=24)  # above the phases' legend
+    return list(dict.fromkeys(drawn)), _axis_share(labels, end, 9, _REGULAR_EM)
 
 
 def _engine_times_pointer(run: Results) -> str:
@@ -267,17 +282,23 @@ def _phase_legend(ax: Axes, drawn: list[str]) -> None:
     phases = [phase for phase in drawn if phase != "interval"]
     handles = [Patch(label=names.get(phase, phase), **_BETWEEN) if phase == "between" else
                Patch(label=names.get(phase, phase), color=PHASE_COLOURS.get(phase, _OTHER_PHASE)) for phase in phases]
-    ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncols=len(handles), frameon=False,
+    ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=len(handles), frameon=False,
               borderaxespad=0.2, handlelength=1.6, columnspacing=1.2)
 
 
 def _legend(run: Results, interval: bool) -> list[Any]:
     """The figure's legend: the peak panel's marks, and the time panel's error bar where one is drawn."""
-    handles: list[Any] = [Patch(color=BASELINE_COLOUR, label="baseline (before the load)")]
+    handles: list[Any] = [Patch(color=BASELINE_COLOUR, label="baseline (before the load)", gid="swatch:baseline")]
     if run.on_gpu:
+        # the swatches in the first strategy's colour, as its bars are drawn: the light one must not read as the
+        # baseline's grey
+        order = list(run.metrics)
+        colour = strategy_colour(order[0], order) if order else _INTERVAL_COLOUR
+        each = " in each strategy's colour" if len(order) > 1 else ""
         handles += [
-            Patch(facecolor="#777777", label="build-phase host peak (solid)"),
-            Patch(facecolor="#777777", alpha=_HOST_GPU_ALPHA, label="build-phase host + GPU peak (light)"),
+            Patch(facecolor=colour, label=f"build-phase host peak (solid{each})", gid="swatch:host"),
+            Patch(facecolor=colour, alpha=_HOST_GPU_ALPHA, label=f"build-phase host + GPU peak (light{each})",
+                  gid="swatch:host-gpu"),
             Line2D([], [], label="floor of each bar", **FLOOR_STYLE),
         ]
     else:
@@ -292,7 +313,8 @@ def _legend(run: Results, interval: bool) -> list[Any]:
 
 def _model_text(run: Results) -> str:
     model = run.record.model
-    return f"{model.name}, {format_gib(model.bytes, gib_decimals(model.bytes))}, {run.record.engines} engines"
+    return (f"{model_text(model)}, {format_gib(model.bytes, gib_decimals(model.bytes))}, {run.record.engines} engines"
+            f"{card_text(run)}")
 
 
 @styled
@@ -302,9 +324,12 @@ def headline_figure(run: Results) -> Figure:
     rows = max(1, len(order))
     times_height = (0.6 if any(_wall_spread(m) for m in run.metrics.values()) else 0.45) * rows + 0.9
     fig = new_figure(12.0, 3.0 + 0.95 * rows + times_height, run)
-    top, bottom = fig.subplots(2, 1, height_ratios=(0.95 * rows + 0.6, times_height))
-    _peaks_panel(top, run, order)
-    drawn = _times_panel(bottom, run, order)
+    grid = fig.add_gridspec(2, 2, height_ratios=(0.95 * rows + 0.6, times_height), wspace=0)
+    top, bottom = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[1, 0])
+    peaks_share = _peaks_panel(top, run, order)
+    drawn, times_share = _times_panel(bottom, run, order)
+    share = min(peaks_share, times_share)  # both axes fit their data; the labels run on into the column right
+    grid.set_width_ratios((share, max(1.0 - share, 1e-6)))
     _phase_legend(bottom, drawn)
     title = f"{run.name}: how far each loading strategy lands from its floor ({_model_text(run)})"
     figure_legend(fig, _legend(run, "interval" in drawn), title)

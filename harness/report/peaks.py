@@ -36,7 +36,7 @@ from harness.report.style import (
     strategy_colour,
     styled,
 )
-from harness.report.text import gib_decimals
+from harness.report.text import gib_decimals, run_subject
 from harness.results.metrics import StrategyMetrics
 from harness.results.reading import Results
 from harness.units import GIB
@@ -146,6 +146,6 @@ def peaks_figure(run: Results) -> Figure:
     for handle in handles:
         handle.set_label("\n".join(textwrap.wrap(keep_units(handle.get_label()), 36)))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, borderaxespad=0)
-    fig.suptitle(f"{run.name}: memory peaks by loading strategy ({record.model.name})", fontsize=12,
+    fig.suptitle(f"{run.name}: memory peaks by loading strategy ({run_subject(run)})", fontsize=12,
                  fontweight="bold")
     return fig

@@ -8,18 +8,22 @@ always print a figure the same way.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from harness.results.metrics import StrategyMetrics
 from harness.results.reading import Results
+from harness.results.record import ModelInfo
 from harness.units import GIB, KIB, MIB
 
 __all__ = [
     "DASH",
     "TableColumn",
+    "card_text",
     "cell",
+    "commit_text",
     "footer_text",
     "format_bytes",
     "format_gib",
@@ -28,8 +32,10 @@ __all__ = [
     "gib_decimals",
     "machine_text",
     "markdown_table",
+    "model_text",
     "phases_text",
     "release_sentence",
+    "run_subject",
     "short_commit",
     "shorten",
     "status_text",
@@ -101,6 +107,49 @@ def short_commit(commit: str | None, length: int = 12) -> str:
     return sha[:length] + ("-dirty" if dirty else "")
 
 
+def commit_text(commit: str | None, length: int = 10) -> str:
+    """``commit 0123456789``, or ``commit 0123456789 with uncommitted changes`` for a record made from a tree
+    with changes not committed (its ``-dirty`` suffix), said in words; ``commit not recorded`` when None."""
+    if not commit:
+        return "commit not recorded"
+    sha, dirty, _ = commit.partition("-dirty")
+    return f"commit {sha[:length]}" + (" with uncommitted changes" if dirty else "")
+
+
+_TRIMMED = re.compile(r"^(?P<stem>.+)-trim(?P<count>\d+)-[0-9a-f]{8}$")
+"""A trimmed model's name (:meth:`harness.scenario.ModelConfig.name`): its stem, the count, a digest of the names."""
+
+
+def model_text(model: ModelInfo) -> str:
+    """The model as a title names it, from its record: its name, where it came from (``pi05 from lerobot 0.6.1``,
+    ``pi05 from its weight spec``; a synthetic model's name says it all), and a trimmed model's tensors in words
+    rather than the digest its name ends with (``pi05 less 2 trimmed tensors``)."""
+    trimmed = _TRIMMED.match(model.name)
+    name = model.name
+    if trimmed:
+        count = int(trimmed["count"])
+        name = f"{trimmed['stem']} less {count} trimmed tensor{'s' if count != 1 else ''}"
+    if model.source.startswith("spec:"):
+        return f"{name} from its weight spec"
+    if model.source and model.source != "synthetic":
+        return f"{name} from {model.source}"
+    return name
+
+
+def card_text(run: Results) -> str:
+    """``, on NVIDIA H100 80GB HBM3``: the GPU the run measured, from its record, for a title; empty without
+    one (a run's name may name another card than the one it ran on)."""
+    gpu = run.record.machine.gpu
+    if not gpu or not run.gpu_measured:
+        return ""
+    return f", on {gpu}"
+
+
+def run_subject(run: Results) -> str:
+    """What a figure's title says the run measured: the model (:func:`model_text`) and the GPU (:func:`card_text`)."""
+    return model_text(run.record.model) + card_text(run)
+
+
 def versions_text(run: Results) -> str:
     """``python 3.11.7, torch 2.13.0, ...``: the versions that were installed."""
     return ", ".join(f"{k} {v}" for k, v in run.record.versions.items() if v)
@@ -125,7 +174,7 @@ def footer_text(run: Results) -> str:
         f"machine: {machine_text(run)}",
         f"backend {record.backend}, device {record.device}, cache {record.cache or 'unknown'}",
         versions_text(run),
-        f"commit {short_commit(record.commit, 10)}",
+        commit_text(record.commit, 10),
         f"created {record.created or 'unknown'}",
     ]
     return "   |   ".join(p for p in parts if p)

@@ -13,7 +13,7 @@ import pytest
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.patches import Rectangle
+from matplotlib.patches import Patch, Rectangle
 from matplotlib.text import Text
 
 from harness.budget.record import read_budget
@@ -27,7 +27,7 @@ from harness.report.names import figure_name
 from harness.report.peaks import level_labels, peaks_figure
 from harness.report.style import coinciding, figure_legend
 from harness.report.table import strategy_cells
-from harness.report.timeline import panel_top, timeline_figure
+from harness.report.timeline import label_rows, memory_top, model_level, timeline_figure
 from harness.results.metrics import host_floor_bytes, phase_spans
 from harness.results.reading import load_results
 from harness.results.record import Phases
@@ -96,45 +96,90 @@ def test_without_a_gpu_the_host_floor_is_the_floor(tmp_path: Path) -> None:
 # Timeline
 
 
-def _panel_values(run: Any, name: str) -> list[float]:
-    """What a strategy's timeline panel draws on its memory axis, in GiB: its peaks and its floor."""
+def _reference_levels(run: Any, name: str) -> list[float]:
+    """The horizontal lines a strategy's timeline panel draws, in GiB: its floor and baseline + model size."""
     m = run.metrics[name]
-    return [v / GIB for v in (m.floor_bytes, m.compared_peak_bytes, m.record.host_peak_bytes) if v is not None]
+    levels = [m.floor_bytes / GIB] if m.floor_bytes is not None else []
+    level = model_level(run, name)
+    return levels + ([level] if level is not None else [])
 
 
-def test_each_timeline_panel_is_scaled_to_what_it_draws(results_dir: Path) -> None:
+def test_the_timeline_panels_share_one_memory_scale(results_dir: Path) -> None:
     run = load_results(results_dir)
     fig = timeline_figure(run)
-    panels = dict(zip(run.strategies, fig.axes[: len(run.strategies)], strict=True))  # the strips come after
-    for name, ax in panels.items():
-        top = ax.get_ylim()[1]
-        assert top == pytest.approx(panel_top(run, name))
-        assert max(_panel_values(run, name)) / top >= 0.7, f"{name} fills its own panel"
-    assert "each panel on its own memory scale" in " ".join(_legend_texts(fig) + [
-        " ".join(legend.get_title().get_text().split()) for legend in fig.legends])
+    panels = fig.axes[: len(run.strategies)]  # the strips come after
+    tops = {ax.get_ylim() for ax in panels}
+    assert tops == {(0.0, memory_top(run))}, "every panel on one memory scale"
+    highest = max(v or 0 for m in run.metrics.values() for v in (m.record.host_peak_bytes, m.compared_peak_bytes)) / GIB
+    assert highest / memory_top(run) >= 0.7, "the scale is the highest panel's, not more"
+    title = " ".join(" ".join(legend.get_title().get_text().split()) for legend in fig.legends)
+    assert "every panel on one memory scale" in title and "own scale" not in title
 
 
-def test_a_strategy_near_its_floor_is_readable_beside_one_that_holds_the_model(tmp_path: Path) -> None:
-    run = load_results(make_results(tmp_path / "results", failed=None))
-    fig = timeline_figure(run)
-    axes = dict(zip(run.strategies, fig.axes[: len(run.strategies)], strict=True))
-    map_peak, load_peak = run.strategies["map"].host_peak_bytes, run.strategies["load"].host_peak_bytes
-    assert map_peak is not None and load_peak is not None and map_peak < 0.6 * load_peak
-    assert map_peak / GIB / axes["map"].get_ylim()[1] == pytest.approx(
-        load_peak / GIB / axes["load"].get_ylim()[1], rel=0.15), "both peaks fill their panels alike"
+def test_every_timeline_reference_line_has_room_above_it(results_dir: Path) -> None:
+    def model_is_the_highest(summary: dict[str, Any]) -> None:  # as on lerobot-compile-packaged-compiler
+        summary["model"]["bytes"] = 2 * max(s["host_peak_bytes"] or 0 for s in summary["strategies"].values())
+
+    _edit_summary(results_dir, model_is_the_highest)
+    run = load_results(results_dir)
+    top = timeline_figure(run).axes[0].get_ylim()[1]
+    for name in run.strategies:
+        for level in _reference_levels(run, name):
+            assert level <= top / 1.2, (name, level, top)
 
 
-def test_the_model_size_is_drawn_where_it_fits_a_panel_and_named_where_it_does_not(results_dir: Path) -> None:
+def test_the_model_size_is_drawn_on_top_of_each_strategys_baseline(results_dir: Path) -> None:
     run = load_results(results_dir)
     fig = timeline_figure(run)
-    model = run.record.model.bytes / GIB
     for name, ax in zip(run.strategies, fig.axes[: len(run.strategies)], strict=True):
-        levels = [np.asarray(line.get_ydata(), dtype="float64") for line in ax.get_lines()]
-        heights = [float(y[0]) for y in levels if y.size and (y == y[0]).all()]
-        if model <= ax.get_ylim()[1]:
-            assert model in heights, name
-        else:
-            assert model not in heights and "model size" in ax.get_title(loc="right"), name
+        baseline = run.strategies[name].baseline_rss_bytes
+        assert baseline is not None and baseline > 0
+        (line,) = _gid(ax, f"model:{name}")
+        assert line.get_ydata()[0] == pytest.approx((baseline + run.record.model.bytes) / GIB)
+    (entry,) = [t for t in _legend_texts(fig) if "model size" in t]
+    assert entry.startswith("baseline (RSS before the load) + model size"), entry
+
+
+def test_each_timeline_panel_runs_on_its_own_time_axis(tmp_path: Path) -> None:
+    directory = make_results(tmp_path / "results", failed=None)
+
+    def load_takes_ten_times_longer(summary: dict[str, Any]) -> None:
+        load = summary["strategies"]["load"]
+        start = load["phases"]["load_start_s"]
+        for engine in load["engines"]:
+            engine["start_s"] = start + (engine["start_s"] - start) * 10
+            engine["end_s"] = start + (engine["end_s"] - start) * 10
+
+    _edit_summary(directory, load_takes_ten_times_longer)
+    run = load_results(directory)
+    fig = timeline_figure(run)
+    for name, ax in zip(run.strategies, fig.axes[: len(run.strategies)], strict=True):
+        s = run.strategies[name]
+        assert s.phases.load_start_s is not None
+        end = max([e.end_s for e in s.engines if e.end_s is not None]
+                  + [float(run.samples[name]["t_s"].max())]) - s.phases.load_start_s
+        low, high = ax.get_xlim()
+        assert low <= 0.0 < high and high == pytest.approx(end, rel=0.05), name
+
+
+def test_engine_numbers_never_run_together() -> None:
+    spans = [(i, 10.0 + 0.02 * i, 10.02 + 0.02 * i) for i in range(16)]  # sixteen bands in 0.32 s, as load's
+
+    def half(index: int) -> float:  # half a number's width in seconds, at one second an inch
+        return (len(str(index)) * 0.6 + 0.5) * 9 / 72 / 2
+
+    rows = label_rows(spans, seconds_per_inch=1.0)
+    assert rows[0] is not None and any(row is None for row in rows), "every few numbered"
+    step = rows.index(next(r for r in rows[1:] if r is not None), 1)
+    assert all((row is not None) == (i % step == 0) for i, row in enumerate(rows)), "every k-th, evenly"
+    written = [(span, row) for span, row in zip(spans, rows, strict=True) if row is not None]
+    for i, (a, row_a) in enumerate(written):
+        for b, row_b in written[i + 1:]:
+            if row_a == row_b:
+                apart = (b[1] + b[2]) / 2 - (a[1] + a[2]) / 2
+                assert apart >= half(a[0]) + half(b[0]) - 1e-9, (a, b, "in one row")
+    roomy = label_rows([(i, float(i), i + 1.0) for i in range(16)], seconds_per_inch=1.0)
+    assert roomy == [0] * 16, "bands wide enough each get their number in the top row"
 
 
 def test_page_cache_residency_has_a_strip_of_its_own(results_dir: Path) -> None:
@@ -273,8 +318,8 @@ def test_the_whole_run_outline_leaves_its_label_clear(results_dir: Path) -> None
                     < box.height]  # the label of the bar the outline carries on
         extent = label.get_window_extent()
         assert extent.x0 >= box.x1, f"{name}'s label starts after its whole-run outline"
-        axes = outline.axes
-        assert axes is not None and extent.x1 <= axes.get_window_extent().x1 + 1, f"{name}'s label ends in the axes"
+        # the axis fits its data; a label runs on into the margin right of it, and ends inside the figure
+        assert extent.x1 <= fig.get_window_extent().x1, f"{name}'s label ends in the figure"
 
 
 @pytest.mark.skipif(not (PI05 / "summary.json").is_file(), reason="no committed pi0.5 results")
@@ -493,3 +538,103 @@ def test_the_engine_times_legend_explains_only_the_parts_a_run_recorded(tmp_path
     labels = [t.get_text() for legend in engine_times_figure(run).legends for t in legend.get_texts()]
     assert any(label.startswith("solid: the engine's whole build") for label in labels)
     assert not any("hatched bottom" in label for label in labels)
+
+
+# What the figures' axes, swatches, titles and footers say
+
+
+def test_the_headline_axes_fit_their_data(tmp_path: Path) -> None:
+    run = load_results(make_results(tmp_path / "results", device="cuda", failed=None))
+    fig = headline_figure(run)
+    peaks, times = fig.axes[:2]
+    furthest = max(v for m in run.metrics.values() for v in (m.compared_peak_bytes, m.record.build_peak_bytes,
+                                                             m.record.host_peak_bytes, m.floor_bytes) if v) / GIB
+    assert furthest <= peaks.get_xlim()[1] <= furthest * 1.1, "the peaks axis fits the bars and floors"
+    walls = max(m.record.wall_s or 0.0 for m in run.metrics.values())
+    assert walls <= times.get_xlim()[1] <= walls * 1.1, "the time axis fits the walls"
+    fig.canvas.draw()
+    right = fig.get_window_extent().x1
+    for label in _gid_prefix(fig, "excess:") + _gid_prefix(fig, "host-excess:") + _gid_prefix(fig, "wall:"):
+        assert label.get_window_extent().x1 <= right, f"{label.get_gid()} ends in the figure"
+
+
+def test_the_headline_swatches_are_told_from_the_baseline(tmp_path: Path) -> None:
+    from matplotlib.colors import to_rgba
+
+    run = load_results(make_results(tmp_path / "results", device="cuda"))
+    legend = headline_figure(run).legends[0]
+    swatches = {" ".join(t.get_text().split()): h for t, h in zip(legend.get_texts(), legend.legend_handles,
+                                                                  strict=True)}
+
+    def seen(label: str) -> np.ndarray:  # the swatch's colour as drawn on white
+        (handle,) = [h for text, h in swatches.items() if text.startswith(label)]
+        assert isinstance(handle, Patch)
+        r, g, b, a = to_rgba(handle.get_facecolor())
+        alpha = handle.get_alpha()
+        a = a if alpha is None else alpha
+        return np.asarray([r, g, b]) * a + (1 - a)
+
+    baseline = seen("baseline")
+    for label in ("build-phase host peak", "build-phase host + GPU peak"):
+        colour = seen(label)
+        assert np.abs(colour - baseline).max() > 0.15, f"{label} is not the baseline's grey"
+        assert colour.max() - colour.min() > 0.1, f"{label} is a colour, not a grey"
+
+
+def test_no_empty_released_bar_splits_an_engines_group(tmp_path: Path) -> None:
+    directory = make_results(tmp_path / "results", failed=None)
+
+    def load_file_releases_nothing(summary: dict[str, Any]) -> None:  # as load_file and torch_mmap on pi0.5
+        for engine in summary["strategies"]["load_file"]["engines"]:
+            engine["released_bytes"] = 0
+
+    _edit_summary(directory, load_file_releases_nothing)
+    fig = engines_figure(load_results(directory))
+    assert not _gid(fig, "released:load_file")
+    bars = sorted((p for name in ("map", "load") for p in _gid(fig, f"released:{name}")), key=lambda p: p.get_x())
+    assert bars and all(p.get_height() > 0 for p in bars)
+    by_engine: dict[int, list[Rectangle]] = {}
+    for bar in bars:
+        by_engine.setdefault(round(bar.get_x() + bar.get_width() / 2), []).append(bar)
+    for group in by_engine.values():
+        assert len(group) == 2
+        assert group[1].get_x() == pytest.approx(group[0].get_x() + group[0].get_width()), "side by side, no hole"
+    assert "none by load_file" in fig.axes[1].get_title(loc="left")
+
+
+def _titles(fig: Figure) -> str:
+    titles = [legend.get_title().get_text() for legend in fig.legends]
+    titles += [fig.get_suptitle()] if fig.get_suptitle() else []  # type: ignore[attr-defined]
+    return " ".join(" ".join(titles).split())
+
+
+def test_titles_name_the_model_as_its_record_does_and_the_gpu_it_ran_on(tmp_path: Path) -> None:
+    directory = make_results(tmp_path / "results", device="cuda", failed=None)
+    _edit_summary(directory, lambda summary: summary["model"].update(name="pi05-trim2-9daf6755",
+                                                                       source="lerobot 0.6.1"))
+    run = load_results(directory)
+    for build in (headline_figure, timeline_figure, engines_figure, peaks_figure, engine_times_figure):
+        title = _titles(build(run))
+        assert "pi05 less 2 trimmed tensors from lerobot 0.6.1" in title, (build.__name__, title)
+        assert "9daf6755" not in title, build.__name__
+        assert "on NVIDIA H200" in title, build.__name__
+    cpu = load_results(make_results(tmp_path / "cpu"))
+    assert "fixture-model from its weight spec" in _titles(timeline_figure(cpu))
+    assert " on " not in _titles(timeline_figure(cpu)).split("(", 1)[1].split(";")[0]
+
+
+@pytest.mark.skipif(not (BUDGET / "budget.json").is_file(), reason="no committed budget results")
+def test_a_sweep_from_uncommitted_changes_says_so_in_words() -> None:
+    record = read_budget(BUDGET)
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    for commit, said in ((f"{sha}-dirty", "commit 0123456789ab with uncommitted changes"),
+                         (sha, "commit 0123456789ab,")):
+        texts = " ".join(t.get_text() for t in wall_figure(replace(record, commit=commit)).texts)
+        assert said in " ".join(texts.split()) and "-dirty" not in texts, texts
+
+
+def test_a_run_from_uncommitted_changes_says_so_in_its_footer(tmp_path: Path) -> None:
+    directory = make_results(tmp_path / "results")
+    _edit_summary(directory, lambda summary: summary.update(commit=summary["commit"] + "-dirty"))
+    texts = " ".join(" ".join(t.get_text().split()) for t in peaks_figure(load_results(directory)).texts)
+    assert "commit 0123456789 with uncommitted changes" in texts and "-dirty" not in texts
