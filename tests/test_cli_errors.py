@@ -61,6 +61,33 @@ def test_an_error_prints_no_progress_line_before_it(
     assert status == 2 and err.count("\n") == 1 and err.startswith(f"error: {directory}: is a directory")
 
 
+@pytest.mark.parametrize("destination", ["fifo", "/dev/null", "missing/out.safetensors"])
+def test_a_destination_that_cannot_be_written_is_the_error_line_alone(
+    source: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], destination: str
+) -> None:
+    if destination == "fifo":
+        os.mkfifo(tmp_path / "fifo")
+    target = destination if destination.startswith("/") else str(tmp_path / destination)
+    status, err = run_main(capsys, "convert", str(source), target)
+    assert status == 2 and err.count("\n") == 1 and err.startswith(f"error: {target}: "), repr(err)
+    assert "\r" not in err and "writing" not in err
+
+
+def test_help_is_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--help"], ["convert", "--help"], ["inspect", "--help"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        out = capsys.readouterr().out
+        assert "python -m weightmap" in out and "``" not in out, out
+
+
+def test_the_summary_counts_a_file_whatever_its_name(
+    source: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, err = run_main(capsys, "convert", str(source), str(tmp_path / "weights.bin"))
+    assert status == 0 and f"wrote {tmp_path / 'weights.bin'}: 1 file, " in err, err
+
+
 @pytest.mark.parametrize("call", ["sys.exit(3)", "os._exit(0)", "raise SystemExit"])
 @pytest.mark.parametrize("where", ["factory", "import"])
 def test_model_code_that_ends_the_process_is_an_error(

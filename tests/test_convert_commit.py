@@ -163,11 +163,11 @@ def test_a_single_file_replaces_an_earlier_sharded_conversion(tmp_path: Path) ->
 def test_shards_replace_an_earlier_single_file(tmp_path: Path) -> None:
     folder = tmp_path / "ckpt"
     folder.mkdir()
-    save_file(tensors(0), str(folder / "weights.safetensors"))
+    save_file(tensors(0), str(folder / "model.safetensors"))
     source = tmp_path / "next.safetensors"
     save_file(tensors(1), str(source))
     convert_checkpoint(source, folder, max_shard_size=SHARD)
-    assert "weights.safetensors" not in listing(folder) and len(listing(folder)) == 5
+    assert "model.safetensors" not in listing(folder) and len(listing(folder)) == 5
     assert same(read(folder), tensors(1))
 
 

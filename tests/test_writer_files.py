@@ -119,6 +119,25 @@ def test_a_dangling_symlink_gets_its_target_created(tmp_path: Path) -> None:
     assert link.is_symlink() and (tmp_path / "made.safetensors").is_file()
 
 
+@pytest.mark.parametrize("deferred", [False, True])
+def test_without_following_symlinks_the_link_itself_is_replaced(tmp_path: Path, deferred: bool) -> None:
+    (tmp_path / "blobs").mkdir()
+    blob = tmp_path / "blobs" / "sha"
+    blob.write_bytes(b"shared")
+    os.chmod(blob, 0o640)
+    link = tmp_path / "model.safetensors"
+    link.symlink_to(Path("blobs") / "sha")
+    out = AtomicFile(link, deferred=deferred, follow_symlinks=False)
+    with out:
+        out.write(b"new")
+    if deferred:
+        assert link.is_symlink()  # nothing visible before publish
+        out.publish()
+    assert not link.is_symlink() and link.read_bytes() == b"new" and mode(link) == 0o640
+    assert blob.read_bytes() == b"shared" and out.identity == (link.stat().st_dev, link.stat().st_ino)
+    assert hidden(tmp_path) == []
+
+
 def test_a_symlink_loop_is_an_error_naming_the_path(tmp_path: Path) -> None:
     a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
     a.symlink_to(b.name)

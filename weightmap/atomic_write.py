@@ -23,8 +23,12 @@ What the new file inherits: replacing a file keeps its permission bits (a 0600
 checkpoint stays 0600), and its owner and group where this process may set them; a new
 file gets the default permissions, 0666 less the umask. A symlink is followed: the file
 it points to is replaced and the link itself is left as it is (a dangling link gets its
-target created). The target must be a regular file or absent: a directory raises
-``IsADirectoryError``, a FIFO, socket or device ``OSError``, and a symlink loop
+target created). With ``follow_symlinks=False`` the name itself is replaced instead: a
+symlink there is swapped for the new regular file by the rename, and the file it points
+to is never opened for writing nor renamed onto (it may be shared, as the blobs of the
+Hugging Face cache are); the new file takes the permission bits of the file the link
+pointed to. The target must be a regular file (or a link to one) or absent: a directory
+raises ``IsADirectoryError``, a FIFO, socket or device ``OSError``, and a symlink loop
 ``OSError`` (``ELOOP``).
 
 Errors from the operating system (no space left, a missing or read-only directory, a
@@ -152,9 +156,10 @@ class AtomicFile:
     when the process ends: unnamed, it never had a name; hidden, the next save removes it.
     """
 
-    def __init__(self, path: PathArg, *, deferred: bool = False) -> None:
+    def __init__(self, path: PathArg, *, deferred: bool = False, follow_symlinks: bool = True) -> None:
         self.path = Path(os.fsdecode(path))
-        self.target = resolve_target(self.path)
+        self.target = resolve_target(self.path) if follow_symlinks else self.path
+        self.identity: tuple[int, int] | None = None  # (device, inode) of the new file, once published
         self._deferred = deferred
         self._dir_fd = -1
         self._fd = -1
@@ -284,7 +289,9 @@ class AtomicFile:
     def publish(self) -> None:
         """Rename the complete new file onto its target (done by the ``with`` block unless deferred).
 
-        On a failure the new file is discarded and the target is as it was.
+        On a failure the new file is discarded and the target is as it was. :attr:`identity`
+        is set, right before the rename, to the new file's ``(st_dev, st_ino)``: whoever must
+        tell whether the name now holds this file (to undo the rename) compares with it.
         """
         if self._fd < 0:
             raise ValueError(f"{self.target}: the new file was already published or discarded")
@@ -292,6 +299,8 @@ class AtomicFile:
             if self._unnamed:
                 self._link()
             assert self._temp is not None
+            mine = os.fstat(self._fd)
+            self.identity = (mine.st_dev, mine.st_ino)
             os.replace(self._temp, self.target.name, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
             self._temp = None
             with contextlib.suppress(OSError):  # makes the rename durable where directories can be synced

@@ -25,6 +25,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -33,6 +34,7 @@ from typing import Any, NoReturn
 
 import torch
 
+from weightmap.checkpoint import INDEX_NAME
 from weightmap.convert import convert_checkpoint, parse_size
 from weightmap.empty import init_empty_weights
 from weightmap.errors import MappingError
@@ -206,12 +208,17 @@ def _convert(args: argparse.Namespace) -> int:
         progress.close(failed=True)
         raise
     progress.close(failed=False)
-    files = [p for p in written if p.suffix == ".safetensors"]
+    files = [p for p in written if p.name != INDEX_NAME]
     size = sum(p.stat().st_size for p in files)
     if not args.quiet:
         print(f"wrote {args.dst}: {counted(len(files), 'file')}, {human(size)} "
               f"in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     return 0
+
+
+def _plain(text: str) -> str:
+    """A docstring's text for the terminal: its markup (double backquotes, ``:role:`` references) removed."""
+    return re.sub(r"(?::[a-z]+:)?`+([^`]+)`+", r"\1", text)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -222,7 +229,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m weightmap", description=__doc__.split("\n\n")[0])
+    parser = _Parser(prog="python -m weightmap", description=_plain(__doc__.split("\n\n")[0]))
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     inspect = commands.add_parser(

@@ -27,7 +27,7 @@ import torch
 
 from weightmap.atomic_write import AtomicFile
 from weightmap.checkpoint import INDEX_NAME, Checkpoint, index_shards, open_checkpoint
-from weightmap.commit import SINGLE_NAME, earlier_checkpoint, index_document, locked_directory, replace_checkpoint
+from weightmap.commit import SINGLE_NAME, checkpoint_to_replace, index_document, locked_directory, replace_checkpoint
 from weightmap.errors import MappingError
 from weightmap.format import (
     DTYPE_CODES,
@@ -37,7 +37,6 @@ from weightmap.format import (
     TensorSpec,
     check_little_endian,
     prepare_checkpoint,
-    write_checkpoint,
     write_tensors,
 )
 from weightmap.mapping import KeyMap, preview_from
@@ -116,8 +115,20 @@ def convert_checkpoint(
       :func:`weightmap.save_weights_for_mapping` replaces it. A directory's
       checkpoint is replaced as a whole (:mod:`weightmap.commit`): the new files are
       written unnamed, made visible together, the index last, and the earlier
-      checkpoint's files (a lone file, or an index and its shards) are removed, never
-      left beside the new one. An error leaves nothing of the conversion behind.
+      checkpoint's files are removed, never left beside the new one. An error leaves
+      nothing of the conversion behind, and a conversion after a killed one removes
+      what that one left: the directory then holds exactly one checkpoint.
+    * Only the checkpoint is ever removed or replaced. In a directory that is the index
+      ``model.safetensors.index.json`` and the files it names, and, by the naming
+      convention transformers uses, ``model.safetensors`` and
+      ``model-NNNNN-of-NNNNN.safetensors``; nothing else. A directory holding another
+      ``*.safetensors`` (a LoRA's ``adapter_model.safetensors``) is refused when it has no
+      index, or when the new checkpoint is a lone file (it would stand beside it with no
+      index to say which is the checkpoint).
+    * A symbolic link at a destination name (the Hugging Face cache links each file of a
+      snapshot to a blob other revisions share) is replaced by a regular file, and removed
+      only once the new checkpoint is in place; what it points to is never written nor
+      renamed onto.
     * Writing onto the source works by the same rule: a single-file source onto
       itself, a sharded source into its own directory. A file destination that is
       one shard of a sharded checkpoint (the source's or another's), an index
@@ -161,13 +172,12 @@ def convert_checkpoint(
         groups = _shards(items, max_shard_size)
         maps = {h.path: checkpoint.file(h).map() for h in checkpoint.headers if h.file_size > h.data_start}
         fds = {h.path: checkpoint.file(h).fd for h in checkpoint.headers}
-        writer = _Writer(maps, fds if drop_cache else {}, sum(item.out_bytes for item in items))
+        writer = _Writer(maps, fds if drop_cache else {}, sum(item.out_bytes for item in items), progress)
         if sharded:
-            written = _write_directory(writer, target, groups, metadata, progress)
+            written = _write_directory(writer, target, groups, metadata)
         else:
             _check_file_destination(target, checkpoint)
-            writer.start(progress)
-            written = [writer.write(target, items, metadata)]
+            written = [writer.write(writer.prepare(target, items, metadata))]
         writer.finish()
         return written
 
@@ -178,17 +188,16 @@ def _shard_names(groups: list[list[_Item]]) -> list[str]:
     return [f"model-{number:05d}-of-{len(groups):05d}.safetensors" for number in range(1, len(groups) + 1)]
 
 
-def _write_directory(writer: _Writer, target: Path, groups: list[list[_Item]], metadata: dict[str, str] | None,
-                     progress: Callable[[int, int], None] | None) -> list[Path]:
+def _write_directory(writer: _Writer, target: Path, groups: list[list[_Item]],
+                     metadata: dict[str, str] | None) -> list[Path]:
     """Write every shard unnamed, then make them and the index the directory's checkpoint as a whole."""
     created = not os.path.lexists(target)
+    names = _shard_names(groups)
     try:
         with locked_directory(target) as dir_fd, contextlib.ExitStack() as staged_files:
-            earlier_checkpoint(target)  # a directory that is not a readable checkpoint: refused now
-            names = _shard_names(groups)
+            checkpoint_to_replace(target, lone=len(groups) == 1)  # what cannot be replaced is refused now
             prepared = [writer.prepare(target / name, group, metadata)
                         for name, group in zip(names, groups, strict=True)]
-            writer.start(progress)
             staged = []
             for shard in prepared:
                 staged.append(writer.stage(shard))
@@ -243,9 +252,9 @@ def _check_kind(target: Path, *, sharded: bool) -> None:
 
 def _check_file_destination(target: Path, checkpoint: Checkpoint) -> None:
     """Refuse a file destination that would break a sharded checkpoint or leave its directory stale."""
-    real = os.path.realpath(target)
+    real = _named(target)
     index = target.parent / INDEX_NAME
-    sources = [os.path.realpath(path) for path in checkpoint.files]
+    sources = [_named(path) for path in checkpoint.files]
     if real in sources and (len(sources) > 1 or checkpoint.source.suffix == ".json" or os.path.lexists(index)):
         raise MappingError(
             f"{target}: is one shard of the source checkpoint {checkpoint.source}; writing the whole checkpoint "
@@ -270,6 +279,11 @@ def _check_file_destination(target: Path, checkpoint: Checkpoint) -> None:
             "reading instead of this file. Write into the directory with a maximum shard size (it replaces that "
             "checkpoint as a whole), or to another file"
         )
+
+
+def _named(path: Path) -> Path:
+    """``path`` with its directory resolved and its last name kept (a symlink there is the name, not its target)."""
+    return Path(os.path.realpath(path.parent)) / path.name
 
 
 def _shards(items: Sequence[_Item], limit: int | None) -> list[list[_Item]]:
@@ -338,21 +352,23 @@ class _Prepared:
 
 
 class _Writer:
-    """Writes groups of items from the mapped source, dropping each tensor's source pages once it is written."""
+    """Writes groups of items from the mapped source, dropping each tensor's source pages once it is written.
 
-    def __init__(self, maps: dict[Path, mmap.mmap], fds: dict[Path, int], total: int) -> None:
+    Every file is written with ``follow_symlinks=False``: a symbolic link at a destination name
+    is replaced by a regular file, never written through. ``progress(0, total)`` is reported once
+    the first new file is open, so that a destination that cannot be written (a FIFO, a device,
+    a missing directory) fails before anything is shown.
+    """
+
+    def __init__(self, maps: dict[Path, mmap.mmap], fds: dict[Path, int], total: int,
+                 progress: Callable[[int, int], None] | None) -> None:
         self._maps = maps
         self._released = {path: _Released(mm, fds.get(path)) for path, mm in maps.items()}
-        self._progress: Callable[[int, int], None] | None = None
+        self._progress = progress
+        self._started = False
         self._done = 0
         self._total = total
         self._current: _Item | None = None
-
-    def start(self, progress: Callable[[int, int], None] | None) -> None:
-        """Report the start (``progress(0, total)``), once everything is validated."""
-        self._progress = progress
-        if progress is not None:
-            progress(0, self._total)
 
     def prepare(self, path: Path, items: Sequence[_Item], metadata: dict[str, str] | None) -> _Prepared:
         specs = [TensorSpec(item.name, item.dtype, item.entry.shape) for item in items]
@@ -361,18 +377,23 @@ class _Writer:
 
     def stage(self, shard: _Prepared) -> AtomicFile:
         """Write one prepared shard as a deferred new file (complete, durable, not yet visible)."""
-        out = AtomicFile(shard.path, deferred=True)
+        return self._write(shard, deferred=True)
+
+    def write(self, shard: _Prepared) -> Path:
+        """Write one prepared file and put it in place (a link at its path is replaced, not followed)."""
+        self._write(shard, deferred=False)
+        return shard.path
+
+    def _write(self, shard: _Prepared, *, deferred: bool) -> AtomicFile:
+        out = AtomicFile(shard.path, deferred=deferred, follow_symlinks=False)
         with out:
+            if not self._started:
+                self._started = True
+                if self._progress is not None:
+                    self._progress(0, self._total)
             write_tensors(out, shard.path, shard.layout, shard.head,
                           lambda spec: self._fill(shard.items[spec.name]), progress=self._written)
         return out
-
-    def write(self, path: Path, items: Sequence[_Item], metadata: dict[str, str] | None) -> Path:
-        by_name = {item.name: item for item in items}
-        specs = [TensorSpec(item.name, item.dtype, item.entry.shape) for item in items]
-        write_checkpoint(path, specs, lambda spec: self._fill(by_name[spec.name]), metadata=metadata,
-                         progress=self._written)
-        return path
 
     def finish(self) -> None:
         for released in self._released.values():
