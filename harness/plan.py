@@ -18,7 +18,7 @@ the scenario file and key: ``scenarios/x.toml: build.engines: 12 engines asked f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +40,9 @@ from weightmap import open_checkpoint
 
 __all__ = ["PLAN_VERSION", "EnginePlan", "Plan", "make_plan", "read_plan", "write_plan"]
 
-PLAN_VERSION = 3
-"""The layout of ``plan.json``; a worker refuses a plan of another version."""
+PLAN_VERSION = 4
+"""The layout of ``plan.json``; a worker refuses a plan of another version. Version 4 writes its paths relative to
+the repository root where inside it (:mod:`harness.results.paths`)."""
 
 
 @dataclass(frozen=True)
@@ -72,18 +73,20 @@ class Plan:
     the checkpoint's files, the ``device`` engines are built on, the per-engine weight cap and
     the ``engines`` in build order, the ``workdir`` engines are written under, and the ``speed``
     settings of the strategies that map (the scenario's, or chosen by a read probe: :mod:`harness.speed`).
-    ``plan.json`` holds every field, written and read by :mod:`harness.results.codec`.
+    ``plan.json`` holds every field, written and read by :mod:`harness.results.codec`: its paths (the scenario's,
+    the checkpoint's, ``checkpoint_files`` and ``workdir``) relative to the repository root where inside it,
+    read back absolute (:mod:`harness.results.paths`).
     """
 
     scenario: Scenario
     name: str
     model: ModelInfo
     checkpoint: CheckpointInfo
-    checkpoint_files: tuple[str, ...]
+    checkpoint_files: tuple[str, ...] = field(metadata={"path": True})
     device: str
     engine_cap_bytes: int
     engines: tuple[EnginePlan, ...]
-    workdir: str
+    workdir: str = field(metadata={"path": True})
     speed: SpeedChoice
 
     @property

@@ -3,7 +3,7 @@
 One :class:`BudgetRecord` per sweep: the scenario and machine it ran on, the search's
 settings, and per strategy a :class:`StrategyBudget` with every attempt
 (:class:`AttemptRecord`) in the order it ran. :func:`read_budget` refuses a file of
-another :data:`BUDGET_VERSION`, an unknown or missing key, or a value of the wrong type,
+a version it does not read (:data:`BUDGET_VERSION`), an unknown or missing key, or a value of the wrong type,
 naming the file and the key (a :class:`~harness.results.record.RecordError`), so that the
 report never shows a figure it misread. The records are read and written by
 :mod:`harness.results.codec` from their fields; the rules of one field stand next to it.
@@ -26,8 +26,10 @@ __all__ = ["BUDGET_FILE", "BUDGET_VERSION", "AttemptRecord", "BudgetRecord", "St
            "read_budget",
            "write_budget"]
 
-BUDGET_VERSION = 1
-"""The layout of ``budget.json`` this code writes and reads."""
+BUDGET_VERSION = 2
+"""The layout of ``budget.json`` this code writes; it reads every version from 1 to this one. Version 2 writes
+``checkpoint`` relative to the repository root where inside it (:mod:`harness.results.paths`); version 1 wrote it
+absolute, which reads as it is, so the two differ in nothing else."""
 
 BUDGET_FILE = "budget.json"
 
@@ -152,7 +154,7 @@ class BudgetRecord:
     versions: dict[str, str | None]
     model_name: str
     model_bytes: int
-    checkpoint: str
+    checkpoint: str = field(metadata={"path": True})
     engines: int
     largest_engine_bytes: int
     backend: str
@@ -194,8 +196,8 @@ def read_budget(directory: Path) -> BudgetRecord:
     data = read_json_file(path)
     if isinstance(data, dict):
         version = data.get("budget")
-        if version != BUDGET_VERSION or isinstance(version, bool):
-            raise RecordError(f"{path}: budget: this harness reads budget records of version {BUDGET_VERSION}, "
+        if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= BUDGET_VERSION:
+            raise RecordError(f"{path}: budget: this harness reads budget records of versions 1 to {BUDGET_VERSION}, "
                               f"got {version!r}")
         data = {key: value for key, value in data.items() if key != "budget"}
     return decode(BudgetRecord, data, source=str(path), version=BUDGET_VERSION)

@@ -6,6 +6,12 @@ class, driven by the fields and their type hints alone: ``int``, ``float``, ``st
 ``dict[str, X]`` (an object), ``dict[str, Any]`` (any object, not checked) and nested
 dataclasses. Nothing is written out by hand per class.
 
+Paths: a :class:`~pathlib.Path` value, and a ``str`` field marked ``path`` (a ``tuple[str, ...]`` of them
+too), are written relative to the repository root where inside it and read back resolved against it
+(:mod:`harness.results.paths`), so that a record names no folder of the machine that made it and reads
+alike in any checkout; a path outside the root, and every one a record of an earlier layout holds, is
+absolute and reads as it is.
+
 Reading is strict, so that no misspelt, hostile or corrupt file reaches a reader. A value
 that is not what its field means is a :class:`RecordError` naming the file, the key's path
 and what is wrong (``summary.json: strategies.map.engines[3]: missing key 'end_s'``):
@@ -18,20 +24,19 @@ and what is wrong (``summary.json: strategies.map.engines[3]: missing key 'end_s
   (bytes, counts, indices and times never are); a too-long integer reaches here as a
   :class:`LongInteger` (:func:`harness.results.files.parse_json`) and is refused by its size.
 
-What one field adds is declared next to it, in its metadata (:data:`RULES`), e.g.
-``field(default=None, metadata={"since": 4})``: ``since``, the layout version that added the
-key (a record of an older layout holds no such key and reads as the field's default);
-``absent_until``, the last version in which the key may be left out (read as the default);
-``signed``: the value may be negative; ``null_as``: what ``null`` reads as (for a field that
-is not optional); ``check``: a rule of the value, ``value -> problem or None``; ``check_keys``:
-the same for each key of an object; ``limit``: the :class:`Limit` range a number must lie in (it
-replaces the kind and range tests above, and its own words say what is expected); ``key``: the key
-the field is written and read under where it is not the field's name (:func:`json_key`: a field
-renamed in code keeps its files' key, and the kind rules above go by the key). A field
-marked ``version`` holds the layout version: written first, as its default (the layout this code
+What one field adds is declared next to it, in its metadata (:data:`RULES`), e.g. ``field(default=None,
+metadata={"since": 4})``: ``since``, the layout version that added the key (a record of an older layout holds
+no such key and reads as the field's default); ``absent_until``, the last version in which the key may be left
+out (read as the default); ``signed``: the value may be negative; ``null_as``: what ``null`` reads as (for a
+field that is not optional); ``path``: the ``str`` value names a file (see Paths above); ``check``: a rule of
+the value, ``value -> problem or None``; ``check_keys``: the same for each key of an object; ``limit``: the
+:class:`Limit` range a number must lie in (it replaces the kind and range tests above, and its own words say
+what is expected); ``key``: the key the field is written and read under where it is not the field's name
+(:func:`json_key`: a field renamed in code keeps its files' key, and the kind rules above go by the key). A
+field marked ``version`` holds the layout version: written first, as its default (the layout this code
 writes), and read as the version the record is read at. A rule that spans fields is a class's
-``after_decode(version, fail)`` method, which the codec calls on the record it read and whose
-result it returns (an upgrade of an older layout, say); ``fail(path, problem)`` makes the error for a key path below it.
+``after_decode(version, fail)`` method, which the codec calls on the record it read and whose result it
+returns (an upgrade of an older layout, say); ``fail(path, problem)`` makes the error for a key path below it.
 
 The same reader serves another strict format, a TOML scenario (:mod:`harness.scenario`): its caller
 passes ``optional=True`` (a key whose field has a default may be left out; ``required`` names keys
@@ -55,6 +60,7 @@ from pathlib import Path
 from typing import Any, Self, TypeVar
 
 from harness.errors import HarnessError
+from harness.results.paths import record_path, resolved_path
 
 __all__ = [
     "MAX_BYTES",
@@ -182,7 +188,9 @@ class Style:
 
     ``error`` makes the exception from the whole message; ``describe`` shows a value read;
     ``null``: the format has null (a wrong value of an optional field is then ``expected X or null``);
-    ``object``: what the format calls an object; ``by_key``: an unknown or a missing key is reported at
+    ``object``: what the format calls an object; ``resolve_paths``: a path read is resolved against the
+    repository root (:func:`~harness.results.paths.resolved_path`), else kept as written (a TOML scenario's
+    reader resolves its paths by its own rules); ``by_key``: an unknown or a missing key is reported at
     the key, the first unknown one in the data's order with a :func:`suggestion`, the first missing one
     in the fields' order (``required key is missing``), and a list of plain values that is not one is
     reported as a whole (``expected a list of strings``); else at the object, the first of each in sorted
@@ -194,12 +202,13 @@ class Style:
     null: bool = True
     object: str = "an object"
     by_key: bool = False
+    resolve_paths: bool = True
 
 
 RECORD_STYLE = Style()
 """How a results record's errors read: ``summary.json: strategies.map: missing key 'wall_s'``."""
 
-TABLE_STYLE = Style(describe=describe_typed, null=False, object="a table", by_key=True)
+TABLE_STYLE = Style(describe=describe_typed, null=False, object="a table", by_key=True, resolve_paths=False)
 """How a TOML table's errors read (its caller passes its own ``error`` class with :func:`dataclasses.replace`)."""
 
 
@@ -236,21 +245,28 @@ class Record:
 
 def encode(value: Any) -> Any:
     """``value`` as JSON-able data: a dataclass as an object of its fields in order (its ``version`` field
-    first, as its default), a tuple as a list, a path as a string, an object's values encoded."""
+    first, as its default), a tuple as a list, a path as a string relative to the repository root where inside
+    it (:func:`~harness.results.paths.record_path`; so is a ``str`` of a field marked ``path``), an object's
+    values encoded."""
+    return _encode(value, path=False)
+
+
+def _encode(value: Any, path: bool) -> Any:
+    """:func:`encode`; ``path``: ``value`` is held by a field marked ``path``, so a string in it is a path."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out: dict[str, Any] = {}
         for f in dataclasses.fields(value):
             if f.metadata.get("version"):
                 out = {json_key(f): f.default, **out}
             else:
-                out[json_key(f)] = encode(getattr(value, f.name))
+                out[json_key(f)] = _encode(getattr(value, f.name), bool(f.metadata.get("path")))
         return out
     if isinstance(value, tuple | list):
-        return [encode(v) for v in value]
+        return [_encode(v, path) for v in value]
     if isinstance(value, dict):
-        return {k: encode(v) for k, v in value.items()}
-    if isinstance(value, Path):
-        return str(value)
+        return {k: _encode(v, path) for k, v in value.items()}
+    if isinstance(value, Path) or (path and isinstance(value, str)):
+        return record_path(value)
     return value
 
 
@@ -273,7 +289,8 @@ class _Place:
         return self.style.error(f"{self.source}: {self.path or '<top level>'}: {problem}")
 
 
-RULES = frozenset({"since", "absent_until", "signed", "null_as", "version", "check", "check_keys", "limit", "key"})
+RULES = frozenset({"since", "absent_until", "signed", "null_as", "version", "check", "check_keys", "limit", "key",
+                   "path"})
 """The metadata keys of a field the codec reads (see the module docstring); any other is a mistake."""
 
 _HINTS: dict[type, dict[str, Any]] = {}
@@ -508,7 +525,10 @@ def _typed(tp: Any, origin: Any, args: tuple[Any, ...], value: Any, place: _Plac
     if tp in (int, float):
         _in_range(value, place, f)
         return float(value) if tp is float else value
-    return Path(value) if tp is Path else value
+    if tp is Path or (tp is str and f.metadata.get("path")):
+        text = resolved_path(value) if place.style.resolve_paths else value
+        return Path(text) if tp is Path else text
+    return value
 
 
 def _element(tp: Any, value: Any, place: _Place, f: dataclasses.Field[Any], version: int) -> Any:

@@ -92,7 +92,7 @@ __all__ = [
     "write_summary",
 ]
 
-LAYOUT_VERSION = 16
+LAYOUT_VERSION = 17
 """The layout this code writes; it reads every version from 1 to this one."""
 
 SUMMARY = "summary.json"
@@ -430,9 +430,10 @@ class ModelInfo(Record):
 
 @dataclass(frozen=True)
 class CheckpointInfo(Record):
-    """The checkpoint every strategy read: its path, whether this run generated it, its seed and size."""
+    """The checkpoint every strategy read: its path (relative to the repository root where inside it, as the
+    scenario gives it: :mod:`harness.results.paths`), whether this run generated it, its seed and size."""
 
-    path: str
+    path: str = field(metadata={"path": True})
     generated: bool
     seed: int
     bytes: int

@@ -19,7 +19,7 @@ import pytest
 
 from harness.budget.controller import CgroupUnavailable, MemoryController
 from harness.budget.mode import BudgetUnavailable, groups_of_this_process, run_budget
-from harness.budget.record import BUDGET_FILE, read_budget
+from harness.budget.record import BUDGET_FILE, BUDGET_VERSION, read_budget
 from harness.cli import main
 from harness.report.budget import budget_goals, render_budget
 from harness.results.publish import staging_dir
@@ -151,7 +151,8 @@ def test_the_record_is_read_strictly(swept, tmp_path: Path) -> None:
     out, _ = swept
     data = json.loads((out / BUDGET_FILE).read_text())
     for change, message in (
-        (lambda d: d.update(budget=2), "budget: this harness reads budget records of version 1"),
+        (lambda d: d.update(budget=BUDGET_VERSION + 1), "budget: this harness reads budget records of versions 1 to "),
+        (lambda d: d.update(budget=0), "budget: this harness reads budget records of versions 1 to "),
         (lambda d: d.update(extra=1), "unknown key 'extra'"),
         (lambda d: d["strategies"]["map"]["attempts"][0].update(wall_s="slow"),
          r"strategies.map.attempts\[0\].wall_s: expected a number"),
