@@ -15,9 +15,11 @@ the sentences of the notes that cite a figure as it was (its old value, as the t
 printed it), then how many other figures changed;
 ``python -m harness plot results/<name> --notes-checked`` stamps the current figures
 once the notes have been re-read. Figures are compared as the table prints them, so a
-change below the table's precision is not flagged; nor is a time that moved inside the
-run-to-run spread (a strategy's time columns, when its old and new ranges of wall times
-over the rounds overlap).
+change below the table's precision is not flagged; nor are a strategy's time columns when
+its wall time did not move beyond the noise by the rule ``harness compare`` marks times with
+(:func:`harness.results.spread.time_moved`), applied to the wall time's median and the range
+of its rounds as the table prints them. Where either side has one round there is no
+interval, and a time whose printed value changed is listed.
 
 Orderings are checked too: where two strategies' median wall times swapped order since the
 stamp (even inside the spread), a sentence that names either with an ordering word
@@ -38,6 +40,7 @@ from pathlib import Path
 
 from harness.errors import HarnessError
 from harness.report.table import strategy_cells
+from harness.results import spread
 from harness.results.atomic import write_atomic
 from harness.results.files import parse_json, read_text_file
 from harness.results.reading import Results
@@ -121,7 +124,7 @@ _UNCHECKABLE = (
 )
 UNCHECKABLE = "a timing claim that no rerun check covers (state it in the generated report or drop it)"
 """How :func:`check_notes` introduces a sentence that orders times no stamp can check."""
-_RANGE = re.compile(r"(\d+(?:\.\d+)?)–(\d+(?:\.\d+)?) s")
+_RUNS = re.compile(r"\A(\d+)(?: of \d+)?: (\d+(?:\.\d+)?)–(\d+(?:\.\d+)?) s")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z*`(\[])|\n\s*\n|\n(?=\s*[-*] )")
 
 
@@ -140,16 +143,24 @@ class FigureChange:
         return f"{self.strategy} {self.figure}: {self.then or 'absent'} → {self.now or 'absent'}"
 
 
-def _wall_range(cells: dict[str, str]) -> tuple[float, float] | None:
-    """The range of wall times over the rounds, as the ``runs`` cell prints it (None for one run)."""
-    match = _RANGE.search(cells.get("runs", ""))
-    return (float(match[1]), float(match[2])) if match else None
+def _wall_spread(cells: dict[str, str]) -> spread.MedianSpread | None:
+    """The wall time's median (``wall time`` cell) and the range of its finished rounds (``runs`` cell), as the
+    table prints them; no interval for one round; ``None`` where the table has no wall time."""
+    median = _seconds(cells)
+    if median is None:
+        return None
+    match = _RUNS.match(cells.get("runs", ""))
+    if match is None:
+        return spread.MedianSpread(median, None, None, 1, None, None)
+    rounds = int(match[1])
+    return spread.MedianSpread(median, float(match[2]), float(match[3]), rounds, 1, spread.median_coverage(rounds, 1))
 
 
-def _inside_spread(before: dict[str, str], after: dict[str, str]) -> bool:
-    """Whether the old and new rounds' wall times overlap: a time that moved within them is noise."""
-    old, new = _wall_range(before), _wall_range(after)
-    return old is not None and new is not None and old[0] <= new[1] and new[0] <= old[1]
+def _times_inside_noise(before: dict[str, str], after: dict[str, str]) -> bool:
+    """Whether the wall time did not move beyond the noise (:func:`harness.results.spread.time_moved`, the rule
+    ``harness compare`` marks times with): then no time column of the strategy counts as changed."""
+    then, now = _wall_spread(before), _wall_spread(after)
+    return then is not None and now is not None and spread.time_moved(then, now) is False
 
 
 def figure_changes(notes: Notes, run: Results) -> list[FigureChange]:
@@ -162,7 +173,7 @@ def figure_changes(notes: Notes, run: Results) -> list[FigureChange]:
         if not before or not after:
             changes.append(FigureChange(name, "", None, None if not after else "new"))
             continue
-        noise = _inside_spread(before, after)
+        noise = _times_inside_noise(before, after)
         for figure in after:
             if before.get(figure) != after[figure] and not (noise and figure in _TIME_COLUMNS):
                 changes.append(FigureChange(name, figure, before.get(figure), after[figure]))

@@ -12,7 +12,8 @@
   (:func:`harness.results.spread.ratio_of_medians`).
 
 A memory delta is *flagged* when it is larger than the strategy's noise (:func:`memory_noise`); a time
-when its interval excludes 1 and its median moved by at least :data:`TIME_RESOLUTION_S`. A
+when :func:`harness.results.spread.time_moved` says it moved (its interval excludes 1 and its median moved
+by at least :data:`TIME_RESOLUTION_S`: the rule the report's notes check uses too). A
 *regression* is a flagged rise of memory (the floor excepted: it is the plan's, baseline + engines,
 not the strategy's doing) or a flagged slow-down; and, at any threshold, a strategy of BASE that NEW
 failed or did not run: NEW has no figure to show that it did not regress.
@@ -26,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.errors import HarnessError
+from harness.results import spread
 from harness.results.labels import (
     ANON_ABOVE_BASELINE,
     BUILD_HOST_GPU_PEAK,
@@ -38,7 +40,7 @@ from harness.results.labels import (
 from harness.results.metrics import StrategyMetrics
 from harness.results.reading import Results
 from harness.results.record import SUMMARY
-from harness.results.spread import Ratio, ratio_of_medians, strategy_rounds
+from harness.results.spread import TIME_RESOLUTION_S, Ratio, ratio_of_medians, strategy_rounds
 
 __all__ = [
     "MEMORY_TOLERANCE",
@@ -53,10 +55,6 @@ __all__ = [
     "compare_results",
     "memory_noise",
 ]
-
-TIME_RESOLUTION_S = 0.1
-"""The smallest change of a median time that :attr:`TimeRatio.flagged` marks, in seconds: below it a
-ratio outside the noise (a load phase of 0.02 s against 0.03 s) is not a change a user waits for."""
 
 MEMORY_TOLERANCE = 0.005
 """The smallest memory change, as a share of the model, that counts as beyond the noise; where either run's
@@ -124,10 +122,10 @@ class TimeRatio:
 
     @property
     def flagged(self) -> bool:
-        """Whether the ratio's interval excludes 1 and the medians differ by at least
-        :data:`TIME_RESOLUTION_S` (a phase of milliseconds can double without anyone waiting longer)."""
-        return (self.ratio is not None and self.ratio.outside_noise
-                and abs(self.ratio.new.median - self.ratio.base.median) >= TIME_RESOLUTION_S)
+        """Whether the time moved beyond the noise (:func:`harness.results.spread.time_moved`: the ratio's
+        interval excludes 1 and the medians differ by at least :data:`TIME_RESOLUTION_S`); never without an
+        interval."""
+        return self.ratio is not None and spread.time_moved(self.ratio.base, self.ratio.new) is True
 
     @property
     def regression(self) -> bool:
