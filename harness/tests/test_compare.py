@@ -330,3 +330,44 @@ def test_the_two_medians_of_a_time_have_the_same_decimals(base: float, new: floa
     from harness.results.spread import ratio_of_medians
 
     assert _time_cell(TimeRatio("wall", ratio_of_medians([base], [new]))).startswith(f"{shown}: ")
+
+
+def _anon_stairs(directory: Path, strategy: str, step: int, stairs: int) -> int:
+    """``strategy``'s anonymous samples in ``directory`` made a staircase: flat until the load starts, then up by
+    ``step`` a sample for ``stairs`` samples, then flat (its largest rise between two samples: ``step``); returns
+    the top."""
+    import pandas as pd
+
+    from harness.results.samples import samples_file
+
+    path = directory / samples_file(strategy)
+    frame = pd.read_csv(path)
+    start = json.loads((directory / SUMMARY).read_text())["strategies"][strategy]["phases"]["load_start_s"]
+    after = (frame["t_s"] > start).cumsum().clip(upper=stairs)
+    floor = int(frame["anon_bytes"].iloc[0])
+    frame["anon_bytes"] = floor + step * after
+    frame.to_csv(path, index=False)
+    return floor + step * stairs
+
+
+@pytest.mark.parametrize(("rise", "flagged"), [(0.5, False), (1.5, True)])
+def test_a_sampled_peak_is_held_to_the_largest_rise_between_samples(tmp_path: Path, rise: float,
+                                                                    flagged: bool) -> None:
+    from harness.results.comparison import SAMPLED
+
+    model = load_results(RESULTS / "smoke").record.model.bytes
+    step = int(10 * MEMORY_TOLERANCE * model)  # ten times the fixed tolerance: a peak missed by up to this
+    directories = {}
+    for name, extra in (("smoke", 0), ("smoke-anon", int(rise * step))):
+        directory = _copy(tmp_path, "smoke", name, _same_peaks)
+        top = _anon_stairs(directory, "load", step, stairs=4)
+        summary = json.loads((directory / SUMMARY).read_text())
+        summary["strategies"]["load"]["anon_peak_bytes"] = top + extra
+        (directory / SUMMARY).write_text(json.dumps(summary))
+        directories[name] = directory
+    comparison = compare_results(load_results(directories["smoke"]), load_results(directories["smoke-anon"]))
+    load = next(s for s in comparison.strategies if s.name == "load")
+    (anon,) = [d for d in load.memory if d.label in SAMPLED]
+    assert anon.delta_bytes == int(rise * step)
+    assert anon.noise_bytes == step and load.noise_bytes < step  # its own noise, wider than the strategy's
+    assert anon.flagged is flagged and anon.regression is flagged
