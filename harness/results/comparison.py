@@ -43,6 +43,7 @@ from harness.results.metrics import StrategyMetrics
 from harness.results.reading import Results
 from harness.results.record import SUMMARY
 from harness.results.spread import TIME_RESOLUTION_S, Ratio, ratio_of_medians, strategy_rounds
+from harness.units import MIB
 
 __all__ = [
     "MEMORY_TOLERANCE",
@@ -151,10 +152,25 @@ class Regression:
     strategy: str
     figure: str
     size: float
+    base_bytes: int | None = None
+    new_bytes: int | None = None
+    noise_bytes: float | None = None
+
+    @property
+    def time(self) -> bool:
+        """Whether it is a time's slow-down (not a memory figure's rise, nor a strategy's failure or absence)."""
+        return self.figure in TIMES
 
     def exceeds(self, percent: float) -> bool:
         """Whether it is larger than ``percent`` percent."""
         return self.size * 100 > percent
+
+    def amounts(self) -> str:
+        """A memory figure's bytes, ``342.0 MiB in BASE, 594.1 MiB in NEW, noise 1.3 MiB``; empty for the rest."""
+        if self.base_bytes is None or self.new_bytes is None or self.noise_bytes is None:
+            return ""
+        return (f"{self.base_bytes / MIB:.1f} MiB in BASE, {self.new_bytes / MIB:.1f} MiB in NEW, "
+                f"noise {self.noise_bytes / MIB:.1f} MiB")
 
     def describe(self) -> str:
         """``map: wall +27.3% of BASE`` in words."""
@@ -202,7 +218,8 @@ class StrategyComparison:
         """Its flagged regressions; failing in NEW is one whatever its size."""
         status = "status" if self.base.record.ok else "failed"
         found = [Regression(self.name, status, float("inf"))] if self.failed_in_new else []
-        found += [Regression(self.name, d.label, d.delta_fraction) for d in self.memory
+        found += [Regression(self.name, d.label, d.delta_fraction, d.base_bytes, d.new_bytes, d.noise_bytes)
+                  for d in self.memory
                   if d.regression and d.delta_fraction is not None]
         found += [Regression(self.name, t.time, t.ratio.value - 1.0) for t in self.times
                   if t.regression and t.ratio is not None]
