@@ -145,7 +145,11 @@ class FigureChange:
 
 def _wall_spread(cells: dict[str, str]) -> spread.MedianSpread | None:
     """The wall time's median (``wall time`` cell) and the range of its finished rounds (``runs`` cell), as the
-    table prints them; no interval for one round; ``None`` where the table has no wall time."""
+    table prints them; no interval for one round; ``None`` where the table has no wall time.
+
+    Up to eight rounds the range is the interval :func:`harness.results.spread.median_spread` gives, so this
+    check and ``compare`` hold a wall time to the same interval; from nine rounds ``compare``'s lies inside the
+    range (order statistics the table does not print), and a time here is held to the range, the wider."""
     median = _seconds(cells)
     if median is None:
         return None
