@@ -24,7 +24,9 @@ moved: :meth:`Comparison.untimed` names those strategies, and the report says so
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -57,6 +59,7 @@ __all__ = [
     "StrategyComparison",
     "TimeRatio",
     "compare_results",
+    "figure_noise",
     "memory_noise",
     "sampled_noise",
 ]
@@ -109,7 +112,8 @@ class MemoryDelta:
 
     @property
     def flagged(self) -> bool:
-        """Whether the change is larger than the noise."""
+        """Whether the change is larger than the noise: the rule ``compare`` marks a memory figure with and the
+        notes check of a re-rendered report lists one by (:mod:`harness.report.notes`)."""
         delta = self.delta_bytes
         return delta is not None and abs(delta) > self.noise_bytes
 
@@ -304,16 +308,32 @@ def sampled_noise(results: Results, strategy: str, column: str) -> float:
     return float(max(rises.max(initial=0.0), 0.0))
 
 
+def figure_noise(label: str, strategy: str, runs: Sequence[Results], model_bytes: int) -> float:
+    """The change of memory figure ``label`` of ``strategy`` that counts as beyond the noise, from the runs at hand:
+    ``compare`` holds BASE and NEW to it, the notes check of a re-rendered report the run it renders (its stamp
+    keeps printed figures only).
+
+    The strategy's noise (:func:`memory_noise` over those runs' rounds); for a maximum of samples
+    (:data:`SAMPLED`), the largest rise between samples (:func:`sampled_noise`) where that is wider.
+    """
+    metrics = [run.metrics[strategy] for run in runs]
+    noise, _ = memory_noise(metrics[0], metrics[-1], model_bytes)
+    column = SAMPLED.get(label)
+    if column is not None:
+        noise = max(noise, *(sampled_noise(run, strategy, column) for run in runs))
+    return noise
+
+
 def _excess_bytes(metrics: StrategyMetrics) -> int | None:
     if metrics.compared_peak_bytes is None or metrics.floor_bytes is None:
         return None
     return metrics.compared_peak_bytes - metrics.floor_bytes
 
 
-def _memory(base: StrategyMetrics, new: StrategyMetrics, model_bytes: int, noise: float, gpu: bool,
-            sampled: dict[str, float]) -> tuple[MemoryDelta, ...]:
+def _memory(base: StrategyMetrics, new: StrategyMetrics, model_bytes: int, noise: Callable[[str], float],
+            gpu: bool) -> tuple[MemoryDelta, ...]:
     def delta(label: str, b: int | None, n: int | None, counts: bool = True) -> MemoryDelta:
-        return MemoryDelta(label, b, n, model_bytes, max(noise, sampled.get(label, 0.0)), counts)
+        return MemoryDelta(label, b, n, model_bytes, noise(label), counts)
 
     rows = [delta(BUILD_HOST_PEAK, base.record.build_peak_bytes, new.record.build_peak_bytes)]
     if base.on_gpu or new.on_gpu:
@@ -368,10 +388,9 @@ def compare_results(base: Results, new: Results, *, across_scenarios: bool = Fal
         if after is None:
             continue
         noise, source = memory_noise(before, after, model)
-        sampled = {label: max(sampled_noise(base, name, column), sampled_noise(new, name, column))
-                   for label, column in SAMPLED.items()}
-        strategies.append(StrategyComparison(name, before, after, _memory(before, after, model, noise, gpu, sampled),
-                                             _times(before, after), noise, source))
+        memory = _memory(before, after, model, partial(figure_noise, strategy=name, runs=(base, new),
+                                                       model_bytes=model), gpu)
+        strategies.append(StrategyComparison(name, before, after, memory, _times(before, after), noise, source))
     return Comparison(
         base, new, tuple(strategies),
         only_base=tuple(n for n in base.metrics if n not in new.metrics),

@@ -86,3 +86,33 @@ def test_both_take_their_verdict_from_the_one_rule(tmp_path: Path, monkeypatch: 
     listed = _notes_list(base, new)
     assert compared and len(calls) > compared, "compare and the notes check both ask the rule"
     assert set(marked.values()) == set(listed.values()) == {verdict}
+
+
+def _map_peak(tmp_path: Path, name: str, peak_bytes: int) -> Results:
+    """A copy of ``results/smoke`` whose ``map`` has build-phase host peak ``peak_bytes`` in every round."""
+    directory = tmp_path / name
+    shutil.copytree(RESULTS / "smoke", directory)
+    summary: dict[str, Any] = json.loads((directory / SUMMARY).read_text())
+    summary["name"] = name
+    summary["strategies"]["map"]["build_peak_bytes"] = peak_bytes
+    for repeat in summary["strategies"]["map"]["repeats"]:
+        repeat["build_peak_bytes"] = peak_bytes
+    (directory / SUMMARY).write_text(json.dumps(summary))
+    return load_results(directory)
+
+
+@pytest.mark.parametrize(("tolerances", "moved"), [(0.9, False), (3.0, True)])
+def test_compare_and_the_notes_check_call_the_same_memory_noise(tmp_path: Path, tolerances: float,
+                                                                moved: bool) -> None:
+    from harness.results.comparison import MEMORY_TOLERANCE
+    from harness.results.labels import BUILD_HOST_PEAK
+    from harness.units import GIB
+
+    base = _map_peak(tmp_path, "smoke", int(0.3332 * GIB))  # the table prints 0.333 GiB
+    step = tolerances * MEMORY_TOLERANCE * base.record.model.bytes
+    new = _map_peak(tmp_path, "smoke-new", int(0.3332 * GIB + step))  # 0.9: 0.334 GiB, 1.0 MiB up as printed
+    (peak,) = [d for d in compare_results(base, new).strategies[0].memory if d.label == BUILD_HOST_PEAK]
+    notes = notes_module.Notes(Path("smoke.notes.md"), "", notes_module._figures(base))
+    listed = any(c.strategy == "map" and c.figure == BUILD_HOST_PEAK for c in notes_module.figure_changes(notes, new))
+    assert notes_module._figures(base)["map"][BUILD_HOST_PEAK] != notes_module._figures(new)["map"][BUILD_HOST_PEAK]
+    assert peak.flagged is listed is moved
