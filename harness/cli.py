@@ -5,7 +5,8 @@ layouts' history).
 
 Exit status: 0 when everything ran, 1 when a strategy failed (its reason is in the
 results) or, for ``compare --fail-on-regression PCT``, when a regression beyond the noise is larger
-than PCT percent, 2 for an error the user can fix (a :class:`~harness.errors.HarnessError`,
+than PCT percent (with ``--memory-only``, a memory figure's, or a strategy failing in NEW or missing
+from it), 2 for an error the user can fix (a :class:`~harness.errors.HarnessError`,
 printed as one line ``error: <message>``, or a bad command line), 128 + the signal's
 number when SIGINT, SIGTERM or SIGHUP stopped a run or a budget sweep.
 
@@ -82,6 +83,10 @@ def _parser() -> argparse.ArgumentParser:
                          help="exit 1 when a regression beyond the noise is larger than PCT percent (memory: "
                               "of the model; time: of BASE's median; a strategy failing in NEW or missing from "
                               "it: always)")
+    compare.add_argument("--memory-only", action="store_true",
+                         help="with --fail-on-regression: only memory figures (and a strategy failing in NEW or "
+                              "missing from it) fail; times are reported, never gated (a machine shared with "
+                              "other work moves every time of a run together)")
     schema = commands.add_parser(
         "schema", help="print a scenario file's keys and the results layouts, from the dataclasses' fields",
         description="Print every key of a scenario file (what it takes, its default) and, for each results "
@@ -187,6 +192,8 @@ def _compare(args: argparse.Namespace) -> int:
     pct = args.fail_on_regression
     if pct is not None and not (pct >= 0 and pct != float("inf")):
         raise HarnessError(f"--fail-on-regression {pct:g}: expected a percentage of at least 0")
+    if args.memory_only and pct is None:
+        raise HarnessError("--memory-only: says which regressions fail; give it with --fail-on-regression PCT")
     comparison = compare_results(load_results(args.base), load_results(args.new), across_scenarios=args.scenario)
     if args.out is None:
         print(comparison_markdown(comparison), end="")
@@ -195,9 +202,19 @@ def _compare(args: argparse.Namespace) -> int:
             print(path)
     if pct is None:
         return 0
-    beyond = [r for r in comparison.regressions() if r.exceeds(pct)]
+    regressions = comparison.regressions()
+    gated = [r for r in regressions if not (args.memory_only and r.time)]
+    beyond = [r for r in gated if r.exceeds(pct)]
     for regression in beyond:
-        print(f"regression: {regression.describe()} (more than {pct:g}%)", file=sys.stderr)
+        amounts = regression.amounts()
+        print(f"regression: {regression.describe()} (more than {pct:g}%)" + (f": {amounts}" if amounts else ""),
+              file=sys.stderr)
+    if args.memory_only:
+        slower = len(regressions) - len(gated)
+        if slower:
+            print(f"note: not gated (--memory-only): {slower} slow-down{'s' if slower != 1 else ''} of time beyond "
+                  "the noise", file=sys.stderr)
+        return 1 if beyond else 0
     untimed = comparison.untimed()
     if untimed:
         which = "any strategy" if len(untimed) == len(comparison.strategies) else ", ".join(untimed)

@@ -225,8 +225,9 @@ def comparison_markdown(comparison: Comparison, figure: str | None = None) -> st
         "each run's record (with repeats, its representative round). Marked when larger than the strategy's noise "
         f"({_UP} up, {_DOWN} down): "
         + "; ".join(sorted({s.noise_source for s in comparison.strategies}))
-        + ". A representative round's memory figures have reproduced to the digit across reruns, so the noise "
-        "is small. "
+        + "; for a maximum of samples (anonymous peak, whole-run GPU peak), the largest rise between two "
+        "consecutive samples in either run where that is wider (a peak between samples is missed by up to "
+        "that). "
         "A rise of the floor is the plan's (baseline + engines), not counted as a regression.",
         "",
         *_memory_table(comparison),

@@ -15,9 +15,13 @@ the sentences of the notes that cite a figure as it was (its old value, as the t
 printed it), then how many other figures changed;
 ``python -m harness plot results/<name> --notes-checked`` stamps the current figures
 once the notes have been re-read. Figures are compared as the table prints them, so a
-change below the table's precision is not flagged; nor is a time that moved inside the
-run-to-run spread (a strategy's time columns, when its old and new ranges of wall times
-over the rounds overlap).
+change below the table's precision is not flagged; nor is a memory figure that did not move
+beyond the noise ``harness compare`` holds it to (:attr:`harness.results.comparison.MemoryDelta.flagged`,
+with :func:`~harness.results.comparison.figure_noise` of the run rendered); nor are a strategy's time columns when
+its wall time did not move beyond the noise by the rule ``harness compare`` marks times with
+(:func:`harness.results.spread.time_moved`), applied to the wall time's median and the range
+of its rounds as the table prints them. Where either side has one round there is no
+interval, and a time whose printed value changed is listed.
 
 Orderings are checked too: where two strategies' median wall times swapped order since the
 stamp (even inside the spread), a sentence that names either with an ordering word
@@ -38,10 +42,14 @@ from pathlib import Path
 
 from harness.errors import HarnessError
 from harness.report.table import strategy_cells
+from harness.results import spread
 from harness.results.atomic import write_atomic
+from harness.results.comparison import MemoryDelta, figure_noise
 from harness.results.files import parse_json, read_text_file
+from harness.results.labels import EXCESS, EXCESS_SHARE
 from harness.results.reading import Results
 from harness.results.record import RecordError
+from harness.units import GIB
 
 __all__ = ["UNCHECKABLE", "FigureChange", "Notes", "check_notes", "figure_changes", "notes_path", "order_changes",
            "orders_times", "read_notes", "sentences", "stamp_notes", "uncheckable_claims"]
@@ -121,7 +129,7 @@ _UNCHECKABLE = (
 )
 UNCHECKABLE = "a timing claim that no rerun check covers (state it in the generated report or drop it)"
 """How :func:`check_notes` introduces a sentence that orders times no stamp can check."""
-_RANGE = re.compile(r"(\d+(?:\.\d+)?)–(\d+(?:\.\d+)?) s")
+_RUNS = re.compile(r"\A(\d+)(?: of \d+)?: (\d+(?:\.\d+)?)–(\d+(?:\.\d+)?) s")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z*`(\[])|\n\s*\n|\n(?=\s*[-*] )")
 
 
@@ -140,20 +148,63 @@ class FigureChange:
         return f"{self.strategy} {self.figure}: {self.then or 'absent'} → {self.now or 'absent'}"
 
 
-def _wall_range(cells: dict[str, str]) -> tuple[float, float] | None:
-    """The range of wall times over the rounds, as the ``runs`` cell prints it (None for one run)."""
-    match = _RANGE.search(cells.get("runs", ""))
-    return (float(match[1]), float(match[2])) if match else None
+def _wall_spread(cells: dict[str, str]) -> spread.MedianSpread | None:
+    """The wall time's median (``wall time`` cell) and the range of its finished rounds (``runs`` cell), as the
+    table prints them; no interval for one round; ``None`` where the table has no wall time.
+
+    Up to eight rounds the range is the interval :func:`harness.results.spread.median_spread` gives, so this
+    check and ``compare`` hold a wall time to the same interval; from nine rounds ``compare``'s lies inside the
+    range (order statistics the table does not print), and a time here is held to the range, the wider."""
+    median = _seconds(cells)
+    if median is None:
+        return None
+    match = _RUNS.match(cells.get("runs", ""))
+    if match is None:
+        return spread.MedianSpread(median, None, None, 1, None, None)
+    rounds = int(match[1])
+    return spread.MedianSpread(median, float(match[2]), float(match[3]), rounds, 1, spread.median_coverage(rounds, 1))
 
 
-def _inside_spread(before: dict[str, str], after: dict[str, str]) -> bool:
-    """Whether the old and new rounds' wall times overlap: a time that moved within them is noise."""
-    old, new = _wall_range(before), _wall_range(after)
-    return old is not None and new is not None and old[0] <= new[1] and new[0] <= old[1]
+def _times_inside_noise(before: dict[str, str], after: dict[str, str]) -> bool:
+    """Whether the wall time did not move beyond the noise (:func:`harness.results.spread.time_moved`, the rule
+    ``harness compare`` marks times with): then no time column of the strategy counts as changed."""
+    then, now = _wall_spread(before), _wall_spread(after)
+    return then is not None and now is not None and spread.time_moved(then, now) is False
+
+
+_GIB_CELL = re.compile(r"\A([+−-]?\d+(?:\.\d+)?) GiB\Z")
+_PERCENT_CELL = re.compile(r"\A([+−-]?\d+(?:\.\d+)?)%\Z")
+
+
+def _cell_bytes(figure: str, text: str | None, model_bytes: int) -> float | None:
+    """A memory cell as bytes, as the table prints it (GiB, or the excess in % of the model); ``None`` for
+    any other cell."""
+    if text is None:
+        return None
+    gib = _GIB_CELL.match(text)
+    if gib is not None:
+        return float(gib[1].replace("−", "-")) * GIB
+    percent = _PERCENT_CELL.match(text) if figure == EXCESS_SHARE else None
+    return None if percent is None else float(percent[1].replace("−", "-")) / 100 * model_bytes
+
+
+def _memory_inside_noise(run: Results, strategy: str, figure: str, then: str | None, now: str) -> bool:
+    """Whether a memory cell moved no further than the noise ``compare`` holds the figure to (a cell that is not
+    memory, or not read as bytes on either side, is not)."""
+    if not (_GIB_CELL.match(now) or (figure == EXCESS_SHARE and _PERCENT_CELL.match(now))):
+        return False  # not a memory figure: the run is not consulted
+    model = run.record.model.bytes
+    before, after = _cell_bytes(figure, then, model), _cell_bytes(figure, now, model)
+    if before is None or after is None or strategy not in run.metrics:
+        return False
+    label = EXCESS if figure == EXCESS_SHARE else figure
+    delta = MemoryDelta(label, round(before), round(after), model, figure_noise(label, strategy, (run,), model))
+    return not delta.flagged
 
 
 def figure_changes(notes: Notes, run: Results) -> list[FigureChange]:
-    """The table's figures that changed since the notes were checked, times inside the spread left out."""
+    """The table's figures that changed since the notes were checked, those that moved inside the noise (the
+    rules compare marks figures by) left out."""
     assert notes.checked is not None
     now = _figures(run)
     changes = []
@@ -162,9 +213,11 @@ def figure_changes(notes: Notes, run: Results) -> list[FigureChange]:
         if not before or not after:
             changes.append(FigureChange(name, "", None, None if not after else "new"))
             continue
-        noise = _inside_spread(before, after)
+        noise = _times_inside_noise(before, after)
         for figure in after:
-            if before.get(figure) != after[figure] and not (noise and figure in _TIME_COLUMNS):
+            if before.get(figure) == after[figure] or (noise and figure in _TIME_COLUMNS):
+                continue
+            if not _memory_inside_noise(run, name, figure, before.get(figure), after[figure]):
                 changes.append(FigureChange(name, figure, before.get(figure), after[figure]))
     return changes
 

@@ -19,6 +19,11 @@ The intervals are distribution-free, so that 3 to 5 rounds are enough to state o
   round; with no change (rounds exchangeable) it happens by chance with probability
   ``2 / C(n + m, n)``: 1 in 10 at 3 rounds a side, 1 in 35 at 4, 1 in 126 at 5.
 
+:func:`time_moved` is the one rule that says whether a time moved beyond the noise between two runs:
+``harness compare`` marks a time with it (:class:`harness.results.comparison.TimeRatio`) and the report's
+list of figures that changed since its notes were checked leaves out the times it calls noise
+(:mod:`harness.report.notes`). Neither keeps a rule of its own.
+
 Everything here is deterministic: the same rounds give the same figures and the same words.
 """
 
@@ -34,6 +39,7 @@ from harness.results.metrics import StrategyMetrics
 
 __all__ = [
     "CONFIDENCE",
+    "TIME_RESOLUTION_S",
     "MedianSpread",
     "Ratio",
     "Rounds",
@@ -42,10 +48,15 @@ __all__ = [
     "median_spread",
     "ratio_of_medians",
     "strategy_rounds",
+    "time_moved",
 ]
 
 CONFIDENCE = 0.95
 """The coverage :func:`median_spread` aims at; with 5 rounds or fewer only the range is left, which covers less."""
+
+TIME_RESOLUTION_S = 0.1
+"""The smallest change of a median time that :func:`time_moved` calls a move, in seconds: below it a ratio
+outside the noise (a load phase of 0.02 s against 0.03 s) is not a change a user waits for."""
 
 
 def median_coverage(rounds: int, k: int) -> float:
@@ -145,8 +156,8 @@ class Ratio:
 
     @property
     def outside_noise(self) -> bool:
-        """Whether the interval excludes 1 (no interval: never)."""
-        return self.low is not None and self.high is not None and (self.low > 1.0 or self.high < 1.0)
+        """Whether the interval excludes 1 (no interval: never): the two medians' intervals are disjoint."""
+        return _disjoint(self.base, self.new) is True
 
     @property
     def method(self) -> str:
@@ -160,6 +171,33 @@ class Ratio:
                     f"chance with probability {chance:.1%}")
         return (f"ratio of the medians; interval [low NEW / high BASE, high NEW / low BASE] of the medians' "
                 f"intervals (BASE: {self.base.method}; NEW: {self.new.method})")
+
+
+def _disjoint(base: MedianSpread, new: MedianSpread) -> bool | None:
+    """Whether the two medians' intervals do not overlap; ``None`` where either side has no interval."""
+    if base.low is None or base.high is None or new.low is None or new.high is None:
+        return None
+    return new.low > base.high or new.high < base.low
+
+
+def time_moved(base: MedianSpread, new: MedianSpread) -> bool | None:
+    """Whether one time moved beyond the noise from BASE to NEW: the rule every comparison of two runs' times uses.
+
+    True when the intervals of the two medians (:func:`median_spread`) do not overlap and the medians differ by
+    :data:`TIME_RESOLUTION_S` or more; False when they overlap or the medians are closer; ``None`` when either
+    side has one round, so no interval: how far such a time moves by chance is unknown, and each caller says
+    what it does then (``compare`` marks nothing and says so; the notes check lists the change).
+
+    Non-overlapping intervals are exactly a ratio NEW / BASE whose interval (:func:`ratio_of_medians`) excludes
+    1. This is noise from round to round within each run; a machine shared with other work moves every time of
+    a run together (1.3-2.2x here), beyond any such interval, so times of runs made at different moments are
+    compared here, never gated.
+    """
+    disjoint = _disjoint(base, new)
+    if disjoint is None:
+        return None
+    step = abs(new.median - base.median)
+    return disjoint and (step >= TIME_RESOLUTION_S or math.isclose(step, TIME_RESOLUTION_S))
 
 
 def ratio_of_medians(base: Sequence[float], new: Sequence[float], confidence: float = CONFIDENCE) -> Ratio | None:

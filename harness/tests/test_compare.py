@@ -330,3 +330,79 @@ def test_the_two_medians_of_a_time_have_the_same_decimals(base: float, new: floa
     from harness.results.spread import ratio_of_medians
 
     assert _time_cell(TimeRatio("wall", ratio_of_medians([base], [new]))).startswith(f"{shown}: ")
+
+
+def test_memory_only_fails_on_memory_each_figure_on_a_line_and_never_on_time(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from harness.units import MIB
+
+    base = _copy(tmp_path, "smoke", "smoke", _then(_same_peaks, _rounds(0.1)))
+    slower = _copy(tmp_path, "smoke", "smoke-slower", _then(_same_peaks, _rounds(0.1), _slower(2.0)))
+    code, _, err = _run(capsys, base, slower, "--fail-on-regression", "0", "--memory-only")
+    assert code == 0 and "regression:" not in err
+    assert err.startswith("note: not gated (--memory-only): ") and "slow-downs of time beyond the noise" in err
+    assert _run(capsys, base, slower, "--fail-on-regression", "0")[0] == 1  # without it, times fail
+
+    heavier = _copy(tmp_path, "smoke", "smoke-heavier",
+                    _then(_same_peaks, _rounds(0.1), _slower(2.0), _peak_up("map", 3 * MEMORY_TOLERANCE)))
+    code, _, err = _run(capsys, base, heavier, "--fail-on-regression", "0", "--memory-only")
+    assert code == 1
+    lines = [line for line in err.splitlines() if line.startswith("regression: ")]
+    named = [line.split(" (more than")[0] for line in lines]
+    assert named == ["regression: map: build-phase host peak +1.5% of the model",
+                     "regression: map: excess over floor +1.5% of the model"]
+    before, after = (load_results(d).strategies["map"].build_peak_bytes for d in (base, heavier))
+    assert before is not None and after is not None
+    assert lines[0].endswith(f"(more than 0%): {before / MIB:.1f} MiB in BASE, {after / MIB:.1f} MiB in NEW, "
+                             f"noise {MEMORY_TOLERANCE * load_results(base).record.model.bytes / MIB:.1f} MiB")
+
+    failed = _copy(tmp_path, "smoke", "smoke-failed", _then(_same_peaks, _rounds(0.1), _fail("load")))
+    code, _, err = _run(capsys, base, failed, "--fail-on-regression", "0", "--memory-only")
+    assert code == 1 and "regression: load: finished in BASE, failed in NEW" in err  # no figure shows it did not
+
+
+def test_memory_only_needs_a_threshold(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(capsys, RESULTS / "smoke", RESULTS / "smoke", "--memory-only")
+    assert (code, out) == (2, "")
+    assert err.startswith("error: --memory-only: ") and "--fail-on-regression" in err and err.count("\n") == 1
+
+
+def _anon_stairs(directory: Path, strategy: str, step: int, stairs: int) -> int:
+    """``strategy``'s anonymous samples in ``directory`` made a staircase: flat until the load starts, then up by
+    ``step`` a sample for ``stairs`` samples, then flat (its largest rise between two samples: ``step``); returns
+    the top."""
+    import pandas as pd
+
+    from harness.results.samples import samples_file
+
+    path = directory / samples_file(strategy)
+    frame = pd.read_csv(path)
+    start = json.loads((directory / SUMMARY).read_text())["strategies"][strategy]["phases"]["load_start_s"]
+    after = (frame["t_s"] > start).cumsum().clip(upper=stairs)
+    floor = int(frame["anon_bytes"].iloc[0])
+    frame["anon_bytes"] = floor + step * after
+    frame.to_csv(path, index=False)
+    return floor + step * stairs
+
+
+@pytest.mark.parametrize(("rise", "flagged"), [(0.5, False), (1.5, True)])
+def test_a_sampled_peak_is_held_to_the_largest_rise_between_samples(tmp_path: Path, rise: float,
+                                                                    flagged: bool) -> None:
+    from harness.results.comparison import SAMPLED
+
+    model = load_results(RESULTS / "smoke").record.model.bytes
+    step = int(10 * MEMORY_TOLERANCE * model)  # ten times the fixed tolerance: a peak missed by up to this
+    directories = {}
+    for name, extra in (("smoke", 0), ("smoke-anon", int(rise * step))):
+        directory = _copy(tmp_path, "smoke", name, _same_peaks)
+        top = _anon_stairs(directory, "load", step, stairs=4)
+        summary = json.loads((directory / SUMMARY).read_text())
+        summary["strategies"]["load"]["anon_peak_bytes"] = top + extra
+        (directory / SUMMARY).write_text(json.dumps(summary))
+        directories[name] = directory
+    comparison = compare_results(load_results(directories["smoke"]), load_results(directories["smoke-anon"]))
+    load = next(s for s in comparison.strategies if s.name == "load")
+    (anon,) = [d for d in load.memory if d.label in SAMPLED]
+    assert anon.delta_bytes == int(rise * step)
+    assert anon.noise_bytes == step and load.noise_bytes < step  # its own noise, wider than the strategy's
+    assert anon.flagged is flagged and anon.regression is flagged

@@ -66,6 +66,21 @@ def test_ratio_is_outside_the_noise_only_when_the_rounds_separate() -> None:
     assert reaching_zero is not None and reaching_zero.high == math.inf
 
 
+def test_a_time_moved_when_the_intervals_separate_by_the_resolution_or_more() -> None:
+    from harness.results.spread import TIME_RESOLUTION_S, time_moved
+
+    def moved(base: list[float], new: list[float]) -> bool | None:
+        return time_moved(median_spread(base), median_spread(new))
+
+    assert moved([10.0, 11.0, 12.0], [13.0, 14.0, 15.0]) is True
+    assert moved([10.0, 11.0, 12.0], [7.0, 8.0, 9.0]) is True  # faster moves too
+    assert moved([10.0, 11.0, 12.0], [11.5, 14.0, 15.0]) is False  # the intervals overlap
+    assert moved([0.020, 0.021, 0.022], [0.040, 0.041, 0.042]) is False  # clear, but 20 ms is no change to wait for
+    assert moved([10.0], [20.0]) is None  # one round: no interval, unknown
+    # a step of exactly the resolution counts, though 0.7 - 0.6 is 0.0999... in floating point
+    assert TIME_RESOLUTION_S > 0.7 - 0.6 and moved([0.6, 0.6, 0.6], [0.7, 0.7, 0.7]) is True
+
+
 def test_chance_flag_is_the_share_of_rank_orders_that_separate() -> None:
     base, new = median_spread([1.0, 2.0, 3.0]), median_spread([1.0, 2.0, 3.0, 4.0])
     orders = list(combinations(range(7), 3))  # which of the 7 ranks BASE's rounds take
