@@ -8,6 +8,7 @@ a live run's alone. ``results/.gitignore`` keeps these names out of ``git status
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import shutil
@@ -24,7 +25,7 @@ import pytest
 
 from harness.cli import main
 from harness.errors import OutputError
-from harness.results.publish import LOCK, staging_dir
+from harness.results.publish import LOCK, Staging, staging_dir
 from harness.results.record import RunRecord
 from harness.stopping import RunInterrupted
 from harness.tests.fixtures import make_results
@@ -436,3 +437,63 @@ def test_a_second_signal_is_raised_as_the_first_was(tmp_path: Path) -> None:
         assert second.value.signum == signal.SIGTERM
         with pytest.raises(RunInterrupted, match="interrupted by SIGTERM"):
             stop.check()  # and the run, wherever it goes on, stops there
+
+
+# Removing what another process removes at the same time (a run removing its own staging directory as it ends)
+
+
+def dead_staging(results: Path) -> Path:
+    """``results/.dead.partial`` as a run killed outright left it: its lock free, a record, an engine."""
+    dead = results / ".dead.partial"
+    (dead / "engines").mkdir(parents=True)
+    (dead / LOCK).write_text("999999\n")
+    (dead / "summary.json").write_text("{}")
+    (dead / "engines" / "engine-000.safetensors").write_bytes(b"an engine")
+    return dead
+
+
+def removed_first_by_another(monkeypatch: pytest.MonkeyPatch, names: set[str]) -> None:
+    """Each of ``names``, a file or directory, is removed by another process right before this one removes it."""
+    for function in ("unlink", "rmdir"):
+        real = getattr(os, function)
+
+        def raced(path: str, *args: object, real: Callable[..., None] = real, **kwargs: object) -> None:
+            if os.path.basename(path) in names:
+                names.discard(os.path.basename(path))
+                real(path, *args, **kwargs)
+            real(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, function, raced)
+
+
+def test_a_stale_staging_directory_another_process_removes_meanwhile_is_removed_without_a_complaint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dead = dead_staging(tmp_path / "results")
+    said: list[str] = []
+    raced = {"summary.json", "engines"}
+    removed_first_by_another(monkeypatch, raced)
+    with Staging(tmp_path / "results", "tiny", lambda staging: [], said.append):
+        pass
+    assert said == [f"removed {dead}: left by a run that is no longer running"]
+    assert not os.path.lexists(dead)
+    assert raced == set(), "each was removed by the other process first"
+
+
+def test_a_stale_staging_directory_that_cannot_be_removed_is_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dead = dead_staging(tmp_path / "results")
+    real = os.unlink
+
+    def refused(path: str, *args: object, **kwargs: object) -> None:
+        if os.path.basename(path) == "summary.json":
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+        real(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "unlink", refused)
+    said: list[str] = []
+    with Staging(tmp_path / "results", "tiny", lambda staging: [], said.append):
+        pass
+    assert said == [f"could not remove {dead}, left by a run that is no longer running (Permission denied)"]
+    assert (dead / "summary.json").is_file()
