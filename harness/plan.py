@@ -26,6 +26,7 @@ from harness.catalog import builds_read_weights, is_gpu, writes_weights_to_files
 from harness.engines.partition import Engine, model_bytes, partition, split_into
 from harness.engines.registry import BackendUnavailable, check_backend, resolve_device
 from harness.errors import PlanError
+from harness.load.gpu_peers import LoaderUnavailable, check_loaders
 from harness.models import build_model
 from harness.models.checkpoints import CheckpointError, checkpoint_specs, describe_specs, ensure_checkpoint
 from harness.results.atomic import write_json
@@ -194,10 +195,12 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
     Raises a :class:`~harness.errors.HarnessError` naming the scenario file and key for
     a number out of its range or a model too large to represent
     (:func:`~harness.scenario.validate_scenario`, first), a backend or device this machine
-    lacks, a model with no weight bytes, more engines than the model has units, and a
-    checkpoint path that is a directory, a FIFO or another file that is not a regular one
-    (found by ``stat``, never opened), missing (without ``checkpoint.generate``), someone
-    else's file, or one to generate that does not fit on its disk; nothing is written before
+    lacks, a GPU loader peer whose package or device it lacks
+    (:func:`~harness.load.gpu_peers.check_loaders`), a model with no weight bytes, more
+    engines than the model has units, and a checkpoint path that is a directory, a FIFO or
+    another file that is not a regular one (found by ``stat``, never opened), missing (without
+    ``checkpoint.generate``), someone else's file, or one to generate that does not fit on its
+    disk; nothing is written before
     these checks except the checkpoint itself.
     """
     say = progress or (lambda message: None)
@@ -211,6 +214,10 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
         device = resolve_device(scenario.build.device)
     except BackendUnavailable as exc:
         raise BackendUnavailable(f"{scenario.where('build.device')}: {exc}") from exc
+    try:
+        check_loaders(scenario.strategies, device)  # a GPU loader peer's package and device, as for a backend
+    except LoaderUnavailable as exc:
+        raise LoaderUnavailable(f"{scenario.where('strategies')}: {exc}") from exc
     say(f"model {info.name} ({info.source}); {info.source_note}".rstrip("; "))
     specs = checkpoint_specs(info.module)  # persistent tensors, a tied one once
     sizes = describe_specs(specs)

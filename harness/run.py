@@ -10,7 +10,9 @@ process, a compiler's jobs), holds more than the scenario's memory limit (their 
 timeout, is killed with them and recorded as failed, instead of taking the machine down; a
 worker dies with the parent (``PR_SET_PDEATHSIG``). SIGINT, SIGTERM or SIGHUP to the parent,
 from the start of the run to its publishing, ends it with :class:`~harness.stopping.RunInterrupted`:
-at once, or, while a worker runs, once that worker is stopped.
+at once (a reference measurement included: a signal is not its failure), or, while a worker runs, once
+that worker is stopped; nothing is published and the exit status is 128 + the signal's number. A second
+signal is raised as the first was, never ignored.
 
 A run writes into ``results/.<name>.partial/`` and replaces ``results/<name>/`` with it
 only once every strategy has been run (:mod:`harness.results.publish`), so an interrupted
@@ -166,10 +168,13 @@ def _pump(stream: IO[bytes], tail: collections.deque[str]) -> None:
 
 
 class _Stop:
-    """SIGINT, SIGTERM and SIGHUP during a run: the first one raises :class:`RunInterrupted` at once
+    """SIGINT, SIGTERM and SIGHUP during a run: each one raises :class:`RunInterrupted` at once
     (``interrupted by <signal>; <unchanged> is unchanged``), or, within :meth:`deferred` (while a
-    worker is watched), is only recorded, for :func:`watch` to stop the worker first. Later ones
-    are ignored while the run winds down."""
+    worker is watched, or once publishing began), is only recorded, for :func:`watch` to stop the
+    worker first. A second signal is raised as the first was: one that code between the signal and
+    the top of the run swallowed (an ``except Exception`` around a measurement) does not leave the
+    run unstoppable. A signal caught is never forgotten: :meth:`check` raises it where the run goes
+    on (after each reference measurement, before anything is published)."""
 
     def __init__(self, unchanged: Path) -> None:
         self.unchanged = unchanged
@@ -183,6 +188,11 @@ class _Stop:
         self.raised = True
         name = signal.Signals(self.signum).name
         return RunInterrupted(f"interrupted by {name}{detail or f'; {self.unchanged} is unchanged'}", self.signum)
+
+    def check(self) -> None:
+        """Raise :class:`RunInterrupted` if a signal was caught, even one raised before and swallowed since."""
+        if self.signum is not None:
+            raise self.interrupted()
 
     @contextlib.contextmanager
     def deferred(self) -> Iterator[None]:
@@ -202,11 +212,12 @@ class _Stop:
             return
 
         def handler(signum: int, frame: FrameType | None) -> None:
-            if self.signum is not None:
+            if self.deferring:
+                if self.signum is None:
+                    self.signum = signum
                 return
             self.signum = signum
-            if not self.deferring:
-                raise self.interrupted()
+            raise self.interrupted()
 
         # A signal the parent was started with ignored (SIGHUP under nohup) stays ignored.
         previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN}
@@ -417,7 +428,7 @@ def _warm_up(plan: Plan, plan_path: Path, out_dir: Path, command: WorkerCommand,
     """
     where = f"warm-up round {index + 1}/{plan.scenario.run.warmup} (discarded)"
     if plan.scenario.run.cache == "cold":
-        disk, error = _reference(functools.partial(measure_disk, plan, index))
+        disk, error = _reference(stop, functools.partial(measure_disk, plan, index))
         _progress(f"{where}: {_disk_line(disk) if disk is not None else f'disk: failed ({error})'}")
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -562,6 +573,7 @@ def run_scenario(
         engines = workdir or staging / ENGINES
         try:
             plan = make_plan(scenario, name=name, workdir=engines, progress=_progress)
+            stop.check()  # a signal the read probe's own error handling took (harness.speed.choose_speed)
             record = _measure(plan, staging, command, stop)
         finally:
             shutil.rmtree(engines, ignore_errors=True)  # the run's own: gone however the run ends
@@ -569,9 +581,12 @@ def run_scenario(
             if render is not None:  # before anything is replaced: the results and their figures go in place together
                 try:
                     render(staging, out, figures)
+                except RunInterrupted:
+                    raise
                 except HarnessError as exc:
                     raise OutputError(f"{exc}; {out} is unchanged") from exc
             stop.deferring = True  # from here on the run ends as it is: a signal no longer stops it half-published
+            stop.check()  # one caught before and swallowed on the way: nothing is published
             publish(staging, out)
             figures.commit()
     return record
@@ -595,7 +610,7 @@ def _measure(plan: Plan, staging: Path, command: WorkerCommand, stop: _Stop) -> 
         if scenario.run.cache == "cold":
             if repeat == 0 and scenario.run.read_ceiling:  # first: a part read before would come from a cache
                 _progress("the disk's read ceiling: a cold read sweep over reader threads and request sizes")
-                points, error = _reference(lambda: read_ceiling([Path(f) for f in plan.checkpoint_files]))
+                points, error = _reference(stop, lambda: read_ceiling([Path(f) for f in plan.checkpoint_files]))
                 run = run.replace(read_ceiling=points or (), read_ceiling_error=error)
                 _progress(_ceiling_line(run.read_ceiling) if error is None else f"disk ceiling: failed ({error})")
                 sized = sized_to_ceiling(plan.speed, run.read_ceiling)
@@ -606,7 +621,7 @@ def _measure(plan: Plan, staging: Path, command: WorkerCommand, stop: _Stop) -> 
                               f"{sized.prefetch_request_bytes // MIB} MiB ({sized.prefetch_sizing_why})")
                 write_summary(staging, run)
             if run.disk_read_error is None:  # after a read that failed, none is taken
-                disk, error = _reference(functools.partial(measure_disk, plan, repeat))
+                disk, error = _reference(stop, functools.partial(measure_disk, plan, repeat))
                 if error is None:
                     assert disk is not None
                     run = run.replace(disk_reads=(*run.disk_reads, disk))
@@ -645,7 +660,7 @@ def _measure(plan: Plan, staging: Path, command: WorkerCommand, stop: _Stop) -> 
         for time_ in range(SHARED_DISK_TIMES):
             _progress(f"the disk read and written at once, {time_ + 1} of {SHARED_DISK_TIMES}")
             shared, error = _reference(
-                lambda: shared_disk(plan.checkpoint_files, plan.workdir, plan.largest_engine_bytes))
+                stop, lambda: shared_disk(plan.checkpoint_files, plan.workdir, plan.largest_engine_bytes))
             if error is not None:  # the times measured before it stand; no more are taken
                 run = run.replace(shared_disk_error=f"time {time_ + 1} of {SHARED_DISK_TIMES}: {error}")
                 write_summary(staging, run)
@@ -661,10 +676,19 @@ def _measure(plan: Plan, staging: Path, command: WorkerCommand, stop: _Stop) -> 
     return run
 
 
-def _reference(measurement: Callable[[], T]) -> tuple[T | None, str | None]:
+def _reference(stop: _Stop, measurement: Callable[[], T]) -> tuple[T | None, str | None]:
     """A reference measurement's result, or ``None`` and why it failed: it is recorded as failed, with its
-    reason, and never costs the run (a disk that fills up, a file gone under it)."""
+    reason, and never costs the run (a disk that fills up, a file gone under it).
+
+    A signal is no failure of the measurement: :class:`RunInterrupted` goes through, and a signal caught
+    while it ran is raised after it (:meth:`_Stop.check`), even where the measurement's own code swallowed it.
+    """
     try:
-        return measurement(), None
+        result: T | None = measurement()
+        error = None
+    except RunInterrupted:
+        raise
     except Exception as exc:
-        return None, " ".join(f"{type(exc).__name__}: {exc}".split())
+        result, error = None, " ".join(f"{type(exc).__name__}: {exc}".split())
+    stop.check()
+    return result, error

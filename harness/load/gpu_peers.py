@@ -2,9 +2,10 @@
 
 Each is a peer strategy that loads nothing up front and brings each engine's tensors to the
 device right before its build, dropping them right after (per-engine hooks, as ``stream``
-does); each package is optional, imported only when its strategy runs, and a strategy whose
-package (or device) is missing fails with one line saying what it needs
-(:class:`LoaderUnavailable`).
+does); each package is optional. A scenario that lists one whose package (or device) is missing
+is refused when its plan is made, before any strategy runs (:func:`check_loaders`, called by
+:func:`harness.plan.make_plan`), with one line naming the strategy and what it needs
+(:class:`LoaderUnavailable`); the strategy's own process checks again before it loads.
 
 ``st_prefetch``
     safetensors >= 0.9.0rc1: ``safe_open(file, framework="pt").prefetch(plan, device=...,
@@ -53,8 +54,10 @@ __all__ = [
     "ST_PREFETCH_VERSION",
     "FastSafetensorsHooks",
     "InstantTensorHooks",
+    "LOADER_HOOKS",
     "LoaderUnavailable",
     "StPrefetchHooks",
+    "check_loaders",
     "fastsafetensors_module",
     "instanttensor_module",
     "load_fastsafetensors",
@@ -109,6 +112,10 @@ def _optional(package: str, version: str) -> ModuleType:
         raise LoaderUnavailable(f"{package} needs the {package} package ({version}), which is not installed: "
                                 f"pip install {package}=={version} (optional: not among the project's "
                                 f"dependencies)") from exc
+    except Exception as exc:  # a broken install raising anything on import
+        raise LoaderUnavailable(f"{package} needs the {package} package ({version}), which does not import here "
+                                f"({type(exc).__name__}: {' '.join(str(exc).split())}): pip install "
+                                f"{package}=={version}") from exc
 
 
 def fastsafetensors_module() -> ModuleType:
@@ -163,6 +170,22 @@ class _DeviceHooks(ABC):
     """
 
     strategy = ""
+    cuda_only = False
+    """Whether the loader runs on CUDA devices only."""
+
+    @staticmethod
+    @abstractmethod
+    def _package() -> Any:
+        """What the loader calls, imported; :class:`LoaderUnavailable` naming the package and version it needs."""
+
+    @classmethod
+    def check(cls, device: str) -> Any:
+        """What the loader calls (:meth:`_package`), where it can run on ``device`` (the plan's resolved device);
+        else :class:`LoaderUnavailable`, one line naming the strategy and what it needs: the device first (no
+        install fixes it), then the package."""
+        if cls.cuda_only:
+            require_cuda(cls.strategy, device)
+        return cls._package()
 
     def __init__(self, model: torch.nn.Module, path: Path, device: str,
                  partitions: Sequence[Sequence[str]]) -> None:
@@ -228,11 +251,12 @@ class StPrefetchHooks(_DeviceHooks):
     """
 
     strategy = "st_prefetch"
+    cuda_only = True
+    _package = staticmethod(prefetching_safe_open)
 
     def __init__(self, model: torch.nn.Module, path: Path, device: str,
                  partitions: Sequence[Sequence[str]]) -> None:
-        self._safe_open = prefetching_safe_open()
-        require_cuda(self.strategy, device)
+        self._safe_open = self.check(device)
         super().__init__(model, path, _indexed(device), partitions)
         self._loaders: dict[int, dict[Path, tuple[Any, Any]]] = {}  # engine -> file -> (handle, PrefetchLoader)
 
@@ -268,10 +292,11 @@ class FastSafetensorsHooks(_DeviceHooks):
     the loader closed (the tensors share the buffer's allocation, which goes once both are gone)."""
 
     strategy = "fastsafetensors"
+    _package = staticmethod(fastsafetensors_module)
 
     def __init__(self, model: torch.nn.Module, path: Path, device: str,
                  partitions: Sequence[Sequence[str]]) -> None:
-        self._module = fastsafetensors_module()
+        self._module = self.check(device)
         super().__init__(model, path, _indexed(device), partitions)
         self.nogds = not gds_present(device)
         self._open: tuple[Any, Any] | None = None  # (loader, files buffer) of the engine being built
@@ -310,11 +335,12 @@ class InstantTensorHooks(_DeviceHooks):
     tensors by exact name, iterated to clones that own their memory right before its build; dropped after it."""
 
     strategy = "instanttensor"
+    cuda_only = True
+    _package = staticmethod(instanttensor_module)
 
     def __init__(self, model: torch.nn.Module, path: Path, device: str,
                  partitions: Sequence[Sequence[str]]) -> None:
-        self._module = instanttensor_module()
-        require_cuda(self.strategy, device)
+        self._module = self.check(device)
         super().__init__(model, path, _indexed(device), partitions)
 
     def _fetch(self, index: int, wanted: dict[Path, list[str]]) -> dict[str, torch.Tensor]:
@@ -331,3 +357,17 @@ class InstantTensorHooks(_DeviceHooks):
 
     def _finish(self, index: int) -> None:
         pass  # the clones own their memory: dropping them was all
+
+
+LOADER_HOOKS: dict[str, type[_DeviceHooks]] = {
+    hooks.strategy: hooks for hooks in (StPrefetchHooks, FastSafetensorsHooks, InstantTensorHooks)}
+"""Each GPU loader peer's hooks, by strategy name."""
+
+
+def check_loaders(strategies: Sequence[str], device: str) -> None:
+    """Fail fast, before any strategy runs: :class:`LoaderUnavailable` for the first of ``strategies`` that is a
+    GPU loader peer and cannot run on ``device`` (the plan's resolved device) here (:meth:`_DeviceHooks.check`).
+    Other strategies need nothing beyond the harness's own dependencies."""
+    for name in strategies:
+        if name in LOADER_HOOKS:
+            LOADER_HOOKS[name].check(device)

@@ -13,7 +13,9 @@ Whether a staging directory's run is still going is told by a lock: the run hold
 however it dies), with the run's process id in it for messages. The next run, of any name,
 removes every staging directory whose lock nobody holds (``.<name>.partial``, and the
 ``.<name>.partial.<random>`` earlier versions made it as), and refuses to start where a run of the
-same name still holds one.
+same name still holds one. A staging directory its own run is removing as it ends can be found stale
+meanwhile (its lock already unlinked): both remove it, and what the other removed first is no error
+(:func:`_remove_tree`); only a real failure is reported.
 
 Starts take turns: each removes stale staging directories and makes and locks its own while it holds
 an exclusive ``flock`` on the results root itself (:func:`_root_locked`), so no start ever finds
@@ -29,6 +31,7 @@ import fcntl
 import os
 import shutil
 import signal
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -47,12 +50,27 @@ Finished = Callable[[Path], Sequence[str]]
 """``staging directory -> names of the strategies that finished there`` (a run's, or a sweep's)."""
 
 
+def _remove_tree(path: Path) -> None:
+    """Remove the directory tree at ``path`` (links in it unlinked, never followed). What is already gone, removed
+    meanwhile by another process (a run removing its own staging directory as it ends), is no error: only a real
+    failure raises (``OSError``)."""
+    def gone_is_removed(exc: BaseException) -> None:
+        if not isinstance(exc, FileNotFoundError):
+            raise exc
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=lambda function, name, exc: gone_is_removed(exc))
+    else:
+        shutil.rmtree(path, onerror=lambda function, name, exc_info: gone_is_removed(exc_info[1]))
+
+
 def _remove(path: Path) -> None:
-    """Remove what is at ``path`` without following a link: a link or file is unlinked, a directory removed."""
+    """Remove what is at ``path`` without following a link: a link or file is unlinked, a directory removed
+    (:func:`_remove_tree`); what is gone already is no error."""
     if path.is_symlink() or (os.path.lexists(path) and not path.is_dir()):
-        path.unlink()
+        path.unlink(missing_ok=True)
     elif path.is_dir():
-        shutil.rmtree(path)
+        _remove_tree(path)
 
 
 def _check_replaceable(out: Path) -> None:
@@ -120,7 +138,7 @@ def _remove_stale(results: Path, say: Callable[[str], None]) -> None:
         except OSError:  # held by a live run (BlockingIOError), or gone or unreadable meanwhile
             continue
         try:
-            shutil.rmtree(path)
+            _remove_tree(path)
             say(f"removed {path}: left by a run that is no longer running")
         except OSError as exc:
             say(f"could not remove {path}, left by a run that is no longer running ({exc.strerror or exc})")
@@ -239,7 +257,7 @@ class Staging:
             self.note = f"; kept {self.path} until the next run, for its finished strategies {', '.join(done)}"
         else:
             with contextlib.suppress(OSError):
-                shutil.rmtree(self.path)
+                _remove_tree(self.path)
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:

@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from harness.cli import main
+from harness.results.names import budget_name, is_budget_name, reserved_problem
 from harness.results.publish import MAX_NAME_CHARS
 from harness.tests.fixtures import make_results
 from harness.tests.tiny_scenario import tiny_scenario_text
@@ -181,6 +182,43 @@ def test_a_name_the_harness_derives_from_others_is_refused(
         assert error_of(capsys, "budget", str(scenario(tmp_path)), "--results", str(tmp_path / "results"),
                         "--name", name) == f"--name: {name!r} {rule}; choose another"
     assert not (tmp_path / "results").exists() and not (tmp_path / "c.safetensors").exists()
+
+
+ONE_STRATEGY_RULE = ("holds '-budget-', which only a budget sweep's results of one strategy "
+                     "(<scenario>-budget-<strategy>) are named with")
+
+
+def test_a_run_refuses_the_name_of_a_strategy_swept_on_its_own(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # results/pi05-budget-stream holds the sweep of stream alone: a run so named would replace it
+    name = "tiny-budget-stream"
+    assert run_error(capsys, scenario(tmp_path), "--name", name) == (
+        f"--name: {name!r} {ONE_STRATEGY_RULE}; choose another")
+    named = scenario(tmp_path, replace={'name = "tiny"': f'name = "{name}"'})
+    assert error_of(capsys, "run", str(named), "--results", str(tmp_path / "results")) == (
+        f"{named}: name: {name!r} {ONE_STRATEGY_RULE}")
+    assert not (tmp_path / "results").exists() and not (tmp_path / "c.safetensors").exists()
+
+
+@pytest.mark.parametrize("name", ["tiny", "smoke"])
+def test_a_sweep_refuses_a_runs_name(tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str) -> None:
+    # a sweep named like a run would replace that run's results
+    assert error_of(capsys, "budget", str(scenario(tmp_path)), "--results", str(tmp_path / "results"),
+                    "--name", name) == (
+        f"--name: {name!r} is a run's name: a budget sweep's results end in '-budget' or hold '-budget-' "
+        "(<scenario>-budget, <scenario>-budget-<strategy>), so that they never replace a run's; choose another")
+    assert not (tmp_path / "results").exists() and not (tmp_path / "c.safetensors").exists()
+
+
+def test_runs_and_sweeps_take_names_of_their_own_kind_only() -> None:
+    for name in ("pi05", "pi05-trim", "budget", "budgeted", "x-budgets", "budget-x"):
+        assert not is_budget_name(name) and reserved_problem(name) is None
+        assert reserved_problem(name, sweep=True) is not None
+    for name in ("pi05-budget", "pi05-budget-stream", "pi05-budget-read_file"):
+        assert is_budget_name(name) and reserved_problem(name, sweep=True) is None
+        assert reserved_problem(name) is not None
+    assert budget_name("pi05") == "pi05-budget" and is_budget_name(budget_name("x-budget-stream"))
 
 
 def test_a_name_too_long_for_the_files_named_after_it_is_refused_before_anything_runs(

@@ -6,6 +6,7 @@ CPU path where it is installed)."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import sys
 import types
@@ -19,6 +20,7 @@ from safetensors import safe_open as real_safe_open
 from safetensors.torch import load_file, save_file
 
 from harness.catalog import FETCHED_PER_ENGINE, STRATEGY_LISTINGS
+from harness.cli import main
 from harness.load.gpu_peers import (
     FastSafetensorsHooks,
     InstantTensorHooks,
@@ -119,7 +121,10 @@ def test_the_cuda_only_peers_refuse_a_cpu_build_in_one_line(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _install_fakes(monkeypatch, [])
-    plan = _plan(tmp_path, name, engines=2)
+    with pytest.raises(LoaderUnavailable, match=f"^{tmp_path / 's.toml'}: strategies: {name} needs a CUDA device; "
+                                                "this run builds on cpu$"):
+        _plan(tmp_path, name, engines=2)
+    plan = _plan(tmp_path, "map", engines=2)  # the strategy's own process checks again
     with pytest.raises(LoaderUnavailable, match=f"^{name} needs a CUDA device; this run builds on cpu$"):
         GPU_PEERS[name](_model(plan), tmp_path / "c.safetensors", "cpu", [e.names for e in plan.engines])
     record = measure(plan, name, tmp_path / "out", check=False)
@@ -127,12 +132,82 @@ def test_the_cuda_only_peers_refuse_a_cpu_build_in_one_line(
     assert record.error == f"LoaderUnavailable: {name} needs a CUDA device; this run builds on cpu"
 
 
-def test_a_missing_package_fails_the_run_with_its_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_missing_package_fails_the_strategys_process_with_its_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plan = _plan(tmp_path, "map", engines=2)
     monkeypatch.setitem(sys.modules, "fastsafetensors", None)
-    plan = _plan(tmp_path, "fastsafetensors", engines=2)
     record = measure(plan, "fastsafetensors", tmp_path / "out", check=False)
     assert not record.ok and record.error is not None
     assert record.error.startswith("LoaderUnavailable: fastsafetensors needs the fastsafetensors package (0.5.0)")
+
+
+UNAVAILABLE = {
+    # a peer this machine cannot run: the peer, the device the plan resolves, how it is made so, what it needs
+    "st_prefetch on safetensors 0.8": ("st_prefetch", "cuda:0", "without prefetch",
+                                       "st_prefetch needs safetensors >= 0.9.0rc1 (safe_open.prefetch); safetensors "
+                                       "0.8.0 is installed: pip install --pre safetensors==0.9.0rc1"),
+    "st_prefetch on the cpu": ("st_prefetch", "cpu", "fakes",
+                               "st_prefetch needs a CUDA device; this run builds on cpu"),
+    "instanttensor not installed": ("instanttensor", "cuda:0", "missing",
+                                    "instanttensor needs the instanttensor package (0.2.2), which is not installed: "
+                                    "pip install instanttensor==0.2.2 (optional: not among the project's "
+                                    "dependencies)"),
+    "instanttensor on the cpu": ("instanttensor", "cpu", "fakes",
+                                 "instanttensor needs a CUDA device; this run builds on cpu"),
+    "fastsafetensors not installed": ("fastsafetensors", "cpu", "missing",
+                                      "fastsafetensors needs the fastsafetensors package (0.5.0), which is not "
+                                      "installed: pip install fastsafetensors==0.5.0 (optional: not among the "
+                                      "project's dependencies)"),
+    "fastsafetensors that does not import": ("fastsafetensors", "cpu", "broken",
+                                             "fastsafetensors needs the fastsafetensors package (0.5.0), which does "
+                                             "not import here (OSError: libcufile.so: cannot open shared object "
+                                             "file): pip install fastsafetensors==0.5.0"),
+}
+
+
+def _make_unavailable(monkeypatch: pytest.MonkeyPatch, name: str, how: str) -> None:
+    if how == "without prefetch":
+        _without_prefetch(monkeypatch)
+    elif how == "fakes":
+        _install_fakes(monkeypatch, [])
+    elif how == "missing":
+        monkeypatch.setitem(sys.modules, name, None)  # import raises ImportError
+    else:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+        real = importlib.import_module
+
+        def broken(module: str, *args: Any) -> Any:
+            if module == name:
+                raise OSError("libcufile.so: cannot open shared object file")
+            return real(module, *args)
+
+        monkeypatch.setattr("harness.load.gpu_peers.importlib.import_module", broken)
+
+
+@pytest.mark.parametrize("case", sorted(UNAVAILABLE))
+def test_a_peer_that_cannot_run_here_is_refused_before_any_strategy_runs(
+    case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name, device, how, needs = UNAVAILABLE[case]
+    _make_unavailable(monkeypatch, name, how)
+    monkeypatch.setattr("harness.plan.resolve_device", lambda asked: device)  # a GPU machine, where it says cuda
+    started: list[str] = []
+
+    def command(plan: Path, strategy: str, out: Path) -> list[str]:
+        started.append(strategy)
+        return [sys.executable, "-c", "raise SystemExit(1)"]
+
+    monkeypatch.setattr("harness.run.worker_command", command)
+    path = tmp_path / "s.toml"
+    path.write_text(tiny_scenario_text(tmp_path / "c.safetensors",
+                                       {'strategies = ["map"]': f'strategies = ["map", "{name}"]'}))
+    results = tmp_path / "results"
+    assert main(["run", str(path), "--results", str(results)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == f"error: {path}: strategies: {needs}", err[-1]
+    assert started == [], "no strategy ran"
+    assert not results.exists() or list(results.iterdir()) == [], "nothing is published, no staging is left"
 
 
 # --------------------------------------------------------------------------- fakes

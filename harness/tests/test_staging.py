@@ -8,6 +8,7 @@ a live run's alone. ``results/.gitignore`` keeps these names out of ``git status
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import shutil
@@ -17,17 +18,18 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from harness.cli import main
 from harness.errors import OutputError
-from harness.results.publish import LOCK, staging_dir
+from harness.results.publish import LOCK, Staging, staging_dir
 from harness.results.record import RunRecord
+from harness.stopping import RunInterrupted
 from harness.tests.fixtures import make_results
-from harness.tests.test_publish import HANDS_IN_A_RESULT, RECORDS_A_FAILURE, scenario
+from harness.tests.test_publish import HANDS_IN_A_RESULT, RECORDS_A_FAILURE, earlier_results, scenario, snapshot
 from harness.tests.tiny_scenario import tiny_scenario_text
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -378,3 +380,120 @@ def test_an_interrupted_run_leaves_no_engine_behind(
     assert not list(tmp_path.rglob("engine-*")), "the engine load's process was building is gone"
     assert sorted(p.name for p in staging.iterdir()) == sorted(
         [LOCK, "plan.json", "summary.json", "strategy-map.json", "samples-map.csv", "events-map.csv"])
+
+
+# A signal during a reference measurement (harness.run._reference): the run stops, nothing is published.
+
+
+def signals_itself(real: Callable[..., object], signum: int, swallow: bool) -> Callable[..., object]:
+    """``real``, a reference measurement, made to send ``signum`` to its own process first; with ``swallow``,
+    its own ``except Exception`` takes what the signal raised and it goes on to measure."""
+    def measurement(*args: object, **kwargs: object) -> object:
+        try:
+            os.kill(os.getpid(), signum)
+            time.sleep(10)  # the handler runs at once; this only bounds a wait for it
+        except Exception:
+            if not swallow:
+                raise
+        return real(*args, **kwargs)
+
+    return measurement
+
+
+REFERENCE_POINTS = {"shared disk": "harness.run.shared_disk", "read ceiling": "harness.run.read_ceiling",
+                    "disk read": "harness.run.measure_disk"}
+
+
+@pytest.mark.parametrize("swallow", [False, True], ids=["raised", "swallowed"])
+@pytest.mark.parametrize("which", sorted(REFERENCE_POINTS))
+def test_a_signal_during_a_reference_measurement_stops_the_run_and_publishes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, which: str, swallow: bool
+) -> None:
+    results = tmp_path / "results"
+    earlier_results(results)
+    before = snapshot(results)
+    import harness.run
+
+    real = getattr(harness.run, REFERENCE_POINTS[which].rpartition(".")[2])
+    monkeypatch.setattr(REFERENCE_POINTS[which], signals_itself(real, signal.SIGTERM, swallow))
+    workers(monkeypatch, tmp_path, {"map": HANDS_IN_A_RESULT, "load": HANDS_IN_A_RESULT})
+    assert main(["run", str(scenario(tmp_path, "map", "load")), "--results", str(results)]) == 128 + signal.SIGTERM
+    message = last_error(capsys)
+    assert message.startswith(f"interrupted by SIGTERM; {results / 'tiny'} is unchanged"), message
+    assert snapshot(results, skip=".tiny.partial") == before, "the earlier results, report and figures stay"
+
+
+def test_a_second_signal_is_raised_as_the_first_was(tmp_path: Path) -> None:
+    from harness.run import _Stop
+
+    with _Stop(tmp_path / "tiny").installed() as stop:
+        with pytest.raises(RunInterrupted, match="interrupted by SIGINT"):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(10)
+        # swallowed, as an `except Exception` on the way could: the next signal still stops the run
+        with pytest.raises(RunInterrupted, match="interrupted by SIGTERM") as second:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(10)
+        assert second.value.signum == signal.SIGTERM
+        with pytest.raises(RunInterrupted, match="interrupted by SIGTERM"):
+            stop.check()  # and the run, wherever it goes on, stops there
+
+
+# Removing what another process removes at the same time (a run removing its own staging directory as it ends)
+
+
+def dead_staging(results: Path) -> Path:
+    """``results/.dead.partial`` as a run killed outright left it: its lock free, a record, an engine."""
+    dead = results / ".dead.partial"
+    (dead / "engines").mkdir(parents=True)
+    (dead / LOCK).write_text("999999\n")
+    (dead / "summary.json").write_text("{}")
+    (dead / "engines" / "engine-000.safetensors").write_bytes(b"an engine")
+    return dead
+
+
+def removed_first_by_another(monkeypatch: pytest.MonkeyPatch, names: set[str]) -> None:
+    """Each of ``names``, a file or directory, is removed by another process right before this one removes it."""
+    for function in ("unlink", "rmdir"):
+        real = getattr(os, function)
+
+        def raced(path: str, *args: object, real: Callable[..., None] = real, **kwargs: object) -> None:
+            if os.path.basename(path) in names:
+                names.discard(os.path.basename(path))
+                real(path, *args, **kwargs)
+            real(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, function, raced)
+
+
+def test_a_stale_staging_directory_another_process_removes_meanwhile_is_removed_without_a_complaint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dead = dead_staging(tmp_path / "results")
+    said: list[str] = []
+    raced = {"summary.json", "engines"}
+    removed_first_by_another(monkeypatch, raced)
+    with Staging(tmp_path / "results", "tiny", lambda staging: [], said.append):
+        pass
+    assert said == [f"removed {dead}: left by a run that is no longer running"]
+    assert not os.path.lexists(dead)
+    assert raced == set(), "each was removed by the other process first"
+
+
+def test_a_stale_staging_directory_that_cannot_be_removed_is_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dead = dead_staging(tmp_path / "results")
+    real = os.unlink
+
+    def refused(path: str, *args: object, **kwargs: object) -> None:
+        if os.path.basename(path) == "summary.json":
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+        real(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "unlink", refused)
+    said: list[str] = []
+    with Staging(tmp_path / "results", "tiny", lambda staging: [], said.append):
+        pass
+    assert said == [f"could not remove {dead}, left by a run that is no longer running (Permission denied)"]
+    assert (dead / "summary.json").is_file()
