@@ -6,9 +6,10 @@
 The folders and modules, in layers from the bottom up: each imports only from its own layer or those
 below it (``harness/tests/test_imports.py`` holds the layers and checks the imports and this list against them):
 
-``errors`` ``units`` ``catalog`` ``stopping``
-    The one-line error; the binary units of bytes (KiB to PiB); strategy and backend names, the strategies'
-    labels and colours (no torch); the signals that stop a run or a sweep.
+``errors`` ``units`` ``catalog`` ``backends`` ``stopping``
+    The one-line error; the binary units of bytes (KiB to PiB); strategy names, their labels and colours, and the
+    weight settings (no torch); every backend described once, its spec (no torch); the signals that stop a run or
+    a sweep.
 ``results``
     The results layout (``record``, its history ``layouts``, its disk measurements ``disk`` and its samples
     and events CSVs ``samples``, read and written by ``codec``, which reads a scenario's tables too), reading

@@ -1,9 +1,9 @@
-"""What the harness names, and how results show each name: strategies and backends, without torch.
+"""What the harness names, and how results show each name: strategies and the weight settings, without torch.
 
 The strategy names, their labels and their colours are declared here once. The strategy
 registry (:data:`harness.load.strategies.STRATEGIES`) gives each name here its loader and
 release plan; scenario validation, the results and the figures need only what is here, so
-reading a scenario or rendering results imports no torch.
+reading a scenario or rendering results imports no torch. The backends are :mod:`harness.backends`'.
 
 :data:`STRATEGY_LISTINGS` is in the order scenarios run strategies by default
 (:data:`DEFAULT_STRATEGIES`, every one that needs no optional package, when a scenario lists none),
@@ -16,11 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = [
-    "BACKENDS",
-    "COMPILER_BACKENDS",
     "BUILT_WITHOUT_READING_WEIGHTS",
     "BUILT_WITHOUT_RESIDENT_WEIGHTS",
-    "COMPILER_WEIGHTS",
     "ENGINE_WEIGHTS",
     "FETCHED_PER_ENGINE",
     "HOLDS_WEIGHTS",
@@ -89,26 +86,11 @@ hooks, :class:`harness.load.strategies.EngineHooks`), and what getting them is."
 HEADLINE_STRATEGY = "map"
 """The strategy the project is about: budget mode sweeps it more finely and holds it to the goal limit."""
 
-BACKENDS: tuple[str, ...] = ("copy", "inductor", "openvino", "iree", "tensorrt")
-"""The engine builders a scenario can name (``[build] backend``)."""
-
-COMPILER_BACKENDS: tuple[str, ...] = ("inductor", "openvino", "iree", "tensorrt")
-"""Backends that export the model and build engines from graph partitions (they need a model with a forward)."""
-
 ENGINE_WEIGHTS: tuple[str, ...] = ("packaged", "packaged_compiler", "mapped")
 """A compiler backend's weight settings (``[build] weights``): engines that run on the model's own tensors
 (``mapped``), or that hold their weights, written into the artifact by the harness from the model's tensors
-(``packaged``) or by the compiler itself (``packaged_compiler``)."""
-
-COMPILER_WEIGHTS: dict[str, tuple[str, ...]] = {
-    "inductor": ENGINE_WEIGHTS,
-    "openvino": ("packaged_compiler",),
-    "iree": ("mapped", "packaged_compiler"),
-    "tensorrt": ENGINE_WEIGHTS,
-}
-"""The weight settings each compiler backend builds; the first is a scenario's default where it gives none and the
-backend builds one setting only (OpenVINO's blob holds the weights as OpenVINO writes them; IREE's module holds
-none, read as parameters from the model's tensors, or holds them inlined)."""
+(``packaged``) or by the compiler itself (``packaged_compiler``); each compiler backend builds some of them
+(:attr:`harness.backends.spec.BackendSpec.weights`)."""
 
 HOLDS_WEIGHTS: tuple[str, ...] = ("packaged", "packaged_compiler")
 """The weight settings whose engines hold their weights."""

@@ -68,15 +68,15 @@ fields); ``reference.*`` are the keys of each ``[[reference]]`` table; see ``sce
         weight units) / at most that many MiB of weights per engine, at least one byte
     build.engine_cap_mib                a number > 0 and <= 16777216 (MiB, 16 TiB) [absent]
     build.backend                       "copy" | "inductor" | "openvino" | "iree" | "tensorrt" ["copy"]
-        a compiler backend (:data:`harness.catalog.COMPILER_BACKENDS`) exports the model, so it takes neither
+        a compiler backend (:func:`harness.backends.compiler_backends`) exports the model, so it takes neither
         model.source = "spec" nor a model.fallback
     build.device                        "auto" | "cpu" | "cuda" ["auto"]
     build.release                       true | false [true]
     build.weights                       "packaged" | "packaged_compiler" | "mapped" ["mapped"]
         compiler backends only: whether each engine runs on the model's own (mapped) tensors or holds a copy of
         its weights, written into it by the harness from the model's tensors (packaged) or by the compiler
-        (packaged_compiler); each compiler backend builds the settings :data:`harness.catalog.COMPILER_WEIGHTS`
-        gives it, the only one its default where it has one (openvino: packaged_compiler)
+        (packaged_compiler); each compiler backend builds the settings its spec gives it
+        (:attr:`harness.backends.spec.BackendSpec.weights`), the only one its default where it has one
     build.tokens                        an integer >= 1 and <= 8192 [16]
         compiler backends only: the length of the example input the model is exported and checked with
     run.cache                           "cold" | "warm" ["cold"]
@@ -123,13 +123,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.catalog import (
-    BACKENDS,
-    COMPILER_BACKENDS,
-    COMPILER_WEIGHTS,
-    DEFAULT_STRATEGIES,
-    ENGINE_WEIGHTS,
-)
+from harness.backends import BACKENDS, backend_names, compiler_backends
+from harness.catalog import DEFAULT_STRATEGIES, ENGINE_WEIGHTS
 from harness.errors import HarnessError
 from harness.results.codec import TABLE_STYLE, Limit, decode, decode_fields, describe_typed, encode
 from harness.results.files import not_regular
@@ -274,12 +269,12 @@ class CheckpointConfig:
 class BuildConfig:
     """How the model is partitioned and built: exactly one of ``engines`` / ``engine_cap_mib``.
 
-    ``weights`` and ``tokens`` apply to compiler backends (:data:`COMPILER_BACKENDS`) only.
+    ``weights`` and ``tokens`` apply to compiler backends (:func:`~harness.backends.compiler_backends`) only.
     """
 
     engines: int | None = field(default=None, metadata=limit("build.engines"))
     engine_cap_mib: float | None = field(default=None, metadata=limit("build.engine_cap_mib"))
-    backend: str = field(default="copy", metadata=one_of(BACKENDS))
+    backend: str = field(default="copy", metadata=one_of(backend_names()))
     device: str = field(default="auto", metadata=one_of(DEVICES))
     release: bool = True
     weights: str = field(default="mapped", metadata=one_of(ENGINE_WEIGHTS))
@@ -288,7 +283,7 @@ class BuildConfig:
     @property
     def compiler(self) -> bool:
         """Whether the backend exports the model and partitions its graph."""
-        return self.backend in COMPILER_BACKENDS
+        return BACKENDS[self.backend].compiler
 
     @property
     def compiler_weights(self) -> str | None:
@@ -571,13 +566,14 @@ def _load_build(raw: Any, file: Path) -> BuildConfig:
     if not build.compiler:
         for key in ("weights", "tokens"):
             if key in raw:
-                raise fail(key, f"applies to compiler backends only ({', '.join(COMPILER_BACKENDS)}), "
+                raise fail(key, f"applies to compiler backends only ({', '.join(compiler_backends())}), "
                                 f"not backend {build.backend!r}")
         return build
-    settings = COMPILER_WEIGHTS[build.backend]
+    spec = BACKENDS[build.backend]
+    settings = spec.weights
     if build.weights not in settings:
-        if "weights" not in raw and len(settings) == 1:  # the backend's only setting, left unsaid
-            return dataclasses.replace(build, weights=settings[0])
+        if "weights" not in raw and spec.default_weights is not None:  # the backend's only setting, left unsaid
+            return dataclasses.replace(build, weights=spec.default_weights)
         raise fail("weights", f"backend {build.backend!r} builds engines with weights "
                               f"{' or '.join(repr(w) for w in settings)}, not {build.weights!r}")
     return build

@@ -44,7 +44,7 @@ import torch
 
 from harness.catalog import is_gpu
 from harness.engines.builder import EngineBuilder
-from harness.engines.registry import make_builder
+from harness.engines.registry import declared_columns, make_builder
 from harness.errors import HarnessError
 from harness.load.strategies import STRATEGIES, Strategy, release_without_resizing
 from harness.measure.coldcache import prepare_cold, prepare_warm
@@ -324,8 +324,8 @@ class StrategyRun:
                     index=engine.index, weight_bytes=engine.weight_bytes, start_s=round(start, 6),
                     end_s=round(end, 6), host_hwm_bytes=hwm, released_bytes=released, rss_after_bytes=rss,
                     gpu_used_bytes=gpu, tensors=len(engine.names), major_faults=_major_faults() - faults,
-                    gpu_start_bytes=gpu_start, **peaks, **built.columns,
-                ))
+                    gpu_start_bytes=gpu_start, **peaks,
+                ).with_columns(*declared_columns(plan.scenario.build.backend, built.columns)))
                 bar.built(engine.weight_bytes)
         finally:
             bar.close()

@@ -28,11 +28,13 @@ from pathlib import Path
 
 import torch
 
-from harness.engines.builder import BuiltEngine, EngineBuilder
+from harness.backends.columns import CopyColumns
+from harness.catalog import is_gpu
+from harness.engines.builder import BuildTarget, BuiltEngine, EngineBuilder
 from harness.measure.coldcache import write_back_and_drop
 from weightmap import TensorSpec, write_checkpoint
 
-__all__ = ["ALIGN", "CopyToDevice", "CopyToFiles", "fault_in", "packed_layout"]
+__all__ = ["ALIGN", "CopyToDevice", "CopyToFiles", "fault_in", "make_builder", "packed_layout"]
 
 
 def fault_in(tensors: Iterable[torch.Tensor]) -> int:
@@ -68,10 +70,10 @@ def _distinct(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _split(started: float, paged: float) -> dict[str, float]:
+def _split(started: float, paged: float) -> CopyColumns:
     """The ``pages_s`` and ``copy_s`` columns of a build that faulted its pages in from ``started`` to ``paged``
     and copied them until now."""
-    return {"pages_s": round(paged - started, 6), "copy_s": round(time.perf_counter() - paged, 6)}
+    return CopyColumns(pages_s=round(paged - started, 6), copy_s=round(time.perf_counter() - paged, 6))
 
 
 ALIGN = 256  # bytes; every tensor in an engine buffer starts on this boundary
@@ -117,7 +119,7 @@ class CopyToDevice(EngineBuilder):
         if buffer.is_cuda:
             torch.cuda.synchronize(buffer.device)
         self.engines.append(copies)
-        return BuiltEngine(nbytes=size, columns=_split(started, paged))
+        return BuiltEngine(nbytes=size, columns=(_split(started, paged),))
 
     def close(self) -> None:
         self.engines.clear()
@@ -145,7 +147,12 @@ class CopyToFiles(EngineBuilder):
         header = write_checkpoint(path, specs, lambda spec: distinct[spec.name].detach())
         write_back_and_drop(path)
         columns = _split(started, paged)
-        return BuiltEngine(nbytes=sum(e.nbytes for e in header.tensors.values()), artifact=path, columns=columns)
+        return BuiltEngine(nbytes=sum(e.nbytes for e in header.tensors.values()), artifact=path, columns=(columns,))
 
     def close(self) -> None:
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def make_builder(plan: BuildTarget, workdir: Path) -> EngineBuilder:
+    """The ``copy`` backend's builder for ``plan``: into GPU memory on a GPU, else into files under ``workdir``."""
+    return CopyToDevice() if is_gpu(plan.device) else CopyToFiles(workdir)

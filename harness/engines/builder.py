@@ -24,14 +24,15 @@ back in :attr:`BuiltEngine.columns`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from harness.backends.columns import EngineColumns
 from harness.results.record import CheckpointInfo, ExportRecord
 from harness.scenario import Scenario
 
@@ -64,16 +65,17 @@ class BuildTarget(Protocol):
 
 @dataclass(frozen=True)
 class BuiltEngine:
-    """One engine's build: ``columns``, the :class:`~harness.results.record.EngineRecord` fields only the
-    builder measures (how long its copy or its compile took, what the compiler and its subprocesses used), by
-    name and as stored, each builder's said where it builds (:mod:`harness.engines.backends`;
+    """One engine's build: ``columns``, the groups of :class:`~harness.results.record.EngineRecord` fields only
+    the builder measures (:mod:`harness.backends.columns`: how long its copy or its compile took, what the
+    compiler and its subprocesses used), each of a group its backend's spec declares
+    (:attr:`~harness.backends.spec.BackendSpec.columns`; :mod:`harness.engines.backends`;
     :meth:`~harness.engines.compile.backend.CompilerBackend.build_engine` with its compiler's
     :attr:`~harness.engines.compile.compiler.Artifact.columns`); ``artifact``, the engine's file (None for an
     engine in device memory); ``nbytes``, the engine's size."""
 
     nbytes: int
     artifact: Path | None = None
-    columns: Mapping[str, Any] = field(default_factory=dict)
+    columns: tuple[EngineColumns, ...] = ()
 
 
 class PhaseRecorder(Protocol):

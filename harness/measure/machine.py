@@ -11,6 +11,8 @@ from typing import Any
 
 import psutil
 
+from harness.backends import backend_packages
+
 
 def _version(dist: str) -> str | None:
     try:
@@ -19,8 +21,14 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def _first_version(distributions: tuple[str, ...]) -> str | None:
+    """The version of the first of ``distributions`` installed; None where none is."""
+    return next((v for v in map(_version, distributions) if v is not None), None)
+
+
 def versions() -> dict[str, str | None]:
-    """Versions of everything that shapes the figures; None for what is not installed."""
+    """Versions of everything that shapes the figures, every backend's optional packages among them
+    (:func:`harness.backends.backend_packages`); None for what is not installed."""
     import torch
 
     import weightmap
@@ -30,11 +38,7 @@ def versions() -> dict[str, str | None]:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "safetensors": _version("safetensors"),
-        "torch_tensorrt": _version("torch_tensorrt") or _version("torch-tensorrt"),
-        "openvino": _version("openvino"),
-        "iree_compiler": _version("iree-base-compiler"),
-        "iree_runtime": _version("iree-base-runtime"),
-        "iree_turbine": _version("iree-turbine"),
+        **{p.key: _first_version(p.distributions) for p in backend_packages()},
         "lerobot": _version("lerobot"),
         "weightmap": weightmap.__version__,
     }

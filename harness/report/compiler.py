@@ -29,6 +29,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from harness.backends import compiler_calls
 from harness.report.style import figure_legend, new_figure, strategy_colour, styled
 from harness.report.text import DASH, TableColumn, format_seconds, markdown_table
 from harness.results.metrics import StrategyMetrics, compiler_gpu_own_bytes
@@ -59,10 +60,10 @@ def _setting(run: Results) -> str:
 
 
 def _calls(run: Results) -> tuple[str, str] | None:
-    """The two calls of the run's compiler (:data:`_TWO_CALLS`), or None for a compiler it does not name or a run
-    of several compilers."""
+    """The two calls of the run's compiler as its spec names them (:func:`harness.backends.compiler_calls`), or None
+    for a compiler that does not build in two calls, one not registered, or a run of several compilers."""
     names = {r.compiler for r in run.strategies.values() if r.compiler}
-    return _TWO_CALLS.get(names.pop()) if len(names) == 1 else None
+    return compiler_calls(names.pop()) if len(names) == 1 else None
 
 
 def _compiled(record: StrategyRecord) -> list[EngineRecord]:
@@ -96,11 +97,6 @@ def _write_rise(e: EngineRecord) -> int | None:
 
 
 _MARKERS = {"converted": "|", "compiled": "_", "written": "x"}
-_TWO_CALLS = {
-    "openvino": ("OpenVINO's convert_model", "OpenVINO's compile_model, its blob written"),
-    "iree": ("iree-turbine's import", "IREE's compile, its .vmfb written"),
-}
-"""The two calls of each compiler that converts, then compiles, as the figure's markers name them."""
 _SPLIT_LABELS = {
     "converted": "peak rise when the conversion was done",
     "compiled": "the compiler's own: its peak rise, or what it left when the weights' write began if more",

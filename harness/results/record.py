@@ -43,10 +43,11 @@ harness and are never read back by it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from harness.backends.columns import EngineColumns
 from harness.catalog import is_gpu
 from harness.results.atomic import write_json
 from harness.results.codec import (
@@ -162,6 +163,19 @@ class EngineRecord(Record):
     gpu_reserved_peak_bytes: int | None = field(default=None, metadata={"since": 16})
     gpu_allocated_peak_bytes: int | None = field(default=None, metadata={"since": 16})
 
+    def with_columns(self, *groups: EngineColumns) -> EngineRecord:
+        """A copy with the fields of each group a builder measured (:mod:`harness.backends.columns`) set; a
+        ``TypeError`` naming the group and the field where a group holds a field this record does not declare."""
+        declared = _ENGINE_FIELDS
+        changes = {}
+        for group in groups:
+            for f in fields(group):
+                if f.name not in declared:
+                    raise TypeError(f"{type(group).__name__}.{f.name}: not a field of EngineRecord; declare it there "
+                                    "(with the layout version that adds it) before a builder records it")
+                changes[f.name] = getattr(group, f.name)
+        return replace(self, **changes)
+
     @property
     def compiler_over_floor_bytes(self) -> int | None:
         """What a compiler added on top of this engine's copy floor: high-water mark - (RSS at its start + its weights).
@@ -188,6 +202,9 @@ class EngineRecord(Record):
         if self.write_peak_bytes is None or self.write_rss_bytes is None or self.write_read_bytes is None:
             return None
         return self.write_peak_bytes - self.write_rss_bytes - self.write_read_bytes
+
+
+_ENGINE_FIELDS = frozenset(f.name for f in fields(EngineRecord))
 
 
 @dataclass(frozen=True)

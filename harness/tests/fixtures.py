@@ -10,13 +10,15 @@ and the peaks are derived by :func:`harness.results.metrics.sampled_peaks`, as a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from harness.backends.columns import EngineColumns
 from harness.catalog import is_gpu
 from harness.results.metrics import SampleColumns, StrategyMetrics, sampled_peaks
 from harness.results.record import (
@@ -260,3 +262,12 @@ def make_results(
         run = run.with_strategy(strategy, record)
     write_summary(directory, run)
     return directory
+
+
+def measured(groups: EngineColumns | Iterable[EngineColumns] | None) -> dict[str, Any]:
+    """The engine-record fields a builder's column groups set (those not None), by name: what its engine's record
+    takes from them."""
+    if groups is None:
+        return {}
+    listed = [groups] if isinstance(groups, EngineColumns) else list(groups)
+    return {k: v for group in listed for k, v in asdict(group).items() if v is not None}

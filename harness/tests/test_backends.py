@@ -12,12 +12,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from harness import catalog
+from harness.backends import BACKENDS, backend_names
+from harness.backends.columns import CompileColumns, CopyColumns
 from harness.engines.backends import ALIGN, CopyToDevice, CopyToFiles
 from harness.engines.builder import BuildTarget, BuiltEngine, EngineBuilder, PhaseRecorder
 from harness.engines.compile.compare import Checked, Comparison
 from harness.engines.partition import split_into
-from harness.engines.registry import BACKEND_ENTRIES, Backend, BackendUnavailable, check_backend, make_builder
+from harness.engines.registry import BackendUnavailable, backend_problem, check_backend, make_builder
 from harness.load.strategies import load_map
 from harness.models import SyntheticTransformer, fill_non_persistent
 from harness.plan import Plan, make_plan
@@ -89,8 +90,8 @@ def test_device_backend_packs_each_engine_into_one_buffer(tmp_path: Path) -> Non
 
 
 def test_tensorrt_fails_fast_through_its_registry_entry(monkeypatch: pytest.MonkeyPatch) -> None:
-    entry = BACKEND_ENTRIES["tensorrt"]
-    message = entry.why_not()
+    spec = BACKENDS["tensorrt"]
+    message = backend_problem(spec)
     assert message is not None and message.startswith("backend 'tensorrt'")
     if "not importable" in message:  # today's message, word for word
         assert "needs Torch-TensorRT: torch_tensorrt is not importable here (" in message
@@ -100,8 +101,14 @@ def test_tensorrt_fails_fast_through_its_registry_entry(monkeypatch: pytest.Monk
     with pytest.raises(BackendUnavailable) as raised:
         check_backend("tensorrt")
     assert str(raised.value) == message
-    # the entry's check is all that refuses it: an entry whose check passes is accepted
-    monkeypatch.setitem(BACKEND_ENTRIES, "tensorrt", dataclasses.replace(entry, why_not=lambda: None))
+    # its spec is all that refuses it: without a factory it is refused where its check passes, and a spec whose
+    # check passes and that names a factory is accepted
+    monkeypatch.setitem(BACKENDS, "tensorrt", dataclasses.replace(spec, missing=None))
+    with pytest.raises(BackendUnavailable, match=r"^backend 'tensorrt': Torch-TensorRT is installed here, but building "
+                                                 r"engines with it is not implemented in this version of the harness; "
+                                                 r"use backend = \"copy\"\.$"):
+        check_backend("tensorrt")
+    monkeypatch.setitem(BACKENDS, "tensorrt", dataclasses.replace(spec, missing=None, factory=_TRACED))
     check_backend("tensorrt")
 
 
@@ -124,9 +131,9 @@ def test_unknown_backends_are_named_with_the_registered_ones() -> None:
         check_backend("onnx")
 
 
-def test_the_registry_holds_one_entry_per_backend_name_of_the_catalog() -> None:
-    assert tuple(BACKEND_ENTRIES) == catalog.BACKENDS
-    assert all(name == entry.name for name, entry in BACKEND_ENTRIES.items())
+def test_the_registry_holds_one_spec_per_backend_name() -> None:
+    assert backend_names() == ("copy", "inductor", "openvino", "iree", "tensorrt")
+    assert all(name == spec.name for name, spec in BACKENDS.items())
 
 
 @pytest.fixture
@@ -168,7 +175,9 @@ class _Traced(EngineBuilder):
     def build_engine(self, index: int, tensors: dict[str, torch.Tensor]) -> BuiltEngine:
         built = self.copy.build_engine(index, tensors)
         self.calls.append(("build", index))
-        return dataclasses.replace(built, columns={**built.columns, "compile_s": 1.0 + index, "cache_bytes": -5})
+        compiled = CompileColumns(compile_s=1.0 + index, artifact_bytes=built.nbytes, rss_before_bytes=0,
+                                  children_peak_bytes=0, children_pss_bytes=0, cache_bytes=-5)
+        return dataclasses.replace(built, columns=(*built.columns, compiled))
 
     def check(self, phases: PhaseRecorder) -> Checked | None:
         self.calls.append("check")
@@ -183,12 +192,18 @@ class _Traced(EngineBuilder):
 BUILT: list[_Traced] = []
 
 
+def make_traced(plan: BuildTarget, workdir: Path) -> EngineBuilder:
+    """The traced builder's factory, as a spec names it (:data:`_TRACED`)."""
+    return _Traced(workdir)
+
+
+_TRACED = f"{__name__}:make_traced"
+
+
 @pytest.fixture
 def traced(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    def make(plan: BuildTarget, workdir: Path) -> EngineBuilder:
-        return _Traced(workdir)
-
-    monkeypatch.setitem(BACKEND_ENTRIES, "copy", Backend("copy", lambda: None, make))
+    monkeypatch.setitem(BACKENDS, "copy", dataclasses.replace(BACKENDS["copy"], factory=_TRACED,
+                                                             columns=(CopyColumns, CompileColumns)))
     BUILT.clear()
     yield
     BUILT.clear()

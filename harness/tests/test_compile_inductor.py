@@ -53,6 +53,7 @@ from harness.measure.procfs import PeakTracker
 from harness.models import SyntheticTransformer, fill_non_persistent
 from harness.models.checkpoints import ensure_checkpoint
 from harness.scenario import ModelConfig
+from harness.tests.fixtures import measured
 from harness.tests.pages import PAGE, resident_pages
 from harness.units import MIB
 from weightmap import ReleasePlan, ReleaseStep, map_weights
@@ -139,7 +140,7 @@ def test_mapped_engines_build_in_order_releasing_after_each(mapped: Build) -> No
     assert mapped.backend.compiler == "inductor" and mapped.backend.weights == "mapped"
     assert [b.artifact.name for b in mapped.built if b.artifact] == ["engine-000.pt2", "engine-001.pt2"]
     for built, hwm, part in zip(mapped.built, mapped.hwm, mapped.parts, strict=True):
-        record = built.columns
+        record = measured(built.columns)
         assert record["artifact_bytes"] == built.nbytes < part.weight_bytes  # the artifact holds none of its weights
         assert record["compile_s"] > 0 and record["cache_bytes"] > 0
         assert hwm is None or hwm >= record["rss_before_bytes"]
@@ -215,7 +216,7 @@ def test_packaged_engine_holds_its_weights(checkpoint: Path, cache: Path, tmp_pa
     (built,) = build.built
     (part,) = build.parts
     assert build.backend.weights == weights
-    assert built.columns["artifact_bytes"] > part.weight_bytes  # the weights are in the artifact
+    assert measured(built.columns)["artifact_bytes"] > part.weight_bytes  # the weights are in the artifact
     assert [a.constants for a in build.backend.artifacts.values()] == [{}]
     pipeline = build.load()
     # The mapped weights' pages were dropped after the build; the engine does not read them.
@@ -459,4 +460,4 @@ def test_the_device_copies_a_build_made_are_counted_once_and_none_on_the_cpu(map
     assert device_copy_bytes(moved, sources) == 64 * 64 * 4
     assert device_copy_bytes({"b": shared}, {"b": shared}) == 0
     # built on the CPU, an engine records no weights on a GPU
-    assert mapped.built and all("gpu_weights_bytes" not in b.columns for b in mapped.built)
+    assert mapped.built and all("gpu_weights_bytes" not in measured(b.columns) for b in mapped.built)

@@ -26,6 +26,7 @@ from harness.results.metrics import floor_bytes
 from harness.results.reading import load_results
 from harness.run import run_scenario
 from harness.scenario import ScenarioError, load_scenario
+from harness.tests.fixtures import measured
 from harness.tests.tiny_scenario import compiled_scenario
 from harness.units import MIB
 from weightmap import release_storage
@@ -130,7 +131,7 @@ def test_a_mapped_engine_holds_no_weight_and_reads_the_given_tensors_in_place(
     assert set(artifact.constants) == set(program.state_dict)
     assert all(artifact.constants[n] is t for n, t in program.state_dict.items())  # the model's own tensors
     assert not any(hasattr(t, "_turbine_external_tensor_trait") for t in model.parameters())  # marks removed
-    columns = artifact.columns
+    columns = measured(artifact.columns)
     assert columns["convert_s"] >= 0 and columns["compile_hwm_bytes"] >= columns["convert_hwm_bytes"] > 0
     assert {"compiler_read_bytes", "compiler_held_bytes"} <= set(columns)
     engine = compiler.load(artifact)

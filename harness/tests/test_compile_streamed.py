@@ -23,6 +23,7 @@ from safetensors.torch import save_file
 from harness.engines.compile.compiler import EngineBuildError
 from harness.engines.compile.inductor import InductorCompiler
 from harness.engines.compile.streamed import BlobEntry, blob_layout, record_blob_size, write_blob
+from harness.tests.fixtures import measured
 from harness.tests.pages import PAGE, resident_pages
 from harness.units import MIB
 from weightmap import map_weights
@@ -72,7 +73,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     compiler = InductorCompiler(weights="packaged")
     with compiler.session(work / "cache"):
         compiled = compiler.compile(program, work / "net")
-    return Built(compiled.path, dict(compiled.columns), checkpoint, work / "x.pt", expected, weights,
+    return Built(compiled.path, measured(compiled.columns), checkpoint, work / "x.pt", expected, weights,
                  sum(t.untyped_storage().nbytes() for t in weights.values()),
                  {name: resident_pages(t) for name, t in weights.items()})
 

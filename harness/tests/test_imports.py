@@ -21,7 +21,7 @@ from harness.tests.fixtures import make_results
 ROOT = Path(__file__).resolve().parents[2]
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "units", "catalog", "stopping"),
+    ("errors", "units", "catalog", "backends", "stopping"),
     ("results",),
     ("measure", "progress"),
     ("scenario", "scenario_rules", "weightspec"),
@@ -38,6 +38,7 @@ or those below it. The README's layer list and :mod:`harness`'s docstring name t
 
 TORCH_FREE = (
     "harness.catalog",
+    "harness.backends",
     "harness.scenario",
     "harness.scenario_rules",
     "harness.weightspec",

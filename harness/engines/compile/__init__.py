@@ -27,10 +27,10 @@ The steps, in the order a strategy runs them (the worker, through
   AOTInductor with weights ``packaged`` in the artifact or ``mapped`` (the artifact holds
   none and runs on the given tensors); a ``mapped`` artifact is never loaded without them.
 * :class:`~harness.engines.compile.openvino.OpenVinoCompiler` (:mod:`.openvino`): OpenVINO, the
-  second compiler (``[build] backend = "openvino"``): each partition converted, compiled for the
+  second compiler (the ``openvino`` backend): each partition converted, compiled for the
   CPU and written as a compiled blob that holds its weights.
 * :class:`~harness.engines.compile.iree.IreeCompiler` (:mod:`.iree`): IREE, the third
-  (``[build] backend = "iree"``): each partition imported by iree-turbine and compiled for
+  (the ``iree`` backend): each partition imported by iree-turbine and compiled for
   ``llvm-cpu`` into a ``.vmfb`` that reads the partition's tensors as parameters (``mapped``) or
   holds them inlined (``packaged_compiler``).
 * :func:`input_layouts`, :func:`conform` (:mod:`.layouts`): the layout each engine input was
@@ -43,8 +43,8 @@ The steps, in the order a strategy runs them (the worker, through
 * :func:`check_toolchain` (:mod:`.toolchain`): the C++ compiler inductor links engines with
   must link libstdc++ dynamically (engines with a static copy crash when loaded).
 
-In the harness (``[build] backend = "inductor"``) these steps are the ``inductor`` backend
-(:mod:`harness.engines.registry`): :class:`~harness.engines.compile.backend.CompilerBackend` runs them
+In the harness these steps are the ``inductor`` backend (its spec in :mod:`harness.backends`, its builder
+made by :mod:`harness.engines.registry`): :class:`~harness.engines.compile.backend.CompilerBackend` runs them
 for the worker and measures each engine's build, :mod:`harness.engines.compile.entry` says what is
 exported (the model's forward, or lerobot's ``sample_actions``) and on which inputs, and
 :mod:`harness.engines.compile.planning` plans the graph partitions once for every strategy.

@@ -3,7 +3,8 @@
 :class:`CompilerBackend` is the :class:`~harness.engines.builder.EngineBuilder` of any
 :class:`~harness.engines.compile.compiler.EngineCompiler` (AOTInductor,
 :class:`~harness.engines.compile.inductor.InductorCompiler`, and OpenVINO,
-:class:`~harness.engines.compile.openvino.OpenVinoCompiler`; a TensorRT builder would be another),
+:class:`~harness.engines.compile.openvino.OpenVinoCompiler`, and IREE,
+:class:`~harness.engines.compile.iree.IreeCompiler`; a TensorRT builder would be another),
 through the steps the worker measures:
 
 1. :meth:`~CompilerBackend.export`: ``torch.export.export`` of the model's entry
@@ -40,6 +41,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from harness.backends.columns import CompileColumns
 from harness.catalog import is_gpu
 from harness.engines.builder import BuiltEngine, EngineBuilder, PhaseRecorder
 from harness.engines.compile.check_process import (
@@ -186,12 +188,12 @@ class CompilerBackend(EngineBuilder):
         release_device_cache(self.device)
         size = artifact.path.stat().st_size
         self.artifacts[index] = artifact
-        return BuiltEngine(nbytes=size, artifact=artifact.path, columns={
-            **artifact.columns,
-            "compile_s": round(seconds, 3), "artifact_bytes": size, "rss_before_bytes": rss_before,
-            "children_peak_bytes": children.peak_bytes, "children_pss_bytes": children.pss_peak_bytes,
-            "cache_bytes": _tree_bytes(cache) - cache_before,
-        })
+        measured = CompileColumns(compile_s=round(seconds, 3), artifact_bytes=size, rss_before_bytes=rss_before,
+                                  children_peak_bytes=children.peak_bytes,
+                                  children_pss_bytes=children.pss_peak_bytes,
+                                  cache_bytes=_tree_bytes(cache) - cache_before)
+        own = () if artifact.columns is None else (artifact.columns,)
+        return BuiltEngine(nbytes=size, artifact=artifact.path, columns=(measured, *own))
 
     def release_note(self, unreleased_bytes: int) -> str | None:
         if not (self.keeps_model_tensors and unreleased_bytes):

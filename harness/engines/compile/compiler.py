@@ -8,15 +8,16 @@ would be another. :class:`harness.engines.compile.backend.CompilerBackend` drive
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, get_args
+from typing import Literal, Protocol, get_args
 
 import torch
 from torch.export import ExportedProgram
 
+from harness.backends.columns import EngineColumns
 from harness.catalog import ENGINE_WEIGHTS, HOLDS_WEIGHTS
 
 __all__ = [
@@ -50,11 +51,12 @@ class EngineLoadError(RuntimeError):
 @dataclass(frozen=True)
 class Artifact:
     """One built engine: its file, the tensors it runs on (empty when it holds its weights), and ``columns``:
-    the :class:`~harness.results.record.EngineRecord` fields the compiler measured while it built it."""
+    what the compiler measured while it built it (:mod:`harness.backends.columns`; None for an artifact loaded
+    from its file)."""
 
     path: Path
     constants: dict[str, torch.Tensor]
-    columns: Mapping[str, Any] = field(default_factory=dict)
+    columns: EngineColumns | None = None
 
 
 class EngineCompiler(Protocol):

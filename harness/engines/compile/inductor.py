@@ -46,6 +46,7 @@ GPU build holds beside those device copies down:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 from collections.abc import Iterator, Mapping
@@ -56,6 +57,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
+from harness.backends.columns import InductorColumns
 from harness.engines.compile.compiler import (
     HOLDS_WEIGHTS,
     WEIGHTS,
@@ -82,6 +84,7 @@ __all__ = [
     "inductor_cache",
     "load_compiler_modules",
     "load_engine",
+    "make_compiler",
     "release_copied_sources",
     "to_device",
 ]
@@ -108,6 +111,14 @@ def load_compiler_modules() -> None:
     import torch._inductor.graph  # noqa: F401
     import torch._inductor.lowering  # noqa: F401
     import torch.export  # noqa: F401
+
+
+def make_compiler(*, weights: str, device: str, release: bool) -> InductorCompiler:
+    """The ``inductor`` backend's compiler for a scenario's build (its factory, :mod:`harness.backends`): engines
+    with ``weights`` for ``device``, the host pages of weights copied to a GPU dropped where the scenario releases
+    weights; AOTInductor's modules loaded first (:func:`load_compiler_modules`)."""
+    load_compiler_modules()
+    return InductorCompiler(weights=weights, device=device, drop_host_pages=release)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -159,9 +170,9 @@ class InductorCompiler:
         if self.drop_host_pages:
             release_copied_sources(moved, sources)
         built = compile_engine(on_device, Path(stem).with_suffix(".pt2"), self)
-        columns: dict[str, int] = dict(built.columns)
+        columns = built.columns
         if check_device(self.device).type != "cpu":
-            columns["gpu_weights_bytes"] = copied
+            columns = dataclasses.replace(columns, gpu_weights_bytes=copied)
         # A mapped engine runs on the partition's own tensors (on the CPU, the mapped views;
         # on a GPU, their device copies); a packaged one holds its weights.
         if self.weights == "mapped":
@@ -243,13 +254,12 @@ class CompiledEngine:
     write: BlobWriteStats | None = None
 
     @property
-    def columns(self) -> dict[str, int]:
-        """The :class:`~harness.results.record.EngineRecord` fields this measured, by name."""
-        columns = {"compile_hwm_bytes": self.compile_hwm_bytes}
-        if self.write is not None:
-            columns.update(write_rss_bytes=self.write.rss_start_bytes, write_peak_bytes=self.write.peak_rss_bytes,
-                           write_read_bytes=self.write.peak_read_bytes)
-        return columns
+    def columns(self) -> InductorColumns:
+        """What this measured, as the engine's record stores it (the write's columns None without a write)."""
+        if self.write is None:
+            return InductorColumns(compile_hwm_bytes=self.compile_hwm_bytes)
+        return InductorColumns(compile_hwm_bytes=self.compile_hwm_bytes, write_rss_bytes=self.write.rss_start_bytes,
+                               write_peak_bytes=self.write.peak_rss_bytes, write_read_bytes=self.write.peak_read_bytes)
 
 
 def compile_engine(

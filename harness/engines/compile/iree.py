@@ -50,6 +50,7 @@ import numpy as np
 import torch
 from torch.export import ExportedProgram
 
+from harness.backends.columns import TwoCallColumns
 from harness.engines.compile.compiler import Artifact, EngineBuildError, EngineLoadError
 from harness.engines.compile.handover import aliased
 from harness.measure.coldcache import write_back_and_drop
@@ -64,6 +65,7 @@ __all__ = [
     "IreeEngine",
     "iree_missing",
     "load_iree_modules",
+    "make_compiler",
     "program_tensors",
 ]
 
@@ -123,6 +125,13 @@ def _handed(program: ExportedProgram, external: bool) -> Iterator[None]:
         yield
 
 
+def make_compiler(*, weights: str, device: str, release: bool) -> IreeCompiler:
+    """The ``iree`` backend's compiler for a scenario's build (its factory, :mod:`harness.backends`), IREE's
+    modules loaded first (:func:`load_iree_modules`); ``release`` changes nothing here."""
+    load_iree_modules()
+    return IreeCompiler(weights=weights, device=device)
+
+
 @dataclass(frozen=True)
 class IreeCompiler:
     """IREE's ``llvm-cpu`` target as an :class:`~harness.engines.compile.compiler.EngineCompiler` (see the module
@@ -144,7 +153,7 @@ class IreeCompiler:
         where IREE is missing."""
         why = iree_missing()
         if why is not None:
-            raise EngineBuildError(f"backend 'iree': {why}")
+            raise EngineBuildError(f"backend {self.name!r}: {why}")
         path = Path(cache_dir)
         path.mkdir(parents=True, exist_ok=True)
         return contextlib.nullcontext(path)
@@ -184,11 +193,11 @@ class IreeCompiler:
         if not path.is_file() or not path.stat().st_size:
             raise EngineBuildError(f"{path.name}: IREE's compile returned without writing the module")
         write_back_and_drop(path)
-        return Artifact(path, tensors if self.weights == "mapped" else {}, {
-            "convert_s": round(convert_s, 3), "convert_hwm_bytes": convert_hwm, "compile_hwm_bytes": compile_hwm,
-            "compiler_read_bytes": done.file_bytes - start.file_bytes,
-            "compiler_held_bytes": done.anon_bytes - start.anon_bytes,
-        })
+        return Artifact(path, tensors if self.weights == "mapped" else {}, TwoCallColumns(
+            convert_s=round(convert_s, 3), convert_hwm_bytes=convert_hwm, compile_hwm_bytes=compile_hwm,
+            compiler_read_bytes=done.file_bytes - start.file_bytes,
+            compiler_held_bytes=done.anon_bytes - start.anon_bytes,
+        ))
 
     def load(self, artifact: Artifact) -> IreeEngine:
         """The engine of ``artifact``, its module mapped, a ``mapped`` one reading ``artifact.constants`` as its

@@ -66,6 +66,7 @@ import numpy as np
 import torch
 from torch.export import ExportedProgram
 
+from harness.backends.columns import TwoCallColumns
 from harness.engines.compile.compiler import Artifact, EngineBuildError, EngineLoadError
 from harness.engines.compile.handover import aliased
 from harness.measure.coldcache import write_back_and_drop
@@ -81,6 +82,7 @@ __all__ = [
     "blob_payload_offset",
     "import_openvino",
     "load_openvino_modules",
+    "make_compiler",
     "openvino_missing",
     "without_telemetry",
 ]
@@ -182,6 +184,14 @@ def blob_payload_offset(path: Path, head: bytes) -> int:
     return match.end()
 
 
+def make_compiler(*, weights: str, device: str, release: bool) -> OpenVinoCompiler:
+    """The ``openvino`` backend's compiler for a scenario's build (its factory, :mod:`harness.backends`), OpenVINO's
+    modules loaded first (:func:`load_openvino_modules`); ``release`` changes nothing: its engines hold their
+    weights."""
+    load_openvino_modules()
+    return OpenVinoCompiler(weights=weights, device=device)
+
+
 @dataclass(frozen=True)
 class OpenVinoCompiler:
     """OpenVINO's CPU plugin as an :class:`~harness.engines.compile.compiler.EngineCompiler` (see the module
@@ -204,7 +214,7 @@ class OpenVinoCompiler:
         its file, so nothing is shared between engines. ``EngineBuildError`` where OpenVINO is missing."""
         why = openvino_missing()
         if why is not None:
-            raise EngineBuildError(f"backend 'openvino': {why}")
+            raise EngineBuildError(f"backend {self.name!r}: {why}")
         path = Path(cache_dir)
         path.mkdir(parents=True, exist_ok=True)
         return contextlib.nullcontext(path)
@@ -250,11 +260,11 @@ class OpenVinoCompiler:
         os.replace(blobs[0], path)
         shutil.rmtree(cache, ignore_errors=True)
         write_back_and_drop(path)
-        return Artifact(path, {}, {
-            "convert_s": round(convert_s, 3), "convert_hwm_bytes": convert_hwm, "compile_hwm_bytes": compile_hwm,
-            "compiler_read_bytes": done.file_bytes - start.file_bytes,
-            "compiler_held_bytes": done.anon_bytes - start.anon_bytes,
-        })
+        return Artifact(path, {}, TwoCallColumns(
+            convert_s=round(convert_s, 3), convert_hwm_bytes=convert_hwm, compile_hwm_bytes=compile_hwm,
+            compiler_read_bytes=done.file_bytes - start.file_bytes,
+            compiler_held_bytes=done.anon_bytes - start.anon_bytes,
+        ))
 
     def load(self, artifact: Artifact) -> OpenVinoEngine:
         """The engine of ``artifact``, imported from a mapping of its file (see :class:`OpenVinoEngine`)."""

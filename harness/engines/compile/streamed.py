@@ -52,6 +52,7 @@ from harness.units import MIB
 
 __all__ = [
     "BLOB_SIZE_SYMBOL",
+    "packaged_weights_missing",
     "BlobEntry",
     "BlobWriteStats",
     "blob_layout",
@@ -163,6 +164,21 @@ def blob_layout(wrapper_cpp: str | os.PathLike[str]) -> list[BlobEntry]:
 
 def _unquote(text: str) -> str:
     return text[1:-1] if len(text) >= 2 and text[0] == text[-1] == '"' else text
+
+
+def packaged_weights_missing(weights: str) -> str | None:
+    """Why engines with ``weights`` cannot be built here: a ``packaged`` engine's blob size is written into its
+    shared library with pyelftools (:func:`record_blob_size`), which does not import; None when they can (and for
+    any other setting)."""
+    if weights != "packaged":
+        return None
+    try:
+        import elftools.elf.elffile  # noqa: F401
+    except Exception as exc:  # ImportError, or a broken install raising anything
+        return (f"needs pyelftools, which writes each engine's weights size into it ({type(exc).__name__}: {exc}); "
+                "install it (pip install pyelftools; it is in the harness extra) or use weights = "
+                "\"packaged_compiler\"")
+    return None
 
 
 def record_blob_size(shared_library: str | os.PathLike[str], size: int) -> None:

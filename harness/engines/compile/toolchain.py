@@ -23,7 +23,7 @@ import os
 import subprocess
 from dataclasses import dataclass
 
-__all__ = ["Toolchain", "ToolchainError", "check_toolchain", "inductor_cxx", "linked_libstdcxx"]
+__all__ = ["Toolchain", "ToolchainError", "check_toolchain", "inductor_cxx", "inductor_missing", "linked_libstdcxx"]
 
 
 class ToolchainError(RuntimeError):
@@ -79,3 +79,22 @@ def check_toolchain(cxx: str | None = None) -> Toolchain:
             "that links libstdc++ dynamically (e.g. CXX=/usr/bin/g++) before the run starts"
         )
     return Toolchain(compiler, library)
+
+
+def inductor_missing() -> str | None:
+    """Why AOTInductor cannot build here: ``torch._inductor`` does not import, or its C++ compiler is missing or
+    links engines that crash when loaded (:func:`check_toolchain`); None when it can."""
+    try:
+        import torch._inductor  # noqa: F401
+    except Exception as exc:
+        return f"torch._inductor is not importable ({type(exc).__name__}: {exc})"
+    # outside the try: an error in the harness's own modules is a bug to show, not a missing compiler
+    try:
+        cxx = inductor_cxx()
+    except Exception as exc:  # torch's InvalidCxxCompiler: none of its candidates runs
+        return f"no C++ compiler found (g++ or $CXX; {type(exc).__name__})"
+    try:
+        check_toolchain(cxx)
+    except ToolchainError as exc:
+        return str(exc)
+    return None
