@@ -37,7 +37,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from weightmap import convert_checkpoint, init_empty_weights, map_weights  # noqa: E402
-from weightmap.format import TensorSpec, write_checkpoint  # noqa: E402
+from weightmap.streamwrite import TensorSpec, write_checkpoint  # noqa: E402
 
 ROWS = 2048
 

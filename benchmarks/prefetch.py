@@ -59,8 +59,9 @@ import torch  # noqa: E402
 from harness.measure.coldcache import write_back_and_drop  # noqa: E402
 from harness.measure.residency import FileResidency  # noqa: E402
 from weightmap import PREFETCH_METHODS, ReleasePlan, map_weights  # noqa: E402
-from weightmap.format import TensorSpec, read_header, write_checkpoint  # noqa: E402
+from weightmap.format import read_header  # noqa: E402
 from weightmap.prefetch import CHUNK_BYTES, PrefetchMethod  # noqa: E402
+from weightmap.streamwrite import TensorSpec, write_checkpoint  # noqa: E402
 
 TENSOR_BYTES = 64 * 2**20
 

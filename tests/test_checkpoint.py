@@ -20,7 +20,7 @@ from support import returned_or_raised
 
 from weightmap.checkpoint import INDEX_NAME, Checkpoint, open_checkpoint
 from weightmap.errors import HeaderError, MappingError
-from weightmap.format import TensorSpec, write_checkpoint
+from weightmap.streamwrite import TensorSpec, write_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 

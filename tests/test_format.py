@@ -1,4 +1,4 @@
-"""Header reading/validation and the streaming writer (weightmap.format)."""
+"""Header reading/validation (weightmap.format) and the streaming writer (weightmap.streamwrite)."""
 
 from __future__ import annotations
 
@@ -25,12 +25,11 @@ from weightmap.format import (
     DTYPES,
     MAX_HEADER_BYTES,
     Header,
-    TensorSpec,
     check_little_endian,
     parse_header,
     read_header,
-    write_checkpoint,
 )
+from weightmap.streamwrite import TensorSpec, write_checkpoint
 
 NAME = "bad.safetensors"
 

@@ -21,7 +21,7 @@ from support import TinyNet, seeded, tmpfs
 
 from weightmap import atomic_write, save_weights_for_mapping
 from weightmap.atomic_write import SUFFIX, AtomicFile
-from weightmap.format import TensorSpec, write_checkpoint
+from weightmap.streamwrite import TensorSpec, write_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = [TensorSpec("w", torch.float32, (256,)), TensorSpec("b", torch.float32, (4,))]
@@ -289,7 +289,7 @@ def test_a_refused_link_falls_back_to_a_copy(tmp_path: Path, monkeypatch: pytest
 
 KILLED_WRITE = r"""
 import sys, time, torch
-from weightmap.format import TensorSpec, write_checkpoint
+from weightmap.streamwrite import TensorSpec, write_checkpoint
 
 def fill(spec):
     if spec.name == "b":  # "w" is written by now

@@ -88,13 +88,14 @@ if TYPE_CHECKING:
     from weightmap.empty import init_empty_weights
     from weightmap.errors import HeaderError, MappingError
     from weightmap.filekinds import non_regular_kind
-    from weightmap.format import Header, TensorSpec, read_header, write_checkpoint
+    from weightmap.format import Header, read_header
     from weightmap.inspection import CheckpointReport, inspect_checkpoint
     from weightmap.mapping import MappedWeights, MappingPreview, map_weights, preview_mapping
     from weightmap.plan import ReleasePlan, ReleaseStep
     from weightmap.prefetch import PREFETCH_METHODS, FileRange, Prefetcher, PrefetchMethod, PrefetchStats, file_ranges
     from weightmap.release import release_mapped_storage, release_storage
     from weightmap.runnable import assert_runnable
+    from weightmap.streamwrite import TensorSpec, write_checkpoint
     from weightmap.targets import Target, collect_targets
     from weightmap.writer import save_weights_for_mapping
 
@@ -162,9 +163,9 @@ _WHERE: dict[str, str] = {
     "open_checkpoint": "weightmap.checkpoint",
     "non_regular_kind": "weightmap.filekinds",
     "Header": "weightmap.format",
-    "TensorSpec": "weightmap.format",
+    "TensorSpec": "weightmap.streamwrite",
     "read_header": "weightmap.format",
-    "write_checkpoint": "weightmap.format",
+    "write_checkpoint": "weightmap.streamwrite",
     "Target": "weightmap.targets",
     "collect_targets": "weightmap.targets",
 }

@@ -29,17 +29,9 @@ from weightmap.atomic_write import AtomicFile
 from weightmap.checkpoint import INDEX_NAME, Checkpoint, index_shards, open_checkpoint
 from weightmap.commit import SINGLE_NAME, checkpoint_to_replace, index_document, locked_directory, replace_checkpoint
 from weightmap.errors import MappingError
-from weightmap.format import (
-    DTYPE_CODES,
-    Header,
-    Layout,
-    TensorEntry,
-    TensorSpec,
-    check_little_endian,
-    prepare_checkpoint,
-    write_tensors,
-)
+from weightmap.format import DTYPE_CODES, Header, TensorEntry, check_little_endian
 from weightmap.mapping import KeyMap, preview_from
+from weightmap.streamwrite import Layout, TensorSpec, prepare_checkpoint, write_tensors
 
 __all__ = ["convert_checkpoint", "parse_size"]
 

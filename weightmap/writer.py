@@ -9,7 +9,8 @@ from typing import Any
 import torch
 
 from weightmap.errors import MappingError
-from weightmap.format import TensorSpec, check_little_endian, write_checkpoint
+from weightmap.format import check_little_endian
+from weightmap.streamwrite import TensorSpec, write_checkpoint
 from weightmap.targets import collect_targets, is_exported_program
 
 __all__ = ["save_weights_for_mapping"]
