@@ -133,12 +133,6 @@ class StrategyBudget(Record):
         """The run without a binding limit whose group peak set the sweep's upper bound."""
         return next((a for a in self.attempts if a.phase == "unconstrained"), None)
 
-    @property
-    def minimum_attempt(self) -> AttemptRecord | None:
-        """The first run that completed at the minimum."""
-        return next((a for a in self.attempts if a.limit_bytes == self.minimum_bytes and a.completed
-                     and a.phase != "unconstrained"), None)
-
 
 @dataclass(frozen=True)
 class BudgetRecord:

@@ -51,8 +51,7 @@ def _gib(n: int | float | None, decimals: int) -> str:
 
 def shown_attempts(strategy: StrategyBudget) -> dict[int, AttemptRecord]:
     """Limit -> the attempt the report shows there, limits in increasing order: the unconstrained run at its own
-    limit, elsewhere the first attempt that completed (the one :attr:`StrategyBudget.minimum_attempt` gives at the
-    smallest limit). Limits where none completed are left out."""
+    limit, elsewhere the first attempt that completed there. Limits where none completed are left out."""
     shown: dict[int, AttemptRecord] = {}
     for a in strategy.attempts:
         if a.completed and (a.phase == "unconstrained" or a.limit_bytes not in shown):
