@@ -85,7 +85,7 @@ def committed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _settings() -> set[str]:
     """The rows the table must have, from the backend registry: every backend that builds engines, one row per weight
     setting where it builds several (``AOTInductor, `mapped```), its title alone where it builds one."""
-    rows = set()
+    rows: set[str] = set()
     for spec in BACKENDS.values():
         if spec.factory is None:  # no builder in this version: nothing of it to measure
             continue
