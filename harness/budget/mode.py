@@ -56,11 +56,12 @@ Without a usable memory cgroup the mode refuses to start (:class:`BudgetUnavaila
 anything is written.
 
 From the cgroup check to the last strategy's record, SIGINT, SIGTERM and SIGHUP end the sweep
-through its cleanup (:mod:`harness.budget.signals`): the running attempt's process is killed,
-its group removed, the staging directory kept or removed as above, and
+through its cleanup (:mod:`harness.stopping`, as they end a run): the running attempt's process is
+killed, its group removed, the staging directory kept or removed as above, and
 :class:`~harness.stopping.RunInterrupted` raised (``python -m harness budget``: one ``error:`` line,
-exit status 128 + the signal's number). Killed outright (SIGKILL), the parent takes its
-running worker with it, and the next sweep removes the group it left.
+exit status 128 + the signal's number); once publishing began, the sweep ends as it is, published.
+Killed outright (SIGKILL), the parent takes its running worker with it, and the next sweep removes
+the group it left.
 """
 
 from __future__ import annotations
@@ -72,14 +73,13 @@ import io
 import math
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from harness.budget import signals
+from harness import stopping
 from harness.budget.cgroup import DEFAULT_PREFIX, Attempt, MemoryGroup, run_in_group
 from harness.budget.controller import CgroupUnavailable, MemoryController, find_controller
 from harness.budget.enclosing import EffectiveLimit, effective_limit
@@ -106,7 +106,6 @@ from harness.results.samples import read_samples, samples_file
 from harness.run import ENGINES, WorkerCommand
 from harness.scenario import Limit, Scenario
 from harness.scenario_rules import LIMITS
-from harness.stopping import RunInterrupted
 from harness.units import GIB, MIB, PIB, TIB, gib_or_mib
 from harness.worker import worker_command
 
@@ -338,11 +337,6 @@ def _check_settings(precision_bytes: int | None, timeout_factor: float, min_time
         raise ValueError(f"min_timeout_s {min_timeout_s}: {LIMITS['run.timeout_s'].expected()}")
 
 
-def _interrupted(signum: int, out: Path, note: str) -> RunInterrupted:
-    return RunInterrupted(f"interrupted by {signal.Signals(signum).name}; every attempt's process was stopped "
-                          f"and its memory cgroup removed; {out} is unchanged{note}", signum)
-
-
 def swept_strategies(staging: Path) -> list[str]:
     """The strategies swept to the end (``ok``) in the ``budget.json`` staged in ``staging``; none when it
     cannot be read."""
@@ -367,7 +361,7 @@ def run_budget(scenario: Scenario, *, name: str | None = None, results: Path = P
     cgroup and the :func:`~harness.run.run_scenario` errors for the results root and the plan,
     all before any strategy runs. SIGINT, SIGTERM or SIGHUP (in the main thread) stop the
     running attempt, remove its group and raise :class:`~harness.stopping.RunInterrupted`
-    (:mod:`harness.budget.signals`). ``at``: strategies run at one limit (bytes) instead of swept:
+    (:mod:`harness.stopping`). ``at``: strategies run at one limit (bytes) instead of swept:
     the unconstrained run and one attempt under that limit (a sweep of a strategy whose attempts
     take minutes costs hours); a name the scenario does not run, or a limit below 1 MiB, is a
     ``ValueError``. ``workdir``: where engines built as files go, a directory of this sweep's own, emptied
@@ -389,7 +383,7 @@ def run_budget(scenario: Scenario, *, name: str | None = None, results: Path = P
     results = Path(results)
     stage = Staging(results, name, swept_strategies, progress)
     try:
-        with signals.raising():
+        with stopping.raising():
             controller = check_cgroup(controller)
             with stage as staging:
                 engines = workdir or staging / ENGINES
@@ -399,10 +393,11 @@ def run_budget(scenario: Scenario, *, name: str | None = None, results: Path = P
                 finally:
                     shutil.rmtree(engines, ignore_errors=True)  # the sweep's own: gone however the sweep ends
                 progress(f"sweep done in {record.sweep_wall_s / 60:.1f} min")
-                with signals.deferred():
-                    publish(staging, results / name)
-    except signals.Interrupted as exc:
-        raise _interrupted(exc.signum, results / name, stage.note) from None
+                stopping.finishing()  # one caught before is raised; from here on the sweep ends as it is, published
+                publish(staging, results / name)
+    except stopping.Interrupted as exc:
+        raise exc.error(f"every attempt's process was stopped and its memory cgroup removed; {results / name} is "
+                        f"unchanged{stage.note}") from None
     return record
 
 
