@@ -88,7 +88,7 @@ from harness.measure.diskread import cold_read_bandwidth
 from harness.measure.shared_disk import shared_disk
 from harness.plan import Plan, make_plan, write_plan
 from harness.progress import RunCounter
-from harness.results.atomic import FileBatch
+from harness.results.atomic import FileBatch, atomic_file
 from harness.results.disk import CeilingPoint, DiskRead, SharedDisk
 from harness.results.metrics import StrategyMetrics, best_ceiling, resident_at_load
 from harness.results.names import reserved_problem
@@ -383,9 +383,12 @@ def _warm_up(plan: Plan, plan_path: Path, out_dir: Path, command: WorkerCommand,
 
 
 def _copy_run_files(source: Path, target: Path, strategy: str) -> None:
+    """A run's samples, events and record copied from ``source`` to ``target`` (each with the atomic writer);
+    one ``source`` lacks is removed from ``target``."""
     for name in (samples_file(strategy), events_file(strategy), strategy_file(strategy)):
         if (source / name).exists():
-            shutil.copyfile(source / name, target / name)
+            with open(source / name, "rb") as original, atomic_file(target / name) as copy:
+                shutil.copyfileobj(original, copy)
         elif (target / name).exists():
             (target / name).unlink()
 
