@@ -108,7 +108,7 @@ from harness.rounds import round_orders
 from harness.scenario import RunConfig, Scenario
 from harness.speed import sized_to_ceiling
 from harness.stopping import die_with_parent
-from harness.units import GIB, MIB
+from harness.units import GIB, MIB, format_mb_per_s
 from harness.worker import FAILURE_PREFIX, OUTSIDE_STATUS, worker_command
 
 __all__ = ["Render", "WorkerCommand", "finished_strategies", "planned_runs", "run_label", "run_scenario", "watch"]
@@ -420,8 +420,8 @@ def _ceiling_line(points: Sequence[CeilingPoint]) -> str:
     best = best_ceiling(points)
     if best is None:
         return "disk ceiling: nothing was read"
-    return (f"disk ceiling: {best.bytes_per_s / 1e6:.0f} MB/s with {best.threads} reader(s) of "
-            f"{best.request_bytes >> 20} MiB requests (best of {len(points)} points)")
+    return (f"disk ceiling: {format_mb_per_s(best.bytes_per_s)} with {best.threads} reader(s) of "
+            f"{best.request_bytes // MIB} MiB requests (best of {len(points)} points)")
 
 
 SHARED_DISK_TIMES = 3
@@ -437,7 +437,7 @@ def _shared_line(shared: SharedDisk) -> str:
 
 def _disk_line(disk: DiskRead) -> str:
     return (f"disk: cold sequential read of {disk.bytes / GIB:.2f} GiB in {disk.seconds:.1f} s, "
-            f"{disk.bytes_per_s / 1e6:.0f} MB/s ({disk.cpu_seconds:.1f} CPU-s)")
+            f"{format_mb_per_s(disk.bytes_per_s)} ({disk.cpu_seconds:.1f} CPU-s)")
 
 
 SELF_INFLICTED = frozenset({signal.SIGSEGV, signal.SIGFPE, signal.SIGILL, signal.SIGABRT, signal.SIGSYS,

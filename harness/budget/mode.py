@@ -124,12 +124,6 @@ def _progress(message: str) -> None:
     print(f"[budget] {message}", file=sys.stderr, flush=True)
 
 
-def _size(n: int | None) -> str:
-    if n is None:
-        return "?"
-    return gib_or_mib(n)
-
-
 def check_cgroup(controller: MemoryController | None = None) -> MemoryController:
     """The memory controller, proven usable by making and removing one limited group.
 
@@ -162,7 +156,7 @@ def unconstrained_limit(scenario_bytes: int | None, effective: EffectiveLimit) -
         return scenario_bytes, "the scenario's run.memory_limit_gib"
     if scenario_bytes is not None:
         return effective.limit_bytes, (f"{effective.describe()}, below the scenario's run.memory_limit_gib of "
-                                       f"{_size(scenario_bytes)}")
+                                       f"{gib_or_mib(scenario_bytes)}")
     return effective.limit_bytes, effective.describe()
 
 
@@ -208,8 +202,8 @@ class _Strategy:
         self.runs.append((result, worker, anon, left))
         verdict = (f"completed in {result.wall_s:.1f} s" if result.completed
                    else f"failed after {result.wall_s:.1f} s: {self._reason(result, worker)}")
-        self.say(f"{self.strategy} {phase or 'attempt'} under {_size(limit)}: {verdict}; "
-                 f"group peak {_size(result.group_peak_bytes)}")
+        self.say(f"{self.strategy} {phase or 'attempt'} under {gib_or_mib(limit)}: {verdict}; "
+                 f"group peak {gib_or_mib(result.group_peak_bytes)}")
         return result
 
     @staticmethod
@@ -254,15 +248,15 @@ def _sweep_strategy(runner: _Strategy, plan: Plan, unconstrained_limit: int, pre
                               attempts=runner.records(phases))
 
     if not first.completed:
-        return failed(f"does not complete under the unconstrained limit of {_size(unconstrained_limit)}: "
+        return failed(f"does not complete under the unconstrained limit of {gib_or_mib(unconstrained_limit)}: "
                       f"{runner.records(['unconstrained'])[0].reason}", ["unconstrained"])
     peak = first.group_peak_bytes
     upper = unconstrained_limit if peak is None else min(unconstrained_limit, math.ceil(peak / MIB) * MIB + MIB)
     lower = max(MIB, (anon or 64 * MIB) // MIB * MIB)
     runner.timeout_s = round(max(min_timeout_s, timeout_factor * first.wall_s), 1)
     if lower >= upper:
-        return failed(f"the baseline's anonymous memory ({_size(anon)}) is not below the unconstrained group peak "
-                      f"({_size(peak)}): nothing to sweep", ["unconstrained"], lower=lower, upper=upper)
+        return failed(f"the baseline's anonymous memory ({gib_or_mib(anon)}) is not below the unconstrained group peak "
+                      f"({gib_or_mib(peak)}): nothing to sweep", ["unconstrained"], lower=lower, upper=upper)
     extra_factors: Sequence[float] = ()
     extra_limits: Sequence[int] = ()
     if strategy == HEADLINE_STRATEGY and not plan.compiler:  # a compiler's attempts take minutes each
@@ -295,7 +289,7 @@ def _run_at_limit(runner: _Strategy, unconstrained_limit: int, limit: int, timeo
                   largest_failing_bytes=None, at_lower_bound=False, unstable_limits=())
     if not first.completed:
         return StrategyBudget(status="failed", error=(
-            f"does not complete under the unconstrained limit of {_size(unconstrained_limit)}: "
+            f"does not complete under the unconstrained limit of {gib_or_mib(unconstrained_limit)}: "
             f"{runner.records(['unconstrained'])[0].reason}"), timeout_s=runner.timeout_s,
             attempts=runner.records(["unconstrained"]), **common)  # type: ignore[arg-type]
     runner.timeout_s = round(max(min_timeout_s, timeout_factor * first.wall_s), 1)
@@ -410,8 +404,8 @@ def _sweep_all(scenario: Scenario, name: str, results: Path, precision_bytes: in
     plan_path = write_plan(staging / PLAN, plan)
     unconstrained, source = unconstrained_limit(plan.memory_limit_bytes, effective_limit(controller.enclosing()))
     precision = precision_bytes or default_precision(plan.model.bytes)
-    progress(f"{controller.describe()}; {len(plan.scenario.strategies)} strategies, precision {_size(precision)}, "
-             f"unconstrained limit {_size(unconstrained)} ({source}); results go to {results / name}")
+    progress(f"{controller.describe()}; {len(plan.scenario.strategies)} strategies, precision {gib_or_mib(precision)}, "
+             f"unconstrained limit {gib_or_mib(unconstrained)} ({source}); results go to {results / name}")
     record = BudgetRecord(
         name=name, scenario=scenario.name, description=scenario.description,
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), commit=machine.commit(),

@@ -18,6 +18,7 @@ import torch
 
 from harness.errors import OutputError
 from harness.results.atomic import atomic_file, write_atomic
+from harness.units import KIB
 
 Fsynced = list[Path]
 
@@ -126,7 +127,7 @@ def test_the_check_processes_files_are_written_atomically(tmp_path: Path, fsynce
 def test_the_benchmarks_torch_save_checkpoint_is_written_atomically(tmp_path: Path, fsynced: Fsynced) -> None:
     from harness.bench_map import make_checkpoints
 
-    _, pt, _ = make_checkpoints(tmp_path, 2, 64 * 1024)
+    _, pt, _ = make_checkpoints(tmp_path, 2, 64 * KIB)
     assert_atomic(pt, fsynced)
 
 
