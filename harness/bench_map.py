@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from harness.measure.procfs import read_status
+from harness.results.atomic import atomic_file
 from harness.units import GIB, MIB
 from weightmap import TensorSpec, map_weights, write_checkpoint
 
@@ -72,7 +73,8 @@ def make_checkpoints(folder: Path, count: int, total_bytes: int) -> tuple[Path, 
     if not pt.exists():
         from safetensors.torch import load_file
 
-        torch.save(load_file(str(st)), pt)
+        with atomic_file(pt) as handle:  # a conversion cut short is never taken for a finished one
+            torch.save(load_file(str(st)), handle)
     return st, pt, rows
 
 

@@ -9,10 +9,10 @@ process, a compiler's jobs), holds more than the scenario's memory limit (their 
 :mod:`harness.measure.proctree`: a page they share counted once), or that outlives its
 timeout, is killed with them and recorded as failed, instead of taking the machine down; a
 worker dies with the parent (``PR_SET_PDEATHSIG``). SIGINT, SIGTERM or SIGHUP to the parent,
-from the start of the run to its publishing, ends it with :class:`~harness.stopping.RunInterrupted`:
-at once (a reference measurement included: a signal is not its failure), or, while a worker runs, once
-that worker is stopped; nothing is published and the exit status is 128 + the signal's number. A second
-signal is raised as the first was, never ignored.
+from the start of the run to its publishing, ends it with :class:`~harness.stopping.RunInterrupted`
+(:mod:`harness.stopping`, as it ends a budget sweep): at once (a reference measurement included: a
+signal is not its failure), or, while a worker runs, once that worker is stopped; nothing is published
+and the exit status is 128 + the signal's number.
 
 A run writes into ``results/.<name>.partial/`` and replaces ``results/<name>/`` with it
 only once every strategy has been run (:mod:`harness.results.publish`), so an interrupted
@@ -64,7 +64,6 @@ Before each worker starts, one line says where the run stands among all of them
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import datetime
 import functools
@@ -76,12 +75,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import IO, TypeVar
 
+from harness import stopping
 from harness.errors import HarnessError, OutputError
 from harness.measure import machine
 from harness.measure.ceiling import read_ceiling
@@ -89,7 +88,7 @@ from harness.measure.diskread import cold_read_bandwidth
 from harness.measure.shared_disk import shared_disk
 from harness.plan import Plan, make_plan, write_plan
 from harness.progress import RunCounter
-from harness.results.atomic import FileBatch
+from harness.results.atomic import FileBatch, atomic_file
 from harness.results.disk import CeilingPoint, DiskRead, SharedDisk
 from harness.results.metrics import StrategyMetrics, best_ceiling, resident_at_load
 from harness.results.names import reserved_problem
@@ -108,8 +107,8 @@ from harness.results.samples import events_file, samples_file
 from harness.rounds import round_orders
 from harness.scenario import RunConfig, Scenario
 from harness.speed import sized_to_ceiling
-from harness.stopping import STOP_SIGNALS, RunInterrupted, die_with_parent
-from harness.units import GIB, MIB
+from harness.stopping import die_with_parent
+from harness.units import GIB, MIB, format_mb_per_s
 from harness.worker import FAILURE_PREFIX, OUTSIDE_STATUS, worker_command
 
 __all__ = ["Render", "WorkerCommand", "finished_strategies", "planned_runs", "run_label", "run_scenario", "watch"]
@@ -167,67 +166,6 @@ def _pump(stream: IO[bytes], tail: collections.deque[str]) -> None:
         tail.append(pending.decode("utf-8", "replace"))
 
 
-class _Stop:
-    """SIGINT, SIGTERM and SIGHUP during a run: each one raises :class:`RunInterrupted` at once
-    (``interrupted by <signal>; <unchanged> is unchanged``), or, within :meth:`deferred` (while a
-    worker is watched, or once publishing began), is only recorded, for :func:`watch` to stop the
-    worker first. A second signal is raised as the first was: one that code between the signal and
-    the top of the run swallowed (an ``except Exception`` around a measurement) does not leave the
-    run unstoppable. A signal caught is never forgotten: :meth:`check` raises it where the run goes
-    on (after each reference measurement, before anything is published)."""
-
-    def __init__(self, unchanged: Path) -> None:
-        self.unchanged = unchanged
-        self.signum: int | None = None
-        self.deferring = False
-        self.raised = False
-
-    def interrupted(self, detail: str = "") -> RunInterrupted:
-        """The error for the signal caught (``detail`` after its name), marked as raised."""
-        assert self.signum is not None
-        self.raised = True
-        name = signal.Signals(self.signum).name
-        return RunInterrupted(f"interrupted by {name}{detail or f'; {self.unchanged} is unchanged'}", self.signum)
-
-    def check(self) -> None:
-        """Raise :class:`RunInterrupted` if a signal was caught, even one raised before and swallowed since."""
-        if self.signum is not None:
-            raise self.interrupted()
-
-    @contextlib.contextmanager
-    def deferred(self) -> Iterator[None]:
-        """A section a signal does not cut short: it is raised when the section ends, if nothing raised it."""
-        self.deferring = True
-        try:
-            yield
-        finally:
-            self.deferring = False
-        if self.signum is not None and not self.raised:
-            raise self.interrupted()
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[_Stop]:
-        if threading.current_thread() is not threading.main_thread():
-            yield self  # signals go to the main thread; nothing to catch here
-            return
-
-        def handler(signum: int, frame: FrameType | None) -> None:
-            if self.deferring:
-                if self.signum is None:
-                    self.signum = signum
-                return
-            self.signum = signum
-            raise self.interrupted()
-
-        # A signal the parent was started with ignored (SIGHUP under nohup) stays ignored.
-        previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN}
-        try:
-            yield self
-        finally:
-            for s, old in previous.items():
-                signal.signal(s, old)
-
-
 def _stop_process(process: subprocess.Popen[bytes]) -> None:
     process.terminate()
     try:
@@ -242,21 +180,20 @@ def watch(
     limit_bytes: int | None,
     timeout_s: float,
     poll_s: float = 0.05,
-    stop: _Stop | None = None,
 ) -> Outcome:
     """Run ``command``, killing it and every process it started when together they hold more than
     ``limit_bytes``, or when it outlives ``timeout_s``.
 
     What they hold is their summed PSS (:mod:`harness.measure.proctree`: each page shared among them counted
     once), read where their summed RSS passes the limit; ``peak_rss_bytes`` is the command's own largest
-    RSS. With ``stop``, a signal it caught ends the process and raises :class:`RunInterrupted`.
+    RSS. Within :func:`harness.stopping.raising`, a signal caught while it runs ends the process, then raises
+    :class:`~harness.stopping.Interrupted` (``the running strategy's process was stopped``).
     """
-    with stop.deferred() if stop is not None else contextlib.nullcontext():
-        return _watch(command, limit_bytes, timeout_s, poll_s, stop)
+    with stopping.deferred():
+        return _watch(command, limit_bytes, timeout_s, poll_s)
 
 
-def _watch(command: Sequence[str], limit_bytes: int | None, timeout_s: float, poll_s: float,
-           stop: _Stop | None) -> Outcome:
+def _watch(command: Sequence[str], limit_bytes: int | None, timeout_s: float, poll_s: float) -> Outcome:
     from harness.measure.proctree import kill_tree, read_tree
 
     process = subprocess.Popen(list(command), stderr=subprocess.PIPE, preexec_fn=die_with_parent,  # noqa: PLW1509
@@ -268,10 +205,11 @@ def _watch(command: Sequence[str], limit_bytes: int | None, timeout_s: float, po
     kills_before = oom_kills()
     started, peak, reason = time.monotonic(), 0, None
     while process.poll() is None:
-        if stop is not None and stop.signum is not None:
+        signum = stopping.pending()
+        if signum is not None:
             _stop_process(process)
             pump.join(timeout=5)
-            raise stop.interrupted("; the running strategy's process was stopped")
+            raise stopping.Interrupted(signum, "the running strategy's process was stopped")
         tree = read_tree(process.pid, exact_over=limit_bytes)
         peak = max(peak, tree.rss_bytes)
         if limit_bytes is not None and tree.over(limit_bytes):
@@ -409,16 +347,16 @@ def combine_repeats(runs: Sequence[StrategyRecord]) -> StrategyRecord:
     return chosen.replace(repeats=tuple(_repeat_record(r.repeat or 0, r) for r in runs))
 
 
-def _watch_worker(plan: Plan, command: Sequence[str], stop: _Stop) -> Outcome:
+def _watch_worker(plan: Plan, command: Sequence[str]) -> Outcome:
     """One strategy's worker, watched under the plan's memory limit and timeout (:func:`watch`); whatever it
     left in the run's engine directory (a worker killed mid-build leaves its engines) is removed after it."""
     try:
-        return watch(command, plan.memory_limit_bytes, plan.scenario.run.timeout_s, stop=stop)
+        return watch(command, plan.memory_limit_bytes, plan.scenario.run.timeout_s)
     finally:
         shutil.rmtree(plan.workdir, ignore_errors=True)
 
 
-def _warm_up(plan: Plan, plan_path: Path, out_dir: Path, command: WorkerCommand, stop: _Stop, index: int,
+def _warm_up(plan: Plan, plan_path: Path, out_dir: Path, command: WorkerCommand, index: int,
              counter: RunCounter) -> None:
     """One discarded round: the disk read and each strategy once, for what the machine keeps of them.
 
@@ -428,26 +366,29 @@ def _warm_up(plan: Plan, plan_path: Path, out_dir: Path, command: WorkerCommand,
     """
     where = f"warm-up round {index + 1}/{plan.scenario.run.warmup} (discarded)"
     if plan.scenario.run.cache == "cold":
-        disk, error = _reference(stop, functools.partial(measure_disk, plan, index))
+        disk, error = _reference(functools.partial(measure_disk, plan, index))
         _progress(f"{where}: {_disk_line(disk) if disk is not None else f'disk: failed ({error})'}")
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
         for strategy in plan.scenario.strategies:
             _progress(counter.next(run_label(strategy, plan.scenario.run, warmup=index)))
             try:
-                outcome = _watch_worker(plan, command(plan_path, strategy, out_dir), stop)
-            except RunInterrupted as exc:
-                raise RunInterrupted(f"{exc} ({strategy}, {where}); {stop.unchanged} is unchanged",
-                                     exc.signum) from exc
+                outcome = _watch_worker(plan, command(plan_path, strategy, out_dir))
+            except stopping.Interrupted as exc:
+                exc.detail += f" ({strategy}, {where})"
+                raise
             _progress(f"{where}: {strategy} {'ran' if outcome.returncode == 0 else 'failed'}")
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
 
 
 def _copy_run_files(source: Path, target: Path, strategy: str) -> None:
+    """A run's samples, events and record copied from ``source`` to ``target`` (each with the atomic writer);
+    one ``source`` lacks is removed from ``target``."""
     for name in (samples_file(strategy), events_file(strategy), strategy_file(strategy)):
         if (source / name).exists():
-            shutil.copyfile(source / name, target / name)
+            with open(source / name, "rb") as original, atomic_file(target / name) as copy:
+                shutil.copyfileobj(original, copy)
         elif (target / name).exists():
             (target / name).unlink()
 
@@ -479,8 +420,8 @@ def _ceiling_line(points: Sequence[CeilingPoint]) -> str:
     best = best_ceiling(points)
     if best is None:
         return "disk ceiling: nothing was read"
-    return (f"disk ceiling: {best.bytes_per_s / 1e6:.0f} MB/s with {best.threads} reader(s) of "
-            f"{best.request_bytes >> 20} MiB requests (best of {len(points)} points)")
+    return (f"disk ceiling: {format_mb_per_s(best.bytes_per_s)} with {best.threads} reader(s) of "
+            f"{best.request_bytes // MIB} MiB requests (best of {len(points)} points)")
 
 
 SHARED_DISK_TIMES = 3
@@ -496,7 +437,7 @@ def _shared_line(shared: SharedDisk) -> str:
 
 def _disk_line(disk: DiskRead) -> str:
     return (f"disk: cold sequential read of {disk.bytes / GIB:.2f} GiB in {disk.seconds:.1f} s, "
-            f"{disk.bytes_per_s / 1e6:.0f} MB/s ({disk.cpu_seconds:.1f} CPU-s)")
+            f"{format_mb_per_s(disk.bytes_per_s)} ({disk.cpu_seconds:.1f} CPU-s)")
 
 
 SELF_INFLICTED = frozenset({signal.SIGSEGV, signal.SIGFPE, signal.SIGILL, signal.SIGABRT, signal.SIGSYS,
@@ -569,48 +510,48 @@ def run_scenario(
     results = Path(results)
     out = results / name
     stage = Staging(results, name, lambda staging: finished_strategies(staging, scenario.strategies), _progress)
-    with _Stop(out).installed() as stop, stage as staging:
-        engines = workdir or staging / ENGINES
-        try:
-            plan = make_plan(scenario, name=name, workdir=engines, progress=_progress)
-            stop.check()  # a signal the read probe's own error handling took (harness.speed.choose_speed)
-            record = _measure(plan, staging, command, stop)
-        finally:
-            shutil.rmtree(engines, ignore_errors=True)  # the run's own: gone however the run ends
-        with FileBatch("the earlier report and figures are unchanged") as figures:
-            if render is not None:  # before anything is replaced: the results and their figures go in place together
-                try:
-                    render(staging, out, figures)
-                except RunInterrupted:
-                    raise
-                except HarnessError as exc:
-                    raise OutputError(f"{exc}; {out} is unchanged") from exc
-            stop.deferring = True  # from here on the run ends as it is: a signal no longer stops it half-published
-            stop.check()  # one caught before and swallowed on the way: nothing is published
-            publish(staging, out)
-            figures.commit()
+    try:
+        with stopping.raising(), stage as staging:
+            engines = workdir or staging / ENGINES
+            try:
+                plan = make_plan(scenario, name=name, workdir=engines, progress=_progress)
+                stopping.check()  # one caught where a measurement's own error handling took what it raised
+                record = _measure(plan, staging, command, out)
+            finally:
+                shutil.rmtree(engines, ignore_errors=True)  # the run's own: gone however the run ends
+            with FileBatch("the earlier report and figures are unchanged") as figures:
+                if render is not None:  # before anything is replaced: the results and figures go in place together
+                    try:
+                        render(staging, out, figures)
+                    except HarnessError as exc:
+                        raise OutputError(f"{exc}; {out} is unchanged") from exc
+                stopping.finishing()  # one caught before is raised; from here on the run ends as it is, published
+                publish(staging, out)
+                figures.commit()
+    except stopping.Interrupted as exc:
+        raise exc.error(f"{out} is unchanged{stage.note}") from None
     return record
 
 
-def _measure(plan: Plan, staging: Path, command: WorkerCommand, stop: _Stop) -> RunRecord:
+def _measure(plan: Plan, staging: Path, command: WorkerCommand, out: Path) -> RunRecord:
     """Every warm-up round and measured run of the plan, into ``staging``, and the reference measurements
     (:func:`_reference`); raises :class:`~harness.errors.OutputError` as soon as a measured run has no
     result of its own (:func:`_no_result_of_its_own`): such a run is not published."""
     plan_path = write_plan(staging / PLAN, plan)
     scenario = plan.scenario
     _progress(f"{len(plan.engines)} engines, the largest {plan.largest_engine_bytes / GIB:.2f} GiB, "
-              f"on {plan.device} ({scenario.build.backend} backend); results go to {stop.unchanged}")
+              f"on {plan.device} ({scenario.build.backend} backend); results go to {out}")
     run = _run_record(plan)
     repeats = max(1, scenario.run.repeats)
     runs: dict[str, list[StrategyRecord]] = {s: [] for s in scenario.strategies}
     counter = RunCounter(planned_runs(scenario.run, len(scenario.strategies)))
     for warm in range(scenario.run.warmup):
-        _warm_up(plan, plan_path, staging / f"warmup-{warm}", command, stop, warm, counter)
+        _warm_up(plan, plan_path, staging / f"warmup-{warm}", command, warm, counter)
     for repeat in range(repeats):
         if scenario.run.cache == "cold":
             if repeat == 0 and scenario.run.read_ceiling:  # first: a part read before would come from a cache
                 _progress("the disk's read ceiling: a cold read sweep over reader threads and request sizes")
-                points, error = _reference(stop, lambda: read_ceiling([Path(f) for f in plan.checkpoint_files]))
+                points, error = _reference(lambda: read_ceiling([Path(f) for f in plan.checkpoint_files]))
                 run = run.replace(read_ceiling=points or (), read_ceiling_error=error)
                 _progress(_ceiling_line(run.read_ceiling) if error is None else f"disk ceiling: failed ({error})")
                 sized = sized_to_ceiling(plan.speed, run.read_ceiling)
@@ -621,7 +562,7 @@ def _measure(plan: Plan, staging: Path, command: WorkerCommand, stop: _Stop) -> 
                               f"{sized.prefetch_request_bytes // MIB} MiB ({sized.prefetch_sizing_why})")
                 write_summary(staging, run)
             if run.disk_read_error is None:  # after a read that failed, none is taken
-                disk, error = _reference(stop, functools.partial(measure_disk, plan, repeat))
+                disk, error = _reference(functools.partial(measure_disk, plan, repeat))
                 if error is None:
                     assert disk is not None
                     run = run.replace(disk_reads=(*run.disk_reads, disk))
@@ -635,9 +576,10 @@ def _measure(plan: Plan, staging: Path, command: WorkerCommand, stop: _Stop) -> 
             _progress(counter.next(run_label(strategy, scenario.run, repeat=repeat)))
             out_dir.mkdir(parents=True, exist_ok=True)
             try:
-                outcome = _watch_worker(plan, command(plan_path, strategy, out_dir), stop)
-            except RunInterrupted as exc:
-                raise RunInterrupted(f"{exc} ({strategy}); {stop.unchanged} is unchanged", exc.signum) from exc
+                outcome = _watch_worker(plan, command(plan_path, strategy, out_dir))
+            except stopping.Interrupted as exc:
+                exc.detail += f" ({strategy})"
+                raise
             written = read_strategy_file(out_dir, strategy)
             outside = _no_result_of_its_own(outcome, written)
             record = _strategy_record(outcome, written).replace(repeat=repeat)
@@ -652,7 +594,7 @@ def _measure(plan: Plan, staging: Path, command: WorkerCommand, stop: _Stop) -> 
             write_summary(staging, run)
             _progress(_result_line(strategy, metrics))
             if outside is not None:  # not the strategy's result: the earlier one, if any, stays
-                raise OutputError(f"{stop.unchanged}: kept as it was, this run is not published: "
+                raise OutputError(f"{out}: kept as it was, this run is not published: "
                                   f"{run_label(strategy, scenario.run, repeat=repeat)} failed for a reason outside "
                                   f"the strategy ({outside})")
     if scenario.run.cache == "cold" and scenario.run.shared_disk and plan.writes_weights_to_files:
@@ -660,7 +602,7 @@ def _measure(plan: Plan, staging: Path, command: WorkerCommand, stop: _Stop) -> 
         for time_ in range(SHARED_DISK_TIMES):
             _progress(f"the disk read and written at once, {time_ + 1} of {SHARED_DISK_TIMES}")
             shared, error = _reference(
-                stop, lambda: shared_disk(plan.checkpoint_files, plan.workdir, plan.largest_engine_bytes))
+                lambda: shared_disk(plan.checkpoint_files, plan.workdir, plan.largest_engine_bytes))
             if error is not None:  # the times measured before it stand; no more are taken
                 run = run.replace(shared_disk_error=f"time {time_ + 1} of {SHARED_DISK_TIMES}: {error}")
                 write_summary(staging, run)
@@ -676,19 +618,18 @@ def _measure(plan: Plan, staging: Path, command: WorkerCommand, stop: _Stop) -> 
     return run
 
 
-def _reference(stop: _Stop, measurement: Callable[[], T]) -> tuple[T | None, str | None]:
+def _reference(measurement: Callable[[], T]) -> tuple[T | None, str | None]:
     """A reference measurement's result, or ``None`` and why it failed: it is recorded as failed, with its
     reason, and never costs the run (a disk that fills up, a file gone under it).
 
-    A signal is no failure of the measurement: :class:`RunInterrupted` goes through, and a signal caught
-    while it ran is raised after it (:meth:`_Stop.check`), even where the measurement's own code swallowed it.
+    A signal is no failure of the measurement: :class:`~harness.stopping.Interrupted` goes through, and a
+    signal caught while it ran is raised after it (:func:`harness.stopping.check`), even where the
+    measurement's own code swallowed what it raised.
     """
     try:
         result: T | None = measurement()
         error = None
-    except RunInterrupted:
-        raise
     except Exception as exc:
         result, error = None, " ".join(f"{type(exc).__name__}: {exc}".split())
-    stop.check()
+    stopping.check()
     return result, error

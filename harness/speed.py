@@ -49,7 +49,7 @@ from harness.measure.probe import probe_bytes, read_probe
 from harness.results.disk import CeilingPoint, ReadProbe, SpeedChoice
 from harness.results.metrics import best_ceiling
 from harness.scenario import PREFETCH_AUTO, PREFETCH_OFF, RunConfig
-from harness.units import GIB, MIB
+from harness.units import GIB, MIB, format_mb_per_s
 
 __all__ = ["PREFETCH_METHOD", "WILLNEED_FLOOR", "choose_speed", "decide", "sized_to_ceiling"]
 
@@ -58,10 +58,6 @@ WILLNEED_FLOOR = 0.25
 PREFETCH_METHOD = "madvise"
 """The method chosen when prefetch is: the one the probe measures (``benchmarks/prefetch.py``: the
 fastest of the three on the machine it was measured on)."""
-
-
-def _mb(rate: float) -> str:
-    return f"{rate / 1e6:.0f} MB/s"
 
 
 def _unprobed(probe_error: str | None) -> str:
@@ -94,12 +90,12 @@ def _prefetch(probe: ReadProbe | None, builds_read_weights: bool,
         return PREFETCH_METHOD, f"chosen: `{PREFETCH_METHOD}`, {_unprobed(probe_error)}"
     faulted, willneed = probe.faulted_bytes_per_s, probe.willneed_bytes_per_s
     if faulted > 0 and willneed < WILLNEED_FLOOR * faulted:
-        return None, (f"chosen: off: regions asked for ahead came in at {_mb(willneed)}, under "
-                      f"{WILLNEED_FLOOR:.2f}x the {_mb(faulted)} of regions faulted in")
+        return None, (f"chosen: off: regions asked for ahead came in at {format_mb_per_s(willneed)}, under "
+                      f"{WILLNEED_FLOOR:.2f}x the {format_mb_per_s(faulted)} of regions faulted in")
     return PREFETCH_METHOD, (f"chosen: `{PREFETCH_METHOD}`: regions asked for ahead came in at "
                              f"{willneed / faulted if faulted else 0:.2f}x the rate of regions faulted in "
-                             f"({_mb(willneed)} vs {_mb(faulted)}), over the {WILLNEED_FLOOR:.2f}x that "
-                             "would turn it off")
+                             f"({format_mb_per_s(willneed)} vs {format_mb_per_s(faulted)}), over the "
+                             f"{WILLNEED_FLOOR:.2f}x that would turn it off")
 
 
 def decide(run: RunConfig, probe: ReadProbe | None, checkpoint_bytes: int, available: int | None,
@@ -149,4 +145,4 @@ def sized_to_ceiling(speed: SpeedChoice, points: Sequence[CeilingPoint]) -> Spee
     return dataclasses.replace(
         speed, prefetch_readers=best.threads, prefetch_request_bytes=best.request_bytes,
         prefetch_sizing_why=(f"the read-ceiling sweep's fastest point ({best.threads} reader(s) of "
-                             f"{best.request_bytes // MIB} MiB, {_mb(best.bytes_per_s)})"))
+                             f"{best.request_bytes // MIB} MiB, {format_mb_per_s(best.bytes_per_s)})"))

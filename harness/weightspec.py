@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.results.files import JsonNestingError, load_bounded_json, not_regular
-from harness.units import GIB, TIB
+from harness.units import TIB, format_size
 
 __all__ = [
     "MAX_MODEL_BYTES",
@@ -51,18 +51,12 @@ def dtype_itemsize(name: Any) -> int | None:
     return dtype.itemsize if isinstance(dtype, torch.dtype) else None
 
 
-def _size(n: int) -> str:
-    if n >= TIB:
-        return f"{n / TIB:.3g} TiB"
-    return f"{n / GIB:.3g} GiB" if n >= GIB else f"{n:,} bytes"
-
-
 def model_bytes_problem(what: str, nbytes: int) -> str | None:
     """Why ``nbytes`` of weights (``what``, in words) are too many for a model (above :data:`MAX_MODEL_BYTES`);
     else None."""
     if nbytes <= MAX_MODEL_BYTES:
         return None
-    return (f"{what} come to {nbytes:,} bytes ({_size(nbytes)}); a model may have at most "
+    return (f"{what} come to {nbytes:,} bytes ({format_size(nbytes)}); a model may have at most "
             f"{MAX_MODEL_BYTES:,} bytes (16 TiB)")
 
 

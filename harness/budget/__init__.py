@@ -16,9 +16,9 @@
   strategy's worker in a group of its own;
 * :mod:`harness.budget.record`: ``budget.json``, versioned and read strictly; the report
   and the figure are :mod:`harness.report.budget`.
-* :mod:`harness.budget.signals`: SIGINT, SIGTERM and SIGHUP end a sweep through its cleanup
-  (no worker and no group outlives it); a SIGKILLed sweep's worker dies with it and its group
-  goes at the next start.
+* SIGINT, SIGTERM and SIGHUP end a sweep through its cleanup, as they end a run
+  (:mod:`harness.stopping`): no worker and no group outlives it; a SIGKILLed sweep's worker
+  dies with it and its group goes at the next start.
 
 Each attempt is a fresh process on a cold cache in a group of its own::
 

@@ -58,10 +58,10 @@ How the command joins its group (no race, no ``preexec_fn``)
 Cleanup
     :meth:`MemoryGroup.create` is a context manager: on the way out, however it
     is left (an exception, ``KeyboardInterrupt``, a caught signal raised as
-    :class:`~harness.budget.signals.Interrupted`), every task still in the group
+    :class:`~harness.stopping.Interrupted`), every task still in the group
     is killed, the processes it started are reaped, and the directory is
     removed; making the group, starting a process in it and removing it are
-    never cut short by a caught signal (:func:`~harness.budget.signals.deferred`).
+    never cut short by a caught signal (:func:`~harness.stopping.deferred`).
     The wrapper asks the kernel to SIGKILL it, and so the command it becomes, when
     the parent dies (``PR_SET_PDEATHSIG``), so a parent killed outright (``SIGKILL``)
     leaves no command running. It leaves its group behind (and anything the command
@@ -102,8 +102,8 @@ from harness.budget.controller import (
     unavailable,
 )
 from harness.budget.enclosing import AT_LIMIT_SLACK, Enclosing, limit_reached, read_marks
-from harness.budget.signals import deferred
 from harness.measure.coldcache import prepare_cold
+from harness.stopping import deferred
 from harness.units import MIB, gib_or_mib
 
 __all__ = [
@@ -232,6 +232,8 @@ def remove_stale_groups(controller: MemoryController, prefix: str = DEFAULT_PREF
 
 
 def _write(path: Path, value: str) -> None:
+    """``value`` written in place to a group's control file (a kernel interface, not a file on disk: no
+    temporary file and rename, as the harness's other files get, :mod:`harness.results.atomic`)."""
     try:
         with open(path, "w") as f:
             f.write(value)

@@ -56,11 +56,12 @@ Without a usable memory cgroup the mode refuses to start (:class:`BudgetUnavaila
 anything is written.
 
 From the cgroup check to the last strategy's record, SIGINT, SIGTERM and SIGHUP end the sweep
-through its cleanup (:mod:`harness.budget.signals`): the running attempt's process is killed,
-its group removed, the staging directory kept or removed as above, and
+through its cleanup (:mod:`harness.stopping`, as they end a run): the running attempt's process is
+killed, its group removed, the staging directory kept or removed as above, and
 :class:`~harness.stopping.RunInterrupted` raised (``python -m harness budget``: one ``error:`` line,
-exit status 128 + the signal's number). Killed outright (SIGKILL), the parent takes its
-running worker with it, and the next sweep removes the group it left.
+exit status 128 + the signal's number); once publishing began, the sweep ends as it is, published.
+Killed outright (SIGKILL), the parent takes its running worker with it, and the next sweep removes
+the group it left.
 """
 
 from __future__ import annotations
@@ -72,14 +73,13 @@ import io
 import math
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from harness.budget import signals
+from harness import stopping
 from harness.budget.cgroup import DEFAULT_PREFIX, Attempt, MemoryGroup, run_in_group
 from harness.budget.controller import CgroupUnavailable, MemoryController, find_controller
 from harness.budget.enclosing import EffectiveLimit, effective_limit
@@ -106,7 +106,6 @@ from harness.results.samples import read_samples, samples_file
 from harness.run import ENGINES, WorkerCommand
 from harness.scenario import Limit, Scenario
 from harness.scenario_rules import LIMITS
-from harness.stopping import RunInterrupted
 from harness.units import GIB, MIB, PIB, TIB, gib_or_mib
 from harness.worker import worker_command
 
@@ -123,12 +122,6 @@ class BudgetUnavailable(HarnessError):
 
 def _progress(message: str) -> None:
     print(f"[budget] {message}", file=sys.stderr, flush=True)
-
-
-def _size(n: int | None) -> str:
-    if n is None:
-        return "?"
-    return gib_or_mib(n)
 
 
 def check_cgroup(controller: MemoryController | None = None) -> MemoryController:
@@ -163,7 +156,7 @@ def unconstrained_limit(scenario_bytes: int | None, effective: EffectiveLimit) -
         return scenario_bytes, "the scenario's run.memory_limit_gib"
     if scenario_bytes is not None:
         return effective.limit_bytes, (f"{effective.describe()}, below the scenario's run.memory_limit_gib of "
-                                       f"{_size(scenario_bytes)}")
+                                       f"{gib_or_mib(scenario_bytes)}")
     return effective.limit_bytes, effective.describe()
 
 
@@ -209,8 +202,8 @@ class _Strategy:
         self.runs.append((result, worker, anon, left))
         verdict = (f"completed in {result.wall_s:.1f} s" if result.completed
                    else f"failed after {result.wall_s:.1f} s: {self._reason(result, worker)}")
-        self.say(f"{self.strategy} {phase or 'attempt'} under {_size(limit)}: {verdict}; "
-                 f"group peak {_size(result.group_peak_bytes)}")
+        self.say(f"{self.strategy} {phase or 'attempt'} under {gib_or_mib(limit)}: {verdict}; "
+                 f"group peak {gib_or_mib(result.group_peak_bytes)}")
         return result
 
     @staticmethod
@@ -255,15 +248,15 @@ def _sweep_strategy(runner: _Strategy, plan: Plan, unconstrained_limit: int, pre
                               attempts=runner.records(phases))
 
     if not first.completed:
-        return failed(f"does not complete under the unconstrained limit of {_size(unconstrained_limit)}: "
+        return failed(f"does not complete under the unconstrained limit of {gib_or_mib(unconstrained_limit)}: "
                       f"{runner.records(['unconstrained'])[0].reason}", ["unconstrained"])
     peak = first.group_peak_bytes
     upper = unconstrained_limit if peak is None else min(unconstrained_limit, math.ceil(peak / MIB) * MIB + MIB)
     lower = max(MIB, (anon or 64 * MIB) // MIB * MIB)
     runner.timeout_s = round(max(min_timeout_s, timeout_factor * first.wall_s), 1)
     if lower >= upper:
-        return failed(f"the baseline's anonymous memory ({_size(anon)}) is not below the unconstrained group peak "
-                      f"({_size(peak)}): nothing to sweep", ["unconstrained"], lower=lower, upper=upper)
+        return failed(f"the baseline's anonymous memory ({gib_or_mib(anon)}) is not below the unconstrained group peak "
+                      f"({gib_or_mib(peak)}): nothing to sweep", ["unconstrained"], lower=lower, upper=upper)
     extra_factors: Sequence[float] = ()
     extra_limits: Sequence[int] = ()
     if strategy == HEADLINE_STRATEGY and not plan.compiler:  # a compiler's attempts take minutes each
@@ -296,7 +289,7 @@ def _run_at_limit(runner: _Strategy, unconstrained_limit: int, limit: int, timeo
                   largest_failing_bytes=None, at_lower_bound=False, unstable_limits=())
     if not first.completed:
         return StrategyBudget(status="failed", error=(
-            f"does not complete under the unconstrained limit of {_size(unconstrained_limit)}: "
+            f"does not complete under the unconstrained limit of {gib_or_mib(unconstrained_limit)}: "
             f"{runner.records(['unconstrained'])[0].reason}"), timeout_s=runner.timeout_s,
             attempts=runner.records(["unconstrained"]), **common)  # type: ignore[arg-type]
     runner.timeout_s = round(max(min_timeout_s, timeout_factor * first.wall_s), 1)
@@ -338,11 +331,6 @@ def _check_settings(precision_bytes: int | None, timeout_factor: float, min_time
         raise ValueError(f"min_timeout_s {min_timeout_s}: {LIMITS['run.timeout_s'].expected()}")
 
 
-def _interrupted(signum: int, out: Path, note: str) -> RunInterrupted:
-    return RunInterrupted(f"interrupted by {signal.Signals(signum).name}; every attempt's process was stopped "
-                          f"and its memory cgroup removed; {out} is unchanged{note}", signum)
-
-
 def swept_strategies(staging: Path) -> list[str]:
     """The strategies swept to the end (``ok``) in the ``budget.json`` staged in ``staging``; none when it
     cannot be read."""
@@ -367,7 +355,7 @@ def run_budget(scenario: Scenario, *, name: str | None = None, results: Path = P
     cgroup and the :func:`~harness.run.run_scenario` errors for the results root and the plan,
     all before any strategy runs. SIGINT, SIGTERM or SIGHUP (in the main thread) stop the
     running attempt, remove its group and raise :class:`~harness.stopping.RunInterrupted`
-    (:mod:`harness.budget.signals`). ``at``: strategies run at one limit (bytes) instead of swept:
+    (:mod:`harness.stopping`). ``at``: strategies run at one limit (bytes) instead of swept:
     the unconstrained run and one attempt under that limit (a sweep of a strategy whose attempts
     take minutes costs hours); a name the scenario does not run, or a limit below 1 MiB, is a
     ``ValueError``. ``workdir``: where engines built as files go, a directory of this sweep's own, emptied
@@ -389,7 +377,7 @@ def run_budget(scenario: Scenario, *, name: str | None = None, results: Path = P
     results = Path(results)
     stage = Staging(results, name, swept_strategies, progress)
     try:
-        with signals.raising():
+        with stopping.raising():
             controller = check_cgroup(controller)
             with stage as staging:
                 engines = workdir or staging / ENGINES
@@ -399,10 +387,11 @@ def run_budget(scenario: Scenario, *, name: str | None = None, results: Path = P
                 finally:
                     shutil.rmtree(engines, ignore_errors=True)  # the sweep's own: gone however the sweep ends
                 progress(f"sweep done in {record.sweep_wall_s / 60:.1f} min")
-                with signals.deferred():
-                    publish(staging, results / name)
-    except signals.Interrupted as exc:
-        raise _interrupted(exc.signum, results / name, stage.note) from None
+                stopping.finishing()  # one caught before is raised; from here on the sweep ends as it is, published
+                publish(staging, results / name)
+    except stopping.Interrupted as exc:
+        raise exc.error(f"every attempt's process was stopped and its memory cgroup removed; {results / name} is "
+                        f"unchanged{stage.note}") from None
     return record
 
 
@@ -415,8 +404,8 @@ def _sweep_all(scenario: Scenario, name: str, results: Path, precision_bytes: in
     plan_path = write_plan(staging / PLAN, plan)
     unconstrained, source = unconstrained_limit(plan.memory_limit_bytes, effective_limit(controller.enclosing()))
     precision = precision_bytes or default_precision(plan.model.bytes)
-    progress(f"{controller.describe()}; {len(plan.scenario.strategies)} strategies, precision {_size(precision)}, "
-             f"unconstrained limit {_size(unconstrained)} ({source}); results go to {results / name}")
+    progress(f"{controller.describe()}; {len(plan.scenario.strategies)} strategies, precision {gib_or_mib(precision)}, "
+             f"unconstrained limit {gib_or_mib(unconstrained)} ({source}); results go to {results / name}")
     record = BudgetRecord(
         name=name, scenario=scenario.name, description=scenario.description,
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), commit=machine.commit(),

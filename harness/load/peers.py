@@ -59,6 +59,7 @@ import torch
 
 from harness.load.loaded import Loaded, retie, stored_names
 from harness.progress import byte_bar
+from harness.results.atomic import atomic_file, write_atomic
 from weightmap import collect_targets, open_checkpoint
 
 __all__ = ["READ_FILE_BACKENDS", "StreamLoader", "converted_path", "ensure_pt", "load_torch_mmap",
@@ -99,8 +100,9 @@ def ensure_pt(checkpoint_path: str | os.PathLike[str], out_path: str | os.PathLi
     docstring), so the conversion's resident memory is the checkpoint's pages as
     ``torch.save`` reads them, plus the written file's page cache until it is flushed;
     both are clean, reclaimable page cache, not an anonymous copy of the model. The file
-    is written to a temporary name, ``fsync``-ed and renamed, so a failed conversion
-    never leaves a ``.pt`` that looks current. A one-off step: never inside a measured run.
+    and then its record are written with :func:`~harness.results.atomic.atomic_file` (a temporary
+    name, ``fsync``, rename), so a failed conversion never leaves a ``.pt`` that looks current
+    (:class:`~harness.errors.OutputError` names the file). A one-off step: never inside a measured run.
     Progress: a bar of the bytes written (:func:`harness.progress.byte_bar`, on a terminal).
     """
     from safetensors import safe_open
@@ -114,25 +116,16 @@ def ensure_pt(checkpoint_path: str | os.PathLike[str], out_path: str | os.PathLi
                 return False
         except ValueError:
             pass  # an unreadable record: convert again
-    tmp = out.with_name(f".{out.name}.tmp")
-    try:
-        state: dict[str, torch.Tensor] = {}
-        for header in open_checkpoint(source).headers:
-            with safe_open(str(header.path), framework="pt") as handle:
-                for name in header.tensors:
-                    state[name] = handle.get_tensor(name)
-        with open(tmp, "wb") as handle, byte_bar(f"converting to {out.name}", _nbytes(state.values())) as bar:
-            torch.save(state, cast(BinaryIO, _Counted(handle, bar.update)))  # torch writes and flushes, no more
-            del state
-            bar.total = bar.n  # the tensors' bytes, and the archive's own (pickle, headers, alignment)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, out)
-        sidecar_tmp = sidecar.with_name(f".{sidecar.name}.tmp")
-        sidecar_tmp.write_text(json.dumps(record, indent=1))
-        os.replace(sidecar_tmp, sidecar)
-    finally:
-        tmp.unlink(missing_ok=True)
+    state: dict[str, torch.Tensor] = {}
+    for header in open_checkpoint(source).headers:
+        with safe_open(str(header.path), framework="pt") as handle:
+            for name in header.tensors:
+                state[name] = handle.get_tensor(name)
+    with atomic_file(out) as written, byte_bar(f"converting to {out.name}", _nbytes(state.values())) as bar:
+        torch.save(state, cast(BinaryIO, _Counted(written, bar.update)))  # torch writes and flushes, no more
+        del state
+        bar.total = bar.n  # the tensors' bytes, and the archive's own (pickle, headers, alignment)
+    write_atomic(sidecar, json.dumps(record, indent=1))
     return True
 
 

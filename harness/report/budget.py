@@ -35,18 +35,14 @@ from harness.budget.record import AttemptRecord, BudgetRecord, StrategyBudget, r
 from harness.catalog import HEADLINE_STRATEGY, strategy_colour
 from harness.report.names import figure_name
 from harness.report.style import STYLE, figure_png, strategy_line, wrapped_title
-from harness.report.text import DASH, cell, commit_text, gib_decimals, short_commit
+from harness.report.text import cell, commit_text, gib_decimals, short_commit
 from harness.results.atomic import FileBatch
 from harness.results.files import read_text_file
-from harness.units import GIB
+from harness.units import DASH, GIB, format_gib
 
 __all__ = ["Goal", "budget_goals", "budget_markdown", "failure_shifts", "render_budget", "shown_attempts",
            "wall_figure"]
 
-
-
-def _gib(n: int | float | None, decimals: int) -> str:
-    return DASH if n is None else f"{n / GIB:.{decimals}f} GiB"
 
 
 def shown_attempts(strategy: StrategyBudget) -> dict[int, AttemptRecord]:
@@ -87,15 +83,16 @@ def budget_goals(record: BudgetRecord) -> list[Goal]:
         if m.minimum_bytes is None or limit is None:
             goals.append(Goal(title, "no minimum found", False))
         else:
-            goals.append(Goal(f"{title} ({_gib(limit, d)})", f"smallest completing limit {_gib(m.minimum_bytes, d)}",
-                              m.minimum_bytes <= limit))
-            title = f"map's load + build at the goal limit ({_gib(limit, d)}) within 1.5x of its unconstrained one"
+            goals.append(Goal(f"{title} ({format_gib(limit, d)})",
+                              f"smallest completing limit {format_gib(m.minimum_bytes, d)}", m.minimum_bytes <= limit))
+            title = (f"map's load + build at the goal limit ({format_gib(limit, d)}) within 1.5x of its "
+                     "unconstrained one")
             free = m.unconstrained
             load_build_walls, whole_walls = _walls(m, load_build_only=True), _walls(m)
             # The limit itself where a run completed there, else the nearest completed limit under it (a
             # compiler's sweep adds no run at the limit): a run with less memory is not faster.
             at = max((lim for lim in load_build_walls if lim <= limit and lim in whole_walls), default=None)
-            where = "" if at is None else f"at {_gib(at, d)}" + (
+            where = "" if at is None else f"at {format_gib(at, d)}" + (
                 "" if at == limit else ", the nearest completed limit under it") + ": "
             if free is None or free.load_build_s is None or at is None:
                 goals.append(Goal(title, "no completed run at or under that limit", None))
@@ -141,7 +138,7 @@ def _subtitle(record: BudgetRecord) -> str:
     attempts = sum(len(s.attempts) for s in record.strategies.values())
     limits = len({a.limit_bytes for s in record.strategies.values() for a in s.attempts})
     d = gib_decimals(record.model_bytes)
-    return (f"{record.model_name}, {_gib(record.model_bytes, d)}, {record.engines} engines, backend "
+    return (f"{record.model_name}, {format_gib(record.model_bytes, d)}, {record.engines} engines, backend "
             f"{record.backend} on {record.device}: {attempts} attempts of {len(record.strategies)} strategies "
             f"under {limits} memory limits, each attempt one run of a fresh process on a cold cache")
 
@@ -153,12 +150,12 @@ def budget_markdown(record: BudgetRecord, figure_names: list[str], notes: str | 
     lines = [
         f"# {record.name}: smallest host memory to compile, by loading strategy", "",
         f"*{_subtitle(record)}*", "",
-        f"Model **{record.model_name}** ({_gib(record.model_bytes, d)}), {record.engines} engines (the largest "
-        f"{_gib(record.largest_engine_bytes, d)}), backend `{record.backend}`, device `{record.device}`; "
-        f"machine: {m.cpus} CPUs, {_gib(m.mem_total_bytes, 1)} memory, kernel {m.kernel}; {record.controller}, "
+        f"Model **{record.model_name}** ({format_gib(record.model_bytes, d)}), {record.engines} engines (the largest "
+        f"{format_gib(record.largest_engine_bytes, d)}), backend `{record.backend}`, device `{record.device}`; "
+        f"machine: {m.cpus} CPUs, {format_gib(m.mem_total_bytes, 1)} memory, kernel {m.kernel}; {record.controller}, "
         f"swap off in each group. Each attempt is a fresh worker "
         f"process in a fresh group, on a cold cache (the files it reads flushed and dropped first). Search: "
-        f"bisection between the baseline and the unconstrained group peak to {_gib(record.precision_bytes, d)}; "
+        f"bisection between the baseline and the unconstrained group peak to {format_gib(record.precision_bytes, d)}; "
         f"timeout per attempt {record.timeout_factor:g}x the unconstrained wall time, at least "
         f"{record.min_timeout_s:.0f} s. The whole sweep took {record.sweep_wall_s / 60:.1f} min. "
         f"Commit {short_commit(record.commit)}, created {record.created}.", "",
@@ -171,17 +168,17 @@ def budget_markdown(record: BudgetRecord, figure_names: list[str], notes: str | 
         free = s.unconstrained
         at_min = None if s.minimum_bytes is None else shown_attempts(s).get(s.minimum_bytes)
         if (at := s.at_limit) is not None:  # run at one limit, not swept
-            smallest = (f"≤ {_gib(at.limit_bytes, d)} (one run at it, not swept)" if at.completed
-                        else f"> {_gib(at.limit_bytes, d)} (one run at it, not swept)")
-            fails = DASH if at.completed else _gib(at.limit_bytes, d)
+            smallest = (f"≤ {format_gib(at.limit_bytes, d)} (one run at it, not swept)" if at.completed
+                        else f"> {format_gib(at.limit_bytes, d)} (one run at it, not swept)")
+            fails = DASH if at.completed else format_gib(at.limit_bytes, d)
             at_min = at if at.completed else None
         elif s.ok:
-            smallest = ("≤ " if s.at_lower_bound else "") + _gib(s.minimum_bytes, d)
-            fails = "not below the baseline" if s.at_lower_bound else _gib(s.largest_failing_bytes, d)
+            smallest = ("≤ " if s.at_lower_bound else "") + format_gib(s.minimum_bytes, d)
+            fails = "not below the baseline" if s.at_lower_bound else format_gib(s.largest_failing_bytes, d)
         else:
             smallest, fails = f"FAILED: {s.error}", DASH
         lines.append("| " + " | ".join(cell(x) for x in (
-            f"{name} ({s.label})", smallest, fails, _gib(free.group_peak_bytes if free else None, d),
+            f"{name} ({s.label})", smallest, fails, format_gib(free.group_peak_bytes if free else None, d),
             _seconds(free), _seconds(at_min),
             str(len(s.attempts)), s.release_note or DASH)) + " |")
     lines += ["", "Load + build: the worker's load and engine builds, from the start of the load to the end of "
@@ -200,9 +197,9 @@ def budget_markdown(record: BudgetRecord, figure_names: list[str], notes: str | 
                   "| ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | --- |"]
         for i, a in enumerate(s.attempts):
             lines.append("| " + " | ".join(cell(x) for x in (
-                str(i), a.phase, _gib(a.limit_bytes, d), "yes" if a.completed else "no",
+                str(i), a.phase, format_gib(a.limit_bytes, d), "yes" if a.completed else "no",
                 DASH if a.load_build_s is None else f"{a.load_build_s:.1f} s", f"{a.wall_s:.1f} s",
-                _gib(a.group_peak_bytes, d), DASH if a.oom_kills is None else str(a.oom_kills),
+                format_gib(a.group_peak_bytes, d), DASH if a.oom_kills is None else str(a.oom_kills),
                 a.reason or "")) + " |")
         lines.append("")
     if notes is not None:
@@ -253,7 +250,7 @@ def wall_figure(record: BudgetRecord) -> Figure:
                               [a.wall_s for a in failed], marker="x", s=40, color=colour, linewidths=1.5, zorder=3,
                               gid=f"failed:{name}")
             if s.minimum_bytes is not None:
-                text = f"smallest {'≤ ' if s.at_lower_bound else ''}{_gib(s.minimum_bytes, d)}"
+                text = f"smallest {'≤ ' if s.at_lower_bound else ''}{format_gib(s.minimum_bytes, d)}"
                 smallest.setdefault(text, (s.minimum_bytes, []))[1].append(name)
             label = (name if s.minimum_bytes is not None
                      else f"{name}: one limit, not swept" if s.at_limit is not None else f"{name}: no minimum")
@@ -269,7 +266,7 @@ def wall_figure(record: BudgetRecord) -> Figure:
             for ax in (whole, load_build_ax):
                 ax.axvline(goal / GIB, color="#000000", linewidth=1.2, linestyle="--")
             handles.append(Line2D([], [], color="#000000", linestyle="--",
-                                  label=f"map's baseline + 2 x largest engine ({_gib(goal, d)})"))
+                                  label=f"map's baseline + 2 x largest engine ({format_gib(goal, d)})"))
         if m is not None and m.unconstrained is not None and m.unconstrained.load_build_s is not None:
             bound = 1.5 * m.unconstrained.load_build_s
             load_build_ax.axhline(bound, color="#0072B2", linewidth=0.9, linestyle="-.")
@@ -295,7 +292,7 @@ def wall_figure(record: BudgetRecord) -> Figure:
         fig.legend(handles=handles, loc="outside upper center", ncols=3, frameon=False,
                    title=wrapped_title(fig, title, 11),
                    title_fontproperties={"size": 11, "weight": "bold"})
-        footer = (f"{record.model_name}, {_gib(record.model_bytes, d)}, {record.engines} engines, "
+        footer = (f"{record.model_name}, {format_gib(record.model_bytes, d)}, {record.engines} engines, "
                   f"{record.backend} backend on {record.device}; {record.machine.cpus} CPUs; "
                   f"{commit_text(record.commit, 12)}, {record.created}")
         lines = textwrap.wrap(footer, 150)

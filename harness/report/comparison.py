@@ -24,15 +24,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from harness.report.style import SERIES_COLOURS, STYLE, figure_legend, save_figure
-from harness.report.text import (
-    DASH,
-    TableColumn,
-    format_gib,
-    gib_decimals,
-    machine_text,
-    markdown_table,
-    short_commit,
-)
+from harness.report.text import TableColumn, gib_decimals, machine_text, markdown_table, short_commit
 from harness.results.atomic import write_atomic
 from harness.results.comparison import TIME_RESOLUTION_S, TIMES, Comparison, MemoryDelta, StrategyComparison, TimeRatio
 from harness.results.labels import (
@@ -47,7 +39,7 @@ from harness.results.labels import (
 from harness.results.names import comparison_name as name_of_comparison
 from harness.results.reading import Results
 from harness.results.spread import chance_flag
-from harness.units import GIB
+from harness.units import DASH, GIB, format_gib
 
 __all__ = ["UNTIMED", "comparison_figure", "comparison_markdown", "comparison_name", "write_comparison"]
 

@@ -31,11 +31,11 @@ from matplotlib.patches import Patch
 
 from harness.backends import compiler_calls
 from harness.report.style import figure_legend, new_figure, strategy_colour, styled
-from harness.report.text import DASH, TableColumn, format_seconds, markdown_table
+from harness.report.text import TableColumn, format_seconds, markdown_table
 from harness.results.metrics import StrategyMetrics, compiler_gpu_own_bytes
 from harness.results.reading import Results
 from harness.results.record import EngineRecord, ExportRecord, StrategyRecord
-from harness.units import MIB
+from harness.units import DASH, MIB, format_mib
 
 __all__ = ["compiler_figure", "compiler_lines", "has_compiler"]
 
@@ -44,14 +44,6 @@ __all__ = ["compiler_figure", "compiler_lines", "has_compiler"]
 def has_compiler(run: Results) -> bool:
     """Whether any strategy of the run built its engines with a compiler."""
     return any(r.compiler for r in run.strategies.values())
-
-
-def _mib(value: int | None, decimals: int = 1) -> str:
-    """``value`` bytes in MiB, a minus sign only where the rounded figure is below zero (never ``−0.0``)."""
-    if value is None:
-        return DASH
-    shown = round(value / MIB, decimals)
-    return f"{shown + 0.0:,.{decimals}f} MiB"
 
 
 def _setting(run: Results) -> str:
@@ -197,29 +189,29 @@ _STRATEGY_COLUMNS: list[TableColumn[StrategyMetrics]] = [
     TableColumn("strategy", lambda m: m.name, text=True),
     TableColumn("export time", lambda m: format_seconds(m.export_s) if m.export_s is not None else DASH),
     TableColumn("graph nodes", _export_cell(lambda x: f"{x.nodes:,}")),
-    TableColumn("checkpoint pages read", _export_cell(lambda x: _mib(x.pages_read_bytes, 2))),
-    TableColumn("page cache change", _export_cell(lambda x: _mib(x.residency_read_bytes, 2))),
-    TableColumn("host cost (peak over its start)", _export_cell(lambda x: _mib(x.host_cost_bytes))),
-    TableColumn("anonymous growth", _export_cell(lambda x: _mib(x.anon_delta_bytes))),
+    TableColumn("checkpoint pages read", _export_cell(lambda x: format_mib(x.pages_read_bytes, 2))),
+    TableColumn("page cache change", _export_cell(lambda x: format_mib(x.residency_read_bytes, 2))),
+    TableColumn("host cost (peak over its start)", _export_cell(lambda x: format_mib(x.host_cost_bytes))),
+    TableColumn("anonymous growth", _export_cell(lambda x: format_mib(x.anon_delta_bytes))),
     TableColumn("engines compiled", lambda m: str(len(_compiled(m.record)))),
     TableColumn("compile time", lambda m: _compile_total(m.record)),
     TableColumn("built vs eager (max abs diff)", lambda m: _check_text(m.record)),
-    TableColumn("check's host peak", lambda m: _mib(m.record.check_peak_bytes)),
+    TableColumn("check's host peak", lambda m: format_mib(m.record.check_peak_bytes)),
 ]
 """The export table: a row per strategy."""
 
 _ENGINE_COLUMNS: list[TableColumn[tuple[str, EngineRecord]]] = [
     TableColumn("strategy", lambda row: row[0], text=True),
     TableColumn("engine", lambda row: str(row[1].index)),
-    TableColumn("weights", lambda row: _mib(row[1].weight_bytes)),
+    TableColumn("weights", lambda row: format_mib(row[1].weight_bytes)),
     TableColumn("compile time", lambda row: format_seconds(row[1].compile_s)),
-    TableColumn("artifact", lambda row: _mib(row[1].artifact_bytes)),
-    TableColumn("host rise", lambda row: _mib(_growth(row[1]))),
-    TableColumn("over copy floor", lambda row: _mib(row[1].compiler_over_floor_bytes)),
-    TableColumn("compiler's own", lambda row: _mib(row[1].compiler_own_bytes)),
-    TableColumn("weights read", lambda row: _mib(row[1].write_read_bytes)),
-    TableColumn("artifact write", lambda row: _mib(row[1].write_buffers_bytes)),
-    TableColumn("cache growth", lambda row: _mib(row[1].cache_bytes)),
+    TableColumn("artifact", lambda row: format_mib(row[1].artifact_bytes)),
+    TableColumn("host rise", lambda row: format_mib(_growth(row[1]))),
+    TableColumn("over copy floor", lambda row: format_mib(row[1].compiler_over_floor_bytes)),
+    TableColumn("compiler's own", lambda row: format_mib(row[1].compiler_own_bytes)),
+    TableColumn("weights read", lambda row: format_mib(row[1].write_read_bytes)),
+    TableColumn("artifact write", lambda row: format_mib(row[1].write_buffers_bytes)),
+    TableColumn("cache growth", lambda row: format_mib(row[1].cache_bytes)),
 ]
 """The per-engine table's columns before the compiler processes' (:func:`_children_column`, last): a row per engine a
 compiler built, per strategy."""
@@ -227,10 +219,10 @@ compiler built, per strategy."""
 _TWO_CALL_COLUMNS: list[TableColumn[tuple[str, EngineRecord]]] = [
     *_ENGINE_COLUMNS[:7],
     TableColumn("convert time", lambda row: format_seconds(row[1].convert_s)),
-    TableColumn("convert peak", lambda row: _mib(_convert_rise(row[1]))),
-    TableColumn("compile peak", lambda row: _mib(row[1].compiler_own_bytes)),
-    TableColumn("weights read", lambda row: _mib(row[1].compiler_read_bytes)),
-    TableColumn("held beside them", lambda row: _mib(row[1].compiler_held_bytes)),
+    TableColumn("convert peak", lambda row: format_mib(_convert_rise(row[1]))),
+    TableColumn("compile peak", lambda row: format_mib(row[1].compiler_own_bytes)),
+    TableColumn("weights read", lambda row: format_mib(row[1].compiler_read_bytes)),
+    TableColumn("held beside them", lambda row: format_mib(row[1].compiler_held_bytes)),
 ]
 """The per-engine columns for a compiler that converts, then compiles and writes its artifact in one call (OpenVINO,
 IREE):
@@ -251,12 +243,12 @@ _TWO_CALL_TEXT = (
 
 
 _GPU_COLUMNS: list[TableColumn[tuple[str, EngineRecord]]] = [
-    TableColumn("GPU at start", lambda row: _mib(row[1].gpu_start_bytes)),
-    TableColumn("GPU peak", lambda row: _mib(row[1].gpu_peak_bytes)),
-    TableColumn("weights on GPU", lambda row: _mib(row[1].gpu_weights_bytes)),
-    TableColumn("allocator peak (reserved)", lambda row: _mib(row[1].gpu_reserved_peak_bytes)),
-    TableColumn("allocator peak (allocated)", lambda row: _mib(row[1].gpu_allocated_peak_bytes)),
-    TableColumn("compiler's own on GPU", lambda row: _mib(compiler_gpu_own_bytes(row[1]))),
+    TableColumn("GPU at start", lambda row: format_mib(row[1].gpu_start_bytes)),
+    TableColumn("GPU peak", lambda row: format_mib(row[1].gpu_peak_bytes)),
+    TableColumn("weights on GPU", lambda row: format_mib(row[1].gpu_weights_bytes)),
+    TableColumn("allocator peak (reserved)", lambda row: format_mib(row[1].gpu_reserved_peak_bytes)),
+    TableColumn("allocator peak (allocated)", lambda row: format_mib(row[1].gpu_allocated_peak_bytes)),
+    TableColumn("compiler's own on GPU", lambda row: format_mib(compiler_gpu_own_bytes(row[1]))),
 ]
 """The per-engine GPU split, after the other columns, for runs that measured it (on a GPU, layout 16)."""
 
@@ -277,9 +269,9 @@ def _gpu_split(run: Results) -> bool:
 
 def _context_lines(run: Results) -> list[str]:
     """A line per strategy that measured its CUDA context (layout 16 on a GPU); none otherwise."""
-    return [f"- **{name}**: CUDA context {_mib(r.gpu_context_bytes)} as the first allocation created it, part of "
-            f"the GPU baseline of {_mib(r.gpu_baseline_bytes)} (NVML `used` when sampling began) and so in no GPU "
-            "figure below" for name, r in run.strategies.items() if r.gpu_context_bytes is not None]
+    return [f"- **{name}**: CUDA context {format_mib(r.gpu_context_bytes)} as the first allocation created it, "
+            f"part of the GPU baseline of {format_mib(r.gpu_baseline_bytes)} (NVML `used` when sampling began) and "
+            "so in no GPU figure below" for name, r in run.strategies.items() if r.gpu_context_bytes is not None]
 
 
 def _two_calls(run: Results) -> bool:
@@ -297,8 +289,8 @@ def _children_column(run: Results) -> TableColumn[tuple[str, EngineRecord]]:
     """The compiler processes' column, named for what the run measured: summed PSS, or, in older records, summed
     RSS."""
     if _children_measured_pss(run):
-        return TableColumn("compiler processes (summed PSS)", lambda row: _mib(row[1].children_pss_bytes))
-    return TableColumn("compiler processes (summed RSS)", lambda row: _mib(row[1].children_peak_bytes))
+        return TableColumn("compiler processes (summed PSS)", lambda row: format_mib(row[1].children_pss_bytes))
+    return TableColumn("compiler processes (summed RSS)", lambda row: format_mib(row[1].children_peak_bytes))
 
 
 def _children_text(run: Results) -> str:

@@ -32,6 +32,7 @@ from harness.report.compiler import has_compiler
 from harness.report.style import figure_legend, new_figure, strategy_colour, styled
 from harness.report.text import format_seconds, run_subject
 from harness.results.reading import Results
+from harness.units import format_mb_per_s
 
 __all__ = ["engine_times_applies", "engine_times_figure"]
 
@@ -113,7 +114,7 @@ def engine_times_figure(run: Results) -> Figure:
         ax.hlines(ticks, np.asarray(indices) - 0.42, np.asarray(indices) + 0.42, color="#000000", linewidth=1.6,
                   zorder=4, gid="disk-s")
         handles.append(Line2D([], [], color="#000000", linewidth=1.6,
-                              label=f"engine weights ÷ disk read rate ({disk.median_bytes_per_s / 1e6:.0f} MB/s, "
+                              label=f"engine weights ÷ disk read rate ({format_mb_per_s(disk.median_bytes_per_s)}, "
                                     "this run)"))
     ax.set_ylabel("seconds")
     ax.set_ylim(bottom=0)

@@ -28,7 +28,6 @@ from harness.report.names import figure_name
 from harness.report.style import FLOOR_STYLE, figure_legend, new_figure, strategy_colour, styled
 from harness.report.text import (
     card_text,
-    format_gib,
     format_percent,
     format_seconds,
     gib_decimals,
@@ -39,7 +38,7 @@ from harness.report.text import (
 from harness.results.metrics import StrategyMetrics, floor_formula, phase_spans
 from harness.results.reading import Results
 from harness.results.spread import MedianSpread, median_spread, strategy_rounds
-from harness.units import GIB
+from harness.units import GIB, format_gib
 
 __all__ = ["PHASE_COLOURS", "headline_figure"]
 

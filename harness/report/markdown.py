@@ -17,8 +17,6 @@ from harness.report.notes import NEVER_CHECKED, Notes, check_notes, migrate_note
 from harness.report.table import table_lines
 from harness.report.text import (
     cell,
-    format_bytes,
-    format_gib,
     format_seconds,
     gib_decimals,
     machine_text,
@@ -40,7 +38,7 @@ from harness.results.metrics import (
 from harness.results.reading import Results
 from harness.results.record import RunRecord, StrategyRecord
 from harness.results.spread import median_spread, ratio_of_medians, strategy_rounds
-from harness.units import MIB
+from harness.units import MB, MIB, format_bytes, format_gib, format_mb_per_s
 
 __all__ = ["render_report", "write_report"]
 
@@ -131,13 +129,13 @@ def disk_observation(run: Results) -> list[str]:
     if disk.reads > 1:
         each = "one before each round of strategies" + (" until one failed" if failed else "")
         reads = (f"{disk.reads} cold sequential reads of the {format_gib(disk.bytes)} checkpoint (`read()` into a "
-                 f"reused buffer, {each}): median {disk.median_bytes_per_s / 1e6:.0f} "
-                 f"MB/s ({disk.min_bytes_per_s / 1e6:.0f}–{disk.max_bytes_per_s / 1e6:.0f}), "
+                 f"reused buffer, {each}): median {format_mb_per_s(disk.median_bytes_per_s)} "
+                 f"({disk.min_bytes_per_s / MB:.0f}–{disk.max_bytes_per_s / MB:.0f}), "
                  f"{disk.median_cpu_seconds:.1f} CPU-s per read")
     else:  # one read: no median, no range
         before = "the first round" if failed else "the strategies ran"
         reads = (f"a cold sequential read of the {format_gib(disk.bytes)} checkpoint (`read()` into a reused "
-                 f"buffer, before {before}): {disk.median_bytes_per_s / 1e6:.0f} MB/s, "
+                 f"buffer, before {before}): {format_mb_per_s(disk.median_bytes_per_s)}, "
                  f"{disk.median_cpu_seconds:.1f} CPU-s")
     text = f"- **disk**: {reads}; reading the model once at that rate takes {format_seconds(read_s)}."
     lines = [text, *failure]
@@ -161,14 +159,14 @@ def ceiling_observation(run: Results) -> list[str]:
         return []
     model = run.record.model.bytes
     read_s = model / best.bytes_per_s
-    sweep = ", ".join(f"{p.threads}×{p.request_bytes >> 20} MiB {p.bytes_per_s / 1e6:.0f}" for p in points)
+    sweep = ", ".join(f"{p.threads}×{p.request_bytes // MIB} MiB {p.bytes_per_s / MB:.0f}" for p in points)
     read = ceiling_points_read(points)
     amount = _extent([p.bytes for p in read], lambda b: format_bytes(int(b)))
     duration = _extent([p.seconds for p in read], lambda s: f"{s:.2f}")
     lines = [f"- **disk ceiling**: the best cold read of a sweep over reader threads × `pread` size (MB/s: "
              f"{sweep}; each point read {amount} of the checkpoint, a part no other point read, in {duration} s) "
-             f"is {best.bytes_per_s / 1e6:.0f} MB/s with {best.threads} reader(s) of "
-             f"{best.request_bytes >> 20} MiB; reading the model once at that rate takes {format_seconds(read_s)}."]
+             f"is {format_mb_per_s(best.bytes_per_s)} with {best.threads} reader(s) of "
+             f"{best.request_bytes // MIB} MiB; reading the model once at that rate takes {format_seconds(read_s)}."]
     for s in run.metrics.values():
         rounds = strategy_rounds(s)
         if s.record.ok and rounds.build_s:
@@ -247,15 +245,15 @@ def speed_observation(run: Results) -> list[str]:
     if speed.probe_error is not None:
         lines.append(f"  - read probe at the run's start: failed ({speed.probe_error}).")
     if probe is not None:
-        kept = ", ".join(f"{probe.cache_region_bytes / s / 1e6:.0f}" for s in probe.kept_s)
+        kept = ", ".join(f"{probe.cache_region_bytes / s / MB:.0f}" for s in probe.kept_s)
         lines.append(f"  - read probe at the run's start (cold regions of the checkpoint, each read once): "
                      f"{len(probe.kept_s)} of {probe.cache_region_bytes / MIB:.0f} MiB kept in the page cache "
-                     f"(MB/s in order: {kept}; the last three's median {probe.kept_bytes_per_s / 1e6:.0f}), "
+                     f"(MB/s in order: {kept}; the last three's median {probe.kept_bytes_per_s / MB:.0f}), "
                      f"{len(probe.dropped_s)} dropped behind the reader (median "
-                     f"{probe.dropped_bytes_per_s / 1e6:.0f}); {len(probe.faulted_s)} of "
+                     f"{probe.dropped_bytes_per_s / MB:.0f}); {len(probe.faulted_s)} of "
                      f"{probe.advice_region_bytes / MIB:.0f} MiB faulted in (median "
-                     f"{probe.faulted_bytes_per_s / 1e6:.0f}), {len(probe.willneed_s)} after MADV_WILLNEED "
-                     f"(median {probe.willneed_bytes_per_s / 1e6:.0f}).")
+                     f"{probe.faulted_bytes_per_s / MB:.0f}), {len(probe.willneed_s)} after MADV_WILLNEED "
+                     f"(median {probe.willneed_bytes_per_s / MB:.0f}).")
     return lines
 
 

@@ -19,20 +19,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from harness.report.text import (
-    DASH,
-    TableColumn,
-    format_gib,
-    format_percent,
-    format_seconds,
-    gib_decimals,
-    markdown_table,
-    status_text,
-)
+from harness.report.text import TableColumn, format_percent, format_seconds, gib_decimals, markdown_table, status_text
 from harness.results import labels
 from harness.results.metrics import DiskMetrics, StrategyMetrics
 from harness.results.reading import Results
 from harness.results.record import Reference
+from harness.units import DASH, MB, format_gib, format_gib_figure, format_mb_per_s
 
 __all__ = [
     "DISK_LABEL",
@@ -94,14 +86,10 @@ def _column(header: str, strategy: Callable[[StrategyMetrics, int], str],
     return TableColumn(header, value, text=text)
 
 
-def _gib(value: float | None) -> str:
-    return DASH if value is None else f"{value:g} GiB"
-
-
 def _reference_compared(reference: Reference, on_gpu: bool) -> str:
     if reference.host_gpu_peak_gib is None:
         return DASH
-    return _gib(reference.host_gpu_peak_gib) + ("" if on_gpu else " (host + GPU)")
+    return format_gib_figure(reference.host_gpu_peak_gib) + ("" if on_gpu else " (host + GPU)")
 
 
 def _status(m: StrategyMetrics, decimals: int) -> str:
@@ -121,7 +109,7 @@ def _runs(m: StrategyMetrics) -> str:
 def _disk_runs(d: DiskMetrics) -> str:
     if d.reads <= 1:
         return "1"
-    return f"{d.reads}: {d.min_bytes_per_s / 1e6:.0f}–{d.max_bytes_per_s / 1e6:.0f} MB/s"
+    return f"{d.reads}: {d.min_bytes_per_s / MB:.0f}–{format_mb_per_s(d.max_bytes_per_s)}"
 
 
 def columns(run: Results) -> list[TableColumn[TableRow]]:
@@ -132,7 +120,7 @@ def columns(run: Results) -> list[TableColumn[TableRow]]:
         _column("strategy", lambda m, d: m.name, lambda r, g: f"reference: {r.label} (reference, different setup)",
                 lambda k: DISK_LABEL, text=True),
         _column("host at partitioning", lambda m, d: format_gib(m.record.host_at_partitioning_bytes, d),
-                lambda r, g: _gib(r.host_at_partitioning_gib)),
+                lambda r, g: format_gib_figure(r.host_at_partitioning_gib)),
         _column(run.compared_label, lambda m, d: format_gib(m.compared_peak_bytes, d), _reference_compared),
         _column(labels.FLOOR, lambda m, d: format_gib(m.floor_bytes, d)),
         _column(labels.EXCESS_SHARE, lambda m, d: format_percent(m.excess)),
@@ -141,7 +129,7 @@ def columns(run: Results) -> list[TableColumn[TableRow]]:
         cols.append(_column(labels.BUILD_HOST_PEAK, lambda m, d: format_gib(m.record.build_peak_bytes, d)))
     cols += [
         _column(labels.WHOLE_RUN_HOST_PEAK, lambda m, d: format_gib(m.record.host_peak_bytes, d),
-                lambda r, g: _gib(r.host_peak_gib)),
+                lambda r, g: format_gib_figure(r.host_peak_gib)),
         _column(labels.ANON_ABOVE_BASELINE, lambda m, d: format_gib(m.anon_above_baseline_bytes, d)),
     ]
     if on_gpu:
@@ -156,7 +144,7 @@ def columns(run: Results) -> list[TableColumn[TableRow]]:
                 disk=lambda k: format_seconds(k.median_seconds)),
         _column("runs", lambda m, d: _runs(m), disk=_disk_runs),
         _column("status", _status, lambda r, g: "reference",
-                lambda k: f"reference: {k.median_bytes_per_s / 1e6:.0f} MB/s, {k.median_cpu_seconds:.1f} CPU-s",
+                lambda k: f"reference: {format_mb_per_s(k.median_bytes_per_s)}, {k.median_cpu_seconds:.1f} CPU-s",
                 text=True),
     ]
     return cols

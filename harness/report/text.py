@@ -16,17 +16,14 @@ from typing import Generic, TypeVar
 from harness.results.metrics import StrategyMetrics
 from harness.results.reading import Results
 from harness.results.record import ModelInfo
-from harness.units import GIB, KIB, MIB
+from harness.units import DASH, GIB, format_bytes, format_gib
 
 __all__ = [
-    "DASH",
     "TableColumn",
     "card_text",
     "cell",
     "commit_text",
     "footer_text",
-    "format_bytes",
-    "format_gib",
     "format_percent",
     "format_seconds",
     "gib_decimals",
@@ -42,28 +39,9 @@ __all__ = [
     "versions_text",
 ]
 
-DASH = "—"
-"""What a missing value shows as."""
-
-
 def gib_decimals(model_bytes: int) -> int:
     """Decimals for GiB figures: 2 for models of 1 GiB or more, 3 below (so small runs stay readable)."""
     return 2 if model_bytes >= GIB else 3
-
-
-def format_gib(value: int | float | None, decimals: int = 2) -> str:
-    """``value`` bytes as ``"1.23 GiB"``; ``None`` as a dash."""
-    if value is None:
-        return DASH
-    return f"{value / GIB:.{decimals}f} GiB"
-
-
-def format_bytes(value: int) -> str:
-    """A byte count in the largest binary unit that keeps it at 1 or more: ``"3.0 KiB"``, ``"12 bytes"``."""
-    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
-        if value >= size:
-            return f"{value / size:.1f} {unit}"
-    return f"{value} bytes"
 
 
 def format_percent(fraction: float | None) -> str:

@@ -94,7 +94,10 @@ def _is_staging(path: Path) -> bool:
 
 
 def _lock(directory: Path) -> int:
-    """``directory/.lock``, open and held with an exclusive ``flock``; ``BlockingIOError`` when a live run holds it."""
+    """``directory/.lock``, open and held with an exclusive ``flock``; ``BlockingIOError`` when a live run holds it.
+
+    Made and written in place, not with the atomic writer (:mod:`harness.results.atomic`): a rename would put
+    another file at the name, and the lock is on the file other runs open there."""
     fd = os.open(directory / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

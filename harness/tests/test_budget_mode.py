@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -348,3 +350,22 @@ def test_an_interrupted_sweep_leaves_no_engine_behind(controller: MemoryControll
     assert [Path(d).name for d in built] == ["tiny-budget-map", "tiny-budget-map", "tiny-budget-load"]
     assert not list(tmp_path.rglob("engine-*")), "the engine load's attempt was building is gone"
     assert staging_dir(results, "tiny-budget").is_dir(), "kept for map, without engines"
+
+
+def test_a_signal_once_publishing_began_leaves_the_sweep_published(controller: MemoryController, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import harness.budget.mode
+
+    real = harness.budget.mode.publish
+
+    def signalled_while_publishing(staging: Path, out: Path) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        real(staging, out)
+
+    monkeypatch.setattr(harness.budget.mode, "publish", signalled_while_publishing)
+    results = tmp_path / "results"
+    record = run_budget(scenario(tmp_path, "map"), results=results, command=stand_in, workdir=tmp_path / "engines",
+                        controller=controller, min_timeout_s=30, at={"map": 256 * MIB}, progress=lambda line: None)
+    assert read_budget(results / "tiny-budget") == record, "published, not said to be unchanged"
+    assert not staging_dir(results, "tiny-budget").exists()

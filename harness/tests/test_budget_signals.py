@@ -3,7 +3,7 @@
 The end-to-end tests start a real ``python -m harness budget`` parent (through
 :func:`harness.cli.main`) whose worker is a stand-in that records its pid and sleeps, and
 signal it while that worker runs in its memory cgroup. Skipped, with the reason, where no
-memory cgroup is writable. The unit tests of :mod:`harness.budget.signals` need none.
+memory cgroup is writable. The mechanism itself, shared with a run, is tested in ``test_stopping``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from harness.budget import signals
 from harness.budget.cgroup import DEFAULT_PREFIX, remove_stale_groups
 from harness.budget.controller import MemoryController
 from harness.tests.processes import alive, gone_within
@@ -111,53 +110,3 @@ def test_a_killed_sweep_takes_its_worker_along_and_the_next_start_removes_its_gr
     assert again.returncode == 1, err
     assert not left[0].exists(), "the next start removes the group of the dead run"
     assert _groups_of(controller, again.pid) == []
-
-
-# --------------------------------------------------------------------------- the mechanism
-
-
-def test_a_signal_raises_interrupted_and_the_handlers_come_back() -> None:
-    before = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(signals.Interrupted) as info, signals.raising():
-        os.kill(os.getpid(), signal.SIGTERM)
-        for _ in range(1000):  # the handler runs between two bytecodes of the main thread
-            time.sleep(0.001)
-        pytest.fail("SIGTERM was not raised")
-    assert info.value.signum == signal.SIGTERM
-    assert signal.getsignal(signal.SIGTERM) == before
-
-
-def test_a_signal_in_a_deferred_section_is_raised_when_the_section_ends() -> None:
-    # Not inherited ignored (pytest under nohup): raising() leaves an ignored signal ignored.
-    before = signal.signal(signal.SIGHUP, lambda signum, frame: None)
-    try:
-        _raise_the_first_signal_at_the_end_of_a_deferred_section()
-    finally:
-        signal.signal(signal.SIGHUP, before)
-
-
-def _raise_the_first_signal_at_the_end_of_a_deferred_section() -> None:
-    done = []
-    with pytest.raises(signals.Interrupted) as info, signals.raising():
-        with signals.deferred():
-            os.kill(os.getpid(), signal.SIGHUP)
-            time.sleep(0.05)
-            with signals.deferred():
-                time.sleep(0.05)
-            done.append("the section ran to its end")
-            os.kill(os.getpid(), signal.SIGTERM)  # a second signal while the first waits: not raised again
-            time.sleep(0.05)
-        done.append("not reached")
-    assert done == ["the section ran to its end"]
-    assert info.value.signum == signal.SIGHUP
-
-
-def test_an_ignored_signal_stays_ignored() -> None:
-    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    try:
-        with signals.raising():
-            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
-            os.kill(os.getpid(), signal.SIGHUP)
-            time.sleep(0.05)
-    finally:
-        signal.signal(signal.SIGHUP, before)

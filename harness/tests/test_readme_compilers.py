@@ -26,6 +26,7 @@ from harness.report.table import strategy_cells
 from harness.results.reading import load_results
 from harness.results.record import SUMMARY
 from harness.tests.committed import ROOT, committed_copy
+from harness.units import MIB
 
 README = ROOT / "README.md"
 HEADER = "| engines built by | each engine holds | floor (host) |"
@@ -130,7 +131,7 @@ def test_a_rerun_not_yet_committed_leaves_the_check_on_the_committed_figures(tmp
     before = expected_cells(row, committed_results(["smoke", "pi05"], tmp_path / "before", repo))
     summary = repo / "results" / "smoke" / SUMMARY
     data = json.loads(summary.read_text())
-    data["strategies"]["load"]["build_peak_bytes"] += 50 << 20
+    data["strategies"]["load"]["build_peak_bytes"] += 50 * MIB
     summary.write_text(json.dumps(data, indent=1))
     assert expected_cells(row, repo / "results") != before  # the working tree's figure moved
     after = expected_cells(row, committed_results(["smoke", "pi05"], tmp_path / "after", repo))

@@ -19,7 +19,6 @@ from harness.load.strategies import _release_and_prefetch
 from harness.measure.procfs import read_status
 from harness.plan import make_plan, read_plan
 from harness.report import render_staged
-from harness.report.text import format_bytes
 from harness.results.disk import CeilingPoint, DiskRead, SpeedChoice
 from harness.results.metrics import StrategyMetrics, best_ceiling, disk_metrics
 from harness.results.reading import load_results
@@ -36,7 +35,7 @@ from harness.scenario import (
 from harness.speed import sized_to_ceiling
 from harness.tests.fixtures import make_results, measured
 from harness.tests.test_run import TINY
-from harness.units import MIB
+from harness.units import MIB, format_bytes
 from weightmap import map_weights, save_weights_for_mapping
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import subprocess
 import sys
 import traceback
@@ -45,6 +44,7 @@ from harness.engines.compile.compiler import Artifact, EngineCompiler
 from harness.engines.compile.pipeline import CompiledPipeline, Routing
 from harness.engines.compile.source import ModelSource
 from harness.measure.procfs import mapping_rss, read_peak, read_status
+from harness.results.atomic import atomic_file, write_atomic
 from harness.stopping import die_with_parent
 
 __all__ = [
@@ -186,7 +186,8 @@ def check_in_processes(request: CheckRequest, workdir: Path) -> Checked:
     workdir.mkdir(parents=True, exist_ok=True)
     files = {name: workdir / f"check-{name}" for name in ("request.pt", "outputs.pt", "built.json", "eager.json")}
     try:
-        torch.save(request, files["request.pt"])
+        with atomic_file(files["request.pt"]) as handle:
+            torch.save(request, handle)
         peaks = []
         for stage in _STAGES:
             result = _run_stage(stage, files["request.pt"], files["outputs.pt"], files[f"{stage}.json"])
@@ -220,7 +221,8 @@ def _stage(stage: str, request_path: Path, outputs_path: Path) -> dict[str, Any]
     request: CheckRequest = torch.load(request_path, weights_only=False)
     if stage == "built":
         outputs = run_built(request)
-        torch.save(outputs, outputs_path)
+        with atomic_file(outputs_path) as handle:
+            torch.save(outputs, handle)
         return {"peak_bytes": read_peak()}
     outputs = torch.load(outputs_path, weights_only=False)
     comparison = compare_with_model(request.source, outputs, request.compiler.device)
@@ -242,10 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         traceback.print_exc(file=sys.stderr)
         answer = {"error": " ".join(f"{type(exc).__name__}: {exc}".split())}
-    text = json.dumps(answer)
-    tmp = args.result.with_name(args.result.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, args.result)
+    write_atomic(args.result, json.dumps(answer))
     return 1 if "error" in answer else 0
 
 

@@ -28,9 +28,12 @@ Each engine is built in two calls, measured apart (:class:`OpenVinoCompiler`):
 
 The blob file is OpenVINO's cache entry: one header line (``<compiled_blob .../>``: the
 OpenVINO version that wrote it) followed by exactly what ``CompiledModel.export_model`` writes.
-It is moved to ``<stem>.blob``, flushed and dropped from the page cache, as the other backends'
-engines are. :meth:`OpenVinoCompiler.load` maps the file and imports the model from past that
-line (``Core().import_model`` of an ``openvino.Tensor`` over the mapping, no copy); the engine
+It is moved to ``<stem>.blob``, flushed and dropped from the page cache
+(:func:`~harness.measure.coldcache.write_back_and_drop`), as the other backends' engines are. OpenVINO
+writes the file itself, as it compiles, so it cannot go through the harness's atomic writer
+(:mod:`harness.results.atomic`): an engine is scratch of one run, removed when the run ends, and a
+build that fails removes what OpenVINO wrote. :meth:`OpenVinoCompiler.load` maps the file and imports the model
+from past that line (``Core().import_model`` of an ``openvino.Tensor`` over the mapping, no copy); the engine
 then runs on torch tensors.
 
 Precision: OpenVINO computes in bfloat16 by default on a CPU that has it, which moved a
