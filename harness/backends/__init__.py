@@ -21,7 +21,7 @@ __all__ = ["BACKENDS", "BackendSpec", "backend_names", "backend_packages", "back
 BACKENDS: dict[str, BackendSpec] = {
     spec.name: spec
     for spec in (
-        BackendSpec("copy", "copy", "harness.engines.backends:make_builder", (CopyColumns,)),
+        BackendSpec("copy", "copy", "harness.engines.copy:make_builder", (CopyColumns,)),
         BackendSpec("inductor", "AOTInductor", "harness.engines.compile.inductor:make_compiler",
                     (CompileColumns, InductorColumns), missing="harness.engines.compile.toolchain:inductor_missing",
                     compiler=True, weights=ENGINE_WEIGHTS,

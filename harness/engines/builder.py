@@ -68,7 +68,7 @@ class BuiltEngine:
     """One engine's build: ``columns``, the groups of :class:`~harness.results.record.EngineRecord` fields only
     the builder measures (:mod:`harness.backends.columns`: how long its copy or its compile took, what the
     compiler and its subprocesses used), each of a group its backend's spec declares
-    (:attr:`~harness.backends.spec.BackendSpec.columns`; :mod:`harness.engines.backends`;
+    (:attr:`~harness.backends.spec.BackendSpec.columns`; :mod:`harness.engines.copy`;
     :meth:`~harness.engines.compile.backend.CompilerBackend.build_engine` with its compiler's
     :attr:`~harness.engines.compile.compiler.Artifact.columns`); ``artifact``, the engine's file (None for an
     engine in device memory); ``nbytes``, the engine's size."""

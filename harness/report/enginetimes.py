@@ -4,7 +4,7 @@ One group of bars per engine, one bar per strategy: the lower, hatched part is t
 the build spent bringing the engine's weights into memory (one read of every page:
 page faults, and disk reads for what was not in the page cache), the upper, solid part
 the time it spent copying the resident weights to the engine and flushing it (see
-:mod:`harness.engines.backends`), and an outlined cap the rest of the engine's span: for the
+:mod:`harness.engines.copy`), and an outlined cap the rest of the engine's span: for the
 strategies that get each engine's tensors right before its build
 (:data:`~harness.catalog.FETCHED_PER_ENGINE`: ``stream`` opens them as views, ``read_file`` reads
 them with ``pread``), getting them; then releasing its weights (and, with prefetch, asking for the

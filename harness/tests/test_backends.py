@@ -14,9 +14,9 @@ from safetensors.torch import load_file
 
 from harness.backends import BACKENDS, backend_names
 from harness.backends.columns import CompileColumns, CopyColumns
-from harness.engines.backends import ALIGN, CopyToDevice, CopyToFiles
 from harness.engines.builder import BuildTarget, BuiltEngine, EngineBuilder, PhaseRecorder
-from harness.engines.compile.compare import Checked, Comparison
+from harness.engines.compile.compare import Checked, OutputMatch
+from harness.engines.copy import ALIGN, CopyToDevice, CopyToFiles
 from harness.engines.partition import split_into
 from harness.engines.registry import BackendUnavailable, backend_problem, check_backend, make_builder
 from harness.load.strategies import load_map
@@ -181,7 +181,7 @@ class _Traced(EngineBuilder):
 
     def check(self, phases: PhaseRecorder) -> Checked | None:
         self.calls.append("check")
-        return Checked(Comparison(ok=True, outputs=1, max_abs_diff=0.25, detail="within tolerance (traced)"),
+        return Checked(OutputMatch(ok=True, outputs=1, max_abs_diff=0.25, detail="within tolerance (traced)"),
                        peak_bytes=12345)
 
     def close(self) -> None:

@@ -20,7 +20,7 @@ import torch
 from harness.engines.builder import BuiltEngine, EngineBuilder, PhaseRecorder
 from harness.engines.compile.backend import CompilerBackend, release_device_cache
 from harness.engines.compile.check_process import CheckProcessError, compare_with_model
-from harness.engines.compile.compare import Checked, Comparison, MismatchError
+from harness.engines.compile.compare import Checked, MismatchError, OutputMatch
 from harness.engines.compile.entry import export_entry
 from harness.engines.registry import BackendUnavailable, make_builder
 from harness.models import SyntheticTransformer, fill_non_persistent
@@ -86,8 +86,8 @@ def test_a_spec_model_cannot_be_compiled(tmp_path: Path) -> None:
 
 
 def test_each_backend_makes_its_own_builder(tmp_path: Path) -> None:
-    from harness.engines.backends import CopyToFiles
     from harness.engines.compile.backend import CompilerBackend
+    from harness.engines.copy import CopyToFiles
 
     plan = make_plan(load_scenario(_scenario(tmp_path)), name="tiny-compile", workdir=tmp_path / "engines")
     compiler = make_builder(plan, tmp_path / "inductor")
@@ -255,7 +255,7 @@ def test_the_worker_records_the_check_and_fails_the_strategy_on_a_mismatch(tmp_p
     plan = make_plan(load_scenario(_scenario(tmp_path)), name="tiny-compile", workdir=tmp_path / "engines")
     run = StrategyRun(plan, "map", tmp_path / "out", 0.0)
     detail = "output 0: 3 of 4 elements differ beyond 0.0001 + 0.0001*|eager| (largest difference 1)"
-    run.builder = _Checks(Checked(Comparison(1.0, 1, False, detail), peak_bytes=5 * MIB))
+    run.builder = _Checks(Checked(OutputMatch(1.0, 1, False, detail), peak_bytes=5 * MIB))
     with pytest.raises(MismatchError, match="differ beyond"):
         run.check()
     record = run.record

@@ -27,7 +27,7 @@ import pytest
 
 import harness.worker
 from harness.cli import main
-from harness.engines.backends import CopyToFiles
+from harness.engines.copy import CopyToFiles
 from harness.plan import make_plan, write_plan
 from harness.report import render_all
 from harness.results.reading import load_results

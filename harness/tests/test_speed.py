@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.engines.backends import CopyToFiles, fault_in
+from harness.engines.copy import CopyToFiles, fault_in
 from harness.load.strategies import _release_and_prefetch
 from harness.measure.procfs import read_status
 from harness.plan import make_plan, read_plan

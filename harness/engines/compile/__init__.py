@@ -52,8 +52,8 @@ exported (the model's forward, or lerobot's ``sample_actions``) and on which inp
 
 from harness.engines.compile.compare import (
     TOLERANCES,
-    Comparison,
     MismatchError,
+    OutputMatch,
     compare_outputs,
     compare_with_eager,
     upcast_reference,
@@ -97,7 +97,7 @@ __all__ = [
     "Toolchain",
     "ToolchainError",
     "Artifact",
-    "Comparison",
+    "OutputMatch",
     "CompiledPipeline",
     "EngineBuildError",
     "EngineInputError",

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from harness.catalog import is_gpu
-from harness.engines.compile.compare import Checked, Comparison, compare_outputs, upcast_reference
+from harness.engines.compile.compare import Checked, OutputMatch, compare_outputs, upcast_reference
 from harness.engines.compile.compiler import Artifact, EngineCompiler
 from harness.engines.compile.pipeline import CompiledPipeline, Routing
 from harness.engines.compile.source import ModelSource
@@ -142,7 +142,7 @@ def run_built(request: CheckRequest) -> Any:
         return pipeline(*args, **kwargs)
 
 
-def compare_with_model(source: ModelSource, outputs: Any, device: str) -> Comparison:
+def compare_with_model(source: ModelSource, outputs: Any, device: str) -> OutputMatch:
     """``outputs`` against eager on a fresh mapping of ``source`` run on ``device``; where they differ beyond
     tolerance (a bfloat16 model), both judged against a float32 run of eager, if its copies fit."""
     from torch.utils import _pytree as pytree
@@ -192,7 +192,7 @@ def check_in_processes(request: CheckRequest, workdir: Path) -> Checked:
         for stage in _STAGES:
             result = _run_stage(stage, files["request.pt"], files["outputs.pt"], files[f"{stage}.json"])
             peaks.append(int(result["peak_bytes"]))
-        comparison = Comparison(max_abs_diff=float(result["max_abs_diff"]), outputs=int(result["outputs"]),
+        comparison = OutputMatch(max_abs_diff=float(result["max_abs_diff"]), outputs=int(result["outputs"]),
                                 ok=bool(result["ok"]), detail=str(result["detail"]))
         return Checked(comparison, max(peaks))
     finally:

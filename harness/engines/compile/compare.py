@@ -31,7 +31,7 @@ __all__ = [
     "REFERENCE_MULTIPLIER",
     "TOLERANCES",
     "Checked",
-    "Comparison",
+    "OutputMatch",
     "MismatchError",
     "compare_outputs",
     "compare_with_eager",
@@ -59,7 +59,7 @@ class Checked:
     """A check's outcome: the ``comparison`` of the built model with eager, and ``peak_bytes``, the host
     high-water mark of the processes it ran in (None where it ran in the measuring process)."""
 
-    comparison: Comparison
+    comparison: OutputMatch
     peak_bytes: int | None = None
 
 
@@ -68,7 +68,7 @@ class MismatchError(AssertionError):
 
 
 @dataclass(frozen=True)
-class Comparison:
+class OutputMatch:
     """The built model against eager on one input: the largest absolute difference over outputs."""
 
     max_abs_diff: float
@@ -76,7 +76,7 @@ class Comparison:
     ok: bool
     detail: str
 
-    def check(self) -> Comparison:
+    def check(self) -> OutputMatch:
         """Raise :class:`MismatchError` unless every output is within tolerance; returns self."""
         if not self.ok:
             raise MismatchError(self.detail)
@@ -88,7 +88,7 @@ def compare_with_eager(
     eager: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: Mapping[str, Any] | None = None,
-) -> Comparison:
+) -> OutputMatch:
     """Run both on the same inputs and compare every output (see :data:`TOLERANCES`).
 
     Outputs must match in structure, shape and dtype; integer and bool outputs must be
@@ -110,7 +110,7 @@ def _rms(t: torch.Tensor) -> float:
     return float(t.pow(2).mean().sqrt()) if t.numel() else 0.0
 
 
-def compare_outputs(built: Any, eager: Any, reference: Any = None) -> Comparison:
+def compare_outputs(built: Any, eager: Any, reference: Any = None) -> OutputMatch:
     """Compare outputs already computed (any pytree of tensors), as :func:`compare_with_eager` does.
 
     ``reference``: the outputs of a more precise run of eager (:func:`upcast_reference`), or
@@ -127,7 +127,7 @@ def compare_outputs(built: Any, eager: Any, reference: Any = None) -> Comparison
     ref = pytree.tree_leaves(reference) if reference is not None else None
     if len(got) != len(want):
         detail = f"the built model returns {len(got)} values, eager {len(want)}"
-        return Comparison(float("inf"), len(want), False, detail)
+        return OutputMatch(float("inf"), len(want), False, detail)
     worst = 0.0
     problems: list[str] = []
     accepted: list[str] = []
@@ -169,7 +169,7 @@ def compare_outputs(built: Any, eager: Any, reference: Any = None) -> Comparison
         detail = f"every output within tolerance (max abs diff {worst:.3g})"
         if accepted:
             detail = f"every output as accurate as eager (max abs diff {worst:.3g}): " + "; ".join(accepted)
-    return Comparison(worst, len(want), not problems, detail)
+    return OutputMatch(worst, len(want), not problems, detail)
 
 
 def upcast_reference(
