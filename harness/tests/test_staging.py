@@ -28,25 +28,13 @@ from harness.errors import OutputError
 from harness.results.publish import LOCK, Staging, staging_dir
 from harness.results.record import RunRecord
 from harness.tests.fixtures import make_results
+from harness.tests.terminal import terminal_signals  # noqa: F401 (autouse: each test starts from a terminal's signals)
 from harness.tests.test_publish import HANDS_IN_A_RESULT, RECORDS_A_FAILURE, earlier_results, scenario, snapshot
 from harness.tests.tiny_scenario import tiny_scenario_text
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def terminal_signals() -> Iterator[None]:
-    """SIGINT, SIGTERM and SIGHUP as a terminal leaves them, whatever the test runner inherited: a run
-    keeps a signal it was started with ignored, and a background job starts with SIGINT ignored."""
-    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
-    try:
-        yield
-    finally:
-        for s, handler in before.items():
-            signal.signal(s, handler)
 
 
 def dot_entries(results: Path) -> list[str]:

@@ -9,27 +9,12 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from harness import stopping
 from harness.stopping import Interrupted
-
-
-@pytest.fixture(autouse=True)
-def terminal_signals() -> Iterator[None]:
-    """SIGINT, SIGTERM and SIGHUP as a terminal leaves them, whatever the test runner inherited (a background
-    job starts with SIGINT ignored, ``nohup`` with SIGHUP ignored, and an ignored signal stays ignored)."""
-    before = {s: signal.getsignal(s) for s in stopping.STOP_SIGNALS}
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
-    try:
-        yield
-    finally:
-        for s, handler in before.items():
-            signal.signal(s, handler)
+from harness.tests.terminal import terminal_signals  # noqa: F401 (autouse: each test starts from a terminal's signals)
 
 
 def send(signum: int, wait_s: float = 10.0) -> None:
