@@ -37,11 +37,10 @@ from harness.results.atomic import write_json
 from harness.results.codec import decode, encode
 from harness.results.disk import CeilingPoint, SpeedChoice
 from harness.results.files import read_json_file
-from harness.results.metrics import best_ceiling
 from harness.results.record import LAYOUT_VERSION, CheckpointInfo, ModelInfo, RecordError
 from harness.scenario import Scenario, validate_scenario
-from harness.speed import choose_speed, sized_to_ceiling, sweep_ceiling
-from harness.units import GIB, MIB
+from harness.speed import resolve_reading
+from harness.units import GIB
 from weightmap import open_checkpoint
 
 __all__ = ["PLAN_VERSION", "EnginePlan", "Plan", "make_plan", "read_plan", "write_plan"]
@@ -158,7 +157,8 @@ class Plan:
 
 def write_plan(path: Path, plan: Plan) -> Path:
     """Write ``plan`` as JSON (atomically)."""
-    return write_json(path, plan.to_json())
+    data = plan.to_json()
+    return write_json(path, data)
 
 
 def read_plan(path: Path) -> Plan:
@@ -207,25 +207,6 @@ def _prepare_strategies(scenario: Scenario, path: Path, say: Any) -> None:
                             f"({exc.strerror or exc})") from exc
         read = ", ".join(str(f) for f in strategy.files_read(path))
         say(f"{name}: {'converted to' if done else 'reusing'} {read}")
-
-
-def _ceiling(scenario: Scenario, files: tuple[str, ...],
-             say: Any) -> tuple[tuple[CeilingPoint, ...], str | None]:
-    """The read-ceiling sweep (:func:`harness.speed.sweep_ceiling`) where the scenario asks for one (a cold cache
-    and ``read_ceiling`` on), said as made."""
-    if scenario.run.cache != "cold" or not scenario.run.read_ceiling:
-        return (), None
-    say("the disk's read ceiling: a cold read sweep over reader threads and request sizes")
-    points, error = sweep_ceiling(files)
-    best = best_ceiling(points)
-    if error is not None:
-        say(f"disk ceiling: failed ({error})")
-    elif best is None:
-        say("disk ceiling: nothing was read")
-    else:
-        say(f"disk ceiling: {best.bytes_per_s / 1e6:.0f} MB/s with {best.threads} reader(s) of "
-            f"{best.request_bytes // MIB} MiB requests (best of {len(points)} points)")
-    return points, error
 
 
 def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = None) -> Plan:
@@ -279,18 +260,8 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
         engine_plans = [EnginePlan.of(e) for e in engines]
     _prepare_strategies(scenario, path, say)
     files = tuple(str(f) for f in open_checkpoint(path).files)
-    speed = choose_speed(scenario.run, files, builds_read_weights(
-        on_gpu=is_gpu(device), compiler_weights=scenario.build.compiler_weights))
-    if speed.probe_error is not None:
-        say(f"read probe: failed ({speed.probe_error})")
-    if speed.probe is not None or speed.probe_error is not None:
-        say(f"read probe: prefetch {speed.prefetch or 'off'} ({speed.prefetch_why}); "
-            f"drop_cache {'on' if speed.drop_cache else 'off'} ({speed.drop_cache_why})")
-    ceiling, ceiling_error = _ceiling(scenario, files, say)
-    sized = sized_to_ceiling(speed, ceiling)
-    if sized != speed:
-        say(f"prefetch asks with {sized.prefetch_readers} reader(s) of {sized.prefetch_request_bytes // MIB} MiB "
-            f"({sized.prefetch_sizing_why})")
+    reading = resolve_reading(scenario.run, files, builds_read_weights(
+        on_gpu=is_gpu(device), compiler_weights=scenario.build.compiler_weights), say)
     return Plan(
         scenario=scenario,
         name=name,
@@ -304,7 +275,7 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
         engine_cap_bytes=cap,
         engines=tuple(engine_plans),
         workdir=str(workdir),
-        speed=sized,
-        read_ceiling=ceiling,
-        read_ceiling_error=ceiling_error,
+        speed=reading.speed,
+        read_ceiling=reading.ceiling,
+        read_ceiling_error=reading.ceiling_error,
     )

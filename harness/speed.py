@@ -44,7 +44,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import psutil
 
@@ -56,7 +57,8 @@ from harness.results.metrics import best_ceiling
 from harness.scenario import PREFETCH_AUTO, PREFETCH_OFF, RunConfig
 from harness.units import GIB, MIB
 
-__all__ = ["PREFETCH_METHOD", "WILLNEED_FLOOR", "choose_speed", "decide", "sized_to_ceiling", "sweep_ceiling"]
+__all__ = ["PREFETCH_METHOD", "WILLNEED_FLOOR", "ReadSettings", "choose_speed", "decide", "resolve_reading",
+           "sized_to_ceiling", "sweep_ceiling"]
 
 WILLNEED_FLOOR = 0.25
 """``MADV_WILLNEED`` reads under this share of the fault reads' rate turn prefetch off."""
@@ -170,3 +172,48 @@ def sweep_ceiling(files: Sequence[str | os.PathLike[str]]) -> tuple[tuple[Ceilin
         return read_ceiling([os.fspath(f) for f in files]), None
     except Exception as exc:  # a reference measurement: recorded as failed, it never costs the run
         return (), _failure(exc)
+
+
+@dataclass(frozen=True)
+class ReadSettings:
+    """How the strategies that map read the checkpoint, as a plan resolves it (:func:`resolve_reading`): ``speed``
+    sized to the read-ceiling sweep's ``ceiling`` points (empty where none was made), or why the sweep failed,
+    ``ceiling_error``."""
+
+    speed: SpeedChoice
+    ceiling: tuple[CeilingPoint, ...]
+    ceiling_error: str | None
+
+
+def resolve_reading(run: RunConfig, files: Sequence[str | os.PathLike[str]], builds_read_weights: bool,
+                    say: Callable[[str], object]) -> ReadSettings:
+    """The read probe where a setting is left to it (:func:`choose_speed`), the read-ceiling sweep where ``run`` asks
+    for one (a cold cache and ``read_ceiling`` on: :func:`sweep_ceiling`) and prefetch sized to it
+    (:func:`sized_to_ceiling`), each said to ``say`` as made. Neither measurement's failure costs the run."""
+    speed = choose_speed(run, files, builds_read_weights)
+    if speed.probe_error is not None:
+        say(f"read probe: failed ({speed.probe_error})")
+    if speed.probe is not None or speed.probe_error is not None:
+        say(f"read probe: prefetch {speed.prefetch or 'off'} ({speed.prefetch_why}); "
+            f"drop_cache {'on' if speed.drop_cache else 'off'} ({speed.drop_cache_why})")
+    points: tuple[CeilingPoint, ...] = ()
+    error = None
+    if run.cache == "cold" and run.read_ceiling:
+        say("the disk's read ceiling: a cold read sweep over reader threads and request sizes")
+        points, error = sweep_ceiling(files)
+        say(_ceiling_line(points, error))
+    sized = sized_to_ceiling(speed, points)
+    if sized != speed:
+        say(f"prefetch asks with {sized.prefetch_readers} reader(s) of {sized.prefetch_request_bytes // MIB} MiB "
+            f"({sized.prefetch_sizing_why})")
+    return ReadSettings(sized, points, error)
+
+
+def _ceiling_line(points: Sequence[CeilingPoint], error: str | None) -> str:
+    best = best_ceiling(points)
+    if error is not None:
+        return f"disk ceiling: failed ({error})"
+    if best is None:
+        return "disk ceiling: nothing was read"
+    return (f"disk ceiling: {best.bytes_per_s / 1e6:.0f} MB/s with {best.threads} reader(s) of "
+            f"{best.request_bytes // MIB} MiB requests (best of {len(points)} points)")
