@@ -4,13 +4,17 @@
 ``cpu``; ``cuda`` without one is an error before anything is written), builds the model
 on the meta device, splits it into engines (each engine a list of tensor names, in
 build order: module order for the ``copy`` backend, the exported program's graph
-partitions for a compiler backend, :mod:`harness.engines.compile.planning`), and makes sure
-the checkpoint exists (generating it only where the scenario allows). The
-:class:`Plan` it returns is written to ``plan.json`` and handed to each worker
-(:mod:`harness.worker`), which rebuilds the model on meta from the plan's model
-configuration, checks it against the plan, and measures; it never reads the scenario
-file, so a :class:`~harness.scenario.Scenario` built in code runs as well as one read
-from TOML.
+partitions for a compiler backend, :mod:`harness.engines.compile.planning`), makes sure
+the checkpoint exists (generating it only where the scenario allows), and decides how the
+strategies that map read it (:mod:`harness.speed`): the disk's read-ceiling sweep where the
+scenario has a cold cache and ``read_ceiling`` on, the read probe where a setting is left to
+it, and prefetch sized to the sweep's fastest point. The :class:`Plan` it returns is the run's
+single resolution, never changed after: written once to ``plan.json`` before any round (warm-up
+rounds included) and handed to each worker (:mod:`harness.worker`), which rebuilds the model on
+meta from the plan's model configuration, checks it against the plan, and measures with the
+plan's settings alone; it never reads the scenario file, so a
+:class:`~harness.scenario.Scenario` built in code runs as well as one read from TOML. ``harness
+run`` and ``harness budget`` both make their plan here.
 
 Errors a user can cause are :class:`~harness.errors.HarnessError`\\ s that start with
 the scenario file and key: ``scenarios/x.toml: build.engines: 12 engines asked for, ...``.
@@ -31,19 +35,25 @@ from harness.models import build_model
 from harness.models.checkpoints import CheckpointError, checkpoint_specs, describe_specs, ensure_checkpoint
 from harness.results.atomic import write_json
 from harness.results.codec import decode, encode
-from harness.results.disk import SpeedChoice
+from harness.results.disk import CeilingPoint, SpeedChoice
 from harness.results.files import read_json_file
-from harness.results.record import CheckpointInfo, ModelInfo, RecordError
+from harness.results.record import LAYOUT_VERSION, CheckpointInfo, ModelInfo, RecordError
 from harness.scenario import Scenario, validate_scenario
-from harness.speed import choose_speed
+from harness.speed import resolve_reading
 from harness.units import GIB
 from weightmap import open_checkpoint
 
 __all__ = ["PLAN_VERSION", "EnginePlan", "Plan", "make_plan", "read_plan", "write_plan"]
 
-PLAN_VERSION = 4
-"""The layout of ``plan.json``; a worker refuses a plan of another version. Version 4 writes its paths relative to
-the repository root where inside it (:mod:`harness.results.paths`)."""
+PLAN_VERSION = 5
+"""The version of ``plan.json``'s own keys (the :class:`Plan`'s fields), written under its ``"plan"`` key; a worker
+refuses a plan of another version. It counts apart from the results layout: the records a plan holds
+(:class:`~harness.results.record.ModelInfo`, :class:`~harness.results.record.CheckpointInfo`,
+:class:`~harness.results.disk.SpeedChoice`, :class:`~harness.results.disk.CeilingPoint`) are results records, whose
+fields' ``since`` and ``absent_until`` are :data:`~harness.results.record.LAYOUT_VERSION` numbers; ``plan.json``
+holds them at the layout its ``"layout"`` key states, which must be this code's. Version 4 wrote paths relative to
+the repository root where inside it (:mod:`harness.results.paths`); version 5 adds ``read_ceiling`` and
+``read_ceiling_error`` and the ``"layout"`` key, and holds ``speed`` as sized to the sweep."""
 
 
 @dataclass(frozen=True)
@@ -66,14 +76,16 @@ class EnginePlan:
 
 @dataclass(frozen=True)
 class Plan:
-    """Everything a strategy's process needs, resolved once; see the module docstring.
+    """Everything a strategy's process needs, resolved once and never changed after; see the module docstring.
 
     ``scenario`` is the validated scenario, every setting as given or as its default
     (declared in :mod:`harness.scenario` only); the other fields are what :func:`make_plan`
     resolved from it: the results' ``name``, the ``model`` and ``checkpoint`` measured and
     the checkpoint's files, the ``device`` engines are built on, the per-engine weight cap and
-    the ``engines`` in build order, the ``workdir`` engines are written under, and the ``speed``
-    settings of the strategies that map (the scenario's, or chosen by a read probe: :mod:`harness.speed`).
+    the ``engines`` in build order, the ``workdir`` engines are written under, the ``speed``
+    settings of the strategies that map (the scenario's, or chosen by a read probe, with prefetch
+    sized to the read-ceiling sweep: :mod:`harness.speed`), and that sweep's points, ``read_ceiling``
+    (empty where none was made), or why it failed, ``read_ceiling_error``.
     ``plan.json`` holds every field, written and read by :mod:`harness.results.codec`: its paths (the scenario's,
     the checkpoint's, ``checkpoint_files`` and ``workdir``) relative to the repository root where inside it,
     read back absolute (:mod:`harness.results.paths`).
@@ -89,6 +101,8 @@ class Plan:
     engines: tuple[EnginePlan, ...]
     workdir: str = field(metadata={"path": True})
     speed: SpeedChoice
+    read_ceiling: tuple[CeilingPoint, ...] = ()
+    read_ceiling_error: str | None = None
 
     @property
     def compiler(self) -> bool:
@@ -123,22 +137,28 @@ class Plan:
         return max(e.weight_bytes for e in self.engines)
 
     def to_json(self) -> dict[str, Any]:
-        """``plan.json``: ``"plan"`` (:data:`PLAN_VERSION`), then every field (:func:`~harness.results.codec.encode`).
-        """
-        return {"plan": PLAN_VERSION, **encode(self)}
+        """``plan.json``: ``"plan"`` (:data:`PLAN_VERSION`), ``"layout"`` (the results layout of the records it holds,
+        :data:`~harness.results.record.LAYOUT_VERSION`), then every field (:func:`~harness.results.codec.encode`)."""
+        return {"plan": PLAN_VERSION, "layout": LAYOUT_VERSION, **encode(self)}
 
     @classmethod
     def from_json(cls, data: Any, source: str) -> Plan:
-        """The plan in ``data`` (:func:`~harness.results.codec.decode`); :class:`~harness.results.record.RecordError`
-        naming ``source`` and the key when it is not a plan of :data:`PLAN_VERSION`."""
+        """The plan in ``data`` (:func:`~harness.results.codec.decode`, its records read at the results layout
+        :data:`~harness.results.record.LAYOUT_VERSION`); :class:`~harness.results.record.RecordError` naming
+        ``source`` and the key when it is not a plan of :data:`PLAN_VERSION` holding records of that layout."""
         if not isinstance(data, dict) or data.get("plan") != PLAN_VERSION:
             raise RecordError(f"{source}: not a plan of version {PLAN_VERSION}")
-        return decode(cls, {k: v for k, v in data.items() if k != "plan"}, source=source, version=PLAN_VERSION)
+        if data.get("layout") != LAYOUT_VERSION:
+            raise RecordError(f"{source}: layout: expected {LAYOUT_VERSION}, the results layout this harness writes, "
+                              f"got {data.get('layout')!r}")
+        fields = {k: v for k, v in data.items() if k not in ("plan", "layout")}
+        return decode(cls, fields, source=source, version=LAYOUT_VERSION)
 
 
 def write_plan(path: Path, plan: Plan) -> Path:
     """Write ``plan`` as JSON (atomically)."""
-    return write_json(path, plan.to_json())
+    data = plan.to_json()
+    return write_json(path, data)
 
 
 def read_plan(path: Path) -> Plan:
@@ -240,13 +260,8 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
         engine_plans = [EnginePlan.of(e) for e in engines]
     _prepare_strategies(scenario, path, say)
     files = tuple(str(f) for f in open_checkpoint(path).files)
-    speed = choose_speed(scenario.run, files, builds_read_weights(
-        on_gpu=is_gpu(device), compiler_weights=scenario.build.compiler_weights))
-    if speed.probe_error is not None:
-        say(f"read probe: failed ({speed.probe_error})")
-    if speed.probe is not None or speed.probe_error is not None:
-        say(f"read probe: prefetch {speed.prefetch or 'off'} ({speed.prefetch_why}); "
-            f"drop_cache {'on' if speed.drop_cache else 'off'} ({speed.drop_cache_why})")
+    reading = resolve_reading(scenario.run, files, builds_read_weights(
+        on_gpu=is_gpu(device), compiler_weights=scenario.build.compiler_weights), say)
     return Plan(
         scenario=scenario,
         name=name,
@@ -260,5 +275,7 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
         engine_cap_bytes=cap,
         engines=tuple(engine_plans),
         workdir=str(workdir),
-        speed=speed,
+        speed=reading.speed,
+        read_ceiling=reading.ceiling,
+        read_ceiling_error=reading.ceiling_error,
     )

@@ -41,7 +41,9 @@ not be replaced by this one: the run stops there and is not published at all; th
 A reference measurement that fails (the read probe, :func:`harness.speed.choose_speed`; the
 read-ceiling sweep; the cold read before a round; the shared disk) is recorded as failed with its
 reason (``read_ceiling_error``, ``disk_read_error``, ``shared_disk_error``, ``speed.probe_error``)
-and costs the run nothing.
+and costs the run nothing. The read probe and the read-ceiling sweep are made with the plan
+(:func:`~harness.plan.make_plan`), before any round: ``plan.json`` is written once, and every worker,
+warm-up rounds' included, runs under the settings it holds; the record takes them from the plan.
 
 Repeats (``[run] repeats = N``): the strategies run in rounds, each strategy once per
 round, each run a fresh worker on a cache prepared again (cold: flushed and dropped), in an
@@ -64,7 +66,6 @@ Before each worker starts, one line says where the run stands among all of them
 from __future__ import annotations
 
 import collections
-import dataclasses
 import datetime
 import functools
 import os
@@ -83,14 +84,13 @@ from typing import IO, TypeVar
 from harness import stopping
 from harness.errors import HarnessError, OutputError
 from harness.measure import machine
-from harness.measure.ceiling import read_ceiling
 from harness.measure.diskread import cold_read_bandwidth
 from harness.measure.shared_disk import shared_disk
 from harness.plan import Plan, make_plan, write_plan
 from harness.progress import RunCounter
 from harness.results.atomic import FileBatch, atomic_file
-from harness.results.disk import CeilingPoint, DiskRead, SharedDisk
-from harness.results.metrics import StrategyMetrics, best_ceiling, resident_at_load
+from harness.results.disk import DiskRead, SharedDisk
+from harness.results.metrics import StrategyMetrics, resident_at_load
 from harness.results.names import reserved_problem
 from harness.results.publish import Staging, publish
 from harness.results.record import (
@@ -106,9 +106,8 @@ from harness.results.record import (
 from harness.results.samples import events_file, samples_file
 from harness.rounds import round_orders
 from harness.scenario import RunConfig, Scenario
-from harness.speed import sized_to_ceiling
 from harness.stopping import die_with_parent
-from harness.units import GIB, MIB, format_mb_per_s
+from harness.units import GIB, format_mb_per_s
 from harness.worker import FAILURE_PREFIX, OUTSIDE_STATUS, worker_command
 
 __all__ = ["Render", "WorkerCommand", "finished_strategies", "planned_runs", "run_label", "run_scenario", "watch"]
@@ -297,8 +296,10 @@ def _run_record(plan: Plan) -> RunRecord:
         scenario_config=scenario.to_dict(),
         strategies={},
         repeats=scenario.run.repeats,
-        prefetch=plan.prefetch,
+        prefetch=plan.speed.prefetch,
         speed=plan.speed,
+        read_ceiling=plan.read_ceiling,
+        read_ceiling_error=plan.read_ceiling_error,
         round_orders=round_orders(scenario.strategies, max(1, scenario.run.repeats)),
     )
 
@@ -414,14 +415,6 @@ def _result_line(name: str, metrics: StrategyMetrics) -> str:
     if metrics.record.wall_s is not None:
         parts.append(f"wall {metrics.record.wall_s:.1f} s")
     return "; ".join(parts)
-
-
-def _ceiling_line(points: Sequence[CeilingPoint]) -> str:
-    best = best_ceiling(points)
-    if best is None:
-        return "disk ceiling: nothing was read"
-    return (f"disk ceiling: {format_mb_per_s(best.bytes_per_s)} with {best.threads} reader(s) of "
-            f"{best.request_bytes // MIB} MiB requests (best of {len(points)} points)")
 
 
 SHARED_DISK_TIMES = 3
@@ -548,29 +541,16 @@ def _measure(plan: Plan, staging: Path, command: WorkerCommand, out: Path) -> Ru
     for warm in range(scenario.run.warmup):
         _warm_up(plan, plan_path, staging / f"warmup-{warm}", command, warm, counter)
     for repeat in range(repeats):
-        if scenario.run.cache == "cold":
-            if repeat == 0 and scenario.run.read_ceiling:  # first: a part read before would come from a cache
-                _progress("the disk's read ceiling: a cold read sweep over reader threads and request sizes")
-                points, error = _reference(lambda: read_ceiling([Path(f) for f in plan.checkpoint_files]))
-                run = run.replace(read_ceiling=points or (), read_ceiling_error=error)
-                _progress(_ceiling_line(run.read_ceiling) if error is None else f"disk ceiling: failed ({error})")
-                sized = sized_to_ceiling(plan.speed, run.read_ceiling)
-                if sized != plan.speed:  # the rounds' workers read it from the plan's file
-                    write_plan(plan_path, dataclasses.replace(plan, speed=sized))
-                    run = run.replace(speed=sized)
-                    _progress(f"prefetch asks with {sized.prefetch_readers} reader(s) of "
-                              f"{sized.prefetch_request_bytes // MIB} MiB ({sized.prefetch_sizing_why})")
-                write_summary(staging, run)
-            if run.disk_read_error is None:  # after a read that failed, none is taken
-                disk, error = _reference(functools.partial(measure_disk, plan, repeat))
-                if error is None:
-                    assert disk is not None
-                    run = run.replace(disk_reads=(*run.disk_reads, disk))
-                    _progress(_disk_line(disk))
-                else:
-                    run = run.replace(disk_read_error=f"before round {repeat + 1} of {repeats}: {error}")
-                    _progress(f"disk: failed ({run.disk_read_error})")
-                write_summary(staging, run)
+        if scenario.run.cache == "cold" and run.disk_read_error is None:  # after a read that failed, none is taken
+            disk, error = _reference(functools.partial(measure_disk, plan, repeat))
+            if error is None:
+                assert disk is not None
+                run = run.replace(disk_reads=(*run.disk_reads, disk))
+                _progress(_disk_line(disk))
+            else:
+                run = run.replace(disk_read_error=f"before round {repeat + 1} of {repeats}: {error}")
+                _progress(f"disk: failed ({run.disk_read_error})")
+            write_summary(staging, run)
         out_dir = staging if repeats == 1 else staging / f"repeat-{repeat}"
         for strategy in run.round_orders[repeat]:
             _progress(counter.next(run_label(strategy, scenario.run, repeat=repeat)))

@@ -30,20 +30,26 @@ layouts ran by default), and the reason says so. A probe that fails (a read erro
 the run nothing: the settings are chosen as for a checkpoint not probed, the reason says the probe
 failed, and :attr:`~harness.results.disk.SpeedChoice.probe_error` says why.
 
-**How prefetch asks** (:func:`sized_to_ceiling`): where the run swept the disk's read ceiling (reader threads
-by request sizes, cold), prefetch asks as the sweep's fastest point read: that many threads at once, in
-requests of that size, so that the pages an engine waits for come in as fast as this disk gives them.
-Without a sweep it asks with one thread in weightmap's default requests.
+**How prefetch asks** (:func:`sized_to_ceiling`): where the run sweeps the disk's read ceiling (reader threads
+by request sizes, cold: :func:`sweep_ceiling`, made while the plan is made, before any round), prefetch asks as
+the sweep's fastest point read: that many threads at once, in requests of that size, so that the pages an
+engine waits for come in as fast as this disk gives them. Without a sweep, or where it failed, it asks with one
+thread in weightmap's default requests.
+
+All of it is decided once, by :func:`harness.plan.make_plan`: every round of a run, warm-up rounds included, and
+every attempt of a budget sweep runs under the settings the plan holds.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import psutil
 
+from harness.measure.ceiling import read_ceiling
 from harness.measure.hostmemory import free_page_reporting
 from harness.measure.probe import probe_bytes, read_probe
 from harness.results.disk import CeilingPoint, ReadProbe, SpeedChoice
@@ -51,7 +57,8 @@ from harness.results.metrics import best_ceiling
 from harness.scenario import PREFETCH_AUTO, PREFETCH_OFF, RunConfig
 from harness.units import GIB, MIB, format_mb_per_s
 
-__all__ = ["PREFETCH_METHOD", "WILLNEED_FLOOR", "choose_speed", "decide", "sized_to_ceiling"]
+__all__ = ["PREFETCH_METHOD", "WILLNEED_FLOOR", "ReadSettings", "choose_speed", "decide", "resolve_reading",
+           "sized_to_ceiling", "sweep_ceiling"]
 
 WILLNEED_FLOOR = 0.25
 """``MADV_WILLNEED`` reads under this share of the fault reads' rate turn prefetch off."""
@@ -117,6 +124,11 @@ def decide(run: RunConfig, probe: ReadProbe | None, checkpoint_bytes: int, avail
                        probe=probe, probe_error=probe_error)
 
 
+def _failure(exc: BaseException) -> str:
+    """Why a reference measurement failed, on one line."""
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
 def choose_speed(run: RunConfig, files: Sequence[str | os.PathLike[str]],
                  builds_read_weights: bool = True) -> SpeedChoice:
     """The run's settings: the scenario's where it made them, the rest chosen from a probe of ``files``
@@ -129,7 +141,7 @@ def choose_speed(run: RunConfig, files: Sequence[str | os.PathLike[str]],
         try:
             probe = read_probe(files)
         except Exception as exc:  # a reference measurement: recorded as failed, it never costs the run
-            probe_error = " ".join(f"{type(exc).__name__}: {exc}".split())
+            probe_error = _failure(exc)
     checkpoint_bytes = sum(os.stat(f).st_size for f in files)
     reporting = free_page_reporting() if run.drop_cache is None else None
     return decide(run, probe, checkpoint_bytes, psutil.virtual_memory().available, reporting, builds_read_weights,
@@ -146,3 +158,58 @@ def sized_to_ceiling(speed: SpeedChoice, points: Sequence[CeilingPoint]) -> Spee
         speed, prefetch_readers=best.threads, prefetch_request_bytes=best.request_bytes,
         prefetch_sizing_why=(f"the read-ceiling sweep's fastest point ({best.threads} reader(s) of "
                              f"{best.request_bytes // MIB} MiB, {format_mb_per_s(best.bytes_per_s)})"))
+
+
+def sweep_ceiling(files: Sequence[str | os.PathLike[str]]) -> tuple[tuple[CeilingPoint, ...], str | None]:
+    """The disk's read-ceiling sweep over ``files`` (:func:`harness.measure.ceiling.read_ceiling`), and why it
+    failed (``None`` where it did not; then no points). A failure is recorded, never raised: it costs the run
+    nothing (a signal that stops the run is no failure: the run's own handling raises it once the plan is made)."""
+    try:
+        return read_ceiling([os.fspath(f) for f in files]), None
+    except Exception as exc:  # a reference measurement: recorded as failed, it never costs the run
+        return (), _failure(exc)
+
+
+@dataclass(frozen=True)
+class ReadSettings:
+    """How the strategies that map read the checkpoint, as a plan resolves it (:func:`resolve_reading`): ``speed``
+    sized to the read-ceiling sweep's ``ceiling`` points (empty where none was made), or why the sweep failed,
+    ``ceiling_error``."""
+
+    speed: SpeedChoice
+    ceiling: tuple[CeilingPoint, ...]
+    ceiling_error: str | None
+
+
+def resolve_reading(run: RunConfig, files: Sequence[str | os.PathLike[str]], builds_read_weights: bool,
+                    say: Callable[[str], object]) -> ReadSettings:
+    """The read probe where a setting is left to it (:func:`choose_speed`), the read-ceiling sweep where ``run`` asks
+    for one (a cold cache and ``read_ceiling`` on: :func:`sweep_ceiling`) and prefetch sized to it
+    (:func:`sized_to_ceiling`), each said to ``say`` as made. Neither measurement's failure costs the run."""
+    speed = choose_speed(run, files, builds_read_weights)
+    if speed.probe_error is not None:
+        say(f"read probe: failed ({speed.probe_error})")
+    if speed.probe is not None or speed.probe_error is not None:
+        say(f"read probe: prefetch {speed.prefetch or 'off'} ({speed.prefetch_why}); "
+            f"drop_cache {'on' if speed.drop_cache else 'off'} ({speed.drop_cache_why})")
+    points: tuple[CeilingPoint, ...] = ()
+    error = None
+    if run.cache == "cold" and run.read_ceiling:
+        say("the disk's read ceiling: a cold read sweep over reader threads and request sizes")
+        points, error = sweep_ceiling(files)
+        say(_ceiling_line(points, error))
+    sized = sized_to_ceiling(speed, points)
+    if sized != speed:
+        say(f"prefetch asks with {sized.prefetch_readers} reader(s) of {sized.prefetch_request_bytes // MIB} MiB "
+            f"({sized.prefetch_sizing_why})")
+    return ReadSettings(sized, points, error)
+
+
+def _ceiling_line(points: Sequence[CeilingPoint], error: str | None) -> str:
+    best = best_ceiling(points)
+    if error is not None:
+        return f"disk ceiling: failed ({error})"
+    if best is None:
+        return "disk ceiling: nothing was read"
+    return (f"disk ceiling: {format_mb_per_s(best.bytes_per_s)} with {best.threads} reader(s) of "
+            f"{best.request_bytes // MIB} MiB requests (best of {len(points)} points)")

@@ -288,7 +288,7 @@ class StrategyRun:
                  if self.spec.hooks else None)
         named = self._engine_tensors(model)
         self.sampler.mark(phase="build")
-        if plan_release is not None and self.record.prefetch is not None and engines:
+        if plan_release is not None and self._prefetch_method() is not None and engines:
             plan_release.prefetch(0)  # engines 0 and 1 start warming
         bar = engine_bar(self.strategy, len(engines), sum(e.weight_bytes for e in engines))
         released_total = unreleased_total = 0
@@ -377,13 +377,20 @@ class StrategyRun:
             except RuntimeError as exc:  # the samples stop where the sampler failed
                 self._set(status="failed", error="; ".join(filter(None, [self.record.error, str(exc)])))
 
+    def _prefetch_method(self) -> str | None:
+        """How this strategy warms the next engine's pages: the plan's method where the strategy prefetches and has
+        a release plan that can (``None``: it does not). Taken from the plan alone; the record only states it."""
+        if self.spec.prefetch_plan is None or not self.spec.prefetches:
+            return None
+        return self.plan.speed.prefetch
+
     def _release_plan(self, model: torch.nn.Module) -> ReleasePlan:
         """The strategy's release plan: with prefetch (and drop_cache) where the strategy and the plan ask for it."""
         assert self.builder is not None
         held = set(_named_tensors(model))  # a program's own constants are not the model's to release
         plan, names = self.plan, [[n for n in e.names if n in held] for e in self.plan.engines]
         planner = self.spec.prefetch_plan
-        method = plan.prefetch if self.spec.prefetches else None
+        method = self._prefetch_method()
         drop = plan.drop_cache and self.spec.drops_cache
         if planner is not None and (method is not None or drop):
             self._set(prefetch=method, drop_cache=drop)

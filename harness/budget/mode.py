@@ -3,6 +3,10 @@
 :func:`run_budget` resolves the scenario into a plan (:func:`harness.plan.make_plan`, which
 also makes one-off conversions such as ``torch_mmap``'s ``.pt``), then for each strategy:
 
+The plan is the sweep's single resolution, as for ``harness run``: made (with its read probe, read-ceiling sweep
+and prefetch sizing) and written to ``plan.json`` once, before any attempt; every attempt runs under its settings,
+which ``budget.json`` states (``speed``) and the report says in the words of the run's report.
+
 1. **unconstrained**: one run of the strategy's worker (:mod:`harness.worker`, the same
    process ``harness run`` measures) in a memory cgroup whose limit is the scenario's
    ``run.memory_limit_gib`` (the machine's memory where it has none), or the effective limit
@@ -414,7 +418,7 @@ def _sweep_all(scenario: Scenario, name: str, results: Path, precision_bytes: in
         largest_engine_bytes=plan.largest_engine_bytes, backend=plan.scenario.build.backend, device=plan.device,
         controller=f"{controller.describe()}; unconstrained limit: {source}", precision_bytes=precision,
         unconstrained_limit_bytes=unconstrained,
-        timeout_factor=timeout_factor, min_timeout_s=min_timeout_s, sweep_wall_s=0.0)
+        timeout_factor=timeout_factor, min_timeout_s=min_timeout_s, sweep_wall_s=0.0, speed=plan.speed)
     started = time.monotonic()
     for strategy in plan.scenario.strategies:
         runner = _Strategy(plan, plan_path, strategy, staging, controller, command or worker_command, progress)

@@ -13,23 +13,34 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from harness.catalog import HEADLINE_STRATEGY
 from harness.results.atomic import write_json
 from harness.results.codec import Record, RecordError, decode, encode
+from harness.results.disk import SpeedChoice
 from harness.results.files import read_json_file
-from harness.results.record import MachineInfo, results_name_problem
+from harness.results.record import LAYOUT_VERSION, MachineInfo, results_name_problem
 from harness.units import MIB
 
 __all__ = ["BUDGET_FILE", "BUDGET_VERSION", "AttemptRecord", "BudgetRecord", "StrategyBudget", "goal_limit",
            "read_budget",
            "write_budget"]
 
-BUDGET_VERSION = 2
-"""The layout of ``budget.json`` this code writes; it reads every version from 1 to this one. Version 2 writes
-``checkpoint`` relative to the repository root where inside it (:mod:`harness.results.paths`); version 1 wrote it
-absolute, which reads as it is, so the two differ in nothing else."""
+BUDGET_VERSION = 3
+"""The version of ``budget.json``'s own keys (:class:`BudgetRecord`'s fields), written under its ``"budget"`` key; this
+code reads every version from 1 to this one. It counts apart from the results layout: the results records a budget
+record holds (:class:`~harness.results.record.MachineInfo`, :class:`~harness.results.disk.SpeedChoice`) are read at
+the results layout (:data:`~harness.results.record.LAYOUT_VERSION` numbers, their fields' ``since`` and
+``absent_until``) that its ``"layout"`` key states. Version 2 writes ``checkpoint`` relative to the repository root
+where inside it (:mod:`harness.results.paths`); version 1 wrote it absolute, which reads as it is, so the two differ
+in nothing else. Version 3 adds ``speed`` (the plan's prefetch and drop-cache settings, which every attempt ran
+under) and the ``"layout"`` key; versions 1 and 2 read with ``speed`` ``None`` (not recorded), and their records
+(a :class:`~harness.results.record.MachineInfo`, whose keys no layout changed) at :data:`EARLIER_LAYOUT`."""
+
+EARLIER_LAYOUT = 17
+"""The results layout that budget versions 1 and 2, which state none, are read at: the last one they were written
+under."""
 
 BUDGET_FILE = "budget.json"
 
@@ -137,7 +148,9 @@ class StrategyBudget(Record):
 @dataclass(frozen=True)
 class BudgetRecord:
     """A whole budget sweep; see the module docstring. ``budget.json`` holds its fields after
-    ``"budget"``, the layout version (:data:`BUDGET_VERSION`)."""
+    ``"budget"`` (:data:`BUDGET_VERSION`) and ``"layout"`` (the results layout of the records it holds).
+    ``speed``: the prefetch and drop-cache settings of the strategies that map, as the sweep's plan resolved them
+    (:func:`harness.plan.make_plan`); every attempt ran under them (``None`` in records of versions 1 and 2)."""
 
     name: str = field(metadata={"check": results_name_problem})
     scenario: str
@@ -160,6 +173,7 @@ class BudgetRecord:
     min_timeout_s: float
     sweep_wall_s: float
     strategies: dict[str, StrategyBudget] = field(default_factory=dict, metadata={"check": _some_strategy})
+    speed: SpeedChoice | None = None
 
     def with_strategy(self, name: str, strategy: StrategyBudget, sweep_wall_s: float) -> BudgetRecord:
         from dataclasses import replace
@@ -181,17 +195,31 @@ def goal_limit(baseline_rss_bytes: int, largest_engine_bytes: int) -> int:
 
 def write_budget(directory: Path, record: BudgetRecord) -> Path:
     """Write ``budget.json`` into ``directory`` (atomically)."""
-    return write_json(Path(directory) / BUDGET_FILE, {"budget": BUDGET_VERSION, **encode(record)})
+    return write_json(Path(directory) / BUDGET_FILE,
+                      {"budget": BUDGET_VERSION, "layout": LAYOUT_VERSION, **encode(record)})
 
 
 def read_budget(directory: Path) -> BudgetRecord:
     """The budget record of a results directory; :class:`~harness.results.record.RecordError` when it is not one."""
     path = Path(directory) / BUDGET_FILE
     data = read_json_file(path)
+    layout = EARLIER_LAYOUT
     if isinstance(data, dict):
         version = data.get("budget")
-        if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= BUDGET_VERSION:
+        if not _whole(version) or not 1 <= version <= BUDGET_VERSION:
             raise RecordError(f"{path}: budget: this harness reads budget records of versions 1 to {BUDGET_VERSION}, "
                               f"got {version!r}")
-        data = {key: value for key, value in data.items() if key != "budget"}
-    return decode(BudgetRecord, data, source=str(path), version=BUDGET_VERSION)
+        if version >= 3:
+            stated = data.get("layout")
+            if not _whole(stated) or not 1 <= stated <= LAYOUT_VERSION:
+                raise RecordError(f"{path}: layout: this harness reads records of layouts 1 to {LAYOUT_VERSION}, "
+                                  f"got {stated!r}")
+            layout = stated
+        data = {key: value for key, value in data.items() if key not in ("budget", "layout")}
+        if version < 3:  # no speed recorded
+            data["speed"] = None
+    return decode(BudgetRecord, data, source=str(path), version=layout)
+
+
+def _whole(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)

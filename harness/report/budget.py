@@ -34,6 +34,7 @@ from matplotlib.lines import Line2D
 from harness.budget.record import AttemptRecord, BudgetRecord, StrategyBudget, read_budget
 from harness.catalog import HEADLINE_STRATEGY, strategy_colour
 from harness.report.names import figure_name
+from harness.report.settings import settings_line
 from harness.report.style import STYLE, figure_png, strategy_line, wrapped_title
 from harness.report.text import cell, commit_text, gib_decimals, short_commit
 from harness.results.atomic import FileBatch
@@ -159,6 +160,7 @@ def budget_markdown(record: BudgetRecord, figure_names: list[str], notes: str | 
         f"timeout per attempt {record.timeout_factor:g}x the unconstrained wall time, at least "
         f"{record.min_timeout_s:.0f} s. The whole sweep took {record.sweep_wall_s / 60:.1f} min. "
         f"Commit {short_commit(record.commit)}, created {record.created}.", "",
+        *([] if record.speed is None else [settings_line(record.speed), ""]),
         "## Smallest host memory to compile", "",
         "| strategy | smallest limit that completes | fails at | unconstrained group peak | load + build "
         "unconstrained | load + build at the smallest limit | attempts | what it does with its weights |",

@@ -14,6 +14,7 @@ from pathlib import Path
 from harness.catalog import HEADLINE_STRATEGY, peers_of
 from harness.report.compiler import compiler_lines
 from harness.report.notes import NEVER_CHECKED, Notes, check_notes, migrate_notes
+from harness.report.settings import settings_line
 from harness.report.table import table_lines
 from harness.report.text import (
     cell,
@@ -69,7 +70,8 @@ def context_paragraph(results: Results) -> str:
         engines,
         None if run.release is None else ("release on" if run.release else "release off"),
         f"sampled every {run.sample_interval_ms:g} ms" if run.sample_interval_ms else None,
-        _prefetch_text(run.prefetch) if run.layout >= field_since(RunRecord, "prefetch") else None,
+        _prefetch_text(run.speed.prefetch if run.speed is not None else run.prefetch)
+        if run.layout >= field_since(RunRecord, "prefetch") else None,
         _repeats_text(run),
         _warmup_text(run.warmup_rounds),
     ]
@@ -235,12 +237,7 @@ def speed_observation(run: Results) -> list[str]:
     speed = run.record.speed
     if speed is None:
         return []
-    prefetch = f"`{speed.prefetch}` one engine ahead" if speed.prefetch else "off"
-    if speed.prefetch and speed.prefetch_sizing_why is not None:
-        prefetch += (f", {speed.prefetch_readers} reader(s) asking at once in requests of "
-                     f"{speed.prefetch_request_bytes / MIB:g} MiB ({speed.prefetch_sizing_why})")
-    lines = [f"- **settings of the strategies that map**: prefetch {prefetch} ({speed.prefetch_why}); "
-             f"drop_cache {'on' if speed.drop_cache else 'off'} ({speed.drop_cache_why})."]
+    lines = [settings_line(speed)]
     probe = speed.probe
     if speed.probe_error is not None:
         lines.append(f"  - read probe at the run's start: failed ({speed.probe_error}).")

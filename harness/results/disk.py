@@ -1,7 +1,9 @@
 """The disk measured in a run beside its strategies, as :mod:`harness.results.record` writes it into the summary:
 cold sequential reads of the checkpoint (:class:`DiskRead`), the read-ceiling sweep (:class:`CeilingPoint`), the
 disk read and written at once (:class:`SharedDisk`), and the read probe (:class:`ReadProbe`) with the prefetch and
-drop-cache settings chosen from it (:class:`SpeedChoice`). Each says the layout version that added it."""
+drop-cache settings chosen from it (:class:`SpeedChoice`). Each says the results layout version that added it
+(:data:`harness.results.record.LAYOUT_VERSION` numbers, the ``since`` and ``absent_until`` of its fields, wherever the
+record is held: ``summary.json``, ``plan.json`` and ``budget.json`` each state the layout of the records they hold)."""
 
 from __future__ import annotations
 
@@ -136,9 +138,9 @@ class SpeedChoice(Record):
     prefetch_why: str
     drop_cache_why: str
     probe: ReadProbe | None = None
-    # version 12; plan.json, read at version 1, holds it too, and earlier ones lack it
+    # version 12
     probe_error: str | None = field(default=None, metadata={"absent_until": 11})
-    # version 16; plan.json, read at version 1, holds them too, and earlier ones lack them
+    # version 16
     prefetch_readers: int = field(default=1, metadata={"absent_until": 15})
     prefetch_request_bytes: int = field(default=EARLIER_REQUEST_BYTES, metadata={"absent_until": 15})
     prefetch_sizing_why: str | None = field(default=None, metadata={"absent_until": 15})

@@ -94,7 +94,11 @@ __all__ = [
 ]
 
 LAYOUT_VERSION = 17
-"""The layout this code writes; it reads every version from 1 to this one."""
+"""The results layout this code writes; it reads every version from 1 to this one. It versions the results records'
+keys (the ``since`` and ``absent_until`` of their fields, :mod:`harness.results.layouts`) wherever they are held:
+``summary.json`` and ``strategy-<strategy>.json`` state it in their ``layout`` key, and ``plan.json`` and
+``budget.json``, whose own keys have counters of their own (:data:`harness.plan.PLAN_VERSION`,
+:data:`harness.budget.record.BUDGET_VERSION`), state the layout of the records they hold in theirs."""
 
 SUMMARY = "summary.json"
 PLAN = "plan.json"
