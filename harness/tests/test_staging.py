@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import importlib
 import os
 import shutil
 import signal
@@ -387,7 +388,7 @@ def signals_itself(real: Callable[..., object], signum: int, swallow: bool) -> C
     return measurement
 
 
-REFERENCE_POINTS = {"shared disk": "harness.run.shared_disk", "read ceiling": "harness.run.read_ceiling",
+REFERENCE_POINTS = {"shared disk": "harness.run.shared_disk", "read ceiling": "harness.speed.read_ceiling",
                     "disk read": "harness.run.measure_disk"}
 
 
@@ -399,9 +400,8 @@ def test_a_signal_during_a_reference_measurement_stops_the_run_and_publishes_not
     results = tmp_path / "results"
     earlier_results(results)
     before = snapshot(results)
-    import harness.run
-
-    real = getattr(harness.run, REFERENCE_POINTS[which].rpartition(".")[2])
+    module, _, name = REFERENCE_POINTS[which].rpartition(".")
+    real = getattr(importlib.import_module(module), name)
     monkeypatch.setattr(REFERENCE_POINTS[which], signals_itself(real, signal.SIGTERM, swallow))
     workers(monkeypatch, tmp_path, {"map": HANDS_IN_A_RESULT, "load": HANDS_IN_A_RESULT})
     assert main(["run", str(scenario(tmp_path, "map", "load")), "--results", str(results)]) == 128 + signal.SIGTERM
