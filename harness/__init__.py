@@ -10,13 +10,15 @@ below it (``harness/tests/test_imports.py`` holds the layers and checks the impo
     The one-line error; the binary units of bytes (KiB to PiB); strategy names, their labels and colours, and the
     weight settings (no torch); every backend described once, its spec (no torch); the signals that stop a run or
     a sweep.
+``fileio``
+    Files beneath everything: the one atomic writer (``atomic``), regular files read and JSON of bounded depth
+    (``files``), the one strict typed codec of every record, plan and scenario table (``codec``), and paths as a
+    record holds them (``paths``).
 ``results``
     The results layout (``record``, its history ``layouts``, its disk measurements ``disk`` and its samples
-    and events CSVs ``samples``, read and written by ``codec``, which reads a scenario's tables too), reading
-    files and
-    bounded JSON (``files``), the memory figures' labels (``labels``), derived figures (``metrics``),
-    reading a results directory back (``reading``), writing files (``atomic``), staging and publishing a
-    run (``publish``), results names (``names``), two runs compared (``comparison``, ``spread``).
+    and events CSVs ``samples``), the memory figures' labels (``labels``), derived figures (``metrics``),
+    reading a results directory back (``reading``), staging and publishing a run (``publish``), results names
+    (``names``), two runs compared (``comparison``, ``spread``).
 ``measure`` ``progress``
     The sampler, page residency, ``/proc``, the GPU, the cold cache, the disk read, the read probe and
     ceiling, the shared disk, the machine; the bars and lines printed while a run goes.

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
+from harness.fileio.atomic import atomic_file
 from harness.measure.procfs import read_status
-from harness.results.atomic import atomic_file
 from harness.units import GIB, MIB
 from weightmap import TensorSpec, map_weights, write_checkpoint
 

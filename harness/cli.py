@@ -106,8 +106,8 @@ def _say(prefix: str, message: str) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     """Run the scenario; its report and figures are rendered from the staged results and go in place with them."""
+    from harness.fileio.atomic import FileBatch
     from harness.report import Rendered, render_staged
-    from harness.results.atomic import FileBatch
     from harness.run import run_scenario
     from harness.scenario import load_scenario
 

@@ -3,7 +3,7 @@
 ``python -m harness`` prints a :class:`HarnessError` as one line, ``error: <message>``,
 and exits with status 2; anything else is a bug and keeps its traceback. Each
 subclass lives beside the code that raises it (:class:`~harness.scenario.ScenarioError`,
-:class:`~harness.results.codec.RecordError`, ...); the ones without a better home are here.
+:class:`~harness.fileio.codec.RecordError`, ...); the ones without a better home are here.
 A message names the file and the key or path that is wrong, and what to do about it.
 """
 

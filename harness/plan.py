@@ -30,13 +30,13 @@ from harness.catalog import builds_read_weights, is_gpu, writes_weights_to_files
 from harness.engines.partition import Engine, model_bytes, partition, split_into
 from harness.engines.registry import BackendUnavailable, check_backend, resolve_device
 from harness.errors import PlanError
+from harness.fileio.atomic import write_json
+from harness.fileio.codec import decode, encode
+from harness.fileio.files import read_json_file
 from harness.load.gpu_peers import LoaderUnavailable, check_loaders
 from harness.models import build_model
 from harness.models.checkpoints import CheckpointError, checkpoint_specs, describe_specs, ensure_checkpoint
-from harness.results.atomic import write_json
-from harness.results.codec import decode, encode
 from harness.results.disk import CeilingPoint, SpeedChoice
-from harness.results.files import read_json_file
 from harness.results.record import LAYOUT_VERSION, CheckpointInfo, ModelInfo, RecordError
 from harness.scenario import Scenario, validate_scenario
 from harness.speed import resolve_reading
@@ -52,7 +52,7 @@ refuses a plan of another version. It counts apart from the results layout: the 
 :class:`~harness.results.disk.SpeedChoice`, :class:`~harness.results.disk.CeilingPoint`) are results records, whose
 fields' ``since`` and ``absent_until`` are :data:`~harness.results.record.LAYOUT_VERSION` numbers; ``plan.json``
 holds them at the layout its ``"layout"`` key states, which must be this code's. Version 4 wrote paths relative to
-the repository root where inside it (:mod:`harness.results.paths`); version 5 adds ``read_ceiling`` and
+the repository root where inside it (:mod:`harness.fileio.paths`); version 5 adds ``read_ceiling`` and
 ``read_ceiling_error`` and the ``"layout"`` key, and holds ``speed`` as sized to the sweep."""
 
 
@@ -86,9 +86,9 @@ class Plan:
     settings of the strategies that map (the scenario's, or chosen by a read probe, with prefetch
     sized to the read-ceiling sweep: :mod:`harness.speed`), and that sweep's points, ``read_ceiling``
     (empty where none was made), or why it failed, ``read_ceiling_error``.
-    ``plan.json`` holds every field, written and read by :mod:`harness.results.codec`: its paths (the scenario's,
+    ``plan.json`` holds every field, written and read by :mod:`harness.fileio.codec`: its paths (the scenario's,
     the checkpoint's, ``checkpoint_files`` and ``workdir``) relative to the repository root where inside it,
-    read back absolute (:mod:`harness.results.paths`).
+    read back absolute (:mod:`harness.fileio.paths`).
     """
 
     scenario: Scenario
@@ -138,12 +138,12 @@ class Plan:
 
     def to_json(self) -> dict[str, Any]:
         """``plan.json``: ``"plan"`` (:data:`PLAN_VERSION`), ``"layout"`` (the results layout of the records it holds,
-        :data:`~harness.results.record.LAYOUT_VERSION`), then every field (:func:`~harness.results.codec.encode`)."""
+        :data:`~harness.results.record.LAYOUT_VERSION`), then every field (:func:`~harness.fileio.codec.encode`)."""
         return {"plan": PLAN_VERSION, "layout": LAYOUT_VERSION, **encode(self)}
 
     @classmethod
     def from_json(cls, data: Any, source: str) -> Plan:
-        """The plan in ``data`` (:func:`~harness.results.codec.decode`, its records read at the results layout
+        """The plan in ``data`` (:func:`~harness.fileio.codec.decode`, its records read at the results layout
         :data:`~harness.results.record.LAYOUT_VERSION`); :class:`~harness.results.record.RecordError` naming
         ``source`` and the key when it is not a plan of :data:`PLAN_VERSION` holding records of that layout."""
         if not isinstance(data, dict) or data.get("plan") != PLAN_VERSION:

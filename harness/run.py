@@ -27,7 +27,7 @@ whole directory once the measurements end, however they end.
 
 This module draws nothing: the caller that wants the report and figures (``python -m harness
 run``) passes ``render``, which writes them from the partial directory before anything is
-replaced; they go in place with it (:class:`~harness.results.atomic.FileBatch`): when they
+replaced; they go in place with it (:class:`~harness.fileio.atomic.FileBatch`): when they
 cannot all be written, the earlier results, report and figures all stay.
 
 The rule for a strategy that fails: one that fails on its own (an error it records, a crash,
@@ -83,12 +83,12 @@ from typing import IO, TypeVar
 
 from harness import stopping
 from harness.errors import HarnessError, OutputError
+from harness.fileio.atomic import FileBatch, atomic_file
 from harness.measure import machine
 from harness.measure.diskread import cold_read_bandwidth
 from harness.measure.shared_disk import shared_disk
 from harness.plan import Plan, make_plan, write_plan
 from harness.progress import RunCounter
-from harness.results.atomic import FileBatch, atomic_file
 from harness.results.disk import DiskRead, SharedDisk
 from harness.results.metrics import StrategyMetrics, resident_at_load
 from harness.results.names import reserved_problem

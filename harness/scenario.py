@@ -126,8 +126,8 @@ from typing import Any
 from harness.backends import BACKENDS, backend_names, compiler_backends
 from harness.catalog import DEFAULT_STRATEGIES, ENGINE_WEIGHTS
 from harness.errors import HarnessError
-from harness.results.codec import TABLE_STYLE, Limit, decode, decode_fields, describe_typed, encode
-from harness.results.files import not_regular
+from harness.fileio.codec import TABLE_STYLE, Limit, decode, decode_fields, describe_typed, encode
+from harness.fileio.files import not_regular
 from harness.results.record import Reference
 from harness.scenario_rules import limit, name_problem, one_of, repeats, strategies_problem
 from harness.units import MIB
@@ -208,7 +208,7 @@ class ScenarioError(HarnessError, ValueError):
 
 
 _STYLE = dataclasses.replace(TABLE_STYLE, error=ScenarioError)
-"""How :func:`harness.results.codec.decode` reports a scenario table's errors."""
+"""How :func:`harness.fileio.codec.decode` reports a scenario table's errors."""
 
 
 # --------------------------------------------------------------------------- dataclasses

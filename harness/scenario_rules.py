@@ -1,6 +1,6 @@
 """The rules a scenario's values obey (:mod:`harness.scenario` reads the file): every numeric setting's range
 (:data:`LIMITS`), the choices a text setting takes (:class:`OneOf`), and the checks of lists and names. Each is a
-field's metadata, applied by :func:`harness.results.codec.decode` and listed by :mod:`harness.schema`."""
+field's metadata, applied by :func:`harness.fileio.codec.decode` and listed by :mod:`harness.schema`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.catalog import STRATEGY_LISTINGS
-from harness.results.codec import NAME, Limit
+from harness.fileio.codec import NAME, Limit
 from harness.results.names import reserved_problem
 from harness.units import GIB, MIB, PIB
 from harness.weightspec import MAX_MODEL_BYTES

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from harness.results.codec import Limit, json_key
+from harness.fileio.codec import Limit, json_key
 from harness.results.record import LAYOUT_VERSION, RunRecord
 from harness.scenario import TABLES, TOP_KEYS, Scenario
 from harness.scenario_rules import OneOf

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from harness.results.files import JsonNestingError, load_bounded_json, not_regular
+from harness.fileio.files import JsonNestingError, load_bounded_json, not_regular
 from harness.units import TIB, format_size
 
 __all__ = [
@@ -116,7 +116,7 @@ class NestingError(ValueError):
 
 def load_json_bounded(text: str, limit: int = MAX_SPEC_NESTING) -> Any:
     """``json.loads(text)``, refusing text that nests more than ``limit`` levels with
-    :class:`NestingError` before the parser recurses into it (:func:`harness.results.files.load_bounded_json`)."""
+    :class:`NestingError` before the parser recurses into it (:func:`harness.fileio.files.load_bounded_json`)."""
     try:
         return load_bounded_json(text, limit)
     except JsonNestingError as exc:

@@ -46,6 +46,7 @@ from harness.catalog import is_gpu
 from harness.engines.builder import EngineBuilder
 from harness.engines.registry import declared_columns, make_builder
 from harness.errors import HarnessError
+from harness.fileio.atomic import write_atomic
 from harness.load.strategies import STRATEGIES, Strategy, release_without_resizing
 from harness.measure.coldcache import prepare_cold, prepare_warm
 from harness.measure.gpu import GpuMonitor
@@ -56,7 +57,6 @@ from harness.models import build_model, fill_non_persistent
 from harness.models.checkpoints import checkpoint_specs, describe_specs
 from harness.plan import Plan, read_plan
 from harness.progress import engine_bar, phase_ticker
-from harness.results.atomic import write_atomic
 from harness.results.metrics import SampleColumns, engine_gpu_peaks, sampled_peaks
 from harness.results.record import EngineRecord, Phases, StrategyRecord, write_strategy_file
 from harness.results.samples import EVENT_COLUMNS, events_file, samples_file

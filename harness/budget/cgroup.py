@@ -233,7 +233,7 @@ def remove_stale_groups(controller: MemoryController, prefix: str = DEFAULT_PREF
 
 def _write(path: Path, value: str) -> None:
     """``value`` written in place to a group's control file (a kernel interface, not a file on disk: no
-    temporary file and rename, as the harness's other files get, :mod:`harness.results.atomic`)."""
+    temporary file and rename, as the harness's other files get, :mod:`harness.fileio.atomic`)."""
     try:
         with open(path, "w") as f:
             f.write(value)

@@ -98,11 +98,11 @@ from harness.budget.record import (
 from harness.budget.sweep import SweepError, default_precision, smallest_limit
 from harness.catalog import HEADLINE_STRATEGY, strategy_label
 from harness.errors import HarnessError
+from harness.fileio.atomic import write_atomic
+from harness.fileio.codec import json_key
 from harness.load.strategies import STRATEGIES
 from harness.measure import machine
 from harness.plan import Plan, make_plan, write_plan
-from harness.results.atomic import write_atomic
-from harness.results.codec import json_key
 from harness.results.names import budget_name, reserved_problem
 from harness.results.publish import Staging, publish
 from harness.results.record import PLAN, MachineInfo, RecordError, StrategyRecord, read_strategy_file

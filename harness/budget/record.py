@@ -6,7 +6,7 @@ settings, and per strategy a :class:`StrategyBudget` with every attempt
 a version it does not read (:data:`BUDGET_VERSION`), an unknown or missing key, or a value of the wrong type,
 naming the file and the key (a :class:`~harness.results.record.RecordError`), so that the
 report never shows a figure it misread. The records are read and written by
-:mod:`harness.results.codec` from their fields; the rules of one field stand next to it.
+:mod:`harness.fileio.codec` from their fields; the rules of one field stand next to it.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from harness.catalog import HEADLINE_STRATEGY
-from harness.results.atomic import write_json
-from harness.results.codec import Record, RecordError, decode, encode
+from harness.fileio.atomic import write_json
+from harness.fileio.codec import Record, RecordError, decode, encode
+from harness.fileio.files import read_json_file
 from harness.results.disk import SpeedChoice
-from harness.results.files import read_json_file
 from harness.results.record import LAYOUT_VERSION, MachineInfo, results_name_problem
 from harness.units import MIB
 
@@ -33,7 +33,7 @@ code reads every version from 1 to this one. It counts apart from the results la
 record holds (:class:`~harness.results.record.MachineInfo`, :class:`~harness.results.disk.SpeedChoice`) are read at
 the results layout (:data:`~harness.results.record.LAYOUT_VERSION` numbers, their fields' ``since`` and
 ``absent_until``) that its ``"layout"`` key states. Version 2 writes ``checkpoint`` relative to the repository root
-where inside it (:mod:`harness.results.paths`); version 1 wrote it absolute, which reads as it is, so the two differ
+where inside it (:mod:`harness.fileio.paths`); version 1 wrote it absolute, which reads as it is, so the two differ
 in nothing else. Version 3 adds ``speed`` (the plan's prefetch and drop-cache settings, which every attempt ran
 under) and the ``"layout"`` key; versions 1 and 2 read with ``speed`` ``None`` (not recorded), and their records
 (a :class:`~harness.results.record.MachineInfo`, whose keys no layout changed) at :data:`EARLIER_LAYOUT`."""

@@ -57,9 +57,9 @@ from typing import Any, BinaryIO, cast
 
 import torch
 
+from harness.fileio.atomic import atomic_file, write_atomic
 from harness.load.loaded import Loaded, retie, stored_names
 from harness.progress import byte_bar
-from harness.results.atomic import atomic_file, write_atomic
 from weightmap import collect_targets, open_checkpoint
 
 __all__ = ["READ_FILE_BACKENDS", "StreamLoader", "converted_path", "ensure_pt", "load_torch_mmap",
@@ -100,7 +100,7 @@ def ensure_pt(checkpoint_path: str | os.PathLike[str], out_path: str | os.PathLi
     docstring), so the conversion's resident memory is the checkpoint's pages as
     ``torch.save`` reads them, plus the written file's page cache until it is flushed;
     both are clean, reclaimable page cache, not an anonymous copy of the model. The file
-    and then its record are written with :func:`~harness.results.atomic.atomic_file` (a temporary
+    and then its record are written with :func:`~harness.fileio.atomic.atomic_file` (a temporary
     name, ``fsync``, rename), so a failed conversion never leaves a ``.pt`` that looks current
     (:class:`~harness.errors.OutputError` names the file). A one-off step: never inside a measured run.
     Progress: a bar of the bytes written (:func:`harness.progress.byte_bar`, on a terminal).

@@ -165,7 +165,7 @@ def reset_peak() -> bool:
     Returns True on success and False when the file is missing or the kernel refuses the
     write (non-Linux, kernels before 4.0, some sandboxes); never raises for that. The reset
     is process-wide: it also discards the peak that any other observer was waiting for. Written in
-    place: a kernel interface, not a file the atomic writer (:mod:`harness.results.atomic`) could replace.
+    place: a kernel interface, not a file the atomic writer (:mod:`harness.fileio.atomic`) could replace.
     """
     try:
         fd = os.open(CLEAR_REFS_PATH, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))

@@ -34,10 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.fileio.atomic import write_atomic
 from harness.measure.gpu import GpuMonitor, torch_reserved_bytes
 from harness.measure.procfs import PeakTracker, StatusReader
 from harness.measure.residency import FileResidency
-from harness.results.atomic import write_atomic
 from harness.results.samples import SAMPLE_COLUMNS
 
 __all__ = ["PeakTracker", "Sampler", "SamplerStats"]

@@ -42,7 +42,7 @@ DEFAULT_CHUNK = 8 * MIB
 def write_files(directory: Path, nbytes: int, file_bytes: int, block: bytes) -> float:
     """Seconds to write ``nbytes`` as files of ``file_bytes`` under ``directory`` from ``block`` (reused), each
     fsynced, dropped from the page cache and removed; nothing is left behind, even on an error. These writes
-    are what is measured, so they do not go through the atomic writer (:mod:`harness.results.atomic`)."""
+    are what is measured, so they do not go through the atomic writer (:mod:`harness.fileio.atomic`)."""
     started = time.perf_counter()
     left = nbytes
     while left > 0:

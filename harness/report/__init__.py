@@ -42,6 +42,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from harness.errors import HarnessError
+from harness.fileio.atomic import FileBatch
 from harness.report.compiler import compiler_figure, has_compiler
 from harness.report.engines import engines_figure
 from harness.report.enginetimes import engine_times_applies, engine_times_figure
@@ -52,7 +53,6 @@ from harness.report.notes import notes_path, read_notes, stamp_notes
 from harness.report.peaks import peaks_figure
 from harness.report.style import figure_png
 from harness.report.timeline import timeline_figure
-from harness.results.atomic import FileBatch
 from harness.results.reading import Results, load_results
 
 __all__ = ["FIGURES", "FIGURE_APPLIES", "Rendered", "figure_paths", "render_all", "render_staged"]
@@ -96,7 +96,7 @@ def render_all(results_dir: Path, out_dir: Path | None = None, *, notes_checked:
     ``out_dir`` defaults to the results directory's parent (``results/``), where the notes
     file ``<name>.notes.md`` is looked for too. ``notes_checked`` stamps the notes with the
     current figures first (they were re-read). The report and figures are put in place
-    together once all are written (a :class:`~harness.results.atomic.FileBatch`): when one cannot be
+    together once all are written (a :class:`~harness.fileio.atomic.FileBatch`): when one cannot be
     written (a full disk), every earlier one stays as it was. With ``batch``, they are
     written into it and go in place when the caller commits it. ``published_as``: where the
     results directory will be once in place (the report names it), when rendered from

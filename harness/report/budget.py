@@ -33,12 +33,12 @@ from matplotlib.lines import Line2D
 
 from harness.budget.record import AttemptRecord, BudgetRecord, StrategyBudget, read_budget
 from harness.catalog import HEADLINE_STRATEGY, strategy_colour
+from harness.fileio.atomic import FileBatch
+from harness.fileio.files import read_text_file
 from harness.report.names import figure_name
 from harness.report.settings import settings_line
 from harness.report.style import STYLE, figure_png, strategy_line, wrapped_title
 from harness.report.text import cell, commit_text, gib_decimals, short_commit
-from harness.results.atomic import FileBatch
-from harness.results.files import read_text_file
 from harness.units import DASH, GIB, format_gib
 
 __all__ = ["Goal", "budget_goals", "budget_markdown", "failure_shifts", "render_budget", "shown_attempts",

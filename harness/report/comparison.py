@@ -23,9 +23,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from harness.fileio.atomic import write_atomic
 from harness.report.style import SERIES_COLOURS, STYLE, figure_legend, save_figure
 from harness.report.text import TableColumn, gib_decimals, machine_text, markdown_table, short_commit
-from harness.results.atomic import write_atomic
 from harness.results.comparison import TIME_RESOLUTION_S, TIMES, Comparison, MemoryDelta, StrategyComparison, TimeRatio
 from harness.results.labels import (
     ANON_ABOVE_BASELINE,

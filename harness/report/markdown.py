@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from harness.catalog import HEADLINE_STRATEGY, peers_of
+from harness.fileio.atomic import FileBatch, write_atomic
+from harness.fileio.codec import field_since
 from harness.report.compiler import compiler_lines
 from harness.report.notes import NEVER_CHECKED, Notes, check_notes, migrate_notes
 from harness.report.settings import settings_line
@@ -27,8 +29,6 @@ from harness.report.text import (
     status_text,
     versions_text,
 )
-from harness.results.atomic import FileBatch, write_atomic
-from harness.results.codec import field_since
 from harness.results.metrics import (
     StrategyMetrics,
     best_ceiling,

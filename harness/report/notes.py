@@ -41,11 +41,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import HarnessError
+from harness.fileio.atomic import write_atomic
+from harness.fileio.files import parse_json, read_text_file
 from harness.report.table import strategy_cells
 from harness.results import spread
-from harness.results.atomic import write_atomic
 from harness.results.comparison import MemoryDelta, figure_noise
-from harness.results.files import parse_json, read_text_file
 from harness.results.labels import EXCESS, EXCESS_SHARE
 from harness.results.reading import Results
 from harness.results.record import RecordError

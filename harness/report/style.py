@@ -20,8 +20,8 @@ from matplotlib.figure import Figure
 from matplotlib.layout_engine import ConstrainedLayoutEngine
 
 from harness.catalog import strategy_colour
+from harness.fileio.atomic import write_atomic
 from harness.report.text import footer_text, gib_decimals
-from harness.results.atomic import write_atomic
 from harness.results.reading import Results
 from harness.units import GIB
 

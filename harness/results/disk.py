@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from harness.results.codec import Record
+from harness.fileio.codec import Record
 from harness.units import MIB
 
 __all__ = ["CeilingPoint", "DiskRead", "ReadProbe", "SharedDisk", "SpeedChoice"]

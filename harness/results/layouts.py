@@ -101,12 +101,12 @@ a later one did:
     2 MiB requests when reading versions 1 to 15).
 17. Adds no key: paths (``checkpoint.path``) are written relative to the repository root where inside it, as the
     scenario gives them (``data/pi05.safetensors``), and read back resolved against the root of the reader
-    (:mod:`harness.results.paths`); a path outside the root stays absolute. Earlier versions wrote them absolute,
+    (:mod:`harness.fileio.paths`); a path outside the root stays absolute. Earlier versions wrote them absolute,
     which reads as it is, so nothing is upgraded; the runs committed under ``results/`` were rewritten to relative
     paths in place, their layout unchanged (so a committed record of any version may hold either form).
 
 A later version adds keys (each field says the version that added it, ``since`` in its metadata,
-:mod:`harness.results.codec`), bumps :data:`harness.results.record.LAYOUT_VERSION` and gets an entry above; records of
+:mod:`harness.fileio.codec`), bumps :data:`harness.results.record.LAYOUT_VERSION` and gets an entry above; records of
 earlier versions read with those fields' defaults.
 
 This module holds no code: the records are :mod:`harness.results.record`.

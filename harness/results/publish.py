@@ -37,7 +37,7 @@ from pathlib import Path
 from types import TracebackType
 
 from harness.errors import HarnessError, OutputError
-from harness.results.atomic import write_atomic
+from harness.fileio.atomic import write_atomic
 from harness.results.record import NAME
 from harness.stopping import RunInterrupted
 
@@ -96,7 +96,7 @@ def _is_staging(path: Path) -> bool:
 def _lock(directory: Path) -> int:
     """``directory/.lock``, open and held with an exclusive ``flock``; ``BlockingIOError`` when a live run holds it.
 
-    Made and written in place, not with the atomic writer (:mod:`harness.results.atomic`): a rename would put
+    Made and written in place, not with the atomic writer (:mod:`harness.fileio.atomic`): a rename would put
     another file at the name, and the lock is on the file other runs open there."""
     fd = os.open(directory / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:

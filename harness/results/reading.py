@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.results.files import read_json_file
+from harness.fileio.files import read_json_file
 from harness.results.metrics import (
     DiskMetrics,
     SampleColumns,

@@ -11,7 +11,7 @@ A results directory ``results/<name>/`` holds:
 ``events-<strategy>.csv``      its events, :data:`harness.results.samples.EVENT_COLUMNS`
 =============================  =====================================================
 
-Every record is a frozen dataclass written and read by :mod:`harness.results.codec` from its
+Every record is a frozen dataclass written and read by :mod:`harness.fileio.codec` from its
 fields alone (``to_json`` and ``from_json``); reading rejects a missing key, an unknown key
 and a value of the wrong type with a :class:`RecordError` naming the file and the key's path
 (``summary.json: strategies.map.engines[3]: missing key 'end_s'``), so a misspelt key cannot
@@ -20,7 +20,7 @@ quietly read as ``None``.
 Versions: :data:`LAYOUT_VERSION` is what this code writes (``summary.json`` says which it is in
 ``layout``); what each version's keys mean is :mod:`harness.results.layouts`.
 
-Values are read for what they mean, not only for their JSON type (:mod:`harness.results.codec`),
+Values are read for what they mean, not only for their JSON type (:mod:`harness.fileio.codec`),
 so that no hostile or corrupt file reaches the reporters: an integer is a whole number below
 :data:`MAX_INTEGER` in size and a byte count below :data:`MAX_BYTES`; neither is
 negative, nor is a number (bytes, counts, indices and times never are), unless its field is
@@ -28,8 +28,8 @@ declared ``signed`` (growths, an exit status, an excess below the floor); a numb
 the top-level ``name`` (of ``summary.json`` and ``budget.json``) and every strategy's name obey
 :data:`NAME`, since they name files; a run has 1 to :data:`MAX_ENGINES` engines and a model at
 least one byte. Files are read by
-:func:`harness.results.files.read_file`, which refuses anything but a regular file without blocking on it (a
-FIFO, a device); JSON nested deeper than :data:`~harness.results.files.MAX_JSON_DEPTH` is refused before it is
+:func:`harness.fileio.files.read_file`, which refuses anything but a regular file without blocking on it (a
+FIFO, a device); JSON nested deeper than :data:`~harness.fileio.files.MAX_JSON_DEPTH` is refused before it is
 parsed. A CSV row must hold every column, the file must end with a whole row and hold as
 many rows as its strategy's record states (from layout 11), and a number in it must be finite
 and in range.
@@ -49,8 +49,8 @@ from typing import Any
 
 from harness.backends.columns import EngineColumns
 from harness.catalog import is_gpu
-from harness.results.atomic import write_json
-from harness.results.codec import (
+from harness.fileio.atomic import write_json
+from harness.fileio.codec import (
     MAX_BYTES,
     MAX_INTEGER,
     NAME,
@@ -61,8 +61,8 @@ from harness.results.codec import (
     decode,
     name_problem,
 )
+from harness.fileio.files import read_json_file
 from harness.results.disk import CeilingPoint, DiskRead, SharedDisk, SpeedChoice
-from harness.results.files import read_json_file
 from harness.units import GIB, PIB
 
 __all__ = [
@@ -452,7 +452,7 @@ class ModelInfo(Record):
 @dataclass(frozen=True)
 class CheckpointInfo(Record):
     """The checkpoint every strategy read: its path (relative to the repository root where inside it, as the
-    scenario gives it: :mod:`harness.results.paths`), whether this run generated it, its seed and size."""
+    scenario gives it: :mod:`harness.fileio.paths`), whether this run generated it, its seed and size."""
 
     path: str = field(metadata={"path": True})
     generated: bool

@@ -4,7 +4,7 @@ results layout).
 ``samples-<strategy>.csv`` holds one row per sample (:data:`SAMPLE_COLUMNS`), ``events-<strategy>.csv`` the load,
 partition and engine events (:data:`EVENT_COLUMNS`). A row must hold every column, the file must end with a whole
 row and hold as many rows as its strategy's record states (from layout 11), and a number in it must be finite and in
-range; :func:`harness.results.files.read_csv` checks it and raises :class:`harness.results.codec.RecordError`.
+range; :func:`harness.fileio.files.read_csv` checks it and raises :class:`harness.fileio.codec.RecordError`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.results.files import empty_frame, read_csv
+from harness.fileio.files import empty_frame, read_csv
 
 if TYPE_CHECKING:
     import pandas as pd

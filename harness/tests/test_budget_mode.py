@@ -299,7 +299,7 @@ from pathlib import Path
 plan, strategy, log, needs, stop = json.loads(Path(sys.argv[1]).read_text()), sys.argv[2], sys.argv[3], sys.argv[4], \\
     int(sys.argv[5])
 engines = Path(plan["workdir"]).absolute() / f"{plan['name']}-{strategy}"  # where the worker builds: a relative
-# workdir is the plan's, relative to the directory the sweep runs in (harness.results.paths)
+# workdir is the plan's, relative to the directory the sweep runs in (harness.fileio.paths)
 engines.mkdir(parents=True, exist_ok=True)
 (engines / "engine-000.safetensors").write_bytes(b"an engine")  # left there, as by a worker killed mid-build
 with open(log, "a") as f:

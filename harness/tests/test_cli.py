@@ -313,7 +313,7 @@ def test_a_full_disk_is_an_error_and_earlier_results_stay(
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real(*args, **kwargs)  # type: ignore[call-overload, no-any-return]
 
-    monkeypatch.setattr("harness.results.atomic.tempfile.mkstemp", no_space)
+    monkeypatch.setattr("harness.fileio.atomic.tempfile.mkstemp", no_space)
     monkeypatch.setattr("harness.run.worker_command", lambda *a: [sys.executable, "-c", "pass"])
     message = run_error(capsys, scenario(tmp_path))
     staged = tmp_path / "results" / ".tiny.partial" / "summary.json"

@@ -1,4 +1,4 @@
-"""The codec of :mod:`harness.results.codec`: strict reading, layout versions, and a round trip of every record."""
+"""The codec of :mod:`harness.fileio.codec`: strict reading, layout versions, and a round trip of every record."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 
 from harness.budget.record import AttemptRecord, BudgetRecord, StrategyBudget
-from harness.plan import EnginePlan, Plan
-from harness.results.codec import (
+from harness.fileio.codec import (
     TABLE_STYLE,
     Limit,
     LongInteger,
@@ -22,6 +21,7 @@ from harness.results.codec import (
     encode,
     json_key,
 )
+from harness.plan import EnginePlan, Plan
 from harness.results.disk import DiskRead, ReadProbe, SharedDisk, SpeedChoice
 from harness.results.record import (
     LAYOUT_VERSION,

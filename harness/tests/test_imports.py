@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "units", "catalog", "backends", "stopping"),
+    ("fileio",),
     ("results",),
     ("measure", "progress"),
     ("scenario", "scenario_rules", "weightspec"),
@@ -42,15 +43,18 @@ TORCH_FREE = (
     "harness.scenario",
     "harness.scenario_rules",
     "harness.weightspec",
+    "harness.fileio",
+    "harness.fileio.atomic",
+    "harness.fileio.codec",
+    "harness.fileio.files",
+    "harness.fileio.paths",
     "harness.results.record",
     "harness.results.samples",
     "harness.results.disk",
-    "harness.results.files",
     "harness.results.metrics",
     "harness.results.reading",
     "harness.results.spread",
     "harness.results.comparison",
-    "harness.results.atomic",
     "harness.results.publish",
     "harness.report",
     "harness.report.budget",
@@ -141,7 +145,7 @@ def test_nothing_below_the_command_line_imports_the_report() -> None:
 
 
 def _unit(module: str) -> str:
-    """The module or package directly under ``harness`` that ``module`` belongs to (``harness.results.codec``:
+    """The module or package directly under ``harness`` that ``module`` belongs to (``harness.fileio.codec``:
     ``results``)."""
     return module.split(".")[1]
 

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from harness.budget.record import BUDGET_FILE, BUDGET_VERSION, read_budget, write_budget
+from harness.fileio.codec import encode
 from harness.plan import PLAN_VERSION, Plan, read_plan
 from harness.report import render_staged
 from harness.report.budget import budget_markdown
 from harness.report.markdown import speed_observation
 from harness.report.settings import settings_line
-from harness.results.codec import encode
 from harness.results.disk import SpeedChoice
 from harness.results.reading import load_results
 from harness.results.record import LAYOUT_VERSION, PLAN, RecordError

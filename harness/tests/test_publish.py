@@ -85,7 +85,7 @@ def no_space_for(monkeypatch: pytest.MonkeyPatch, fs: SmallFs, refused: Callable
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real(*args, **kwargs)  # type: ignore[call-overload, no-any-return]
 
-    monkeypatch.setattr("harness.results.atomic.tempfile.mkstemp", mkstemp)
+    monkeypatch.setattr("harness.fileio.atomic.tempfile.mkstemp", mkstemp)
 
 
 def snapshot(root: Path, skip: str = "\0") -> dict[str, bytes]:
@@ -140,7 +140,7 @@ def earlier_results(results: Path) -> Path:
 CANNOT_WRITE = """
 import errno, os, sys, tempfile
 from pathlib import Path
-from harness.results.atomic import write_atomic
+from harness.fileio.atomic import write_atomic
 from harness.worker import FAILURE_PREFIX
 out, strategy, full = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
 if not full:  # no small file system to fill: its write fails as a full one's would

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from harness.budget.record import BUDGET_FILE, BUDGET_VERSION, read_budget, write_budget
+from harness.fileio.codec import TABLE_STYLE, decode, encode
 from harness.plan import Plan
-from harness.results.codec import TABLE_STYLE, decode, encode
 from harness.results.record import CheckpointInfo, RunRecord
 from harness.scenario import CheckpointConfig, ModelConfig
 from harness.tests.committed import committed_copy

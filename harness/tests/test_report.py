@@ -17,6 +17,7 @@ from matplotlib.text import Text
 
 from harness.cli import main
 from harness.errors import HarnessError
+from harness.fileio.codec import field_since
 from harness.report import FIGURES, figure_paths, render_all
 from harness.report.comparison import comparison_figure
 from harness.report.enginetimes import engine_times_figure
@@ -28,7 +29,6 @@ from harness.report.table import columns
 from harness.report.text import short_commit
 from harness.report.timeline import label_rows, timeline_figure
 from harness.results import labels
-from harness.results.codec import field_since
 from harness.results.comparison import compare_results
 from harness.results.metrics import (
     SampleColumns,

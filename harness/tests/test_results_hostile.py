@@ -23,7 +23,7 @@ import pytest
 
 from harness.budget.record import BUDGET_FILE, read_budget
 from harness.cli import main
-from harness.results.files import JsonNestingError, load_bounded_json
+from harness.fileio.files import JsonNestingError, load_bounded_json
 from harness.results.record import MAX_ENGINES, SUMMARY
 from harness.results.samples import events_file, samples_file
 from harness.tests.fixtures import make_results

@@ -14,7 +14,7 @@ import pytest
 import harness.results.layouts as layouts
 import harness.scenario as scenario
 from harness.cli import main
-from harness.results.codec import decode
+from harness.fileio.codec import decode
 from harness.results.reading import load_results
 from harness.results.record import LAYOUT_VERSION, RecordError, RunRecord
 from harness.schema import (

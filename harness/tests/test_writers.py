@@ -1,4 +1,4 @@
-"""Every file the harness writes goes through its one atomic writer (:mod:`harness.results.atomic`).
+"""Every file the harness writes goes through its one atomic writer (:mod:`harness.fileio.atomic`).
 
 Each writer's file is checked for what that writer guarantees: written under a temporary name beside it,
 flushed to disk (fsync) before the rename, and the directory flushed after; a failure mid-write leaves the
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from harness.errors import OutputError
-from harness.results.atomic import atomic_file, write_atomic
+from harness.fileio.atomic import atomic_file, write_atomic
 from harness.units import KIB
 
 Fsynced = list[Path]

@@ -43,8 +43,8 @@ from harness.engines.compile.compare import Checked, OutputMatch, compare_output
 from harness.engines.compile.compiler import Artifact, EngineCompiler
 from harness.engines.compile.pipeline import CompiledPipeline, Routing
 from harness.engines.compile.source import ModelSource
+from harness.fileio.atomic import atomic_file, write_atomic
 from harness.measure.procfs import mapping_rss, read_peak, read_status
-from harness.results.atomic import atomic_file, write_atomic
 from harness.stopping import die_with_parent
 
 __all__ = [

@@ -31,7 +31,7 @@ OpenVINO version that wrote it) followed by exactly what ``CompiledModel.export_
 It is moved to ``<stem>.blob``, flushed and dropped from the page cache
 (:func:`~harness.measure.coldcache.write_back_and_drop`), as the other backends' engines are. OpenVINO
 writes the file itself, as it compiles, so it cannot go through the harness's atomic writer
-(:mod:`harness.results.atomic`): an engine is scratch of one run, removed when the run ends, and a
+(:mod:`harness.fileio.atomic`): an engine is scratch of one run, removed when the run ends, and a
 build that fails removes what OpenVINO wrote. :meth:`OpenVinoCompiler.load` maps the file and imports the model
 from past that line (``Core().import_model`` of an ``openvino.Tensor`` over the mapping, no copy); the engine
 then runs on torch tensors.

@@ -275,7 +275,7 @@ def write_blob(
     ``EngineBuildError`` naming the archive and the constant for a tensor missing or laid out otherwise.
 
     It appends to the archive torch's package writer made, in place, not through the harness's atomic
-    writer (:mod:`harness.results.atomic`): streaming the weights into a copy would write them twice, and the
+    writer (:mod:`harness.fileio.atomic`): streaming the weights into a copy would write them twice, and the
     archive is an engine, scratch of one run, removed when the run ends.
     """
     from weightmap import release_mapped_storage

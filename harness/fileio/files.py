@@ -2,7 +2,7 @@
 JSON nested no deeper than :data:`MAX_JSON_DEPTH`, CSVs with a fixed header and whole, finite rows.
 
 Every reader of results, notes and reports opens files through :func:`read_file`; a file that breaks a
-rule is a :class:`~harness.results.codec.RecordError` naming it, the row or column and the rule. What the
+rule is a :class:`~harness.fileio.codec.RecordError` naming it, the row or column and the rule. What the
 files hold (the records, the CSVs' columns) is :mod:`harness.results.record`'s.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.results.codec import MAX_BYTES, MAX_INTEGER, LongInteger, RecordError
+from harness.fileio.codec import MAX_BYTES, MAX_INTEGER, LongInteger, RecordError
 from harness.units import MIB
 from weightmap import non_regular_kind
 
@@ -146,7 +146,7 @@ def read_json_file(path: Path) -> Any:
     """The JSON in ``path``; a missing, unreadable or malformed file is a :class:`RecordError` naming it.
 
     Integers too long to be any record's value read as a placeholder
-    (:class:`~harness.results.codec.LongInteger`) that the codec refuses, naming the key;
+    (:class:`~harness.fileio.codec.LongInteger`) that the codec refuses, naming the key;
     ``NaN`` and ``Infinity`` are refused there too.
     """
     text = read_text_file(path)

@@ -8,7 +8,7 @@ dataclasses. Nothing is written out by hand per class.
 
 Paths: a :class:`~pathlib.Path` value, and a ``str`` field marked ``path`` (a ``tuple[str, ...]`` of them
 too), are written relative to the repository root where inside it and read back resolved against it
-(:mod:`harness.results.paths`), so that a record names no folder of the machine that made it and reads
+(:mod:`harness.fileio.paths`), so that a record names no folder of the machine that made it and reads
 alike in any checkout; a path outside the root, and every one a record of an earlier layout holds, is
 absolute and reads as it is.
 
@@ -22,7 +22,7 @@ and what is wrong (``summary.json: strategies.map.engines[3]: missing key 'end_s
   any finite int or float (read as a float); a key whose name has the word ``bytes`` is a
   byte count, below :data:`MAX_BYTES`; neither is negative unless the field is ``signed``
   (bytes, counts, indices and times never are); a too-long integer reaches here as a
-  :class:`LongInteger` (:func:`harness.results.files.parse_json`) and is refused by its size.
+  :class:`LongInteger` (:func:`harness.fileio.files.parse_json`) and is refused by its size.
 
 What one field adds is declared next to it, in its metadata (:data:`RULES`), e.g. ``field(default=None,
 metadata={"since": 4})``: ``since``, the layout version that added the key (a record of an older layout holds
@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any, Self, TypeVar
 
 from harness.errors import HarnessError
-from harness.results.paths import record_path, resolved_path
+from harness.fileio.paths import record_path, resolved_path
 
 __all__ = [
     "MAX_BYTES",
@@ -189,7 +189,7 @@ class Style:
     ``error`` makes the exception from the whole message; ``describe`` shows a value read;
     ``null``: the format has null (a wrong value of an optional field is then ``expected X or null``);
     ``object``: what the format calls an object; ``resolve_paths``: a path read is resolved against the
-    repository root (:func:`~harness.results.paths.resolved_path`), else kept as written (a TOML scenario's
+    repository root (:func:`~harness.fileio.paths.resolved_path`), else kept as written (a TOML scenario's
     reader resolves its paths by its own rules); ``by_key``: an unknown or a missing key is reported at
     the key, the first unknown one in the data's order with a :func:`suggestion`, the first missing one
     in the fields' order (``required key is missing``), and a list of plain values that is not one is
@@ -246,7 +246,7 @@ class Record:
 def encode(value: Any) -> Any:
     """``value`` as JSON-able data: a dataclass as an object of its fields in order (its ``version`` field
     first, as its default), a tuple as a list, a path as a string relative to the repository root where inside
-    it (:func:`~harness.results.paths.record_path`; so is a ``str`` of a field marked ``path``), an object's
+    it (:func:`~harness.fileio.paths.record_path`; so is a ``str`` of a field marked ``path``), an object's
     values encoded."""
     return _encode(value, path=False)
 
