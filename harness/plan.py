@@ -4,7 +4,7 @@
 ``cpu``; ``cuda`` without one is an error before anything is written), builds the model
 on the meta device, splits it into engines (each engine a list of tensor names, in
 build order: module order for the ``copy`` backend, the exported program's graph
-partitions for a compiler backend, :mod:`harness.engines.compile.planning`), makes sure
+partitions for a compiler backend, :mod:`harness.engines.compile.graph_engines`), makes sure
 the checkpoint exists (generating it only where the scenario allows), and decides how the
 strategies that map read it (:mod:`harness.speed`): the disk's read-ceiling sweep where the
 scenario has a cold cache and ``read_ceiling`` on, the read probe where a setting is left to
@@ -179,8 +179,8 @@ def _engines(scenario: Scenario, module: Any) -> tuple[list[Engine], int]:
 
 def _graph_engines(scenario: Scenario, checkpoint: Path) -> tuple[list[EnginePlan], int]:
     from harness.engines.compile.entry import EntryError
+    from harness.engines.compile.graph_engines import plan_graph_engines
     from harness.engines.compile.graph_partition import PartitionError
-    from harness.engines.compile.planning import plan_graph_engines
 
     try:
         planned, cap = plan_graph_engines(scenario, checkpoint)

@@ -72,7 +72,7 @@ def _compiler_builder(spec: BackendSpec, plan: BuildTarget, workdir: Path) -> En
     """The builder that drives ``spec``'s compiler, made by its factory, over the graph partitions of the plan's
     model."""
     from harness.engines.compile.backend import CompilerBackend
-    from harness.engines.compile.planning import rule_for
+    from harness.engines.compile.graph_engines import rule_for
     from harness.engines.compile.source import ModelSource
 
     build = plan.scenario.build

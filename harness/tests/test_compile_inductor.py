@@ -46,7 +46,7 @@ from harness.engines.compile.inductor import (
     release_copied_sources,
     to_device,
 )
-from harness.engines.compile.layouts import EngineInputError, InputLayout, conform, input_layouts
+from harness.engines.compile.input_strides import EngineInputError, InputLayout, conform, input_layouts
 from harness.engines.compile.pipeline import CompiledPipeline, Routing
 from harness.engines.compile.source import ModelSource
 from harness.measure.procfs import PeakTracker

@@ -47,7 +47,7 @@ In the harness these steps are the ``inductor`` backend (its spec in :mod:`harne
 made by :mod:`harness.engines.registry`): :class:`~harness.engines.compile.backend.CompilerBackend` runs them
 for the worker and measures each engine's build, :mod:`harness.engines.compile.entry` says what is
 exported (the model's forward, or lerobot's ``sample_actions``) and on which inputs, and
-:mod:`harness.engines.compile.planning` plans the graph partitions once for every strategy.
+:mod:`harness.engines.compile.graph_engines` plans the graph partitions once for every strategy.
 """
 
 from harness.engines.compile.compare import (
@@ -87,7 +87,7 @@ from harness.engines.compile.inductor import (
     load_engine,
     to_device,
 )
-from harness.engines.compile.layouts import EngineInputError, InputLayout, conform, input_layouts
+from harness.engines.compile.input_strides import EngineInputError, InputLayout, conform, input_layouts
 from harness.engines.compile.pipeline import CompiledPipeline, Routing
 from harness.engines.compile.toolchain import Toolchain, ToolchainError, check_toolchain
 

@@ -55,9 +55,9 @@ from harness.engines.compile.compare import Checked
 from harness.engines.compile.compiler import Artifact, EngineCompiler
 from harness.engines.compile.entry import Entry
 from harness.engines.compile.export import ExportResult, export_mapped
+from harness.engines.compile.graph_engines import same_partitions
 from harness.engines.compile.graph_partition import GraphPartition, PartitionRule, subprogram
 from harness.engines.compile.pipeline import Routing
-from harness.engines.compile.planning import same_partitions
 from harness.engines.compile.source import ModelSource
 from harness.measure.procfs import read_status
 from harness.results.record import ExportRecord

@@ -23,7 +23,7 @@ name, dtype and shape of each weight it needs in its metadata, and :func:`load_e
 refuses to return a ``mapped`` engine unless every constant it asks for is given with the
 recorded dtype and shape, on its device; an artifact that carries no such record is refused
 too. The metadata also records the layout each input was compiled for, and a loaded engine
-lays its inputs out that way before it runs (see :mod:`harness.engines.compile.layouts`: a GPU
+lays its inputs out that way before it runs (see :mod:`harness.engines.compile.input_strides`: a GPU
 engine fed a broadcast view it was not built for reads neighbouring memory).
 
 Compiling on ``cuda`` moves the partition's weights to the GPU first (the engine's weights
@@ -66,7 +66,13 @@ from harness.engines.compile.compiler import (
     EngineLoadError,
     WeightsMode,
 )
-from harness.engines.compile.layouts import InputLayout, conform, input_layouts, layouts_from_json, layouts_to_json
+from harness.engines.compile.input_strides import (
+    InputLayout,
+    conform,
+    input_layouts,
+    layouts_from_json,
+    layouts_to_json,
+)
 from harness.engines.compile.streamed import BlobWriteStats, compile_without_weights, package_streamed
 from harness.engines.compile.toolchain import ToolchainError, check_toolchain
 from harness.measure.procfs import read_peak
@@ -412,7 +418,7 @@ class LoadedEngine:
     For a ``mapped`` engine ``constants`` holds the tensors it runs on: the engine keeps
     only their pointers, so they stay referenced here for as long as the engine lives.
     ``inputs``: the layout each input was compiled for; a call lays its inputs out so
-    (:func:`harness.engines.compile.layouts.conform`) and raises ``EngineInputError`` for a wrong
+    (:func:`harness.engines.compile.input_strides.conform`) and raises ``EngineInputError`` for a wrong
     dtype, shape or device.
     """
 
