@@ -166,49 +166,6 @@ def read_plan(path: Path) -> Plan:
     return Plan.from_json(read_json_file(Path(path)), str(path))
 
 
-def _engines(scenario: Scenario, module: Any) -> tuple[list[Engine], int]:
-    cap = scenario.build.engine_cap_bytes
-    if cap is not None:
-        return partition(module, cap), cap
-    assert scenario.build.engines is not None
-    try:
-        return split_into(module, scenario.build.engines)
-    except ValueError as exc:
-        raise PlanError(f"{scenario.where('build.engines')}: {exc}; ask for fewer engines") from exc
-
-
-def _graph_engines(scenario: Scenario, checkpoint: Path) -> tuple[list[EnginePlan], int]:
-    from harness.engines.compile.entry import EntryError
-    from harness.engines.compile.graph_engines import plan_graph_engines
-    from harness.engines.compile.graph_partition import PartitionError
-
-    try:
-        planned, cap = plan_graph_engines(scenario, checkpoint)
-    except EntryError as exc:
-        raise PlanError(f"{scenario.where('model')}: {exc}") from exc
-    except PartitionError as exc:
-        raise PlanError(f"{scenario.where('build')}: the exported graph cannot be partitioned: {exc}") from exc
-    return [EnginePlan(e.index, e.nodes, e.names, e.weight_bytes) for e in planned], cap
-
-
-def _prepare_strategies(scenario: Scenario, path: Path, say: Any) -> None:
-    """Each strategy's one-off step (a ``.pt`` conversion), before any measured run."""
-    from harness.load.strategies import STRATEGIES
-
-    for name in scenario.strategies:
-        strategy = STRATEGIES[name]
-        if strategy.prepare is None:
-            continue
-        say(f"{name}: preparing (once, outside the measured runs)")
-        try:
-            done = strategy.prepare(path)
-        except OSError as exc:
-            raise PlanError(f"{scenario.where('strategies')}: {name}: cannot prepare its files from {path} "
-                            f"({exc.strerror or exc})") from exc
-        read = ", ".join(str(f) for f in strategy.files_read(path))
-        say(f"{name}: {'converted to' if done else 'reusing'} {read}")
-
-
 def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = None) -> Plan:
     """Resolve ``scenario`` into a :class:`Plan` (see the module docstring); ``progress`` gets one line per step.
 
@@ -223,57 +180,87 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
     disk; nothing is written before
     these checks except the checkpoint itself.
     """
+    from harness.engines.compile.entry import EntryError
+    from harness.engines.compile.graph_engines import plan_graph_engines
+    from harness.engines.compile.graph_partition import PartitionError
+    from harness.load.strategies import STRATEGIES
+
     say = progress or (lambda message: None)
+    where = scenario.where
+    build = scenario.build
     validate_scenario(scenario)  # one built in code never went through the loader's checks
     try:
-        check_backend(scenario.build.backend, scenario.build.weights)
+        check_backend(build.backend, build.weights)
     except BackendUnavailable as exc:
-        raise BackendUnavailable(f"{scenario.where('build.backend')}: {exc}") from exc
+        raise BackendUnavailable(f"{where('build.backend')}: {exc}") from exc
     info = build_model(scenario.model)  # first: a model that cannot be built here says why
+    specs = checkpoint_specs(info.module)  # persistent tensors, a tied one once
+    sizes = describe_specs(specs)
+    with_buffers = model_bytes(info.module)
     try:
-        device = resolve_device(scenario.build.device)
+        device = resolve_device(build.device)
     except BackendUnavailable as exc:
-        raise BackendUnavailable(f"{scenario.where('build.device')}: {exc}") from exc
+        raise BackendUnavailable(f"{where('build.device')}: {exc}") from exc
     try:
         check_loaders(scenario.strategies, device)  # a GPU loader peer's package and device, as for a backend
     except LoaderUnavailable as exc:
-        raise LoaderUnavailable(f"{scenario.where('strategies')}: {exc}") from exc
+        raise LoaderUnavailable(f"{where('strategies')}: {exc}") from exc
     say(f"model {info.name} ({info.source}); {info.source_note}".rstrip("; "))
-    specs = checkpoint_specs(info.module)  # persistent tensors, a tied one once
-    sizes = describe_specs(specs)
     if sizes["nbytes"] == 0:
-        raise PlanError(f"{scenario.where('model')}: {info.name} has no weight bytes "
+        raise PlanError(f"{where('model')}: {info.name} has no weight bytes "
                         f"({sizes['tensors']} tensors, all empty): there is nothing to measure")
-    compiler = scenario.build.compiler
-    if not compiler:
-        engines, cap = _engines(scenario, info.module)
+    if not build.compiler:  # before the checkpoint is generated: too many engines is the user's to fix
+        if build.engine_cap_bytes is not None:
+            parts, cap = partition(info.module, build.engine_cap_bytes), build.engine_cap_bytes
+        else:
+            assert build.engines is not None
+            try:
+                parts, cap = split_into(info.module, build.engines)
+            except ValueError as exc:  # more engines than the model has units
+                raise PlanError(f"{where('build.engines')}: {exc}; ask for fewer engines") from exc
+        engines = [EnginePlan.of(e) for e in parts]
     try:
         path, generated = ensure_checkpoint(info.module, scenario.checkpoint.path, scenario.checkpoint.seed,
                                             generate=scenario.checkpoint.generate)
     except CheckpointError as exc:
-        raise CheckpointError(f"{scenario.where('checkpoint.path')}: {exc}") from exc
+        raise CheckpointError(f"{where('checkpoint.path')}: {exc}") from exc
     say(("generated " if generated else "reusing ") + str(path))
-    if compiler:
-        engine_plans, cap = _graph_engines(scenario, path)
-        say(f"exported the model and cut its graph into {len(engine_plans)} partitions")
-    else:
-        engine_plans = [EnginePlan.of(e) for e in engines]
-    _prepare_strategies(scenario, path, say)
+    if build.compiler:
+        try:
+            planned, cap = plan_graph_engines(scenario, path)
+        except EntryError as exc:
+            raise PlanError(f"{where('model')}: {exc}") from exc
+        except PartitionError as exc:
+            raise PlanError(f"{where('build')}: the exported graph cannot be partitioned: {exc}") from exc
+        engines = [EnginePlan(e.index, e.nodes, e.names, e.weight_bytes) for e in planned]
+        say(f"exported the model and cut its graph into {len(engines)} partitions")
+    for strategy_name in scenario.strategies:  # each one-off step (a ``.pt`` conversion), before any measured run
+        strategy = STRATEGIES[strategy_name]
+        if strategy.prepare is None:
+            continue
+        say(f"{strategy_name}: preparing (once, outside the measured runs)")
+        try:
+            done = strategy.prepare(path)
+        except OSError as exc:
+            raise PlanError(f"{where('strategies')}: {strategy_name}: cannot prepare its files from {path} "
+                            f"({exc.strerror or exc})") from exc
+        read = ", ".join(str(f) for f in strategy.files_read(path))
+        say(f"{strategy_name}: {'converted to' if done else 'reusing'} {read}")
     files = tuple(str(f) for f in open_checkpoint(path).files)
     reading = resolve_reading(scenario.run, files, builds_read_weights(
-        on_gpu=is_gpu(device), compiler_weights=scenario.build.compiler_weights), say)
+        on_gpu=is_gpu(device), compiler_weights=build.compiler_weights), say)
     return Plan(
         scenario=scenario,
         name=name,
         model=ModelInfo(name=info.name, source=info.source, source_note=info.source_note,
                         tensors=sizes["tensors"], bytes=sizes["nbytes"],
-                        bytes_with_non_persistent_buffers=model_bytes(info.module)),
+                        bytes_with_non_persistent_buffers=with_buffers),
         checkpoint=CheckpointInfo(path=str(path), generated=generated, seed=scenario.checkpoint.seed,
                                   bytes=path.stat().st_size),
         checkpoint_files=files,
         device=device,
         engine_cap_bytes=cap,
-        engines=tuple(engine_plans),
+        engines=tuple(engines),
         workdir=str(workdir),
         speed=reading.speed,
         read_ceiling=reading.ceiling,

@@ -502,7 +502,7 @@ def run_scenario(
     command = command or worker_command
     results = Path(results)
     out = results / name
-    stage = Staging(results, name, lambda staging: finished_strategies(staging, scenario.strategies), _progress)
+    stage = Staging(results, name, functools.partial(finished_strategies, strategies=scenario.strategies), _progress)
     try:
         with stopping.raising(), stage as staging:
             engines = workdir or staging / ENGINES
