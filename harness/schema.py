@@ -6,8 +6,8 @@ type, the choices of its ``check`` where that is a :class:`~harness.scenario_rul
 ``limit``) and its default (``required`` where the field has none; what the loader puts in its place where
 it computes one, :data:`LOADER_DEFAULTS`). :func:`layout_history` lists, for each layout version of
 ``summary.json`` (:data:`~harness.results.record.LAYOUT_VERSION`), the keys it added (each field's
-``since``) and the keys it made required (``absent_until``), by their path in the record: ``*`` for any key
-of an object (a strategy's name), ``[]`` for any item of a list.
+``since``), the keys it made required (``absent_until``) and those it dropped (``until``), by their path in
+the record: ``*`` for any key of an object (a strategy's name), ``[]`` for any item of a list.
 
 Both are read from the fields alone, so they cannot differ from what the loader and the codec read; what a
 key means is said where its field is declared and in :mod:`harness.scenario`'s and
@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from harness.fileio.codec import Limit, json_key
+from harness.fileio.codec import Limit, field_until, json_key, key_at
 from harness.results.record import LAYOUT_VERSION, RunRecord
 from harness.scenario import TABLES, TOP_KEYS, Scenario
 from harness.scenario_rules import OneOf
@@ -150,13 +150,15 @@ def scenario_schema() -> str:
 @dataclasses.dataclass(frozen=True)
 class RecordKey:
     """One key of a record: its ``path`` (``strategies.*.engines[].compile_s``), the layout version that added it
-    (``since``: the key's own, or the key holding it where that came later) and the last version that may leave
-    it out (``absent_until``, 0 where none may)."""
+    (``since``: the key's own, or the key holding it where that came later), the last version that may leave
+    it out (``absent_until``, 0 where none may) and the last version that holds it, where a later one dropped it
+    (``until``, else ``None``)."""
 
     path: str
     since: int
     absent_until: int
     field: dataclasses.Field[Any]
+    until: int | None = None
 
 
 def _record_class(tp: Any) -> tuple[type | None, str]:
@@ -178,7 +180,7 @@ def record_keys(cls: type = RunRecord, prefix: str = "", since: int = 1) -> Iter
     for f in dataclasses.fields(cls):
         path = prefix + json_key(f)
         added = max(since, int(f.metadata.get("since", 1)))
-        yield RecordKey(path, added, int(f.metadata.get("absent_until", 0)), f)
+        yield RecordKey(path, added, int(f.metadata.get("absent_until", 0)), f, field_until(f))
         inner, suffix = _record_class(hints[f.name])
         if inner is not None:
             yield from record_keys(inner, f"{path}{suffix}.", added)
@@ -186,10 +188,20 @@ def record_keys(cls: type = RunRecord, prefix: str = "", since: int = 1) -> Iter
 
 def at_layout(cls: type, data: dict[str, Any], version: int) -> dict[str, Any]:
     """``data``, the JSON of a ``cls`` record, as layout ``version`` wrote it: without the keys a later layout added
-    (each field's ``since``), in the records it holds too. What is left is what the codec reads at ``version``."""
+    (each field's ``since``), with those a later layout dropped (``until``) where ``version`` held them, their value
+    taken from where it is held since (``moved_to``), in the records it holds too. What is left is what the codec
+    reads at ``version``."""
     hints = typing.get_type_hints(cls)
-    return {json_key(f): _at_layout(hints[f.name], data[json_key(f)], version) for f in dataclasses.fields(cls)
-            if json_key(f) in data and int(f.metadata.get("since", 1)) <= version}
+    out = {}
+    for f in dataclasses.fields(cls):
+        key, until = json_key(f), field_until(f)
+        if int(f.metadata.get("since", 1)) > version or (until is not None and until < version):
+            continue
+        if until is not None and "moved_to" in f.metadata:
+            out[key] = key_at(data, str(f.metadata["moved_to"]))
+        elif key in data:
+            out[key] = _at_layout(hints[f.name], data[key], version)
+    return out
 
 
 def _at_layout(tp: Any, value: Any, version: int) -> Any:
@@ -222,7 +234,10 @@ def layout_history(cls: type = RunRecord, version: int = LAYOUT_VERSION) -> str:
     for v in range(2, version + 1):
         added = [k.path for k in keys if k.since == v and int(k.field.metadata.get("since", 1)) == v]
         required = [k.path for k in keys if k.absent_until == v - 1 and k.absent_until > 0]
+        dropped = [k.path for k in keys if k.until == v - 1]
         lines.extend(_wrapped(f"Layout {v} adds:", added) if added else [f"Layout {v} adds no key."])
+        if dropped:
+            lines.extend(_wrapped("    and drops, holding each value once elsewhere:", dropped))
         if required:
             lines.extend(_wrapped("    and always writes, where it could leave them out before:", required))
     return "\n".join(lines) + "\n"

@@ -34,7 +34,10 @@ failed, and :attr:`~harness.results.disk.SpeedChoice.probe_error` says why.
 by request sizes, cold: :func:`sweep_ceiling`, made while the plan is made, before any round), prefetch asks as
 the sweep's fastest point read: that many threads at once, in requests of that size, so that the pages an
 engine waits for come in as fast as this disk gives them. Without a sweep, or where it failed, it asks with one
-thread in weightmap's default requests.
+thread in weightmap's default requests. So it does too where the checkpoint's largest file is under what the read
+probe needs (:func:`~harness.measure.probe.probe_bytes`): each point of the sweep then reads a few MiB in
+milliseconds, its fastest point is noise, and two plans of one scenario would ask differently. The sweep is still
+made and recorded there as a reference, and ``prefetch_sizing_why`` says why it sized nothing.
 
 All of it is decided once, by :func:`harness.plan.make_plan`: every round of a run, warm-up rounds included, and
 every attempt of a budget sweep runs under the settings the plan holds.
@@ -56,6 +59,7 @@ from harness.results.disk import CeilingPoint, ReadProbe, SpeedChoice
 from harness.results.metrics import best_ceiling
 from harness.scenario import PREFETCH_AUTO, PREFETCH_OFF, RunConfig
 from harness.units import GIB, MIB, format_mb_per_s
+from weightmap.prefetch import CHUNK_BYTES
 
 __all__ = ["PREFETCH_METHOD", "WILLNEED_FLOOR", "ReadSettings", "choose_speed", "decide", "resolve_reading",
            "sized_to_ceiling", "sweep_ceiling"]
@@ -148,12 +152,20 @@ def choose_speed(run: RunConfig, files: Sequence[str | os.PathLike[str]],
                   probe_error)
 
 
-def sized_to_ceiling(speed: SpeedChoice, points: Sequence[CeilingPoint]) -> SpeedChoice:
+def sized_to_ceiling(speed: SpeedChoice, points: Sequence[CeilingPoint], file_bytes: int) -> SpeedChoice:
     """``speed`` with prefetch asking as the read-ceiling sweep's fastest point read (its reader threads and
-    request size), and why; unchanged where prefetch is off or the sweep read nothing."""
+    request size), and why; unchanged where prefetch is off or the sweep read nothing. ``file_bytes``: the size of
+    the checkpoint's largest file (the one the read probe reads); under :func:`probe_bytes` the points are not used
+    (one reader, weightmap's requests, whatever they read) and ``prefetch_sizing_why`` says so."""
     best = best_ceiling(points)
     if speed.prefetch is None or best is None:
         return speed
+    if file_bytes < probe_bytes():
+        return dataclasses.replace(
+            speed, prefetch_readers=1, prefetch_request_bytes=CHUNK_BYTES,
+            prefetch_sizing_why=(f"not sized to the read-ceiling sweep: the checkpoint's largest file "
+                                 f"({file_bytes / GIB:.2f} GiB) is under the {probe_bytes() / GIB:.1f} GiB the read "
+                                 "probe needs, and a sweep of it reads too little to tell its points apart"))
     return dataclasses.replace(
         speed, prefetch_readers=best.threads, prefetch_request_bytes=best.request_bytes,
         prefetch_sizing_why=(f"the read-ceiling sweep's fastest point ({best.threads} reader(s) of "
@@ -198,7 +210,7 @@ def resolve_reading(run: RunConfig, files: Sequence[str | os.PathLike[str]], bui
         say("the disk's read ceiling: a cold read sweep over reader threads and request sizes")
         points, error = sweep_ceiling(files)
         say(_ceiling_line(points, error))
-    sized = sized_to_ceiling(speed, points)
+    sized = sized_to_ceiling(speed, points, max((os.stat(f).st_size for f in files), default=0))
     if sized != speed:
         say(f"prefetch asks with {sized.prefetch_readers} reader(s) of {sized.prefetch_request_bytes // MIB} MiB "
             f"({sized.prefetch_sizing_why})")

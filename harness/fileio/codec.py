@@ -27,7 +27,13 @@ and what is wrong (``summary.json: strategies.map.engines[3]: missing key 'end_s
 What one field adds is declared next to it, in its metadata (:data:`RULES`), e.g. ``field(default=None,
 metadata={"since": 4})``: ``since``, the layout version that added the key (a record of an older layout holds
 no such key and reads as the field's default); ``absent_until``, the last version in which the key may be left
-out (read as the default); ``signed``: the value may be negative; ``null_as``: what ``null`` reads as (for a
+out (read as the default); ``until``, the last layout version that holds the key, which a later layout
+dropped (a record of a later layout holding it is refused as an unknown key; it is never written, so a field
+with it needs a default), with ``moved_to``, the dotted key path (from the object that holds the key) where
+the value is held since: where an older record holds both, they must agree, and the field reads as its
+default, the value being held once; where the path holds nothing (``null``, or absent at that layout) the
+field keeps what the older record says; ``signed``: the value may be negative; ``null_as``: what ``null``
+reads as (for a
 field that is not optional); ``path``: the ``str`` value names a file (see Paths above); ``check``: a rule of
 the value, ``value -> problem or None``; ``check_keys``: the same for each key of an object; ``limit``: the
 :class:`Limit` range a number must lie in (it replaces the kind and range tests above, and its own words say
@@ -82,6 +88,8 @@ __all__ = [
     "encode",
     "json_key",
     "field_since",
+    "field_until",
+    "key_at",
     "name_problem",
     "suggestion",
 ]
@@ -258,7 +266,7 @@ def _encode(value: Any, path: bool) -> Any:
         for f in dataclasses.fields(value):
             if f.metadata.get("version"):
                 out = {json_key(f): f.default, **out}
-            else:
+            elif "until" not in f.metadata:  # a key a later layout dropped is never written
                 out[json_key(f)] = _encode(getattr(value, f.name), bool(f.metadata.get("path")))
         return out
     if isinstance(value, tuple | list):
@@ -289,8 +297,8 @@ class _Place:
         return self.style.error(f"{self.source}: {self.path or '<top level>'}: {problem}")
 
 
-RULES = frozenset({"since", "absent_until", "signed", "null_as", "version", "check", "check_keys", "limit", "key",
-                   "path"})
+RULES = frozenset({"since", "absent_until", "until", "moved_to", "signed", "null_as", "version", "check", "check_keys",
+                   "limit", "key", "path"})
 """The metadata keys of a field the codec reads (see the module docstring); any other is a mistake."""
 
 _HINTS: dict[type, dict[str, Any]] = {}
@@ -316,6 +324,22 @@ def json_key(f: dataclasses.Field[Any]) -> str:
 
 def _since(f: dataclasses.Field[Any]) -> int:
     return int(f.metadata.get("since", 1))
+
+
+def field_until(f: dataclasses.Field[Any]) -> int | None:
+    """The last layout version that holds ``f``'s key, where a later one dropped it (its ``until``); else ``None``."""
+    until = f.metadata.get("until")
+    return None if until is None else int(until)
+
+
+def key_at(data: Any, path: str) -> Any:
+    """The value at the dotted key ``path`` of the JSON object ``data``; ``None`` where any key on the way is
+    absent or holds no object."""
+    for key in path.split("."):
+        if not isinstance(data, dict):
+            return None
+        data = data.get(key)
+    return data
 
 
 def field_since(cls: type, name: str) -> int:
@@ -407,7 +431,7 @@ def _values(cls: type, fields: list[dataclasses.Field[Any]], data: Any, place: _
     if not isinstance(data, dict):
         raise place.error(f"expected {place.style.object}, got {place.style.describe(data)}")
     hints = _hints(cls)
-    present = [f for f in fields if _since(f) <= version]
+    present = [f for f in fields if _since(f) <= version <= (field_until(f) or version)]
     required = [json_key(f) for f in present if version > f.metadata.get("absent_until", 0)
                 and not (keys.optional and _has_default(f) and json_key(f) not in keys.required)]
     _check_keys(data, [json_key(f) for f in present] + sorted(keys.others), required, place)
@@ -423,7 +447,22 @@ def _values(cls: type, fields: list[dataclasses.Field[Any]], data: Any, place: _
             values[f.name] = f.metadata["null_as"]
         else:
             values[f.name] = _value(hints[f.name], data[key], at, f, version)
+            if "moved_to" in f.metadata:
+                values[f.name] = _moved(f, values[f.name], data, at)
     return values
+
+
+def _moved(f: dataclasses.Field[Any], value: Any, data: dict[str, Any], place: _Place) -> Any:
+    """An older layout's ``value`` of a key a later layout dropped (``until``): the field's default where its
+    ``moved_to`` path holds the value (they must agree), else ``value``, the only one the record holds."""
+    path = str(f.metadata["moved_to"])
+    now = key_at(data, path)
+    if now is None:
+        return value
+    if now != value or isinstance(now, bool) != isinstance(value, bool):
+        raise place.error(f"expected {place.style.describe(now)}, the value {path} records, got "
+                          f"{place.style.describe(value)}")
+    return _default(f, place)
 
 
 def _check_keys(data: dict[Any, Any], known: list[str], required: list[str], place: _Place) -> None:

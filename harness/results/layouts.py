@@ -104,10 +104,18 @@ a later one did:
     (:mod:`harness.fileio.paths`); a path outside the root stays absolute. Earlier versions wrote them absolute,
     which reads as it is, so nothing is upgraded; the runs committed under ``results/`` were rewritten to relative
     paths in place, their layout unchanged (so a committed record of any version may hold either form).
+18. Drops two keys that repeated a value the record holds elsewhere, so that each setting is held once:
+    ``sample_interval_ms`` (the scenario's, which ``scenario_config`` holds, under ``run``) and ``prefetch`` (the
+    method ``speed`` holds, where the record holds ``speed``). A record of this version holding either is refused.
+    Reading versions 1 to 17 reads each where it is held now, and the dropped key only where that holds nothing
+    (``scenario_config`` without the interval; versions 4 to 6, which hold no ``speed``); where both are held they
+    must agree. Readers take them as before (:attr:`~harness.results.record.RunRecord.prefetch`,
+    :attr:`~harness.results.record.RunRecord.sample_interval_ms`).
 
-A later version adds keys (each field says the version that added it, ``since`` in its metadata,
-:mod:`harness.fileio.codec`), bumps :data:`harness.results.record.LAYOUT_VERSION` and gets an entry above; records of
-earlier versions read with those fields' defaults.
+A later version adds keys (each field says the version that added it, ``since`` in its metadata, and the last
+version that held a key a later one dropped, ``until``: :mod:`harness.fileio.codec`), bumps
+:data:`harness.results.record.LAYOUT_VERSION` and gets an entry above; records of earlier versions read with those
+fields' defaults.
 
 This module holds no code: the records are :mod:`harness.results.record`.
 """

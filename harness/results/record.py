@@ -93,12 +93,16 @@ __all__ = [
     "write_summary",
 ]
 
-LAYOUT_VERSION = 17
+LAYOUT_VERSION = 18
 """The results layout this code writes; it reads every version from 1 to this one. It versions the results records'
 keys (the ``since`` and ``absent_until`` of their fields, :mod:`harness.results.layouts`) wherever they are held:
 ``summary.json`` and ``strategy-<strategy>.json`` state it in their ``layout`` key, and ``plan.json`` and
 ``budget.json``, whose own keys have counters of their own (:data:`harness.plan.PLAN_VERSION`,
 :data:`harness.budget.record.BUDGET_VERSION`), state the layout of the records they hold in theirs."""
+
+SAMPLE_INTERVAL = "sample_interval_ms"
+"""The key of a scenario's ``[run]`` table (:class:`harness.scenario.RunConfig`) that holds the sampler's interval,
+which a run record reads from its ``scenario_config``."""
 
 SUMMARY = "summary.json"
 PLAN = "plan.json"
@@ -493,9 +497,11 @@ class RunRecord(Record):
     """``summary.json``: one scenario run and its strategies, in the order they ran.
 
     ``layout`` is the layout version the record was read at (:data:`LAYOUT_VERSION` for one
-    made here); ``summary.json`` is always written at :data:`LAYOUT_VERSION`. ``prefetch`` is the prefetch
-    method of the strategies that map (``None``: off), the one every reader takes; where the record holds ``speed``
-    (from version 7), it is ``speed.prefetch`` repeated, and a record where the two differ is refused.
+    made here); ``summary.json`` is always written at :data:`LAYOUT_VERSION`. Each setting is held once:
+    :attr:`prefetch` reads ``speed.prefetch`` and :attr:`sample_interval_ms` the scenario's (``scenario_config``);
+    versions 1 to 17 also wrote them as keys of their own (``earlier_prefetch``, ``earlier_sample_interval_ms``),
+    which are read only where the record holds nothing else to read them from, must agree with it where it does,
+    and are never written (``until``, ``moved_to``: :mod:`harness.fileio.codec`).
     """
 
     scenario: str
@@ -514,14 +520,12 @@ class RunRecord(Record):
     device: str
     cache: str
     release: bool
-    sample_interval_ms: float
     memory_limit_bytes: int | None
     references: tuple[Reference, ...]
     scenario_config: dict[str, Any]
     strategies: dict[str, StrategyRecord] = field(metadata={"check_keys": _strategy_name})
     layout: int = field(default=LAYOUT_VERSION, metadata={"since": 2, "version": True})
     repeats: int | None = field(default=None, metadata={"since": 4})
-    prefetch: str | None = field(default=None, metadata={"since": 4})
     disk_reads: tuple[DiskRead, ...] = field(default=(), metadata={"since": 4})
     read_ceiling: tuple[CeilingPoint, ...] = field(default=(), metadata={"since": 7})
     speed: SpeedChoice | None = field(default=None, metadata={"since": 7})
@@ -530,6 +534,27 @@ class RunRecord(Record):
     read_ceiling_error: str | None = field(default=None, metadata={"since": 12})
     shared_disk_error: str | None = field(default=None, metadata={"since": 12})
     disk_read_error: str | None = field(default=None, metadata={"since": 15})
+    # dropped in version 18: each is held once, where the moved_to path says
+    earlier_sample_interval_ms: float | None = field(default=None, metadata={
+        "key": "sample_interval_ms", "until": 17, "moved_to": f"scenario_config.run.{SAMPLE_INTERVAL}"})
+    earlier_prefetch: str | None = field(default=None, metadata={
+        "since": 4, "key": "prefetch", "until": 17, "moved_to": "speed.prefetch"})
+
+    @property
+    def prefetch(self) -> str | None:
+        """The prefetch method of the strategies that map (``None``: off): ``speed.prefetch``; for a record of
+        versions 4 to 6, which holds no ``speed``, the ``prefetch`` it wrote."""
+        return self.speed.prefetch if self.speed is not None else self.earlier_prefetch
+
+    @property
+    def sample_interval_ms(self) -> float | None:
+        """The sampler's interval: the scenario's ``run.sample_interval_ms`` as ``scenario_config`` keeps it; for a
+        record of versions 1 to 17 whose ``scenario_config`` holds none, the ``sample_interval_ms`` it wrote."""
+        run = self.scenario_config.get("run")
+        value = run.get(SAMPLE_INTERVAL) if isinstance(run, dict) else None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        return self.earlier_sample_interval_ms
 
     @property
     def on_gpu(self) -> bool:
@@ -567,11 +592,10 @@ class RunRecord(Record):
         """Every engine index below the run's engines; from version 9, one order per round (:attr:`rounds`), none
         left out where a strategy ran; every round's order the same strategies, each once; a version-1
         strategy's build-phase peak filled in; a version 3 to 5 ``"packaged"`` read as the compiler's packaging
-        it was; before version 9, the scenario's order in every round; ``prefetch`` the same as ``speed.prefetch``
-        where both are recorded."""
-        if self.speed is not None and self.prefetch != self.speed.prefetch:
-            raise fail("prefetch", f"expected {self.speed.prefetch!r}, the method speed.prefetch records, got "
-                                   f"{self.prefetch!r}")
+        it was; before version 9, the scenario's order in every round; from version 18, the sampler's interval in
+        ``scenario_config``."""
+        if version > 17 and self.sample_interval_ms is None:
+            raise fail(f"scenario_config.run.{SAMPLE_INTERVAL}", "missing: the sampler's interval is held there")
         for name, record in self.strategies.items():
             for i, engine in enumerate(record.engines):
                 if engine.index >= self.engines:

@@ -238,14 +238,13 @@ def make_results(
         device=device,
         cache="cold",
         release=True,
-        sample_interval_ms=INTERVAL_S * 1000,
         memory_limit_bytes=None,
         references=(
             (Reference(label="seed run", host_at_partitioning_gib=2.23, host_gpu_peak_gib=7.07,
                        note="TensorRT build of the full model, 16 engines, measured before this harness"),)
             if references else ()
         ),
-        scenario_config={"name": name},
+        scenario_config={"name": name, "run": {"sample_interval_ms": INTERVAL_S * 1000}},
         strategies={},
         round_orders=(strategies,),
     )

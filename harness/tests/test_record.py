@@ -15,6 +15,7 @@ from harness.results.metrics import SampleColumns, StrategyMetrics, sampled_peak
 from harness.results.reading import load_results
 from harness.results.record import LAYOUT_VERSION, SUMMARY, RecordError, RunRecord
 from harness.results.samples import events_file, read_samples, samples_file
+from harness.schema import at_layout
 from harness.tests.fixtures import make_results
 from harness.tests.recorded import COMMITTED, RECORDED, run_id
 from harness.units import GIB, MIB
@@ -81,17 +82,43 @@ def test_the_warm_up_rounds_are_read_from_the_scenario_the_record_keeps(run_dir:
     assert load_results(run_dir).record.replace(scenario_config=config).warmup_rounds == rounds
 
 
-def test_the_prefetch_method_the_run_states_is_the_one_its_speed_choice_records(run_dir: Path) -> None:
+def test_an_older_layout_states_prefetch_and_the_interval_apart_and_they_read_as_held_once(run_dir: Path) -> None:
     data = _summary(run_dir)
+    assert "prefetch" not in data and "sample_interval_ms" not in data  # the writer never writes them
+    interval = data["scenario_config"]["run"]["sample_interval_ms"]
     data["speed"] = SpeedChoice(prefetch="madvise", drop_cache=True, prefetch_why="chosen",
                                 drop_cache_why="chosen").to_json()
-    data["prefetch"] = "madvise"
+    older = {**data, "layout": 17, "prefetch": "madvise", "sample_interval_ms": interval}
+    _rewrite(run_dir, older)
+    record = load_results(run_dir).record
+    assert (record.prefetch, record.sample_interval_ms) == ("madvise", interval)
+    assert (record.earlier_prefetch, record.earlier_sample_interval_ms) == (None, None)  # held once
+    assert "prefetch" not in record.to_json() and "sample_interval_ms" not in record.to_json()
+    _rewrite(run_dir, {**older, "prefetch": None})
+    with pytest.raises(RecordError, match=r'summary.json: prefetch: expected "madvise", the value speed.prefetch '
+                                          r"records, got null"):
+        load_results(run_dir)
+    _rewrite(run_dir, {**older, "sample_interval_ms": interval + 1})
+    with pytest.raises(RecordError, match=r"summary.json: sample_interval_ms: expected .*, the value "
+                                          r"scenario_config.run.sample_interval_ms records"):
+        load_results(run_dir)
+    # where nothing else holds them (no speed before layout 7, a scenario_config without the interval), they read
+    without = {**older, "speed": None, "scenario_config": {"name": "n"}, "prefetch": "fadvise",
+               "sample_interval_ms": 7.0}
+    _rewrite(run_dir, without)
+    record = load_results(run_dir).record
+    assert (record.prefetch, record.sample_interval_ms) == ("fadvise", 7.0)
+
+
+@pytest.mark.parametrize("key", ["prefetch", "sample_interval_ms"])
+def test_a_record_of_the_current_layout_holding_a_dropped_key_is_refused(run_dir: Path, key: str) -> None:
+    data = _summary(run_dir)
+    _rewrite(run_dir, {**data, key: data["scenario_config"]["run"]["sample_interval_ms"]})
+    with pytest.raises(RecordError, match=rf"summary.json: <top level>: unknown key '{key}'"):
+        load_results(run_dir)
+    del data["scenario_config"]["run"]["sample_interval_ms"]
     _rewrite(run_dir, data)
-    assert load_results(run_dir).record.prefetch == "madvise"
-    data["prefetch"] = None
-    _rewrite(run_dir, data)
-    with pytest.raises(RecordError, match=r"summary.json: prefetch: expected 'madvise', the method speed.prefetch "
-                                          r"records, got None"):
+    with pytest.raises(RecordError, match=r"summary.json: scenario_config.run.sample_interval_ms: missing"):
         load_results(run_dir)
 
 
@@ -230,13 +257,10 @@ def test_the_gpu_split_reads_back_as_written(tmp_path: Path) -> None:
 
 
 def test_records_before_layout_16_read_the_gpu_split_as_none(run_dir: Path) -> None:
-    data = _summary(run_dir)
+    data = {**at_layout(RunRecord, _summary(run_dir), 15), "layout": 15}  # as layout 15 wrote it
     for strategy in data["strategies"].values():
-        del strategy["gpu_context_bytes"]
-        for engine in strategy["engines"]:
-            for key in _GPU_SPLIT:
-                del engine[key]
-    data["layout"] = 15  # every other key is one layout 15 has
+        assert "gpu_context_bytes" not in strategy
+        assert not any(key in engine for engine in strategy["engines"] for key in _GPU_SPLIT)
     _rewrite(run_dir, data)
     run = load_results(run_dir).record
     assert run.layout == 15

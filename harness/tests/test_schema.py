@@ -14,7 +14,7 @@ import pytest
 import harness.results.layouts as layouts
 import harness.scenario as scenario
 from harness.cli import main
-from harness.fileio.codec import decode
+from harness.fileio.codec import decode, field_since
 from harness.results.reading import load_results
 from harness.results.record import LAYOUT_VERSION, RecordError, RunRecord
 from harness.schema import (
@@ -92,7 +92,8 @@ def test_each_layout_entry_names_the_keys_its_version_added_and_none_a_later_one
     keys = list(record_keys())
     added = [k.path for k in keys if k.since == version and k.field.metadata.get("since") == version]
     required = [k.path for k in keys if k.absent_until and k.absent_until == version - 1]
-    missing = [path for path in added if _leaf(path) not in named]
+    dropped = [k.path for k in keys if k.until == version - 1]
+    missing = [path for path in added + dropped if _leaf(path) not in named]
     missing += [path for path in required if not {_leaf(path), _leaf(path.rsplit(".", 1)[0])} & named]
     assert missing == [], f"layout {version}'s entry does not name {missing}"
     first: dict[str, int] = {}
@@ -109,6 +110,8 @@ def test_the_history_lists_each_layout_and_the_keys_it_added() -> None:
     assert [int(v) for v in re.findall(r"^Layout (\d+)", history, flags=re.M)] == list(range(1, LAYOUT_VERSION + 1))
     assert "Layout 15 adds: disk_read_error\n" in history
     assert "Layout 9 adds: round_orders\n" in history
+    assert ("Layout 18 adds no key.\n    and drops, holding each value once elsewhere: sample_interval_ms, "
+            "prefetch\n") in history
     assert re.search(r"Layout 12 adds: read_ceiling_error, shared_disk_error\n.*always writes.*: speed\.probe_error",
                      history)
     assert "strategies.*.engines[].convert_s" in history.split("Layout 14")[1].split("Layout 15")[0]
@@ -133,8 +136,13 @@ def test_a_record_as_each_layout_wrote_it_reads_at_that_layout(version: int) -> 
     run = decode(RunRecord, older, source="summary.json", version=version)
     assert run.disk_read_error is None and (version >= 14 or all(
         e.convert_s is None for s in run.strategies.values() for e in s.engines))
-    if any(k.since > version for k in record_keys()):  # a later layout's keys are unknown at this one
-        with pytest.raises(RecordError, match="unknown key"):
+    current = decode(RunRecord, data, source="summary.json", version=LAYOUT_VERSION)
+    assert run.sample_interval_ms == current.sample_interval_ms  # held once, read alike at every layout
+    assert run.prefetch == (current.prefetch if version >= field_since(RunRecord, "prefetch") else None)
+    later = any(k.since > version for k in record_keys())  # a later layout's keys are unknown at this one
+    dropped = any(k.until is not None and k.until >= version for k in record_keys())  # and those it dropped missing
+    if later or dropped:
+        with pytest.raises(RecordError, match="|".join(["unknown key"] * later + ["missing key"] * dropped)):
             decode(RunRecord, data, source="summary.json", version=version)
     else:  # no layout since this one added a key (a later one changed how values are written): it reads alike
         current = decode(RunRecord, data, source="summary.json", version=LAYOUT_VERSION)

@@ -16,6 +16,7 @@ import torch
 
 from harness.engines.copy import CopyToFiles, fault_in
 from harness.load.strategies import _release_and_prefetch
+from harness.measure.probe import probe_bytes
 from harness.measure.procfs import read_status
 from harness.plan import make_plan, read_plan
 from harness.report import render_staged
@@ -37,6 +38,7 @@ from harness.tests.fixtures import make_results, measured
 from harness.tests.test_run import TINY
 from harness.units import MIB, format_bytes
 from weightmap import map_weights, save_weights_for_mapping
+from weightmap.prefetch import CHUNK_BYTES
 
 
 def _scenario(tmp: Path, **run: object) -> Scenario:
@@ -122,33 +124,49 @@ def test_prefetch_is_recorded_and_changes_nothing_that_is_released(repeated: tup
     assert [e.released_bytes for e in on.engines] == [e.released_bytes for e in off.engines]
 
 
-def test_prefetch_asks_as_the_fastest_point_of_the_ceiling_sweep_read(repeated: tuple[RunRecord, Path]) -> None:
+def test_a_small_checkpoint_records_its_ceiling_sweep_but_prefetch_is_not_sized_to_it(
+        repeated: tuple[RunRecord, Path]) -> None:
     record, out = repeated
-    best = best_ceiling(record.read_ceiling)
-    assert record.speed is not None and best is not None
-    assert (record.speed.prefetch_readers, record.speed.prefetch_request_bytes) == (best.threads, best.request_bytes)
-    assert record.speed.prefetch_sizing_why and "fastest point" in record.speed.prefetch_sizing_why
+    assert record.speed is not None and best_ceiling(record.read_ceiling) is not None  # swept, as a reference
+    assert (record.speed.prefetch_readers, record.speed.prefetch_request_bytes) == (1, CHUNK_BYTES)
+    assert record.speed.prefetch_sizing_why and "not sized" in record.speed.prefetch_sizing_why
     plan = read_plan(out / "plan.json")  # what the rounds' workers read
     assert plan.speed == record.speed
     report = (out.parent / "speedy.md").read_text()
-    assert f"{best.threads} reader(s) asking at once in requests of {best.request_bytes / MIB:g} MiB" in report
+    assert f"1 reader(s) asking at once in requests of {CHUNK_BYTES / MIB:g} MiB (not sized" in report
 
 
 def test_sizing_to_the_ceiling_takes_its_fastest_point_and_leaves_prefetch_off_alone() -> None:
     points = [CeilingPoint(1, MIB, 100 * MIB, 1.0), CeilingPoint(4, 8 * MIB, 100 * MIB, 0.5),
               CeilingPoint(2, 32 * MIB, 100 * MIB, 0.7)]
+    large = probe_bytes()
     on = SpeedChoice(prefetch="madvise", drop_cache=False, prefetch_why="set", drop_cache_why="set")
-    sized = sized_to_ceiling(on, points)
+    sized = sized_to_ceiling(on, points, large)
     assert (sized.prefetch_readers, sized.prefetch_request_bytes) == (4, 8 * MIB)
     assert sized.prefetch_sizing_why == "the read-ceiling sweep's fastest point (4 reader(s) of 8 MiB, 210 MB/s)"
-    assert sized_to_ceiling(on, []) == on  # nothing swept: one reader, weightmap's requests
+    assert sized_to_ceiling(on, [], large) == on  # nothing swept: one reader, weightmap's requests
     off = SpeedChoice(prefetch=None, drop_cache=False, prefetch_why="set", drop_cache_why="set")
-    assert sized_to_ceiling(off, points) == off
+    assert sized_to_ceiling(off, points, large) == off
     plan = _release_and_prefetch(torch.nn.Linear(2, 2), [["weight"]], "madvise", False, 3, 4 * MIB)
     try:
         assert "prefetch_readers=3" in repr(plan)
     finally:
         plan.close()
+
+
+def test_a_small_checkpoints_settings_do_not_depend_on_the_sweeps_points() -> None:
+    on = SpeedChoice(prefetch="madvise", drop_cache=False, prefetch_why="set", drop_cache_why="set")
+    one = [CeilingPoint(1, MIB, 20 * MIB, 0.010), CeilingPoint(4, MIB, 20 * MIB, 0.009)]
+    other = [CeilingPoint(1, MIB, 20 * MIB, 0.009), CeilingPoint(4, MIB, 20 * MIB, 0.010)]
+    small = probe_bytes() - 1
+    assert sized_to_ceiling(on, one, small) == sized_to_ceiling(on, other, small)
+    sized = sized_to_ceiling(on, one, small)
+    assert (sized.prefetch_readers, sized.prefetch_request_bytes) == (1, CHUNK_BYTES)
+    assert sized.prefetch_sizing_why == ("not sized to the read-ceiling sweep: the checkpoint's largest file "
+                                         f"({small / 2**30:.2f} GiB) is under the 2.4 GiB the read probe needs, "
+                                         "and a sweep of it reads too little to tell its points apart")
+    # at the probe's size the sweep sizes it, so the two sweeps would differ there
+    assert sized_to_ceiling(on, one, probe_bytes()) != sized_to_ceiling(on, other, probe_bytes())
 
 
 def test_each_run_starts_cold_and_says_how(repeated: tuple[RunRecord, Path]) -> None:
