@@ -59,7 +59,6 @@ from harness.results.disk import CeilingPoint, ReadProbe, SpeedChoice
 from harness.results.metrics import best_ceiling
 from harness.scenario import PREFETCH_AUTO, PREFETCH_OFF, RunConfig
 from harness.units import GIB, MIB, format_mb_per_s
-from weightmap.prefetch import CHUNK_BYTES
 
 __all__ = ["PREFETCH_METHOD", "WILLNEED_FLOOR", "ReadSettings", "choose_speed", "decide", "resolve_reading",
            "sized_to_ceiling", "sweep_ceiling"]
@@ -156,14 +155,13 @@ def sized_to_ceiling(speed: SpeedChoice, points: Sequence[CeilingPoint], file_by
     """``speed`` with prefetch asking as the read-ceiling sweep's fastest point read (its reader threads and
     request size), and why; unchanged where prefetch is off or the sweep read nothing. ``file_bytes``: the size of
     the checkpoint's largest file (the one the read probe reads); under :func:`probe_bytes` the points are not used
-    (one reader, weightmap's requests, whatever they read) and ``prefetch_sizing_why`` says so."""
+    (``speed``'s reader and requests are kept, whatever they read) and ``prefetch_sizing_why`` says so."""
     best = best_ceiling(points)
     if speed.prefetch is None or best is None:
         return speed
     if file_bytes < probe_bytes():
         return dataclasses.replace(
-            speed, prefetch_readers=1, prefetch_request_bytes=CHUNK_BYTES,
-            prefetch_sizing_why=(f"not sized to the read-ceiling sweep: the checkpoint's largest file "
+            speed, prefetch_sizing_why=(f"not sized to the read-ceiling sweep: the checkpoint's largest file "
                                  f"({file_bytes / GIB:.2f} GiB) is under the {probe_bytes() / GIB:.1f} GiB the read "
                                  "probe needs, and a sweep of it reads too little to tell its points apart"))
     return dataclasses.replace(

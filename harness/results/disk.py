@@ -121,7 +121,9 @@ class ReadProbe(Record):
 
 
 EARLIER_REQUEST_BYTES = 2 * MIB
-"""The prefetch request size of runs recorded before version 16, which record none (weightmap's then)."""
+"""weightmap's default prefetch request size (``ReleasePlan``'s ``prefetch_request_bytes``): what a
+:class:`SpeedChoice` asks with unless prefetch is sized to a read-ceiling sweep, and what runs recorded before
+version 16, which record none, asked with."""
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from harness.measure.probe import probe_bytes
 from harness.measure.procfs import read_status
 from harness.plan import make_plan, read_plan
 from harness.report import render_staged
-from harness.results.disk import CeilingPoint, DiskRead, SpeedChoice
+from harness.results.disk import EARLIER_REQUEST_BYTES, CeilingPoint, DiskRead, SpeedChoice
 from harness.results.metrics import StrategyMetrics, best_ceiling, disk_metrics
 from harness.results.reading import load_results
 from harness.results.record import RunRecord, StrategyRecord
@@ -38,7 +38,6 @@ from harness.tests.fixtures import make_results, measured
 from harness.tests.test_run import TINY
 from harness.units import MIB, format_bytes
 from weightmap import map_weights, save_weights_for_mapping
-from weightmap.prefetch import CHUNK_BYTES
 
 
 def _scenario(tmp: Path, **run: object) -> Scenario:
@@ -128,12 +127,12 @@ def test_a_small_checkpoint_records_its_ceiling_sweep_but_prefetch_is_not_sized_
         repeated: tuple[RunRecord, Path]) -> None:
     record, out = repeated
     assert record.speed is not None and best_ceiling(record.read_ceiling) is not None  # swept, as a reference
-    assert (record.speed.prefetch_readers, record.speed.prefetch_request_bytes) == (1, CHUNK_BYTES)
+    assert (record.speed.prefetch_readers, record.speed.prefetch_request_bytes) == (1, EARLIER_REQUEST_BYTES)
     assert record.speed.prefetch_sizing_why and "not sized" in record.speed.prefetch_sizing_why
     plan = read_plan(out / "plan.json")  # what the rounds' workers read
     assert plan.speed == record.speed
     report = (out.parent / "speedy.md").read_text()
-    assert f"1 reader(s) asking at once in requests of {CHUNK_BYTES / MIB:g} MiB (not sized" in report
+    assert f"1 reader(s) asking at once in requests of {EARLIER_REQUEST_BYTES / MIB:g} MiB (not sized" in report
 
 
 def test_sizing_to_the_ceiling_takes_its_fastest_point_and_leaves_prefetch_off_alone() -> None:
@@ -161,7 +160,7 @@ def test_a_small_checkpoints_settings_do_not_depend_on_the_sweeps_points() -> No
     small = probe_bytes() - 1
     assert sized_to_ceiling(on, one, small) == sized_to_ceiling(on, other, small)
     sized = sized_to_ceiling(on, one, small)
-    assert (sized.prefetch_readers, sized.prefetch_request_bytes) == (1, CHUNK_BYTES)
+    assert (sized.prefetch_readers, sized.prefetch_request_bytes) == (1, EARLIER_REQUEST_BYTES)
     assert sized.prefetch_sizing_why == ("not sized to the read-ceiling sweep: the checkpoint's largest file "
                                          f"({small / 2**30:.2f} GiB) is under the 2.4 GiB the read probe needs, "
                                          "and a sweep of it reads too little to tell its points apart")
