@@ -42,7 +42,6 @@ _INDEX_BASE_COST = 64 * 2**20  # bytes an index may always cost to parse
 _INDEX_COST_FACTOR = 8  # and this many times its size on top
 _STRING_COST = 128  # bytes a parsed JSON string costs beyond its text, at most
 _VALUE_COST = 48  # bytes any other parsed JSON value costs, at most
-_COMPARE_CHUNK = 16 * 2**20  # bytes of each tensor held at once while two entries are compared
 
 
 @dataclass(frozen=True)
@@ -79,24 +78,6 @@ class Checkpoint:
     def closed(self) -> bool:
         """True when no descriptor of this checkpoint is open."""
         return all(handle.closed for handle in self.handles)
-
-    def same_bytes(self, a: tuple[Header, TensorEntry], b: tuple[Header, TensorEntry]) -> bool:
-        """True when two entries hold the same dtype, shape and bytes (read with ``pread``, in chunks).
-
-        Needs the checkpoint's descriptors open (``keep_open=True``). Reading brings the two
-        tensors' pages into the page cache (not into this process's memory), one chunk at a time.
-        """
-        (header_a, entry_a), (header_b, entry_b) = a, b
-        if entry_a.dtype != entry_b.dtype or entry_a.shape != entry_b.shape:
-            return False
-        file_a, file_b = self.file(header_a), self.file(header_b)
-        done = 0
-        while done < entry_a.nbytes:
-            count = min(_COMPARE_CHUNK, entry_a.nbytes - done)
-            if file_a.read(entry_a.start + done, count) != file_b.read(entry_b.start + done, count):
-                return False
-            done += count
-        return True
 
     def close(self) -> None:
         """Close every descriptor (mappings already made from them stay valid)."""
