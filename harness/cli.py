@@ -1,7 +1,7 @@
 """The command line: ``python -m harness run SCENARIO``, ``python -m harness budget SCENARIO``,
 ``python -m harness plot RESULTS_DIR``, ``python -m harness compare BASE NEW`` and
 ``python -m harness schema [scenario|layouts]`` (:mod:`harness.schema`: a scenario file's keys, the results
-layouts' history).
+layouts' history) and ``python -m harness predict SCENARIO`` (:mod:`harness.predict.command`).
 
 Exit status: 0 when everything ran, 1 when a strategy failed (its reason is in the
 results) or, for ``compare --fail-on-regression PCT``, when a regression beyond the noise is larger
@@ -40,7 +40,7 @@ def _results_root(text: str) -> Path:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m harness", description="Memory benchmarks of loading strategies.")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{run,budget,plot,compare,schema}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{run,budget,plot,compare,schema,predict}")
     run = commands.add_parser("run", help="run every strategy of a scenario, write results and figures",
                               description="Run every strategy of a scenario; write results/<name>/ and its figures.")
     run.add_argument("scenario", type=Path, help="a scenario file, e.g. scenarios/smoke.toml")
@@ -93,6 +93,9 @@ def _parser() -> argparse.ArgumentParser:
                     "layout, the keys it added to summary.json; both read from the fields the loader and the "
                     "codec read.")
     schema.add_argument("what", nargs="?", choices=SCHEMAS, help="only this listing (default: both)")
+    from harness.predict.command import add_parser as add_predict
+
+    add_predict(commands)
     return parser
 
 
@@ -232,6 +235,12 @@ def _schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def _predict(args: argparse.Namespace) -> int:
+    from harness.predict.command import run as run_predict
+
+    return run_predict(args)
+
+
 def one_line(error: BaseException) -> str:
     """An error's message on one line (a multi-line message's lines joined with ``; ``)."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
@@ -245,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return {"run": _run, "budget": _budget, "plot": _plot, "compare": _compare,
-                "schema": _schema}[args.command](args)
+                "schema": _schema, "predict": _predict}[args.command](args)
     except RunInterrupted as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return 128 + exc.signum

@@ -43,7 +43,7 @@ from harness.speed import resolve_reading
 from harness.units import GIB
 from weightmap import open_checkpoint
 
-__all__ = ["PLAN_VERSION", "EnginePlan", "Plan", "make_plan", "read_plan", "write_plan"]
+__all__ = ["PLAN_VERSION", "EnginePlan", "Plan", "make_plan", "module_engines", "read_plan", "write_plan"]
 
 PLAN_VERSION = 5
 """The version of ``plan.json``'s own keys (the :class:`Plan`'s fields), written under its ``"plan"`` key; a worker
@@ -166,6 +166,22 @@ def read_plan(path: Path) -> Plan:
     return Plan.from_json(read_json_file(Path(path)), str(path))
 
 
+def module_engines(scenario: Scenario, module: Any) -> tuple[list[EnginePlan], int]:
+    """The engines of ``module`` (on meta: nothing is read) cut in module order by the scenario's
+    ``build.engine_cap_mib`` or ``build.engines``, and the per-engine cap they were cut at; a
+    :class:`~harness.errors.PlanError` naming the key for more engines than the model has units."""
+    build = scenario.build
+    if build.engine_cap_bytes is not None:
+        parts, cap = partition(module, build.engine_cap_bytes), build.engine_cap_bytes
+    else:
+        assert build.engines is not None
+        try:
+            parts, cap = split_into(module, build.engines)
+        except ValueError as exc:  # more engines than the model has units
+            raise PlanError(f"{scenario.where('build.engines')}: {exc}; ask for fewer engines") from exc
+    return [EnginePlan.of(e) for e in parts], cap
+
+
 def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = None) -> Plan:
     """Resolve ``scenario`` into a :class:`Plan` (see the module docstring); ``progress`` gets one line per step.
 
@@ -210,15 +226,7 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
         raise PlanError(f"{where('model')}: {info.name} has no weight bytes "
                         f"({sizes['tensors']} tensors, all empty): there is nothing to measure")
     if not build.compiler:  # before the checkpoint is generated: too many engines is the user's to fix
-        if build.engine_cap_bytes is not None:
-            parts, cap = partition(info.module, build.engine_cap_bytes), build.engine_cap_bytes
-        else:
-            assert build.engines is not None
-            try:
-                parts, cap = split_into(info.module, build.engines)
-            except ValueError as exc:  # more engines than the model has units
-                raise PlanError(f"{where('build.engines')}: {exc}; ask for fewer engines") from exc
-        engines = [EnginePlan.of(e) for e in parts]
+        engines, cap = module_engines(scenario, info.module)
     try:
         path, generated = ensure_checkpoint(info.module, scenario.checkpoint.path, scenario.checkpoint.seed,
                                             generate=scenario.checkpoint.generate)

@@ -1,0 +1,190 @@
+"""The rules checked against every committed result: ``python -m harness predict --check results/``.
+
+For each results directory under the root, in name order: a run (``summary.json``) gives each finished strategy's
+build-phase and whole-run host peaks; a budget sweep (``budget.json``) each swept strategy's minimum limit. Each
+measured figure is predicted from that run's own sizes and its strategy's measured baseline
+(:func:`inputs_of_run`, :func:`inputs_of_budget`), and the error is given as a share of the model's bytes.
+
+A figure is within its goal (:func:`goal_bytes`) when the error is at most 5 % of the model (``copy`` backend) or 10 %
+(a compiler), or 64 MiB where that is larger; a budget minimum when it is within 10 % of the minimum or 64 MiB, or
+inside the sweep's bracket (largest failing limit, minimum], which is all a sweep measured. Results that set one of
+the rules' constants (:data:`CONSTANT_SOURCES`) are marked, and left out of the goals' summary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.budget.record import BUDGET_FILE, BudgetRecord, read_budget
+from harness.predict.inputs import Baseline, PredictInputs, budget_plan_inputs
+from harness.predict.rules import predict_strategy
+from harness.results.metrics import SampleColumns, baseline_anon_bytes
+from harness.results.reading import Results, load_results
+from harness.results.record import SUMMARY
+from harness.units import GIB, MIB
+
+__all__ = ["CONSTANT_SOURCES", "CheckRow", "check_markdown", "check_results", "goal_bytes"]
+
+CONSTANT_SOURCES: dict[str, str] = {
+    "smoke-compile": "COMPILER_OWN_BYTES (inductor)",
+    "smoke-iree": "COMPILER_OWN_BYTES (iree)",
+    "smoke-openvino": "COMPILER_OWN_BYTES (openvino)",
+    "smoke-iree-packaged-compiler": "WEIGHT_COPIES (iree)",
+    "lerobot-compile-packaged": "GPU_WORKSPACE_BYTES",
+    "smoke-budget": "RECLAIM_FLOOR_BYTES",
+}
+"""The committed results each constant of :mod:`harness.predict.rules` was measured on (its docstring says how)."""
+
+FIGURES: dict[str, str] = {"build_peak_bytes": "build-phase peak", "host_peak_bytes": "whole-run peak",
+                           "minimum_limit_bytes": "budget minimum"}
+"""The figures checked, as the table names them."""
+
+FLOOR_BYTES = 64 * MIB
+"""The smallest error a goal allows, whatever the model's size."""
+
+
+@dataclass(frozen=True)
+class CheckRow:
+    """One figure of one strategy of one result: ``predicted`` and ``measured`` bytes, the model's bytes, whether
+    a compiler built the engines, and for a budget minimum the largest limit it failed under (``failing_bytes``)."""
+
+    result: str
+    strategy: str
+    figure: str
+    predicted: int
+    measured: int
+    model_bytes: int
+    compiler: bool
+    failing_bytes: int | None = None
+
+    @property
+    def error(self) -> float:
+        """(predicted − measured) / the model's bytes."""
+        return (self.predicted - self.measured) / self.model_bytes
+
+    @property
+    def sets_constant(self) -> bool:
+        return self.result in CONSTANT_SOURCES
+
+    @property
+    def in_bracket(self) -> bool:
+        """For a budget minimum: the prediction lies in (largest failing limit, minimum]."""
+        return self.failing_bytes is not None and self.failing_bytes < self.predicted <= self.measured
+
+    @property
+    def within_goal(self) -> bool:
+        return abs(self.predicted - self.measured) <= goal_bytes(self) or self.in_bracket
+
+
+def goal_bytes(row: CheckRow) -> int:
+    """The error the goal allows ``row`` (see the module docstring)."""
+    if row.figure == "minimum_limit_bytes":
+        return max(FLOOR_BYTES, int(0.10 * row.measured))
+    return max(FLOOR_BYTES, int((0.10 if row.compiler else 0.05) * row.model_bytes))
+
+
+def inputs_of_run(results: Results, strategy: str) -> PredictInputs:
+    """A finished strategy of a run as the predictor's inputs: the run's engines in build order, its model, device
+    and backend, and that strategy's own measured baseline (RSS from its record, anonymous from its samples)."""
+    record = results.record
+    run = record.strategies[strategy]
+    assert run.baseline_rss_bytes is not None
+    columns = SampleColumns.of(results.samples[strategy])
+    anon = baseline_anon_bytes(columns, run.phases)
+    engines = tuple(e.weight_bytes for e in sorted(run.engines, key=lambda e: e.index))
+    return PredictInputs(
+        model_bytes=record.model.bytes, engine_bytes=engines, device=record.device, backend=record.backend,
+        compiler_weights=run.compiler_weights, strategies=(strategy,),
+        baseline=Baseline(run.baseline_rss_bytes, anon if anon is not None else run.baseline_rss_bytes),
+        source=f"results/{record.name}")
+
+
+def inputs_of_budget(directory: Path, record: BudgetRecord, strategy: str) -> PredictInputs:
+    """A swept strategy as the predictor's inputs: the sweep's plan's engines and weight setting
+    (:func:`~harness.predict.inputs.budget_plan_inputs`), and that strategy's unconstrained baseline."""
+    swept = record.strategies[strategy]
+    engines, weights = budget_plan_inputs(directory)
+    assert swept.baseline_rss_bytes is not None and swept.baseline_anon_bytes is not None
+    return PredictInputs(
+        model_bytes=record.model_bytes, engine_bytes=engines, device=record.device, backend=record.backend,
+        compiler_weights=None if record.backend == "copy" else weights, strategies=(strategy,),
+        baseline=Baseline(swept.baseline_rss_bytes, swept.baseline_anon_bytes), source=f"results/{record.name}")
+
+
+def _run_rows(directory: Path) -> list[CheckRow]:
+    results = load_results(directory)
+    rows = []
+    for name, run in results.strategies.items():
+        if not run.ok or run.baseline_rss_bytes is None or not run.engines:
+            continue
+        predicted = predict_strategy(inputs_of_run(results, name), name)
+        for figure in ("build_peak_bytes", "host_peak_bytes"):
+            want, got = getattr(predicted, figure), getattr(run, figure)
+            if want is not None and got is not None:
+                rows.append(CheckRow(results.name, name, figure, want, got, results.record.model.bytes,
+                                     results.record.backend != "copy"))
+    return rows
+
+
+def _budget_rows(directory: Path) -> list[CheckRow]:
+    record = read_budget(directory)
+    rows = []
+    for name, swept in record.strategies.items():
+        if swept.minimum_bytes is None or swept.baseline_rss_bytes is None or swept.baseline_anon_bytes is None:
+            continue
+        predicted = predict_strategy(inputs_of_budget(directory, record, name), name).minimum_limit_bytes
+        if predicted is not None:
+            rows.append(CheckRow(record.name, name, "minimum_limit_bytes", predicted, swept.minimum_bytes,
+                                 record.model_bytes, record.backend != "copy", swept.largest_failing_bytes))
+    return rows
+
+
+def check_results(root: Path) -> list[CheckRow]:
+    """Every checked figure of every results directory under ``root``, directories in name order."""
+    rows: list[CheckRow] = []
+    for directory in sorted(p for p in Path(root).iterdir() if p.is_dir()):
+        if (directory / SUMMARY).is_file():
+            rows.extend(_run_rows(directory))
+        if (directory / BUDGET_FILE).is_file():
+            rows.extend(_budget_rows(directory))
+    return rows
+
+
+def _gib(value: int) -> str:
+    return f"{value / GIB:.3f}"
+
+
+def _summary(rows: list[CheckRow]) -> list[str]:
+    lines = []
+    groups = (("copy backend, build-phase and whole-run peaks (goal: 5 % of the model or 64 MiB)",
+               lambda r: not r.compiler and r.figure != "minimum_limit_bytes"),
+              ("compiler backends, build-phase and whole-run peaks (goal: 10 % of the model or 64 MiB)",
+               lambda r: r.compiler and r.figure != "minimum_limit_bytes"),
+              ("budget minimums (goal: 10 % or 64 MiB, or inside the sweep's bracket)",
+               lambda r: r.figure == "minimum_limit_bytes"))
+    for label, chosen in groups:
+        group = [r for r in rows if chosen(r) and not r.sets_constant]
+        if not group:
+            continue
+        worst = max(group, key=lambda r: abs(r.error))
+        met = sum(r.within_goal for r in group)
+        lines.append(f"- {label}: {met} of {len(group)} within the goal; largest error {worst.error:+.1%} of the "
+                     f"model ({worst.result}, {worst.strategy}, {FIGURES[worst.figure]})")
+    return lines
+
+
+def check_markdown(rows: list[CheckRow]) -> str:
+    """The error table and the goals' summary, as markdown (what ``predict --check`` prints and the README holds)."""
+    lines = ["| result | strategy | figure | predicted (GiB) | measured (GiB) | error (% of model) | within goal |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for row in rows:
+        goal = "yes" if row.within_goal else "no"
+        if row.in_bracket and abs(row.predicted - row.measured) > goal_bytes(row):
+            goal = "yes (in bracket)"
+        result = f"`{row.result}`" + (" (sets a constant)" if row.sets_constant else "")
+        lines.append(f"| {result} | {row.strategy} | {FIGURES[row.figure]} | {_gib(row.predicted)} | "
+                     f"{_gib(row.measured)} | {row.error:+.1%} | {goal} |")
+    summary = _summary(rows)
+    return "\n".join(lines) + "\n" + ("\nResults that set no constant:\n\n" + "\n".join(summary) + "\n"
+                                      if summary else "")

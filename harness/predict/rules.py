@@ -1,0 +1,231 @@
+"""The rules that predict a strategy's memory from sizes alone, each stated once with the fact it rests on.
+
+Every rule is a function of :class:`~harness.predict.inputs.PredictInputs`: the engines' weight bytes in build
+order (``e_k``; ``E`` the largest, ``M`` the model), the baseline (RSS ``B``, anonymous ``A``), the strategy's
+release behaviour (:data:`HOLDING`), the backend and its weight setting, and the device. No weight is read.
+
+The constants below were measured by the harness on committed runs, each named in its docstring;
+:mod:`harness.tests.test_predict` recomputes every one of them from the committed record it names, so none is a
+guess and none drifts from its source. The ``copy`` backend's rules use no constant at all.
+
+:func:`predict` returns one :class:`Prediction` per strategy; a strategy no rule covers gets one whose figures are
+``None`` and whose ``note`` says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import pairwise
+
+from harness.catalog import (
+    BUILT_WITHOUT_RESIDENT_WEIGHTS,
+    HOLDS_WEIGHTS,
+    builds_read_weights,
+    is_gpu,
+)
+from harness.predict.inputs import PredictInputs
+from harness.results.metrics import engines_accumulate
+from harness.units import MIB
+
+__all__ = ["FIELDS", "HOLDING", "Prediction", "predict", "predict_strategy"]
+
+FIELDS: tuple[str, ...] = ("build_peak_bytes", "host_peak_bytes", "anon_peak_bytes", "gpu_peak_bytes",
+                           "minimum_limit_bytes")
+"""A prediction's figures, named as the run record (:class:`~harness.results.record.StrategyRecord`) names the
+first four; the budget record calls the fifth ``minimum_bytes`` (:class:`~harness.budget.record.StrategyBudget`),
+said here with what it is a minimum of."""
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One strategy's predicted figures, in bytes (``None``: no rule covers it, ``note`` says why; ``gpu_peak_bytes``
+    is ``None`` off a GPU). ``build_peak_bytes``: host RSS from partitioning to the end of the last engine;
+    ``host_peak_bytes``: host RSS over the whole run; ``anon_peak_bytes``: anonymous host memory over the whole run;
+    ``gpu_peak_bytes``: GPU memory above the baseline taken once the CUDA context exists (as the run records it);
+    ``minimum_limit_bytes``: the smallest memory-cgroup limit the strategy completes under."""
+
+    strategy: str
+    build_peak_bytes: int | None
+    host_peak_bytes: int | None
+    anon_peak_bytes: int | None
+    gpu_peak_bytes: int | None
+    minimum_limit_bytes: int | None
+    note: str = ""
+
+    def figures(self) -> dict[str, int | None]:
+        """The five figures under their names (:data:`FIELDS`)."""
+        return {name: getattr(self, name) for name in FIELDS}
+
+
+# --------------------------------------------------------------------------- release behaviour
+
+ENGINE = "engine"
+"""Maps the checkpoint and holds the mapped pages of the engine being built until its release (``map`` and its
+variants, ``stream``). Fact (results/pi05): every ``map`` engine's high-water mark is the baseline plus that
+engine's bytes within 0.01 GiB; ``map`` and ``map_no_prefetch`` peak alike (1.216 and 1.218 GiB), so the
+``madvise`` prefetch one engine ahead lands in the page cache, not in RSS."""
+
+FILE = "file"
+"""File-backed views of the whole checkpoint, never released (``load_file``, ``torch_mmap``): each page read stays
+in RSS. Fact (results/pi05): both peak at the baseline plus the model (8.945 GiB) and their anonymous memory stays at
+the baseline's; clean file pages, so a memory cgroup reclaims them (results/pi05-budget: 0.29 GiB)."""
+
+TWO_COPIES = "two_copies"
+"""Reads the whole checkpoint into anonymous memory and copies it into the model's ``to_empty`` tensors (``load``):
+two copies until ``load_state_dict`` is done, then the model's one through the build. Fact (results/pi05): load
+phase 17.686 GiB = baseline + 2 x the model; build phase 9.03 GiB."""
+
+COPIES = "copies"
+"""Reads each engine's tensors into buffers of its own, anonymous, dropped after the engine (``read_file``, and
+``fastsafetensors`` on the host): the previous engine's buffers are still held when the next one's are read. Fact
+(results/pi05 read_file): engine 1's high-water mark 1.727 GiB = baseline 0.226 + engine 0 (0.981) + engine 1
+(0.515); engine 5's 1.704 = baseline + engine 4 + engine 5."""
+
+HOLDING: dict[str, str] = {
+    "map": ENGINE, "map_no_prefetch": ENGINE, "map_keep_cache": ENGINE, "stream": ENGINE,
+    "load_file": FILE, "torch_mmap": FILE,
+    "load": TWO_COPIES,
+    "read_file": COPIES, "fastsafetensors": COPIES,
+}
+"""Each strategy a rule covers and how it holds its weights. ``st_prefetch`` and ``instanttensor`` have one committed
+run each (results/pi05-h200), too few to state a rule that another run could check."""
+
+TO_DEVICE = ("fastsafetensors",)
+"""Strategies whose per-engine copies go to the GPU where engines are built on one, so the host holds none of them.
+Fact (results/pi05-h200): ``fastsafetensors`` peaks at 0.628 GiB on the host, the baseline plus 0.03 GiB."""
+
+
+# --------------------------------------------------------------------------- compilers' own memory
+
+COMPILER_OWN_BYTES: dict[str, int] = {"copy": 0, "inductor": 52 * MIB, "iree": 131 * MIB, "openvino": 27 * MIB}
+"""What a compiler holds of its own while it builds an engine, beside any copy of the weights, in bytes. Measured
+on the smallest committed run of each (the fixed part dominates there): ``inductor`` results/smoke-compile and
+``iree`` results/smoke-iree (``map``, ``mapped`` weights on the host, which read no weight: build-phase peak less the
+baseline), ``openvino`` results/smoke-openvino (``map``: build-phase peak less the baseline less 3 x the largest
+engine, :data:`WEIGHT_COPIES`). The ``copy`` backend has none (results/pi05: ``map``'s peak is the baseline plus
+the largest engine within 0.01 GiB). Misses: lerobot's ten-step graph is larger than pi0.5's one step, and AOTInductor
+held 0.14-0.21 GiB for it (results/lerobot-compile*), 1.1-2.4 % of the model."""
+
+WEIGHT_COPIES: dict[tuple[str, str], float] = {
+    ("inductor", "packaged_compiler"): 2.0,
+    ("openvino", "packaged_compiler"): 2.0,
+    ("iree", "packaged_compiler"): 5.4,
+}
+"""Copies of an engine's weights a compiler makes while it packages them itself, in engine bytes. AOTInductor: 2
+(its ``AotCodeCompiler`` joins every constant's bytes, ``b"".join(_to_bytes(...))``, each ``bytes(...)`` of a
+storage; results/pi05-compile-packaged-compiler: engine 6's high-water mark 3.671 GiB = the RSS before it 0.428 + 3 x
+1.078, the engine's mapped pages and the two copies). OpenVINO: 2 (its repack; results/pi05-compile-openvino records
+``compiler_held_bytes`` of 2.00-2.03 x every engine but the first, whose 0.18 x this rule overstates). IREE: 5.4, from
+results/smoke-iree-packaged-compiler alone (``map``: build-phase peak less the baseline, :data:`COMPILER_OWN_BYTES`
+and the largest engine, over the largest engine); no larger run checks it, and its engines' RSS grows from one to
+the next there, so it may grow with the number of engines."""
+
+GPU_WORKSPACE_BYTES = 269 * MIB
+"""GPU memory beside the one engine being built, for a compiler whose engines hold their weights and leave the GPU
+once built (:data:`~harness.catalog.HOLDS_WEIGHTS`). Measured on results/lerobot-compile-packaged (``map``: GPU peak
+less the largest engine). Miss: AOTInductor packaging its own weights (results/lerobot-compile-packaged-compiler)
+peaked at 2.82 GiB on the GPU, 1.57 GiB over this rule, 18 % of the model."""
+
+RECLAIM_FLOOR_BYTES = 36 * MIB
+"""What a memory cgroup must leave above a strategy's anonymous peak for it to complete: the page cache its reads go
+through and the pages it works on. Measured on results/smoke-budget (``map``: its minimum less its baseline's
+anonymous memory); every committed sweep's bracket (largest failing, minimum] holds the prediction within 64 MiB.
+The sweeps' minimums are the top of a bracket as wide as their precision (0.17 GiB for pi0.5), so on pi0.5 this rule
+reads up to 0.10 GiB under the minimum yet inside the bracket."""
+
+
+# --------------------------------------------------------------------------- the rules
+
+
+def compiler_own_bytes(inputs: PredictInputs, engine_bytes: int) -> int:
+    """What the backend holds of its own while it builds an engine of ``engine_bytes``:
+    :data:`COMPILER_OWN_BYTES` plus :data:`WEIGHT_COPIES` x the engine. Anonymous memory."""
+    copies = WEIGHT_COPIES.get((inputs.backend, inputs.compiler_weights or ""), 0.0)
+    return COMPILER_OWN_BYTES.get(inputs.backend, 0) + int(copies * engine_bytes)
+
+
+def weights_while_building(inputs: PredictInputs, holding: str, strategy: str) -> list[tuple[int, int]]:
+    """Per engine in build order: (host bytes of weights resident while it is built, of which anonymous).
+
+    ``ENGINE``: the engine's own bytes, where the build reads them into the process (0 where it reads none or
+    streams them a chunk at a time: :data:`~harness.catalog.BUILT_WITHOUT_RESIDENT_WEIGHTS` on the host); ``FILE``:
+    every engine read so far (never released; 0 where builds read no weight); ``TWO_COPIES``: the model, anonymous;
+    ``COPIES``: the previous engine and this one, anonymous (none on the host where they go to the GPU,
+    :data:`TO_DEVICE`). Fact for the weight-setting cases (results/smoke-compile, ``mapped``): ``load_file``'s
+    build-phase peak is ``map``'s (0.391 and 0.387 GiB), no page of the file faulted in.
+    """
+    sizes = inputs.engine_bytes
+    on_gpu = is_gpu(inputs.device)
+    reads = builds_read_weights(on_gpu, inputs.compiler_weights)
+    streamed = not on_gpu and inputs.compiler_weights in BUILT_WITHOUT_RESIDENT_WEIGHTS
+    if holding == TWO_COPIES:
+        return [(inputs.model_bytes, inputs.model_bytes) for _ in sizes]
+    if holding == COPIES:
+        if on_gpu and strategy in TO_DEVICE:
+            return [(0, 0) for _ in sizes]
+        pairs = [sizes[0], *(a + b for a, b in pairwise(sizes))]
+        return [(p, p) for p in pairs]
+    if holding == FILE:
+        if not reads:
+            return [(0, 0) for _ in sizes]
+        total, held = 0, []
+        for size in sizes:  # a tied weight is in two engines' bytes but one file range
+            total += size
+            held.append((min(total, inputs.model_bytes), 0))
+        return held
+    return [(0 if streamed else size, 0) for size in sizes]
+
+
+def load_phase_bytes(inputs: PredictInputs, holding: str) -> tuple[int, int]:
+    """(Host, anonymous) bytes above the baseline at the end of the load: ``load`` holds two copies of the model
+    (:data:`TWO_COPIES`); every other strategy loads nothing up front."""
+    return (2 * inputs.model_bytes,) * 2 if holding == TWO_COPIES else (0, 0)
+
+
+def gpu_peak_bytes(inputs: PredictInputs, strategy: str) -> int | None:
+    """GPU memory above the baseline: the whole model where built engines stay on the GPU
+    (:func:`~harness.catalog.engines_accumulate`; results/pi05-h200: 8.736 GiB for a model of 8.712 for every
+    strategy the rules cover), else the largest engine plus :data:`GPU_WORKSPACE_BYTES`. ``None`` off a GPU, and for
+    :data:`TO_DEVICE` strategies, whose device buffers no rule covers (results/pi05-h200: ``fastsafetensors`` 27.1
+    GiB on the GPU, one run)."""
+    if not is_gpu(inputs.device) or strategy in TO_DEVICE:
+        return None
+    if engines_accumulate(True, inputs.compiler_weights):
+        return inputs.model_bytes
+    assert inputs.compiler_weights in HOLDS_WEIGHTS
+    return inputs.largest_engine_bytes + GPU_WORKSPACE_BYTES
+
+
+def predict_strategy(inputs: PredictInputs, strategy: str) -> Prediction:
+    """One strategy's :class:`Prediction` (see the module docstring).
+
+    build-phase peak = ``B + max over k of (weights resident while engine k is built + the compiler's own)``;
+    whole-run peak = the larger of that and ``B +`` the load phase's; anonymous peak likewise from ``A`` with the
+    anonymous parts alone; minimum limit = anonymous peak + :data:`RECLAIM_FLOOR_BYTES` (clean file pages are
+    reclaimed under a cgroup's limit, anonymous ones are not: results/pi05-budget).
+    """
+    holding = HOLDING.get(strategy)
+    if holding is None:
+        return Prediction(strategy, None, None, None, None, None,
+                          note="no rule: one committed run of it (results/pi05-h200), too few to check one")
+    base = inputs.baseline
+    held = weights_while_building(inputs, holding, strategy)
+    own = [compiler_own_bytes(inputs, size) for size in inputs.engine_bytes]
+    build = base.rss_bytes + max(h + o for (h, _), o in zip(held, own, strict=True))
+    anon_build = base.anon_bytes + max(a + o for (_, a), o in zip(held, own, strict=True))
+    load_host, load_anon = load_phase_bytes(inputs, holding)
+    anon = max(anon_build, base.anon_bytes + load_anon)
+    return Prediction(
+        strategy=strategy,
+        build_peak_bytes=build,
+        host_peak_bytes=max(build, base.rss_bytes + load_host),
+        anon_peak_bytes=anon,
+        gpu_peak_bytes=gpu_peak_bytes(inputs, strategy),
+        minimum_limit_bytes=anon + RECLAIM_FLOOR_BYTES,
+        note=holding,
+    )
+
+
+def predict(inputs: PredictInputs) -> dict[str, Prediction]:
+    """Every strategy of ``inputs``, in its order: :func:`predict_strategy`."""
+    return {name: predict_strategy(inputs, name) for name in inputs.strategies}

@@ -1,0 +1,93 @@
+"""A scenario resolved into the predictor's inputs the way :func:`harness.plan.make_plan` resolves it, reading no
+weight: the model on meta, its engines (:func:`harness.plan.module_engines` for the ``copy`` backend; a compiler's
+graph partitions, :func:`~harness.engines.compile.graph_engines.plan_graph_engines`, which maps the checkpoint and
+exports without reading a page), the checkpoint's headers where it exists. No checkpoint is generated, and neither
+the read probe nor the read-ceiling sweep runs. Where the checkpoint is missing, the sizes are the model's tensors'
+and a compiler's engines are cut in module order instead of from its graph; the inputs' ``source`` says so.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from harness.engines.registry import BackendUnavailable, resolve_device
+from harness.errors import PlanError
+from harness.measure.coldcache import drop_cached
+from harness.measure.residency import FileResidency
+from harness.models import build_model
+from harness.models.checkpoints import checkpoint_specs, describe_specs
+from harness.plan import module_engines
+from harness.predict.inputs import Baseline, PredictInputs
+from harness.scenario import Scenario, validate_scenario
+from weightmap import open_checkpoint
+
+__all__ = ["header_bytes", "inputs_of_scenario"]
+
+
+def header_bytes(path: Path) -> int:
+    """The tensors' bytes as the checkpoint's headers state them. A checkpoint of one file keeps its page-cache
+    residency: where none of its pages was cached before, the pages the header read brought in (read-ahead
+    included) are dropped again. (A sharded checkpoint's files are known only from its index, read here as it is.)"""
+    single = path.is_file() and path.suffix != ".json"
+    residency = FileResidency([path]) if single else None
+    try:
+        cold = residency is not None and residency.page_cache_visible and residency.resident_bytes() == 0
+        checkpoint = open_checkpoint(path)
+        total = sum(entry.nbytes for _, entry in checkpoint.entries.values())
+        if cold:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                drop_cached(fd)
+            finally:
+                os.close(fd)
+    finally:
+        if residency is not None:
+            residency.close()
+    return total
+
+
+def inputs_of_scenario(scenario: Scenario, baseline: Baseline, *, device: str | None = None,
+                       say: Callable[[str], None] = lambda message: None) -> PredictInputs:
+    """The predictor's inputs for ``scenario`` on ``device`` (default: the scenario's, resolved on this machine)
+    with ``baseline``; see the module docstring. Errors a user can fix are
+    :class:`~harness.errors.HarnessError` s naming the scenario file and key."""
+    from harness.engines.compile.entry import EntryError
+    from harness.engines.compile.graph_engines import plan_graph_engines
+    from harness.engines.compile.graph_partition import PartitionError
+
+    validate_scenario(scenario)
+    build = scenario.build
+    if device is None:
+        try:
+            device = resolve_device(build.device)
+        except BackendUnavailable as exc:
+            raise BackendUnavailable(f"{scenario.where('build.device')}: {exc}") from exc
+    info = build_model(scenario.model)
+    sizes = describe_specs(checkpoint_specs(info.module))
+    if sizes["nbytes"] == 0:
+        raise PlanError(f"{scenario.where('model')}: {info.name} has no weight bytes: there is nothing to predict")
+    path = Path(scenario.checkpoint.path)
+    present = path.exists()
+    if present:
+        model_bytes, source = header_bytes(path), f"the headers of {path}"
+    else:
+        model_bytes, source = sizes["nbytes"], f"the model's tensors ({path} does not exist)"
+    if build.compiler and present:
+        try:
+            planned, _ = plan_graph_engines(scenario, path)
+        except EntryError as exc:
+            raise PlanError(f"{scenario.where('model')}: {exc}") from exc
+        except PartitionError as exc:
+            raise PlanError(f"{scenario.where('build')}: the exported graph cannot be partitioned: {exc}") from exc
+        engines = tuple(e.weight_bytes for e in planned)
+        source += ", the exported graph's partitions"
+    else:
+        engines = tuple(e.weight_bytes for e in module_engines(scenario, info.module)[0])
+        source += ", engines in module order" + (" (a compiler cuts its graph instead: no checkpoint to export "
+                                                 "from)" if build.compiler else "")
+    say(f"sizes from {source}")
+    return PredictInputs(model_bytes=model_bytes, engine_bytes=engines, device=device, backend=build.backend,
+                         compiler_weights=build.compiler_weights, strategies=tuple(scenario.strategies),
+                         baseline=baseline, source=source)
