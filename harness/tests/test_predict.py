@@ -1,0 +1,192 @@
+"""The memory predictor: its rules on cases whose answer follows from the rule, its constants against the committed
+runs they were measured on, the command's JSON, its reading no weight, the README's table, and bad inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from harness.budget.record import read_budget
+from harness.cli import main
+from harness.measure.coldcache import write_back_and_drop
+from harness.measure.residency import FileResidency
+from harness.models import build_model
+from harness.models.checkpoints import ensure_checkpoint
+from harness.predict.check import CONSTANT_SOURCES, check_markdown, check_results
+from harness.predict.command import README_BEGIN, README_END
+from harness.predict.inputs import Baseline, PredictInputs
+from harness.predict.rules import (
+    COMPILER_OWN_BYTES,
+    FIELDS,
+    GPU_WORKSPACE_BYTES,
+    RECLAIM_FLOOR_BYTES,
+    WEIGHT_COPIES,
+    predict_strategy,
+)
+from harness.results.reading import load_results
+from harness.scenario import load_scenario
+from harness.tests.committed import ROOT, committed_copy
+from harness.tests.tiny_scenario import tiny_scenario_text
+from harness.units import MIB
+
+B, A = 300 * MIB, 200 * MIB
+ENGINES = (3 * MIB, 5 * MIB, 2 * MIB)
+M = sum(ENGINES)
+
+
+def inputs(strategy: str, *, engines: tuple[int, ...] = ENGINES, model: int = M, device: str = "cpu",
+           backend: str = "copy", weights: str | None = None) -> PredictInputs:
+    return PredictInputs(model, engines, device, backend, weights, (strategy,), Baseline(B, A))
+
+
+def figures(strategy: str, **kwargs: object) -> tuple[int | None, ...]:
+    return tuple(predict_strategy(inputs(strategy, **kwargs), strategy).figures().values())  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- the rules
+
+
+def test_map_and_stream_hold_the_engine_being_built() -> None:
+    for strategy in ("map", "map_no_prefetch", "stream"):
+        assert figures(strategy) == (B + 5 * MIB, B + 5 * MIB, A, None, A + RECLAIM_FLOOR_BYTES)
+
+
+def test_load_holds_two_copies_until_loaded_then_the_model() -> None:
+    assert figures("load") == (B + M, B + 2 * M, A + 2 * M, None, A + 2 * M + RECLAIM_FLOOR_BYTES)
+
+
+def test_file_views_hold_the_whole_file_once_a_tied_weight_counts_once() -> None:
+    assert figures("load_file") == (B + M, B + M, A, None, A + RECLAIM_FLOOR_BYTES)
+    tied = (4 * MIB, 5 * MIB, 4 * MIB)  # the first engine's weight is the last one's too
+    assert figures("torch_mmap", engines=tied, model=9 * MIB)[:2] == (B + 9 * MIB, B + 9 * MIB)
+
+
+def test_read_file_holds_the_previous_engine_beside_the_next() -> None:
+    pair = 3 * MIB + 5 * MIB
+    assert figures("read_file") == (B + pair, B + pair, A + pair, None, A + pair + RECLAIM_FLOOR_BYTES)
+
+
+def test_on_a_gpu_engines_stay_there_and_device_copies_leave_the_host() -> None:
+    assert figures("map", device="cuda")[3] == M
+    assert figures("fastsafetensors", device="cuda")[:4] == (B, B, A, None)
+    assert figures("fastsafetensors")[0] == B + 8 * MIB  # on the host its copies are the host's
+
+
+def test_compilers_add_their_own_memory_and_their_copies() -> None:
+    own = COMPILER_OWN_BYTES["inductor"]
+    mapped = figures("load_file", backend="inductor", weights="mapped")
+    assert mapped[:3] == (B + own, B + own, A + own)  # a mapped build on the host reads no weight
+    copies = int(WEIGHT_COPIES["inductor", "packaged_compiler"] * 5 * MIB)
+    packaged = figures("map", backend="inductor", weights="packaged_compiler")
+    assert packaged[:3] == (B + 5 * MIB + copies + own, B + 5 * MIB + copies + own, A + copies + own)
+    assert figures("map", backend="inductor", weights="packaged", device="cuda")[3] == 5 * MIB + GPU_WORKSPACE_BYTES
+
+
+def test_a_strategy_without_a_rule_predicts_nothing_and_says_why() -> None:
+    p = predict_strategy(inputs("instanttensor"), "instanttensor")
+    assert set(p.figures().values()) == {None} and "no rule" in p.note
+
+
+# --------------------------------------------------------------------------- the constants' sources
+
+
+@pytest.fixture(scope="module")
+def committed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return committed_copy(["results"], tmp_path_factory.mktemp("committed")) / "results"
+
+
+def test_every_constant_is_what_its_committed_run_measured(committed: Path) -> None:
+    def run(name: str, strategy: str = "map") -> tuple[int, int, int]:
+        record = load_results(committed / name).record
+        s = record.strategies[strategy]
+        assert s.build_peak_bytes is not None and s.baseline_rss_bytes is not None
+        return s.build_peak_bytes, s.baseline_rss_bytes, record.largest_engine_bytes
+
+    peak, base, _ = run("smoke-compile")
+    assert abs(COMPILER_OWN_BYTES["inductor"] - (peak - base)) < MIB
+    peak, base, _ = run("smoke-iree")
+    assert abs(COMPILER_OWN_BYTES["iree"] - (peak - base)) < MIB
+    peak, base, largest = run("smoke-openvino")
+    assert abs(COMPILER_OWN_BYTES["openvino"] - (peak - base - 3 * largest)) < MIB
+    peak, base, largest = run("smoke-iree-packaged-compiler")
+    factor = (peak - base - COMPILER_OWN_BYTES["iree"] - largest) / largest
+    assert abs(WEIGHT_COPIES["iree", "packaged_compiler"] - factor) < 0.05
+    record = load_results(committed / "lerobot-compile-packaged").record
+    gpu = record.strategies["map"].gpu_peak_bytes
+    assert gpu is not None and abs(GPU_WORKSPACE_BYTES - (gpu - record.largest_engine_bytes)) < MIB
+    swept = read_budget(committed / "smoke-budget").strategies["map"]
+    assert swept.minimum_bytes is not None and swept.baseline_anon_bytes is not None
+    assert abs(RECLAIM_FLOOR_BYTES - (swept.minimum_bytes - swept.baseline_anon_bytes)) < MIB
+    assert set(CONSTANT_SOURCES) <= {p.name for p in committed.iterdir()}
+
+
+# --------------------------------------------------------------------------- the README's table
+
+
+def test_readme_table_is_what_the_check_prints_for_the_committed_results(committed: Path) -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert text.count(README_BEGIN) == 1 and text.count(README_END) == 1
+    quoted = text.split(README_BEGIN, 1)[1].split(README_END, 1)[0].lstrip("\n")
+    assert quoted == check_markdown(check_results(committed)), (
+        "README.md's predict table differs from `python -m harness predict --check results/`: paste its output "
+        "between the markers")
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def tiny(tmp_path: Path, generate: bool) -> tuple[Path, Path]:
+    checkpoint = tmp_path / "c.safetensors"
+    path = tmp_path / "s.toml"
+    path.write_text(tiny_scenario_text(checkpoint))
+    if generate:
+        ensure_checkpoint(build_model(load_scenario(path).model).module, checkpoint, 0, generate=True)
+    return path, checkpoint
+
+
+def test_json_names_the_record_fields(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario, _ = tiny(tmp_path, generate=False)
+    assert main(["predict", str(scenario), "--json", "--baseline-gib", "0.25"]) == 0
+    out = capsys.readouterr()
+    data = json.loads(out.out)
+    assert set(data["strategies"]) == {"map"}
+    assert set(FIELDS) <= set(data["strategies"]["map"])
+    assert data["strategies"]["map"]["build_peak_bytes"] == int(0.25 * 2**30) + data["largest_engine_bytes"]
+    assert "does not exist" in data["source"] and not (tmp_path / "c.safetensors").exists()
+
+
+def test_predicting_reads_no_weight(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario, checkpoint = tiny(tmp_path, generate=True)
+    write_back_and_drop(checkpoint)
+    residency = FileResidency([checkpoint])
+    try:
+        if not residency.page_cache_visible or residency.resident_bytes() != 0:
+            pytest.skip("this kernel does not show (or drop) the checkpoint's page cache")
+        assert main(["predict", str(scenario), "--json", "--baseline-gib", "0.25"]) == 0
+        assert residency.resident_bytes() == 0
+    finally:
+        residency.close()
+    data = json.loads(capsys.readouterr().out)
+    assert data["source"].startswith("the headers of") and data["model_bytes"] > 0
+    assert os.path.getsize(checkpoint) > data["model_bytes"]
+
+
+@pytest.mark.parametrize("argv, words", [
+    ([], "give a scenario file, or --check"),
+    (["--check", "results", "scenarios/smoke.toml"], "takes no scenario"),
+    (["--check", "no-such-dir"], "not a directory of results"),
+    (["S", "--baseline-gib", "-1"], "--baseline-gib -1: expected a positive"),
+    (["S", "--baseline-gib", "nan"], "--baseline-gib nan: expected a positive"),
+    (["S", "--device", "tpu"], "--device tpu: expected cpu, cuda"),
+    (["missing.toml"], "missing.toml"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
+                                          words: str) -> None:
+    scenario, _ = tiny(tmp_path, generate=False)
+    argv = [str(scenario) if a == "S" else str(tmp_path / a) if a == "missing.toml" else a for a in argv]
+    assert main(["predict", *argv]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and words in err[0], err
