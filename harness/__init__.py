@@ -36,8 +36,9 @@ below it (``harness/tests/test_imports.py`` holds the layers and checks the impo
 ``worker`` ``rounds`` ``run``
     One strategy in one process; the strategies' order in each round; a scenario's supervised run, staged
     then published.
-``budget``
-    Budget mode: memory cgroups, the sweep, its record and its signals.
+``budget`` ``predict``
+    Budget mode: memory cgroups, the sweep, its record and its signals; each strategy's memory predicted from
+    sizes alone (``rules``) and checked against the committed results (``check``).
 ``report``
     The markdown report and the figures, from ``results.reading``; no torch.
 ``cli`` ``schema`` ``bench_map`` ``__main__``

@@ -30,7 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("engines",),
     ("speed", "plan"),
     ("worker", "rounds", "run"),
-    ("budget",),
+    ("budget", "predict"),
     ("report",),
     ("cli", "schema", "bench_map", "__main__"),
 )
