@@ -9,7 +9,8 @@ and a compiler's engines are cut in module order instead of from its graph; the 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from harness.engines.registry import BackendUnavailable, resolve_device
@@ -23,19 +24,19 @@ from harness.predict.inputs import Baseline, PredictInputs
 from harness.scenario import Scenario, validate_scenario
 from weightmap import open_checkpoint
 
-__all__ = ["header_bytes", "inputs_of_scenario"]
+__all__ = ["header_bytes", "inputs_of_scenario", "residency_kept"]
 
 
-def header_bytes(path: Path) -> int:
-    """The tensors' bytes as the checkpoint's headers state them. A checkpoint of one file keeps its page-cache
-    residency: where none of its pages was cached before, the pages the header read brought in (read-ahead
-    included) are dropped again. (A sharded checkpoint's files are known only from its index, read here as it is.)"""
+@contextmanager
+def residency_kept(path: Path) -> Iterator[None]:
+    """Leave a one-file checkpoint's page-cache residency as it was: where none of its pages was cached before the
+    block, the pages it brought in (header reads, read-ahead) are dropped after it. A sharded checkpoint's files are
+    known only from its index, so its residency is left to the reads themselves."""
     single = path.is_file() and path.suffix != ".json"
     residency = FileResidency([path]) if single else None
     try:
         cold = residency is not None and residency.page_cache_visible and residency.resident_bytes() == 0
-        checkpoint = open_checkpoint(path)
-        total = sum(entry.nbytes for _, entry in checkpoint.entries.values())
+        yield
         if cold:
             fd = os.open(path, os.O_RDONLY)
             try:
@@ -45,7 +46,11 @@ def header_bytes(path: Path) -> int:
     finally:
         if residency is not None:
             residency.close()
-    return total
+
+
+def header_bytes(path: Path) -> int:
+    """The tensors' bytes as the checkpoint's headers state them (every header read and validated, no weight)."""
+    return sum(entry.nbytes for _, entry in open_checkpoint(path).entries.values())
 
 
 def inputs_of_scenario(scenario: Scenario, baseline: Baseline, *, device: str | None = None,
@@ -71,12 +76,14 @@ def inputs_of_scenario(scenario: Scenario, baseline: Baseline, *, device: str | 
     path = Path(scenario.checkpoint.path)
     present = path.exists()
     if present:
-        model_bytes, source = header_bytes(path), f"the headers of {path}"
+        with residency_kept(path):
+            model_bytes, source = header_bytes(path), f"the headers of {path}"
     else:
         model_bytes, source = sizes["nbytes"], f"the model's tensors ({path} does not exist)"
     if build.compiler and present:
         try:
-            planned, _ = plan_graph_engines(scenario, path)
+            with residency_kept(path):
+                planned, _ = plan_graph_engines(scenario, path)
         except EntryError as exc:
             raise PlanError(f"{scenario.where('model')}: {exc}") from exc
         except PartitionError as exc:

@@ -11,6 +11,7 @@ import pytest
 
 from harness.budget.record import read_budget
 from harness.cli import main
+from harness.engines.registry import BackendUnavailable, check_backend
 from harness.measure.coldcache import write_back_and_drop
 from harness.measure.residency import FileResidency
 from harness.models import build_model
@@ -29,7 +30,7 @@ from harness.predict.rules import (
 from harness.results.reading import load_results
 from harness.scenario import load_scenario
 from harness.tests.committed import ROOT, committed_copy
-from harness.tests.tiny_scenario import tiny_scenario_text
+from harness.tests.tiny_scenario import compiled_scenario, tiny_scenario_text
 from harness.units import MIB
 
 B, A = 300 * MIB, 200 * MIB
@@ -158,8 +159,20 @@ def test_json_names_the_record_fields(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "does not exist" in data["source"] and not (tmp_path / "c.safetensors").exists()
 
 
-def test_predicting_reads_no_weight(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    scenario, checkpoint = tiny(tmp_path, generate=True)
+@pytest.mark.parametrize("backend", ["copy", "inductor"])
+def test_predicting_reads_no_weight(tmp_path: Path, capsys: pytest.CaptureFixture[str], backend: str) -> None:
+    """The checkpoint's page-cache residency is what it was: the copy backend reads its headers, a compiler also
+    maps it and exports the model to cut its graph."""
+    if backend == "copy":
+        scenario, checkpoint = tiny(tmp_path, generate=True)
+    else:
+        try:
+            check_backend(backend, "packaged_compiler")
+        except BackendUnavailable as exc:
+            pytest.skip(str(exc))
+        scenario = compiled_scenario(tmp_path, backend, name="c", weights="packaged_compiler")
+        checkpoint = tmp_path / "tiny.safetensors"
+        ensure_checkpoint(build_model(load_scenario(scenario).model).module, checkpoint, 0, generate=True)
     write_back_and_drop(checkpoint)
     residency = FileResidency([checkpoint])
     try:
@@ -172,6 +185,8 @@ def test_predicting_reads_no_weight(tmp_path: Path, capsys: pytest.CaptureFixtur
     data = json.loads(capsys.readouterr().out)
     assert data["source"].startswith("the headers of") and data["model_bytes"] > 0
     assert os.path.getsize(checkpoint) > data["model_bytes"]
+    if backend != "copy":
+        assert "the exported graph's partitions" in data["source"]
 
 
 @pytest.mark.parametrize("argv, words", [
