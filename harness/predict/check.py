@@ -37,7 +37,7 @@ CONSTANT_SOURCES: dict[str, str] = {
 """The committed results each constant of :mod:`harness.predict.rules` was measured on (its docstring says how)."""
 
 FIGURES: dict[str, str] = {"build_peak_bytes": "build-phase peak", "host_peak_bytes": "whole-run peak",
-                           "minimum_limit_bytes": "budget minimum"}
+                           "minimum_bytes": "budget minimum"}
 """The figures checked, as the table names them."""
 
 FLOOR_BYTES = 64 * MIB
@@ -79,7 +79,7 @@ class CheckRow:
 
 def goal_bytes(row: CheckRow) -> int:
     """The error the goal allows ``row`` (see the module docstring)."""
-    if row.figure == "minimum_limit_bytes":
+    if row.figure == "minimum_bytes":
         return max(FLOOR_BYTES, int(0.10 * row.measured))
     return max(FLOOR_BYTES, int((0.10 if row.compiler else 0.05) * row.model_bytes))
 
@@ -133,9 +133,9 @@ def _budget_rows(directory: Path) -> list[CheckRow]:
     for name, swept in record.strategies.items():
         if swept.minimum_bytes is None or swept.baseline_rss_bytes is None or swept.baseline_anon_bytes is None:
             continue
-        predicted = predict_strategy(inputs_of_budget(directory, record, name), name).minimum_limit_bytes
+        predicted = predict_strategy(inputs_of_budget(directory, record, name), name).minimum_bytes
         if predicted is not None:
-            rows.append(CheckRow(record.name, name, "minimum_limit_bytes", predicted, swept.minimum_bytes,
+            rows.append(CheckRow(record.name, name, "minimum_bytes", predicted, swept.minimum_bytes,
                                  record.model_bytes, record.backend != "copy", swept.largest_failing_bytes))
     return rows
 
@@ -158,11 +158,11 @@ def _gib(value: int) -> str:
 def _summary(rows: list[CheckRow]) -> list[str]:
     lines = []
     groups = (("copy backend, build-phase and whole-run peaks (goal: 5 % of the model or 64 MiB)",
-               lambda r: not r.compiler and r.figure != "minimum_limit_bytes"),
+               lambda r: not r.compiler and r.figure != "minimum_bytes"),
               ("compiler backends, build-phase and whole-run peaks (goal: 10 % of the model or 64 MiB)",
-               lambda r: r.compiler and r.figure != "minimum_limit_bytes"),
+               lambda r: r.compiler and r.figure != "minimum_bytes"),
               ("budget minimums (goal: 10 % or 64 MiB, or inside the sweep's bracket)",
-               lambda r: r.figure == "minimum_limit_bytes"))
+               lambda r: r.figure == "minimum_bytes"))
     for label, chosen in groups:
         group = [r for r in rows if chosen(r) and not r.sets_constant]
         if not group:

@@ -27,7 +27,7 @@ README_END = "<!-- predict-check:end -->"
 
 LABELS = {"build_peak_bytes": "build-phase host peak", "host_peak_bytes": "whole-run host peak",
           "anon_peak_bytes": "anonymous peak", "gpu_peak_bytes": "GPU peak",
-          "minimum_limit_bytes": "smallest cgroup limit"}
+          "minimum_bytes": "smallest cgroup limit"}
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

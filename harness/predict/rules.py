@@ -30,10 +30,10 @@ from harness.units import MIB
 __all__ = ["FIELDS", "HOLDING", "Prediction", "predict", "predict_strategy"]
 
 FIELDS: tuple[str, ...] = ("build_peak_bytes", "host_peak_bytes", "anon_peak_bytes", "gpu_peak_bytes",
-                           "minimum_limit_bytes")
-"""A prediction's figures, named as the run record (:class:`~harness.results.record.StrategyRecord`) names the
-first four; the budget record calls the fifth ``minimum_bytes`` (:class:`~harness.budget.record.StrategyBudget`),
-said here with what it is a minimum of."""
+                           "minimum_bytes")
+"""A prediction's figures, named as the records name what they measure: the first four as the run record does
+(:class:`~harness.results.record.StrategyRecord`), the fifth as the budget record does
+(:class:`~harness.budget.record.StrategyBudget`: the smallest memory-cgroup limit a strategy completed under)."""
 
 
 @dataclass(frozen=True)
@@ -42,14 +42,14 @@ class Prediction:
     is ``None`` off a GPU). ``build_peak_bytes``: host RSS from partitioning to the end of the last engine;
     ``host_peak_bytes``: host RSS over the whole run; ``anon_peak_bytes``: anonymous host memory over the whole run;
     ``gpu_peak_bytes``: GPU memory above the baseline taken once the CUDA context exists (as the run records it);
-    ``minimum_limit_bytes``: the smallest memory-cgroup limit the strategy completes under."""
+    ``minimum_bytes``: the smallest memory-cgroup limit the strategy completes under."""
 
     strategy: str
     build_peak_bytes: int | None
     host_peak_bytes: int | None
     anon_peak_bytes: int | None
     gpu_peak_bytes: int | None
-    minimum_limit_bytes: int | None
+    minimum_bytes: int | None
     note: str = ""
 
     def figures(self) -> dict[str, int | None]:
@@ -221,7 +221,7 @@ def predict_strategy(inputs: PredictInputs, strategy: str) -> Prediction:
         host_peak_bytes=max(build, base.rss_bytes + load_host),
         anon_peak_bytes=anon,
         gpu_peak_bytes=gpu_peak_bytes(inputs, strategy),
-        minimum_limit_bytes=anon + RECLAIM_FLOOR_BYTES,
+        minimum_bytes=anon + RECLAIM_FLOOR_BYTES,
         note=holding,
     )
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
-from harness.budget.record import read_budget
+from harness.budget.record import StrategyBudget, read_budget
 from harness.cli import main
 from harness.engines.registry import BackendUnavailable, check_backend
 from harness.measure.coldcache import write_back_and_drop
@@ -28,6 +29,7 @@ from harness.predict.rules import (
     predict_strategy,
 )
 from harness.results.reading import load_results
+from harness.results.record import StrategyRecord
 from harness.scenario import load_scenario
 from harness.tests.committed import ROOT, committed_copy
 from harness.tests.tiny_scenario import compiled_scenario, tiny_scenario_text
@@ -155,6 +157,8 @@ def test_json_names_the_record_fields(tmp_path: Path, capsys: pytest.CaptureFixt
     data = json.loads(out.out)
     assert set(data["strategies"]) == {"map"}
     assert set(FIELDS) <= set(data["strategies"]["map"])
+    recorded = {f.name for f in fields(StrategyRecord)} | {f.name for f in fields(StrategyBudget)}
+    assert set(FIELDS) <= recorded  # the records' own names for what they measure
     assert data["strategies"]["map"]["build_peak_bytes"] == int(0.25 * 2**30) + data["largest_engine_bytes"]
     assert "does not exist" in data["source"] and not (tmp_path / "c.safetensors").exists()
 
