@@ -168,9 +168,14 @@ def _summary(rows: list[CheckRow]) -> list[str]:
         if not group:
             continue
         worst = max(group, key=lambda r: abs(r.error))
-        met = sum(r.within_goal for r in group)
-        lines.append(f"- {label}: {met} of {len(group)} within the goal; largest error {worst.error:+.1%} of the "
-                     f"model ({worst.result}, {worst.strategy}, {FIGURES[worst.figure]})")
+        widest = max(group, key=lambda r: abs(r.predicted - r.measured))
+        near = sum(abs(r.predicted - r.measured) <= goal_bytes(r) for r in group)
+        bracketed = sum(r.within_goal for r in group) - near
+        lines.append(f"- {label}: {near} of {len(group)} within the goal's error"
+                     + (f", {bracketed} more inside the sweep's bracket" if bracketed else "")
+                     + f"; largest error {worst.error:+.1%} of the model ({worst.result}, {worst.strategy}, "
+                     f"{FIGURES[worst.figure]}), largest in bytes {(widest.predicted - widest.measured) / GIB:+.3f} "
+                     f"GiB ({widest.result}, {widest.strategy}, {FIGURES[widest.figure]})")
     return lines
 
 

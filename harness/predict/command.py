@@ -42,7 +42,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
                         help="check the rules against every results directory under RESULTS instead")
     parser.add_argument("--json", action="store_true", help="print JSON with the records' field names")
     parser.add_argument("--baseline-gib", type=float, default=None,
-                        help="the process baseline RSS in GiB (default: measured here, a fresh Python with torch)")
+                        help="the process baseline RSS in GiB (default: measured here, a fresh Python with torch); "
+                             "all of it is taken as anonymous, so the smallest limit predicted is on the safe side")
     parser.add_argument("--device", default=None,
                         help="the device engines are built on (default: the scenario's, resolved here)")
 
