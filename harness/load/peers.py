@@ -302,7 +302,8 @@ READ_FILE_BACKENDS: tuple[str, ...] = ("read_file", "pread")
 
 
 def read_file_backend(path: str | os.PathLike[str]) -> str:
-    """The name the installed safetensors takes for its ``pread`` backend, tried on the file ``path``.
+    """The name the installed safetensors takes for its ``pread`` backend, tried on the first file of the
+    checkpoint ``path`` (a file, a sharded folder or its index: ``safe_open`` takes one file only).
 
     Raises ``RuntimeError`` saying which version is installed and what it lacks where it takes
     none of :data:`READ_FILE_BACKENDS` (safetensors before 0.8).
@@ -310,9 +311,10 @@ def read_file_backend(path: str | os.PathLike[str]) -> str:
     import safetensors
     from safetensors import SafetensorError, safe_open
 
+    first = open_checkpoint(path).files[0]
     for name in READ_FILE_BACKENDS:
         try:
-            with safe_open(str(path), framework="pt", backend=name):  # type: ignore[call-arg]
+            with safe_open(str(first), framework="pt", backend=name):  # type: ignore[call-arg]
                 return name
         except (SafetensorError, TypeError) as exc:
             if "backend" not in str(exc):
