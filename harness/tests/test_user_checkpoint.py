@@ -309,3 +309,29 @@ def test_the_report_names_the_files_of_a_sharded_checkpoint_only() -> None:
     assert checkpoint_clause(sharded, 2) == "; checkpoint in 3 files (4.00 GiB: bfloat16 3.00 GiB, float32 1.00 GiB)"
     assert checkpoint_clause(dataclasses.replace(sharded, files=1), 2) == ""
     assert checkpoint_clause(dataclasses.replace(sharded, files=None, dtype_bytes=None), 2) == "", "older layouts"
+
+
+@pytest.mark.parametrize("name", ["st_prefetch", "instanttensor"])
+def test_the_gpu_peers_read_a_sharded_checkpoint_as_the_single_file(
+    name: str, generated: tuple[Scenario, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from harness.tests.test_gpu_peers import _install_fakes  # their packages, faked to hand out CPU tensors
+
+    scenario, single = generated
+    _shard(single, tmp_path / "shards")
+    plan = _plan(scenario, tmp_path / "shards", tmp_path)
+    reference = load_file(str(single))
+    calls: list[tuple[Any, ...]] = []
+    _install_fakes(monkeypatch, calls)
+    model = build_model(plan.scenario.model).module
+    hooks = STRATEGIES[name].hooks(model, tmp_path / "shards", "cuda:0", [e.names for e in plan.engines])  # type: ignore[misc]
+    seen: dict[str, torch.Tensor] = {}
+    for engine in plan.engines:
+        hooks.before(engine.index, engine.names)
+        state = model.state_dict(keep_vars=True)
+        seen.update({n: state[n].detach().clone() for n in engine.names if n in reference})
+        hooks.after(engine.index, engine.names)
+    assert sorted(seen) == sorted(reference) and all(torch.equal(seen[n], reference[n]) for n in reference)
+    read = [c[1] for c in calls if c[0] in ("prefetch", "instant_open")]
+    opened = {Path(f).parent for files in read for f in (files if isinstance(files, tuple) else (files,))}
+    assert opened == {tmp_path / "shards"}, "the shards are what is read"
