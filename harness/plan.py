@@ -35,13 +35,13 @@ from harness.fileio.codec import decode, encode
 from harness.fileio.files import read_json_file
 from harness.load.gpu_peers import LoaderUnavailable, check_loaders
 from harness.models import build_model
-from harness.models.checkpoints import CheckpointError, checkpoint_specs, describe_specs, ensure_checkpoint
+from harness.models.checkpoints import checkpoint_specs, describe_specs
+from harness.models.user_checkpoint import resolve_checkpoint
 from harness.results.disk import CeilingPoint, SpeedChoice
 from harness.results.record import LAYOUT_VERSION, CheckpointInfo, ModelInfo, RecordError
 from harness.scenario import Scenario, validate_scenario
 from harness.speed import resolve_reading
 from harness.units import GIB
-from weightmap import open_checkpoint
 
 __all__ = ["PLAN_VERSION", "EnginePlan", "Plan", "make_plan", "module_engines", "read_plan", "write_plan"]
 
@@ -190,10 +190,11 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
     (:func:`~harness.scenario.validate_scenario`, first), a backend or device this machine
     lacks, a GPU loader peer whose package or device it lacks
     (:func:`~harness.load.gpu_peers.check_loaders`), a model with no weight bytes, more
-    engines than the model has units, and a checkpoint path that is a directory, a FIFO or
-    another file that is not a regular one (found by ``stat``, never opened), missing (without
-    ``checkpoint.generate``), someone else's file, or one to generate that does not fit on its
-    disk; nothing is written before
+    engines than the model has units, and a checkpoint path that is a FIFO or another file that is not a
+    regular one (found by ``stat``, never opened), a directory where one is to be generated, one to generate
+    that does not fit on its disk, or, without ``checkpoint.generate``, a checkpoint (a file, a sharded folder or
+    its index) that is missing, unreadable or does not fit the model
+    (:func:`~harness.models.user_checkpoint.resolve_checkpoint`); nothing is written before
     these checks except the checkpoint itself.
     """
     from harness.engines.compile.entry import EntryError
@@ -227,12 +228,10 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
                         f"({sizes['tensors']} tensors, all empty): there is nothing to measure")
     if not build.compiler:  # before the checkpoint is generated: too many engines is the user's to fix
         engines, cap = module_engines(scenario, info.module)
-    try:
-        path, generated = ensure_checkpoint(info.module, scenario.checkpoint.path, scenario.checkpoint.seed,
-                                            generate=scenario.checkpoint.generate)
-    except CheckpointError as exc:
-        raise CheckpointError(f"{where('checkpoint.path')}: {exc}") from exc
-    say(("generated " if generated else "reusing ") + str(path))
+    checkpoint = resolve_checkpoint(info.module, scenario.checkpoint, where)  # errors name checkpoint.path
+    path = checkpoint.path
+    say(("generated " if checkpoint.info.generated else "reusing ") + str(path)
+        + (f" ({checkpoint.info.files} files)" if checkpoint.info.sharded else ""))
     if build.compiler:
         try:
             planned, cap = plan_graph_engines(scenario, path)
@@ -254,7 +253,7 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
                             f"({exc.strerror or exc})") from exc
         read = ", ".join(str(f) for f in strategy.files_read(path))
         say(f"{strategy_name}: {'converted to' if done else 'reusing'} {read}")
-    files = tuple(str(f) for f in open_checkpoint(path).files)
+    files = tuple(str(f) for f in checkpoint.files)
     reading = resolve_reading(scenario.run, files, builds_read_weights(
         on_gpu=is_gpu(device), compiler_weights=build.compiler_weights), say)
     return Plan(
@@ -263,8 +262,7 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
         model=ModelInfo(name=info.name, source=info.source, source_note=info.source_note,
                         tensors=sizes["tensors"], bytes=sizes["nbytes"],
                         bytes_with_non_persistent_buffers=with_buffers),
-        checkpoint=CheckpointInfo(path=str(path), generated=generated, seed=scenario.checkpoint.seed,
-                                  bytes=path.stat().st_size),
+        checkpoint=checkpoint.info,
         checkpoint_files=files,
         device=device,
         engine_cap_bytes=cap,

@@ -24,7 +24,10 @@ Paths
     the repository root (so ``spec = "harness/specs/pi05.json"`` works from
     ``scenarios/``). All paths in a loaded :class:`Scenario` are absolute. A scenario
     file, a spec or a checkpoint path that is there but is not a regular file (a FIFO, a
-    socket, a device; a directory for the checkpoint) is refused before anything opens it.
+    socket, a device; a directory for a checkpoint to generate) is refused before anything opens it.
+    Without ``checkpoint.generate``, ``checkpoint.path`` may also name a folder holding a checkpoint (one
+    ``model.safetensors``, or shards and ``model.safetensors.index.json``) or that index:
+    :mod:`harness.models.user_checkpoint` reads it.
 
 Schema: one line per key, ``key  what it takes [default]``, as ``python -m harness schema scenario`` prints it
 from the fields of :class:`Scenario` and of its tables (:data:`TABLES`), with what each key means and the rules
@@ -420,15 +423,19 @@ def _nesting(data: Any, limit: int) -> str | None:
     return None
 
 
-def checkpoint_path_problem(path: Path) -> str | None:
-    """Why ``path`` cannot be a checkpoint (a directory, a FIFO, a device, ...: anything there but a
-    regular file), found with ``stat`` alone, so a FIFO is never opened; None when it may be one."""
+def checkpoint_path_problem(path: Path, *, generate: bool = True) -> str | None:
+    """Why ``path`` cannot be a checkpoint (a FIFO, a device, ...: anything there but a regular file, or a
+    directory where the harness is to ``generate`` one file), found with ``stat`` alone, so a FIFO is never
+    opened; None when it may be one. Without ``generate`` a directory may be a sharded checkpoint (what it holds
+    is read later: :mod:`harness.models.user_checkpoint`)."""
     kind = not_regular(path)
     if kind is None:
         return None
     if kind.startswith("cannot"):
         return f"{path}: {kind}"
     if kind == "a directory":
+        if not generate:
+            return None
         return f"{path}: is a directory; the harness reads and writes one .safetensors file"
     return f"{path}: is {kind}, not a regular file; the harness reads and writes one .safetensors file"
 
@@ -461,7 +468,7 @@ def validate_scenario(scenario: Scenario) -> None:
         problem = spec_problem(data if isinstance(data, dict) else {}, m.trim)
         if problem:
             raise ScenarioError(f"{scenario.where('model.spec')}: {m.spec} {problem}")
-    problem = checkpoint_path_problem(scenario.checkpoint.path)
+    problem = checkpoint_path_problem(scenario.checkpoint.path, generate=scenario.checkpoint.generate)
     if problem:
         raise ScenarioError(f"{scenario.where('checkpoint.path')}: {problem}")
 
@@ -548,7 +555,7 @@ def _load_checkpoint(raw: Any, file: Path, model: ModelConfig) -> CheckpointConf
         if not raw["path"].strip():
             raise fail("path", "expected a file path, got an empty string")
         checkpoint = dataclasses.replace(checkpoint, path=Path.cwd() / checkpoint.path.expanduser())
-    problem = checkpoint_path_problem(checkpoint.path)
+    problem = checkpoint_path_problem(checkpoint.path, generate=checkpoint.generate)
     if problem:
         raise fail("path", problem)
     return checkpoint

@@ -1,9 +1,9 @@
 """Two loaders a careful user would write instead of mapping, to measure ``map`` against.
 
 ``torch_mmap``
-    The checkpoint is converted once to a ``.pt`` (:func:`ensure_pt`, outside
-    the measured run), then loaded with ``torch.load(path, mmap=True,
-    weights_only=True)`` and ``load_state_dict(assign=True)``, ties restored
+    The checkpoint (one file or all of its shards) is converted once to a ``.pt``
+    (:func:`ensure_pt`, outside the measured run, at :func:`converted_path`), then
+    loaded with ``torch.load(path, mmap=True, weights_only=True)`` and ``load_state_dict(assign=True)``, ties restored
     (:func:`load_torch_mmap`). The weights are views of torch's mapping of the
     ``.pt``: file-backed, read on first use, and never given back while the
     model holds any of them. torch maps the whole file once, so dropping one
@@ -48,6 +48,7 @@ Views, not clones, for ``stream``
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -60,19 +61,36 @@ import torch
 from harness.fileio.atomic import atomic_file, write_atomic
 from harness.load.loaded import Loaded, retie, stored_names
 from harness.progress import byte_bar
+from harness.scenario import DATA_DIR
 from weightmap import collect_targets, open_checkpoint
 
-__all__ = ["READ_FILE_BACKENDS", "StreamLoader", "converted_path", "ensure_pt", "load_torch_mmap",
+__all__ = ["CONVERTED_DIR", "READ_FILE_BACKENDS", "StreamLoader", "converted_path", "ensure_pt", "load_torch_mmap",
            "read_file_backend"]
 
 
 # --------------------------------------------------------------------------- torch_mmap
 
 
+CONVERTED_DIR = DATA_DIR / "converted"
+"""Where the ``.pt`` conversions of checkpoints that are not the harness's own go, relative to the repository root
+(the current directory): the harness's own data directory, never the user's folder."""
+
+
 def converted_path(checkpoint_path: str | os.PathLike[str]) -> Path:
-    """Where the ``.pt`` conversion of a checkpoint lives: beside it, its name + ``.pt``."""
+    """Where the ``.pt`` conversion of a checkpoint lives.
+
+    Beside a checkpoint the harness generated (one file of ours: its name + ``.pt``), as it always has. For any
+    other checkpoint (a user's file, sharded folder or index) under :data:`CONVERTED_DIR`, named by the checkpoint's
+    name and a digest of its resolved path, so that nothing is ever written into a user's folder; the run's engine
+    directory is no place for it, since it is emptied after every strategy's process.
+    """
+    from harness.models.user_checkpoint import is_generated_file
+
     source = Path(checkpoint_path)
-    return source.with_name(source.name + ".pt")
+    if is_generated_file(source):
+        return source.with_name(source.name + ".pt")
+    digest = hashlib.sha256(os.fsencode(source.resolve())).hexdigest()[:16]
+    return Path.cwd() / CONVERTED_DIR / f"{source.name}-{digest}.pt"
 
 
 def _source_record(checkpoint_path: Path) -> dict[str, Any]:
@@ -284,7 +302,8 @@ READ_FILE_BACKENDS: tuple[str, ...] = ("read_file", "pread")
 
 
 def read_file_backend(path: str | os.PathLike[str]) -> str:
-    """The name the installed safetensors takes for its ``pread`` backend, tried on the file ``path``.
+    """The name the installed safetensors takes for its ``pread`` backend, tried on the first file of the
+    checkpoint ``path`` (a file, a sharded folder or its index: ``safe_open`` takes one file only).
 
     Raises ``RuntimeError`` saying which version is installed and what it lacks where it takes
     none of :data:`READ_FILE_BACKENDS` (safetensors before 0.8).
@@ -292,9 +311,10 @@ def read_file_backend(path: str | os.PathLike[str]) -> str:
     import safetensors
     from safetensors import SafetensorError, safe_open
 
+    first = open_checkpoint(path).files[0]
     for name in READ_FILE_BACKENDS:
         try:
-            with safe_open(str(path), framework="pt", backend=name):  # type: ignore[call-arg]
+            with safe_open(str(first), framework="pt", backend=name):  # type: ignore[call-arg]
                 return name
         except (SafetensorError, TypeError) as exc:
             if "backend" not in str(exc):

@@ -37,11 +37,21 @@ from harness.results.metrics import (
     floor_formula,
 )
 from harness.results.reading import Results
-from harness.results.record import RunRecord, StrategyRecord
+from harness.results.record import CheckpointInfo, RunRecord, StrategyRecord
 from harness.results.spread import median_spread, ratio_of_medians, strategy_rounds
 from harness.units import MB, MIB, format_bytes, format_gib, format_mb_per_s
 
 __all__ = ["render_report", "write_report"]
+
+
+def checkpoint_clause(checkpoint: CheckpointInfo, decimals: int) -> str:
+    """``; checkpoint in 3 files (4.00 GiB: bfloat16 3.50 GiB, float32 0.50 GiB)`` for a checkpoint held in
+    several files; empty for one file (so reports of one-file checkpoints read as they always have)."""
+    if not checkpoint.sharded:
+        return ""
+    dtypes = ", ".join(f"{dtype} {format_gib(n, decimals)}" for dtype, n in (checkpoint.dtype_bytes or {}).items())
+    return f"; checkpoint in {checkpoint.files} files ({format_gib(checkpoint.bytes, decimals)}" + (
+        f": {dtypes})" if dtypes else ")")
 
 
 def context_paragraph(results: Results) -> str:
@@ -57,6 +67,7 @@ def context_paragraph(results: Results) -> str:
     text = f"Model **{model.name}** ({', '.join(a for a in about if a)})"
     if model.source_note:
         text += f", {model.source_note.rstrip('.')}"
+    text += checkpoint_clause(run.checkpoint, decimals)
     machine = f"; machine: {machine_text(results)}"
     if run.machine.kernel:
         machine += f", kernel {run.machine.kernel}"

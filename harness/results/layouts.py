@@ -111,6 +111,10 @@ a later one did:
     (``scenario_config`` without the interval; versions 4 to 6, which hold no ``speed``); where both are held they
     must agree. Readers take them as before (:attr:`~harness.results.record.RunRecord.prefetch`,
     :attr:`~harness.results.record.RunRecord.sample_interval_ms`).
+19. Adds, in ``checkpoint``, ``files`` (how many files hold the checkpoint's tensors: a checkpoint may now be a
+    user's sharded folder or its index as well as one file) and ``dtype_bytes`` (the bytes of its tensors per
+    dtype); ``bytes`` is the total of all its files. ``None`` when reading versions 1 to 18, whose checkpoint was
+    one file the harness generated.
 
 A later version adds keys (each field says the version that added it, ``since`` in its metadata, and the last
 version that held a key a later one dropped, ``until``: :mod:`harness.fileio.codec`), bumps

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file, save_model
 
-from harness.load.peers import StreamLoader, converted_path, ensure_pt, load_torch_mmap
+from harness.load.peers import CONVERTED_DIR, StreamLoader, converted_path, ensure_pt, load_torch_mmap
 from harness.measure.procfs import mapping_rss, read_status
 from harness.units import MIB
 from weightmap import release_storage
@@ -36,7 +36,10 @@ def _model_bytes(model: Tiny) -> int:
 
 
 @pytest.fixture
-def tiny_checkpoint(tmp_path: Path) -> Path:
+def tiny_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A user's checkpoint (no generator metadata); the repository root moved to ``tmp_path``, so that its
+    ``.pt`` conversions go under the test's own data directory."""
+    monkeypatch.chdir(tmp_path)
     torch.manual_seed(0)
     path = tmp_path / "tiny.safetensors"
     save_model(Tiny(), str(path))
@@ -55,7 +58,8 @@ def _read_all(tensors) -> None:
 
 def test_ensure_pt_converts_once_and_again_when_the_checkpoint_changes(tiny_checkpoint: Path) -> None:
     pt = converted_path(tiny_checkpoint)
-    assert pt == tiny_checkpoint.with_name("tiny.safetensors.pt")
+    assert pt.parent == tiny_checkpoint.parent / CONVERTED_DIR and pt.name.startswith("tiny.safetensors-"), \
+        "a user's checkpoint is converted outside its folder"
     assert ensure_pt(tiny_checkpoint, pt) is True
     assert ensure_pt(tiny_checkpoint, pt) is False
     state = torch.load(pt, weights_only=True)
@@ -149,7 +153,8 @@ def test_stream_holds_at_most_one_engines_weights(tmp_path: Path) -> None:
     assert read_status().anon_bytes - anon_before < engine_bytes  # views, never copies
 
 
-def test_stream_reads_a_sharded_checkpoint(tmp_path: Path) -> None:
+def test_stream_reads_a_sharded_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the conversion goes under the test's own data directory
     torch.manual_seed(2)
     a, b = {"x.a": torch.randn(64)}, {"y.b": torch.randn(32), "y.c": torch.arange(5)}
     save_file(a, str(tmp_path / "model-1.safetensors"))

@@ -16,7 +16,7 @@ import pytest
 from harness.budget.record import BUDGET_FILE, BUDGET_VERSION, read_budget, write_budget
 from harness.fileio.codec import TABLE_STYLE, decode, encode
 from harness.plan import Plan
-from harness.results.record import CheckpointInfo, RunRecord
+from harness.results.record import LAYOUT_VERSION, CheckpointInfo, RunRecord
 from harness.scenario import CheckpointConfig, ModelConfig
 from harness.tests.committed import committed_copy
 from harness.tests.test_codec import BUDGET, PLAN, RUN
@@ -89,7 +89,7 @@ def test_a_path_outside_the_root_and_an_earlier_absolute_one_read_as_they_are(
     outside = tmp_path.parent / "elsewhere" / "m.safetensors"
     data = encode(CheckpointInfo(str(outside), False, 0, 1))
     assert data["path"] == str(outside)
-    assert decode(CheckpointInfo, data, source="summary.json").path == str(outside)
+    assert decode(CheckpointInfo, data, source="summary.json", version=LAYOUT_VERSION).path == str(outside)
     budget = dataclasses.replace(BUDGET, checkpoint=str(outside))
     (tmp_path / BUDGET_FILE).write_text(json.dumps({"budget": 1, **encode(budget)}))  # as version 1 wrote it
     assert read_budget(tmp_path) == budget

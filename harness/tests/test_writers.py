@@ -69,9 +69,10 @@ def test_write_atomic_is_the_atomic_writer(tmp_path: Path, fsynced: Fsynced) -> 
 
 
 @pytest.fixture
-def checkpoint(tmp_path: Path) -> Path:
+def checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     from safetensors.torch import save_file
 
+    monkeypatch.chdir(tmp_path)  # a user's checkpoint: its conversion goes under the test's own data directory
     path = tmp_path / "tiny.safetensors"
     save_file({"a": torch.ones(4, 4), "b": torch.zeros(8)}, str(path))
     return path
@@ -100,7 +101,9 @@ def test_a_conversion_that_fails_mid_write_leaves_the_earlier_one(checkpoint: Pa
     with pytest.raises(OutputError, match=rf"{pt.name}: cannot write \(No space left on device\)"):
         ensure_pt(checkpoint, pt)
     assert {p: p.read_bytes() for p in before} == before
-    assert sorted(p.name for p in checkpoint.parent.iterdir()) == sorted([checkpoint.name, pt.name, sidecar.name])
+    assert sorted(p.name for p in pt.parent.iterdir()) == sorted([pt.name, sidecar.name]), "no temporary file left"
+    assert sorted(p.name for p in checkpoint.parent.iterdir()) == sorted([checkpoint.name, "data"]), \
+        "nothing beside a user's checkpoint"
 
 
 def test_the_check_processes_files_are_written_atomically(tmp_path: Path, fsynced: Fsynced,
