@@ -3,7 +3,8 @@ empty.
 
 transformers is imported only here, when this source is built; where it is missing the error says to install it.
 The class is the one the config's ``architectures`` names, else ``AutoModelForCausalLM`` and then ``AutoModel``
-(``from_config``), built under :func:`weightmap.init_empty_weights` (:func:`harness.models.user.build_empty`): ties
+(``from_config``), with ``use_cache`` off (one forward, no key/value cache among its outputs), built under
+:func:`weightmap.init_empty_weights` (:func:`harness.models.user.build_empty`): ties
 (``tie_word_embeddings``) are one parameter as transformers makes them, stored once in a checkpoint, and the
 rotary frequencies are the ones transformers' own code computes, given back before a run. Nothing is downloaded
 (``HF_HUB_OFFLINE=1`` unless set).
@@ -67,6 +68,8 @@ def build_transformers(cfg: ModelConfig) -> ModelInfo:
     except Exception as exc:  # ValueError for an unknown model_type, OSError, JSON errors
         raise ModelError(f"{where}: transformers {transformers.__version__} cannot read this config "
                          f"({type(exc).__name__}: {exc})") from exc
+    if hasattr(config, "use_cache"):  # one forward, as a compiler exports it: no key/value cache among its outputs
+        config.use_cache = False
     named, build = _builder(transformers, config, where)
     module = build_empty(build, f"{where}: {named}")
     note = (f"transformers {transformers.__version__} {type(module).__name__} from {where} under "

@@ -5,9 +5,9 @@ exports and checks it with.
 a tuple (or list) of tensors, or a dict of tensors (keyword arguments). Without it:
 
 * ``transformers``: the architecture's ``main_input_name`` must be ``input_ids``: ``tokens`` token ids below the
-  config's ``vocab_size``, with ``use_cache=False``. Models that take anything else (``pixel_values`` of vision
-  models, ``input_features`` or ``input_values`` of speech models, encoder-decoders' ``decoder_input_ids`` beside
-  them) are not supported without ``model.inputs``;
+  config's ``vocab_size`` (the model is built with ``use_cache`` off: :mod:`harness.models.hf`). Models that take
+  anything else (``pixel_values`` of vision models, ``input_features`` or ``input_values`` of speech models,
+  encoder-decoders' ``decoder_input_ids`` beside them) are not supported without ``model.inputs``;
 * ``factory``: a model whose ``forward`` takes ``input_ids`` first, or whose first submodule is an
   ``nn.Embedding``: ``tokens`` token ids below that (first) embedding's size; any other needs ``model.inputs``.
 """
@@ -98,6 +98,4 @@ def user_entry(cfg: ModelConfig, model: nn.Module, *, tokens: int, generator: to
     """The entry of a user's own model: the model itself, on the inputs the module docstring describes."""
     if cfg.inputs is not None:
         return _given(cfg, model)
-    ids = torch.randint(0, _token_vocab(cfg, model), (1, tokens), generator=generator)
-    kwargs = {"use_cache": False} if cfg.source == "transformers" else {}
-    return Entry(model, (ids,), kwargs)
+    return Entry(model, (torch.randint(0, _token_vocab(cfg, model), (1, tokens), generator=generator),))
