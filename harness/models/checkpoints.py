@@ -289,7 +289,7 @@ def ensure_checkpoint(
     """Make sure ``path`` holds the checkpoint of ``module`` for ``seed``; returns ``(path, generated)``.
 
     A file that :func:`checkpoint_matches` is reused untouched (``generated`` False), and so, without
-    ``generate``, is a file of anyone's that holds exactly the model's tensors (names, dtypes and shapes; a tied
+    ``generate``, is a file the harness did not write that holds exactly the model's tensors (names, dtypes and shapes; a tied
     group once, under its first name, as ``safetensors.torch.save_model`` and transformers store it).
     Otherwise, with ``generate``, a stale file of ours is deleted first (frees its disk
     space) and a new one written with :func:`write_checkpoint` (temporary file, fsync,
@@ -312,8 +312,8 @@ def ensure_checkpoint(
     specs = checkpoint_specs(module)
     if checkpoint_matches(target, specs, seed):
         return target, False
-    if not generate and _holds(target, specs) is not None:  # the user's own file, holding the model's tensors
-        return target, False
+    if not generate and not _replaceable(target) and _holds(target, specs) is not None:
+        return target, False  # the user's own file (not one of ours for another seed), holding the model's tensors
     if target.exists() and not _replaceable(target):
         raise CheckpointError(
             f"{target}: exists and was not written by the harness (no generator={GENERATOR!r} "
