@@ -289,8 +289,9 @@ def ensure_checkpoint(
     """Make sure ``path`` holds the checkpoint of ``module`` for ``seed``; returns ``(path, generated)``.
 
     A file that :func:`checkpoint_matches` is reused untouched (``generated`` False), and so, without
-    ``generate``, is a file the harness did not write that holds exactly the model's tensors (names, dtypes and shapes; a tied
-    group once, under its first name, as ``safetensors.torch.save_model`` and transformers store it).
+    ``generate``, is a file the harness did not write that holds exactly the model's tensors (names, dtypes
+    and shapes; a tied group once, under its first name, as ``safetensors.torch.save_model`` and
+    transformers store it).
     Otherwise, with ``generate``, a stale file of ours is deleted first (frees its disk
     space) and a new one written with :func:`write_checkpoint` (temporary file, fsync,
     rename), parent directories created. :class:`CheckpointError`, naming the path and
