@@ -18,7 +18,15 @@ from harness.catalog import ENGINE_WEIGHTS
 from harness.errors import HarnessError
 from harness.results.names import reserved_problem
 from harness.results.publish import MAX_NAME_CHARS
-from harness.scenario import DEVICES, Scenario, config_identity, config_problem, parse_scenario
+from harness.scenario import (
+    DEVICES,
+    BuildConfig,
+    RunConfig,
+    Scenario,
+    config_identity,
+    config_problem,
+    parse_scenario,
+)
 from harness.scenario_rules import CALLABLE
 
 __all__ = ["MODEL_FLAGS", "add_model_flags", "default_name", "model_table", "scenario_from_flags"]
@@ -55,10 +63,11 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--strategies", metavar="A,B,...", help="the strategies to run, in order (default: all)")
     group.add_argument("--engines", type=int, metavar="N", help="build exactly N engines")
     group.add_argument("--engine-cap-mib", type=float, metavar="M", help="at most M MiB of weights per engine")
-    group.add_argument("--backend", choices=backend_names(), help="how engines are built (default: copy)")
-    group.add_argument("--weights", choices=ENGINE_WEIGHTS, help="compiler backends: whose weights engines run on")
-    group.add_argument("--device", choices=DEVICES, help="where engines are built (default: auto)")
-    group.add_argument("--repeats", type=int, metavar="N", help="cold runs of each strategy (default: 1)")
+    group.add_argument("--backend", choices=backend_names(), help=f"how engines are built (default: {BuildConfig.backend})")
+    group.add_argument("--weights", choices=ENGINE_WEIGHTS, help="compiler backends: whose weights engines run on (default: the backend's own, else "
+                            f"{BuildConfig.weights})")
+    group.add_argument("--device", choices=DEVICES, help=f"where engines are built (default: {BuildConfig.device})")
+    group.add_argument("--repeats", type=int, metavar="N", help=f"cold runs of each strategy (default: {RunConfig.repeats})")
 
 
 def model_table(spec: str) -> dict[str, Any]:
