@@ -63,11 +63,15 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--strategies", metavar="A,B,...", help="the strategies to run, in order (default: all)")
     group.add_argument("--engines", type=int, metavar="N", help="build exactly N engines")
     group.add_argument("--engine-cap-mib", type=float, metavar="M", help="at most M MiB of weights per engine")
-    group.add_argument("--backend", choices=backend_names(), help=f"how engines are built (default: {BuildConfig.backend})")
-    group.add_argument("--weights", choices=ENGINE_WEIGHTS, help="compiler backends: whose weights engines run on (default: the backend's own, else "
+    group.add_argument("--backend", choices=backend_names(),
+                       help=f"how engines are built (default: {BuildConfig.backend})")
+    group.add_argument("--weights", choices=ENGINE_WEIGHTS,
+                       help="compiler backends: whose weights engines run on (default: the backend's own, else "
                             f"{BuildConfig.weights})")
-    group.add_argument("--device", choices=DEVICES, help=f"where engines are built (default: {BuildConfig.device})")
-    group.add_argument("--repeats", type=int, metavar="N", help=f"cold runs of each strategy (default: {RunConfig.repeats})")
+    group.add_argument("--device", choices=DEVICES,
+                       help=f"where engines are built (default: {BuildConfig.device})")
+    group.add_argument("--repeats", type=int, metavar="N",
+                       help=f"cold runs of each strategy (default: {RunConfig.repeats})")
 
 
 def model_table(spec: str) -> dict[str, Any]:
