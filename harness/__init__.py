@@ -22,10 +22,12 @@ below it (``harness/tests/test_imports.py`` holds the layers and checks the impo
 ``measure`` ``progress``
     The sampler, page residency, ``/proc``, the GPU, the cold cache, the disk read, the read probe and
     ceiling, the shared disk, the machine; the bars and lines printed while a run goes.
-``scenario`` ``scenario_rules`` ``weightspec``
-    The TOML validated; a weight spec's JSON read and its size checked, without torch.
+``scenario`` ``scenario_rules`` ``scenario_file`` ``weightspec``
+    The TOML validated, and a scenario written back as TOML; a weight spec's JSON read and its size checked,
+    without torch.
 ``models`` ``load``
-    The models, built on meta, and their generated checkpoints; the strategy registry
+    The models (the harness's own, a user's factory, a transformers config), built on meta, and their
+    generated checkpoints; the strategy registry
     (``load.strategies``) and the peers' loaders (``load.peers``).
 ``engines``
     How engines are built: the partition, the builder interface and its registry, the copy builders, the
@@ -41,8 +43,9 @@ below it (``harness/tests/test_imports.py`` holds the layers and checks the impo
     sizes alone (``rules``) and checked against the committed results (``check``).
 ``report``
     The markdown report and the figures, from ``results.reading``; no torch.
-``cli`` ``schema`` ``bench_map`` ``__main__``
-    The command line, which runs a scenario or a sweep and then renders it; a scenario file's keys and the
+``cli`` ``cli_scenario`` ``schema`` ``bench_map`` ``__main__``
+    The command line, which runs a scenario or a sweep and then renders it, and the scenario its flags
+    describe without a file; a scenario file's keys and the
     results layouts, read from the dataclasses' fields; ``bench_map`` times mapping against the usual lazy
     loaders.
 """

@@ -1,4 +1,6 @@
-"""The command line: ``python -m harness run SCENARIO``, ``python -m harness budget SCENARIO``,
+"""The command line: ``python -m harness run SCENARIO``, ``python -m harness budget SCENARIO`` (or, for a model of
+one's own without a scenario file, ``--model SPEC --checkpoint PATH ...`` in place of SCENARIO:
+:mod:`harness.cli_scenario`; a run publishes the scenario it ran as ``results/<name>/scenario.toml``),
 ``python -m harness plot RESULTS_DIR``, ``python -m harness compare BASE NEW`` and
 ``python -m harness schema [scenario|layouts]`` (:mod:`harness.schema`: a scenario file's keys, the results
 layouts' history) and ``python -m harness predict SCENARIO`` (:mod:`harness.predict.command`).
@@ -23,6 +25,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from harness.cli_scenario import add_model_flags, scenario_from_flags
 from harness.errors import HarnessError
 from harness.units import GIB, MIB
 
@@ -43,14 +46,16 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="{run,budget,plot,compare,schema,predict}")
     run = commands.add_parser("run", help="run every strategy of a scenario, write results and figures",
                               description="Run every strategy of a scenario; write results/<name>/ and its figures.")
-    run.add_argument("scenario", type=Path, help="a scenario file, e.g. scenarios/smoke.toml")
-    run.add_argument("--name", help="name of the results: results/<name>/ (default: the scenario's name)")
+    run.add_argument("scenario", type=Path, nargs="?", help="a scenario file, e.g. scenarios/smoke.toml")
+    run.add_argument("--name", help="name of the results: results/<name>/ (default: the scenario's name; with "
+                                    "--model, the factory function's name or the config's model_type)")
     run.add_argument("--results", default="results", help="results root (default: results)")
+    add_model_flags(run)
     budget = commands.add_parser(
         "budget", help="find each strategy's smallest memory limit under a kernel memory cgroup",
         description="Sweep every strategy of a scenario for the smallest memory-cgroup limit it completes "
                     "under; write results/<name>/ (default <scenario>-budget) and its report and figure.")
-    budget.add_argument("scenario", type=Path, help="a scenario file, e.g. scenarios/smoke.toml")
+    budget.add_argument("scenario", type=Path, nargs="?", help="a scenario file, e.g. scenarios/smoke.toml")
     budget.add_argument("--name", help="name of the results (default: <scenario name>-budget)")
     budget.add_argument("--results", default="results", help="results root (default: results)")
     budget.add_argument("--precision-mib", type=float, default=None,
@@ -62,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     budget.add_argument("--at", action="append", default=[], metavar="STRATEGY=GIB",
                         help="run STRATEGY once unconstrained and once under GIB GiB instead of sweeping it "
                              "(repeatable); for strategies whose attempts take minutes")
+    add_model_flags(budget)
     plot = commands.add_parser("plot", help="re-render the figures and the report from saved results",
                                description="Re-render the figures and the markdown report of a results directory.")
     plot.add_argument("results_dir", type=Path, help="a results directory holding summary.json")
@@ -113,14 +119,19 @@ def _run(args: argparse.Namespace) -> int:
     from harness.report import Rendered, render_staged
     from harness.run import run_scenario
     from harness.scenario import load_scenario
+    from harness.scenario_file import write_scenario_file
 
     rendered: list[Rendered] = []
+    results = _results_root(args.results)  # before the scenario is read: nothing runs with a bad one
+    flags = scenario_from_flags(args)
+    scenario = flags or load_scenario(args.scenario)
 
     def render(staging: Path, published_as: Path, batch: FileBatch) -> None:
+        if flags is not None:  # published with the results: ``harness run <it>`` reruns the same scenario
+            write_scenario_file(flags, staging)
         rendered.append(render_staged(staging, published_as, batch))
 
-    results = _results_root(args.results)  # before the scenario is read: nothing runs with a bad one
-    record = run_scenario(load_scenario(args.scenario), name=args.name, results=results, render=render)
+    record = run_scenario(scenario, name=None if flags else args.name, results=results, render=render)
     for done in rendered:
         for path in done.paths:
             _say("harness", f"wrote {path}")
@@ -155,12 +166,13 @@ def _budget(args: argparse.Namespace) -> int:
             raise HarnessError(f"{flag} {value:g}: {limit.expected()}")
     precision = None if args.precision_mib is None else int(args.precision_mib * MIB)
     at = dict(_at_limit(text) for text in args.at)
-    scenario = load_scenario(args.scenario)
+    flags = scenario_from_flags(args)
+    scenario = flags or load_scenario(args.scenario)
     unknown = sorted(set(at) - set(scenario.strategies))
     if unknown:
-        raise HarnessError(f"--at {unknown[0]}: not a strategy of {args.scenario} (it runs "
+        raise HarnessError(f"--at {unknown[0]}: not a strategy of {args.scenario or scenario.source} (it runs "
                            f"{', '.join(scenario.strategies)})")
-    record = run_budget(scenario, name=args.name, results=results,
+    record = run_budget(scenario, name=None if flags else args.name, results=results,
                         precision_bytes=precision, timeout_factor=args.timeout_factor, at=at)
     for path in render_budget(results / record.name):
         _say("budget", f"wrote {path}")

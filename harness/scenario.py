@@ -41,9 +41,11 @@ fields); ``reference.*`` are the keys of each ``[[reference]]`` table; see ``sce
     strategies                          list of strings [["map", "load", "load_file", "torch_mmap",
                                         "stream", "read_file", "map_no_prefetch", "map_keep_cache"]]
         names of :data:`harness.catalog.STRATEGY_LISTINGS`, at least one, none twice, run in the order given
-    model.source                        "synthetic" | "spec" | "lerobot" ["synthetic"]
+    model.source                        "synthetic" | "spec" | "lerobot" | "factory" | "transformers"
+                                        ["synthetic"]
         which keys apply: synthetic: layers, width, heads, vocab, ffn_mult, dtype; spec: spec, trim; lerobot:
-        spec, trim, fallback; any other key of [model] is an error
+        spec, trim, fallback; factory: factory, inputs; transformers: config, inputs; any other key of [model] is
+        an error
     model.layers                        an integer >= 1 and <= 1024 [absent]
         required for a synthetic model, as are width and vocab
     model.width                         an integer >= 1 and <= 65536 [absent]
@@ -60,11 +62,24 @@ fields); ``reference.*`` are the keys of each ``[[reference]]`` table; see ``sce
         at run time
     model.trim                          list of strings [[]]
         tensor names left out of the model; each must be in the spec
-    checkpoint.path                     path [data/<model key>.safetensors]
+    model.factory                       string [absent]
+        factory only, required: "package.module:function", a function of no arguments returning the user's
+        nn.Module, imported as python -m imports from the current directory and called under
+        weightmap.init_empty_weights (:mod:`harness.models.factory`)
+    model.config                        path [absent]
+        transformers only, required: a folder holding config.json (a hub snapshot) or the file, resolved as spec
+        is; the model is the class its "architectures" names, built empty (:mod:`harness.models.hf`)
+    model.inputs                        string [absent]
+        factory and transformers: "package.module:function" called with the model, returning the example
+        inputs a compiler backend exports it with (a tensor, a tuple of tensors or a dict of them); absent:
+        build.tokens token ids, for a model that takes them (:mod:`harness.engines.compile.entry`)
+    checkpoint.path                     path [data/<model key>.safetensors; transformers: the config's
+                                        folder]
         a path that does not exist is an error unless generate is true
     checkpoint.seed                     an integer >= 0 and <= 9223372036854775807 [0]
         the seed of the generated values
-    checkpoint.generate                 true | false [true without a path, false with one]
+    checkpoint.generate                 true | false [true without a path, false with one or for factory and
+                                        transformers]
         write the checkpoint (seeded values) when the file is missing or was generated for another model or seed
     build.engines                       an integer >= 1 and <= 4096 [absent]
         exactly one of engines and engine_cap_mib: exactly that many engines (the model needs at least as many
@@ -118,6 +133,7 @@ fields); ``reference.*`` are the keys of each ``[[reference]]`` table; see ``sce
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import tomllib
 import zlib
@@ -132,7 +148,7 @@ from harness.errors import HarnessError
 from harness.fileio.codec import TABLE_STYLE, Limit, decode, decode_fields, describe_typed, encode
 from harness.fileio.files import not_regular
 from harness.results.record import Reference
-from harness.scenario_rules import limit, name_problem, one_of, repeats, strategies_problem
+from harness.scenario_rules import callable_problem, limit, name_problem, one_of, repeats, strategies_problem
 from harness.units import MIB
 from harness.weightspec import (
     MAX_MODEL_BYTES,
@@ -154,6 +170,7 @@ __all__ = [
     "MODEL_DTYPES",
     "PREFETCH",
     "SOURCES",
+    "USER_SOURCES",
     "TABLES",
     "TOP_KEYS",
     "MAX_MODEL_BYTES",
@@ -169,13 +186,22 @@ __all__ = [
     "Scenario",
     "ScenarioError",
     "checkpoint_path_problem",
+    "config_identity",
+    "config_problem",
+    "default_generate",
     "default_checkpoint_for",
     "load_scenario",
+    "parse_scenario",
     "synthetic_numel",
     "validate_scenario",
 ]
 
-SOURCES: tuple[str, ...] = ("synthetic", "spec", "lerobot")
+SOURCES: tuple[str, ...] = ("synthetic", "spec", "lerobot", "factory", "transformers")
+USER_SOURCES: tuple[str, ...] = ("factory", "transformers")
+"""The sources that build a model the user brings: its checkpoint is theirs, so ``checkpoint.generate`` defaults to
+false (:func:`default_generate`)."""
+CONFIG_FILE = "config.json"
+"""The file a ``transformers`` source's ``model.config`` folder holds."""
 MODEL_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 CACHES: tuple[str, ...] = ("cold", "warm")
@@ -200,6 +226,8 @@ _MODEL_KEYS = {
     "synthetic": frozenset({"source"}) | _SYNTHETIC_KEYS,
     "spec": frozenset({"source"}) | _SPEC_KEYS,
     "lerobot": frozenset({"source", "fallback"}) | _SPEC_KEYS,
+    "factory": frozenset({"source", "factory", "inputs"}),
+    "transformers": frozenset({"source", "config", "inputs"}),
 }
 
 
@@ -224,7 +252,9 @@ class ModelConfig:
     ``layers``/``width``/``vocab`` are ``None`` unless the source is synthetic (where
     ``heads``/``ffn_mult``/``dtype`` also apply; elsewhere they keep their defaults
     and are ignored). ``spec``/``fallback``/``trim`` apply to spec and lerobot only;
-    ``spec`` is an absolute path after :func:`load_scenario`.
+    ``spec`` is an absolute path after :func:`load_scenario`. ``factory`` (``"module:function"``) applies to the
+    factory source, ``config`` (the ``config.json`` file, absolute after loading) to transformers, ``inputs``
+    (``"module:function"``) to both.
     """
 
     source: str = field(default="synthetic", metadata=one_of(SOURCES))
@@ -237,6 +267,9 @@ class ModelConfig:
     spec: Path | None = None
     fallback: str | None = field(default=None, metadata=one_of(FALLBACKS))
     trim: tuple[str, ...] = field(default=(), metadata={"check": repeats})
+    factory: str | None = field(default=None, metadata={"check": callable_problem})
+    config: Path | None = None
+    inputs: str | None = field(default=None, metadata={"check": callable_problem})
 
     @property
     def key(self) -> str:
@@ -245,17 +278,45 @@ class ModelConfig:
         Synthetic: ``synthetic-l<layers>-w<width>-h<heads>-v<vocab>-f<ffn_mult>-<dtype>``.
         Spec and lerobot (which must equal its spec): the spec file's stem, plus
         ``-trim<count>-<crc32 of the sorted names>`` when tensors are trimmed.
+        Factory: ``factory-<function>-<crc32 of "module:function">``. Transformers: ``<model_type>-<crc32 of
+        config.json's bytes>`` (``model`` where the file names no ``model_type`` or cannot be read).
         """
+        if self.source == "factory":
+            spec = self.factory or ""
+            return f"factory-{_file_safe(spec.rpartition(':')[2])}-{zlib.crc32(spec.encode()) & 0xFFFFFFFF:08x}"
+        if self.source == "transformers":
+            kind, digest = config_identity(self.config)
+            return f"{_file_safe(kind)}-{digest:08x}"
         if self.source == "synthetic":
             return (
                 f"synthetic-l{self.layers}-w{self.width}-h{self.heads}-v{self.vocab}"
                 f"-f{self.ffn_mult}-{self.dtype}"
             )
-        stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", self.spec.stem if self.spec else "model")
+        stem = _file_safe(self.spec.stem if self.spec else "model")
         if not self.trim:
             return stem
         digest = zlib.crc32("\n".join(sorted(self.trim)).encode()) & 0xFFFFFFFF
         return f"{stem}-trim{len(self.trim)}-{digest:08x}"
+
+
+def _file_safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text) or "model"
+
+
+def config_identity(config: Path | None) -> tuple[str, int]:
+    """A transformers config's ``model_type`` (``"model"`` where it names none) and the crc32 of its bytes."""
+    try:
+        data = b"" if config is None else config.read_bytes()
+        kind = json.loads(data).get("model_type") if data else None
+    except (OSError, ValueError, AttributeError):
+        kind = None
+    return (kind if isinstance(kind, str) and kind else "model"), zlib.crc32(data) & 0xFFFFFFFF
+
+
+def default_generate(model: ModelConfig, path_given: bool) -> bool:
+    """``checkpoint.generate`` where a scenario leaves it out: true for a model of the harness's own without a
+    path; false with a path, or for a model the user brings (:data:`USER_SOURCES`): its checkpoint is theirs."""
+    return not path_given and model.source not in USER_SOURCES
 
 
 @dataclass(frozen=True)
@@ -384,7 +445,10 @@ def _fields(obj: Any) -> dict[str, Any]:
 
 
 def default_checkpoint_for(model: ModelConfig) -> Path:
-    """``<root>/data/<model key>.safetensors``, the checkpoint path when a scenario names none."""
+    """The checkpoint path when a scenario names none: a transformers model's config folder (a hub snapshot holds
+    its weights beside ``config.json``), else ``<root>/data/<model key>.safetensors``."""
+    if model.source == "transformers" and model.config is not None:
+        return model.config.parent
     return Path.cwd() / DATA_DIR / f"{model.key}.safetensors"
 
 
@@ -505,8 +569,36 @@ def _resolve_spec(raw: str, scenario_dir: Path, fail: _Fail) -> Path | None:
     return None
 
 
+def _resolve_config(raw: str, scenario_dir: Path, fail: _Fail) -> Path:
+    """A transformers config: ``config.json`` or the folder holding it, looked for beside the scenario, then
+    under the root, as a spec is; the file, absolute."""
+    problem = config_problem(Path(raw).expanduser(), (scenario_dir, Path.cwd()))
+    if isinstance(problem, str):
+        raise fail("config", problem)
+    return problem
+
+
+def config_problem(given: Path, bases: Collection[Path]) -> Path | str:
+    """The ``config.json`` that ``given`` names (the file, or a folder holding it), relative paths tried under each
+    of ``bases`` in turn; else what is wrong, in words."""
+    for base in bases:
+        candidate = given if given.is_absolute() else base / given
+        if candidate.is_dir():
+            if (candidate / CONFIG_FILE).is_file():
+                return (candidate / CONFIG_FILE).resolve()
+            return f"{candidate} holds no {CONFIG_FILE} (a transformers model's folder does)"
+        kind = not_regular(candidate)
+        if kind is not None and not kind.startswith("cannot"):
+            return f"{candidate} is {kind}, not a {CONFIG_FILE} file"
+        if candidate.is_file():
+            return candidate.resolve()
+    return f"{str(given)!r} not found (looked in {', '.join(str(b) for b in bases)}): give a folder with " \
+           f"{CONFIG_FILE} or the file"
+
+
 _REQUIRED_MODEL_KEYS: dict[str, tuple[str, ...]] = {
     "synthetic": ("layers", "width", "vocab"), "spec": ("spec",), "lerobot": ("spec",),
+    "factory": ("factory",), "transformers": ("config",),
 }
 """The model keys a scenario must give for each source (their fields' default, None, means "not this source")."""
 
@@ -527,6 +619,10 @@ def _load_model(raw: Any, file: Path, scenario_dir: Path) -> ModelConfig:
         if problem:
             raise fail(None, problem)
         return model
+    if model.source == "factory":
+        return model
+    if model.source == "transformers":
+        return dataclasses.replace(model, config=_resolve_config(raw["config"], scenario_dir, fail))
     spec = _resolve_spec(raw["spec"], scenario_dir, fail)
     if spec is None:
         raise fail("spec", f"file {raw['spec']!r} not found (looked in {scenario_dir} and {Path.cwd()})")
@@ -548,7 +644,7 @@ def _load_checkpoint(raw: Any, file: Path, model: ModelConfig) -> CheckpointConf
     """The checkpoint settings; without a path, the model's default checkpoint, which the harness may write."""
     given = isinstance(raw, dict) and "path" in raw
     if isinstance(raw, dict):
-        raw = {"path": str(default_checkpoint_for(model)), "generate": not given, **raw}
+        raw = {"path": str(default_checkpoint_for(model)), "generate": default_generate(model, given), **raw}
     checkpoint: CheckpointConfig = _table(CheckpointConfig, raw, file, "checkpoint")
     fail = _failer(file, "checkpoint")
     if given:
@@ -600,21 +696,29 @@ TABLES: dict[str, type] = {"model": ModelConfig, "checkpoint": CheckpointConfig,
 """The tables of a scenario file and the class each is read into, read one by one after its top-level keys."""
 
 
-def _parse(data: Mapping[str, Any], path: Path, shown: Path) -> Scenario:
-    """Validate parsed TOML; ``path`` is the absolute file, ``shown`` the name used in errors."""
+def parse_scenario(data: Mapping[str, Any], *, shown: str, base: Path) -> Scenario:
+    """The scenario of ``data`` (a scenario file's tables, as :mod:`tomllib` reads them), validated as
+    :func:`load_scenario` validates a file, for a scenario that comes from no file (the command line's flags):
+    errors start with ``shown``, relative model paths resolve against ``base`` then the root, and ``path`` is None."""
+    return _parse(data, None, Path(shown), base)
+
+
+def _parse(data: Mapping[str, Any], path: Path | None, shown: Path, base: Path | None = None) -> Scenario:
+    """Validate parsed TOML; ``path`` is the absolute file (None: no file), ``shown`` the name used in errors,
+    ``base`` the directory model paths resolve against first (default: the file's)."""
     deep = _nesting(dict(data), MAX_NESTING)
     if deep is not None:
         raise ScenarioError(f"{shown}: {deep}: arrays and tables nest more than {MAX_NESTING} levels deep "
                             "(a scenario needs 3)")
     top = decode_fields(Scenario, dict(data), TOP_KEYS, others=tuple(TABLES),
                         source=str(shown), style=_STYLE, optional=True)
-    model = _load_model(data.get("model", {}), shown, path.parent)
+    model = _load_model(data.get("model", {}), shown, base if base is not None else Path(str(path)).parent)
     checkpoint = _load_checkpoint(data.get("checkpoint", {}), shown, model)
     build = _load_build(data.get("build", {}), shown)
     fail = _failer(shown, "")
     if build.compiler and model.source == "spec":
         raise fail("build.backend", f"backend {build.backend!r} exports the model, and a spec model has "
-                                    "no forward: use model.source = \"synthetic\" or \"lerobot\"")
+                                    "no forward: use a source with one (synthetic, lerobot, factory, transformers)")
     if build.compiler and model.fallback is not None:
         raise fail("model.fallback", f"backend {build.backend!r} exports the model, and the spec model "
                                      "it would fall back to has no forward: remove the fallback")

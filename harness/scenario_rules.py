@@ -4,6 +4,7 @@ field's metadata, applied by :func:`harness.fileio.codec.decode` and listed by :
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -14,7 +15,7 @@ from harness.results.names import reserved_problem
 from harness.units import GIB, MIB, PIB
 from harness.weightspec import MAX_MODEL_BYTES
 
-__all__ = ["LIMITS", "OneOf", "limit", "name_problem", "one_of", "repeats", "strategies_problem"]
+__all__ = ["LIMITS", "OneOf", "callable_problem", "limit", "name_problem", "one_of", "repeats", "strategies_problem"]
 
 
 def _int(low: int, high: int) -> Limit:
@@ -83,6 +84,17 @@ def strategies_problem(strategies: tuple[str, ...]) -> str | None:
     if unknown is not None:
         return f"unknown strategy {unknown!r} (known: {', '.join(STRATEGY_LISTINGS)})"
     return None
+
+
+CALLABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
+"""``package.module:function``: what a model's ``factory`` and ``inputs`` name."""
+
+
+def callable_problem(text: str | None) -> str | None:
+    """Why ``text`` does not name a function as ``package.module:function``; None when it does (or is absent)."""
+    if text is None or CALLABLE.fullmatch(text):
+        return None
+    return f"expected package.module:function, got {text!r}"
 
 
 def name_problem(name: str) -> str | None:

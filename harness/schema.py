@@ -46,8 +46,8 @@ _LINE = 104
 by 4, within the project's 120 columns)."""
 
 LOADER_DEFAULTS: dict[str, str] = {
-    "checkpoint.path": "data/<model key>.safetensors",
-    "checkpoint.generate": "true without a path, false with one",
+    "checkpoint.path": "data/<model key>.safetensors; transformers: the config's folder",
+    "checkpoint.generate": "true without a path, false with one or for factory and transformers",
 }
 """The keys whose default :func:`harness.scenario.load_scenario` computes from the rest of the file rather than
 taking their field's, and what it computes, as the listing shows it."""

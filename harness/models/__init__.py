@@ -1,6 +1,6 @@
 """Models the harness measures, always built on the meta device (no memory, no values).
 
-Three sources, chosen by :class:`~harness.scenario.ModelConfig.source`:
+Five sources, chosen by :class:`~harness.scenario.ModelConfig.source`:
 
 ``synthetic``
     :class:`SyntheticTransformer` (:mod:`harness.models.synthetic`), a small
@@ -16,6 +16,14 @@ Three sources, chosen by :class:`~harness.scenario.ModelConfig.source`:
     (:mod:`harness.models.lerobot`). lerobot is imported only when asked for; where it
     cannot be imported the build fails with the reason, unless the scenario says
     ``fallback = "spec"``.
+``factory``
+    the user's own ``nn.Module``, returned by a function they name (:mod:`harness.models.factory`).
+``transformers``
+    a transformers model from its ``config.json`` (:mod:`harness.models.hf`); transformers is imported only
+    when asked for.
+
+The last two are built under :func:`weightmap.init_empty_weights`, then put on meta
+(:mod:`harness.models.user`).
 
 Weights are filled later, from a checkpoint; non-persistent buffers are not in any
 checkpoint, so :func:`fill_non_persistent` gives them values before a model runs.
@@ -34,6 +42,8 @@ from harness.models.base import (
     SpecMismatchError,
     pattern,
 )
+from harness.models.factory import build_factory
+from harness.models.hf import build_transformers
 from harness.models.lerobot import build_lerobot
 from harness.models.spec import SpecModel, build_from_spec, load_spec, spec_differences, spec_of
 from harness.models.synthetic import SyntheticTransformer, build_synthetic
@@ -91,7 +101,7 @@ def fill_non_persistent(model: nn.Module) -> list[str]:
 def build_model(cfg: ModelConfig) -> ModelInfo:
     """Build the configured model on the meta device.
 
-    Raises :class:`ModelError` for a bad spec or trim name,
+    Raises :class:`ModelError` for a bad spec or trim name, a factory or config that cannot build a model,
     :class:`SpecMismatchError` when lerobot's model differs from its spec (the first
     20 differences listed), and :class:`LerobotUnavailableError` when lerobot cannot
     be imported and the scenario has no ``fallback = "spec"``; with the fallback the
@@ -100,6 +110,10 @@ def build_model(cfg: ModelConfig) -> ModelInfo:
     """
     if cfg.source == "synthetic":
         return build_synthetic(cfg)
+    if cfg.source == "factory":
+        return build_factory(cfg)
+    if cfg.source == "transformers":
+        return build_transformers(cfg)
     if cfg.spec is None:
         raise ModelError(f"source {cfg.source!r} needs a spec file")
     spec = load_spec(cfg.spec)

@@ -25,14 +25,14 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("fileio",),
     ("results",),
     ("measure", "progress"),
-    ("scenario", "scenario_rules", "weightspec"),
+    ("scenario", "scenario_rules", "scenario_file", "weightspec"),
     ("models", "load"),
     ("engines",),
     ("speed", "plan"),
     ("worker", "rounds", "run"),
     ("budget", "predict"),
     ("report",),
-    ("cli", "schema", "bench_map", "__main__"),
+    ("cli", "cli_scenario", "schema", "bench_map", "__main__"),
 )
 """The modules and packages of ``harness/`` in layers, from the bottom up: each imports only from its own layer
 or those below it. The README's layer list and :mod:`harness`'s docstring name the same layers in this order."""
@@ -61,6 +61,8 @@ TORCH_FREE = (
     "harness.report.comparison",
     "harness.stopping",
     "harness.cli",
+    "harness.cli_scenario",
+    "harness.scenario_file",
     "harness.schema",
 )
 

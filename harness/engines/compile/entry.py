@@ -7,6 +7,8 @@
 * ``lerobot``: :class:`SampleActions`, lerobot's own ``PI05Pytorch.sample_actions`` with one
   denoise step, on one 224x224 image, ``tokens`` language tokens and seeded noise; the
   model is its child ``model``, so the program's weight names are ``model.<name>``;
+* ``factory`` and ``transformers``: the model itself, on the inputs ``model.inputs`` returns, else token ids
+  where the model takes them (:mod:`harness.engines.compile.user_inputs`);
 * ``spec``: no entry: a spec model has no forward (:class:`EntryError`).
 
 The entry's tensor names are the names the graph partitions, the release plan and the
@@ -15,29 +17,16 @@ records use.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from harness.errors import HarnessError
-from harness.scenario import ModelConfig
+from harness.engines.compile.entry_types import Entry, EntryError
+from harness.engines.compile.user_inputs import user_entry
+from harness.scenario import USER_SOURCES, ModelConfig
 
 __all__ = ["Entry", "EntryError", "SampleActions", "export_entry"]
-
-
-class EntryError(HarnessError, ValueError):
-    """The model cannot be exported: it has no forward a compiler could trace."""
-
-
-@dataclass(frozen=True)
-class Entry:
-    """The module to export and its example inputs (CPU tensors, deterministic for a seed)."""
-
-    module: nn.Module
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 class SampleActions(nn.Module):
@@ -83,7 +72,9 @@ def export_entry(cfg: ModelConfig, model: nn.Module, *, tokens: int, seed: int =
     if cfg.source == "synthetic":
         assert cfg.vocab is not None
         return Entry(model, (torch.randint(0, cfg.vocab, (1, tokens), generator=generator),))
+    if cfg.source in USER_SOURCES:
+        return user_entry(cfg, model, tokens=tokens, generator=generator)
     if cfg.source == "lerobot" and hasattr(model, "sample_actions"):
         return Entry(SampleActions(model), _lerobot_inputs(model, tokens, generator))
     raise EntryError(f"model {cfg.key} ({cfg.source}) has no forward to export: compiler backends need "
-                     "model.source = \"synthetic\" or \"lerobot\" (where lerobot imports)")
+                     "a model with a forward: synthetic, factory, transformers or lerobot (where lerobot imports)")
