@@ -47,7 +47,7 @@ from harness.errors import HarnessError
 from harness.progress import byte_bar
 from harness.scenario import checkpoint_path_problem, default_checkpoint_for
 from harness.units import GIB, MIB
-from weightmap import Header, TensorSpec, read_header, write_checkpoint
+from weightmap import TensorSpec, read_header, write_checkpoint
 
 if TYPE_CHECKING:
     from harness.scenario import Scenario
@@ -140,25 +140,18 @@ def checkpoint_matches(path: str | os.PathLike[str], specs: Sequence[TensorSpec]
     and metadata with this module's ``format``, ``generator``, ``values`` and ``seed`` (other
     metadata keys are ignored). A missing, unreadable or corrupt file gives False.
     """
-    header = _holds(path, specs)
-    metadata = (header.metadata if header is not None else None) or {}
-    return header is not None and all(metadata.get(key) == value for key, value in checkpoint_metadata(seed).items())
-
-
-def _holds(path: str | os.PathLike[str], specs: Sequence[TensorSpec]) -> Header | None:
-    """The header of ``path`` where it holds exactly ``specs`` (names, dtypes, shapes), whoever wrote it; else None
-    (a missing, unreadable or corrupt file too)."""
     try:
         header = read_header(path)
     except (OSError, ValueError):
-        return None
+        return False
     if len(header.tensors) != len(specs):
-        return None
+        return False
     for spec in specs:
         entry = header.tensors.get(spec.name)
         if entry is None or entry.dtype != spec.dtype or tuple(entry.shape) != tuple(spec.shape):
-            return None
-    return header
+            return False
+    metadata = header.metadata or {}
+    return all(metadata.get(key) == value for key, value in checkpoint_metadata(seed).items())
 
 
 def _mix64(value: int) -> int:
@@ -288,10 +281,7 @@ def ensure_checkpoint(
 ) -> tuple[Path, bool]:
     """Make sure ``path`` holds the checkpoint of ``module`` for ``seed``; returns ``(path, generated)``.
 
-    A file that :func:`checkpoint_matches` is reused untouched (``generated`` False), and so, without
-    ``generate``, is a file the harness did not write that holds exactly the model's tensors (names, dtypes
-    and shapes; a tied group once, under its first name, as ``safetensors.torch.save_model`` and
-    transformers store it).
+    A file that :func:`checkpoint_matches` is reused untouched (``generated`` False).
     Otherwise, with ``generate``, a stale file of ours is deleted first (frees its disk
     space) and a new one written with :func:`write_checkpoint` (temporary file, fsync,
     rename), parent directories created. :class:`CheckpointError`, naming the path and
@@ -313,8 +303,6 @@ def ensure_checkpoint(
     specs = checkpoint_specs(module)
     if checkpoint_matches(target, specs, seed):
         return target, False
-    if not generate and not _replaceable(target) and _holds(target, specs) is not None:
-        return target, False  # the user's own file (not one of ours for another seed), holding the model's tensors
     if target.exists() and not _replaceable(target):
         raise CheckpointError(
             f"{target}: exists and was not written by the harness (no generator={GENERATOR!r} "

@@ -17,8 +17,16 @@ import torch
 
 from harness.engines.compile.entry import EntryError, export_entry
 from harness.models import ModelError, build_model, fill_non_persistent
-from harness.models.checkpoints import checkpoint_specs, ensure_checkpoint
-from harness.scenario import ModelConfig, ScenarioError, default_checkpoint_for, default_generate, parse_scenario
+from harness.models.checkpoints import checkpoint_specs
+from harness.models.user_checkpoint import resolve_checkpoint
+from harness.scenario import (
+    CheckpointConfig,
+    ModelConfig,
+    ScenarioError,
+    default_checkpoint_for,
+    default_generate,
+    parse_scenario,
+)
 from harness.tests.user_models import FACTORY, FACTORY_MODULE, write_factory, write_llama
 from weightmap import read_header
 
@@ -53,7 +61,8 @@ def test_a_factory_model_is_built_on_meta_with_its_tie_and_its_buffers_values_gi
     specs = {s.name: (s.dtype, s.shape) for s in checkpoint_specs(build_model(factory()).module)}
     header = read_header(checkpoint)
     assert {n: (e.dtype, tuple(e.shape)) for n, e in header.tensors.items()} == specs
-    assert ensure_checkpoint(build_model(factory()).module, checkpoint, 0, generate=False) == (checkpoint, False)
+    resolved = resolve_checkpoint(build_model(factory()).module, CheckpointConfig(checkpoint), str, progress=False)
+    assert (resolved.path, resolved.info.generated) == (checkpoint, False)
 
 
 @pytest.mark.parametrize(("source", "message"), [
