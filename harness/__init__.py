@@ -22,8 +22,8 @@ below it (``harness/tests/test_imports.py`` holds the layers and checks the impo
 ``measure`` ``progress``
     The sampler, page residency, ``/proc``, the GPU, the cold cache, the disk read, the read probe and
     ceiling, the shared disk, the machine; the bars and lines printed while a run goes.
-``scenario`` ``scenario_rules`` ``weightspec``
-    The TOML validated; a weight spec's JSON read and its size checked, without torch.
+``scenario`` ``scenario_rules`` ``scenario_cluster`` ``weightspec``
+    The TOML validated; a weight spec's JSON read and its size checked, without torch; the ``[cluster]`` table.
 ``models`` ``load``
     The models, built on meta, and their generated checkpoints; the strategy registry
     (``load.strategies``) and the peers' loaders (``load.peers``).
@@ -36,9 +36,10 @@ below it (``harness/tests/test_imports.py`` holds the layers and checks the impo
 ``worker`` ``rounds`` ``run``
     One strategy in one process; the strategies' order in each round; a scenario's supervised run, staged
     then published.
-``budget`` ``predict``
+``budget`` ``predict`` ``cluster``
     Budget mode: memory cgroups, the sweep, its record and its signals; each strategy's memory predicted from
-    sizes alone (``rules``) and checked against the committed results (``check``).
+    sizes alone (``rules``) and checked against the committed results (``check``); budget attempts run as Slurm
+    jobs whose ``--mem`` is the limit (``cluster``).
 ``report``
     The markdown report and the figures, from ``results.reading``; no torch.
 ``cli`` ``schema`` ``bench_map`` ``__main__``

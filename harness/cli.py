@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harness.errors import HarnessError
+from harness.scenario_cluster import EXECUTORS
 from harness.units import GIB, MIB
 
 __all__ = ["main"]
@@ -62,6 +63,10 @@ def _parser() -> argparse.ArgumentParser:
     budget.add_argument("--at", action="append", default=[], metavar="STRATEGY=GIB",
                         help="run STRATEGY once unconstrained and once under GIB GiB instead of sweeping it "
                              "(repeatable); for strategies whose attempts take minutes")
+    budget.add_argument("--executor", choices=EXECUTORS, default="local",
+                        help="local: each attempt a process here; slurm: each attempt a Slurm job whose --mem is "
+                             "its limit (the scenario's [cluster] table; SLURM_CONF as for sbatch), the strategies "
+                             "swept at once (default: local)")
     plot = commands.add_parser("plot", help="re-render the figures and the report from saved results",
                                description="Re-render the figures and the markdown report of a results directory.")
     plot.add_argument("results_dir", type=Path, help="a results directory holding summary.json")
@@ -160,8 +165,13 @@ def _budget(args: argparse.Namespace) -> int:
     if unknown:
         raise HarnessError(f"--at {unknown[0]}: not a strategy of {args.scenario} (it runs "
                            f"{', '.join(scenario.strategies)})")
+    jobs = None
+    if args.executor == "slurm":
+        from harness.cluster.executor import SlurmAttempts
+
+        jobs = SlurmAttempts(scenario.cluster)
     record = run_budget(scenario, name=args.name, results=results,
-                        precision_bytes=precision, timeout_factor=args.timeout_factor, at=at)
+                        precision_bytes=precision, timeout_factor=args.timeout_factor, at=at, jobs=jobs)
     for path in render_budget(results / record.name):
         _say("budget", f"wrote {path}")
     return 1 if any(not s.ok for s in record.strategies.values()) else 0

@@ -113,6 +113,15 @@ fields); ``reference.*`` are the keys of each ``[[reference]]`` table; see ``sce
     reference.host_gpu_peak_gib         a number >= 0 and <= 1048576 (GiB) [absent]
     reference.host_peak_gib             a number >= 0 and <= 1048576 (GiB) [absent]
     reference.note                      string [""]
+    cluster.partition                   string [absent]
+        the Slurm partition of each job of ``--executor slurm`` (:mod:`harness.scenario_cluster`)
+    cluster.account                     string [absent]
+    cluster.time                        string [absent]
+        a job's time limit in Slurm's format; absent: the attempt's timeout plus a minute
+    cluster.gpus                        integer [0]
+    cluster.cpus                        integer [1]
+    cluster.sbatch_options              list of strings [[]]
+        more sbatch options, as they are; never --mem (the limit being measured) nor one the harness sets
 """
 
 from __future__ import annotations
@@ -132,6 +141,7 @@ from harness.errors import HarnessError
 from harness.fileio.codec import TABLE_STYLE, Limit, decode, decode_fields, describe_typed, encode
 from harness.fileio.files import not_regular
 from harness.results.record import Reference
+from harness.scenario_cluster import ClusterSettings
 from harness.scenario_rules import limit, name_problem, one_of, repeats, strategies_problem
 from harness.units import MIB
 from harness.weightspec import (
@@ -332,6 +342,7 @@ class Scenario:
     build: BuildConfig
     run: RunConfig = field(default_factory=RunConfig)
     references: tuple[Reference, ...] = ()
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)
 
     @property
     def source(self) -> str:
@@ -596,7 +607,7 @@ TOP_KEYS: tuple[str, ...] = ("name", "description", "strategies")
 """The fields of :class:`Scenario` a scenario file sets at its top level; the others come from :data:`TABLES`."""
 
 TABLES: dict[str, type] = {"model": ModelConfig, "checkpoint": CheckpointConfig, "build": BuildConfig,
-                           "run": RunConfig, "reference": Reference}
+                           "run": RunConfig, "reference": Reference, "cluster": ClusterSettings}
 """The tables of a scenario file and the class each is read into, read one by one after its top-level keys."""
 
 
@@ -626,6 +637,7 @@ def _parse(data: Mapping[str, Any], path: Path, shown: Path) -> Scenario:
         build=build,
         run=_table(RunConfig, data.get("run", {}), shown, "run"),
         references=_load_references(data.get("reference", []), shown),
+        cluster=_table(ClusterSettings, data.get("cluster", {}), shown, "cluster"),
     )
 
 

@@ -1,7 +1,7 @@
 """Running the harness's processes as Slurm jobs: budget attempts whose limit is the job's ``--mem``.
 
-* :mod:`harness.cluster.settings`: :class:`ClusterSettings`, a scenario's ``[cluster]`` table (partition, account,
-  time, GPUs, extra ``sbatch`` options) and the ``--executor`` choices.
+* :mod:`harness.scenario_cluster` (in the scenario's layer): :class:`ClusterSettings`, a scenario's
+  ``[cluster]`` table (partition, account, time, GPUs, extra ``sbatch`` options) and the ``--executor`` choices.
 * :mod:`harness.cluster.states`: what each Slurm job state means to the harness (:func:`outcome`):
   ``OUT_OF_MEMORY`` is an attempt that failed for memory, ``PREEMPTED`` and ``NODE_FAIL`` are retried,
   ``CANCELLED`` and ``TIMEOUT`` are failed attempts with the reason.
@@ -20,6 +20,6 @@ and ``submitit``'s pickled callables and its own requeue handling would stand be
 it would also be one more dependency where four commands the cluster already has do.
 """
 
-from harness.cluster.settings import EXECUTORS, ClusterSettings
+from harness.scenario_cluster import EXECUTORS, ClusterSettings
 
 __all__ = ["EXECUTORS", "ClusterSettings"]

@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.budget.cgroup import Attempt
-from harness.cluster.settings import ClusterSettings
 from harness.cluster.slurm import JobState, SlurmClient
 from harness.cluster.states import Outcome, describe, outcome
 from harness.errors import HarnessError
 from harness.fileio.atomic import write_atomic
+from harness.scenario_cluster import ClusterSettings
 from harness.units import MIB
 
 __all__ = ["POLL_S", "RETRIES", "TIME_MARGIN_S", "ClusterAttempt", "SlurmAttempts", "Stopped", "slurm_time"]
@@ -92,7 +92,7 @@ class SlurmAttempts:
         script = "#!/bin/sh\nexec " + shlex.join([*self.python, "-m", "harness.cluster.attempt", str(spec),
                                                    str(result)]) + "\n"
         mem_mib = -(-limit_bytes // MIB)
-        options = [f"--mem={mem_mib}M", f"--time={slurm_time(time_s or timeout_s + TIME_MARGIN_S)}",
+        options = [f"--mem={mem_mib}M", f"--time={self._time(time_s, timeout_s)}",
                    f"--output={directory / name}.%j.out", "--no-requeue", *self.settings.sbatch_args()]
         jobs: list[str] = []
         lost: list[str] = []
@@ -126,6 +126,11 @@ class SlurmAttempts:
             why = f"{where}: {describe(state.state, state.reason)}"
         return ClusterAttempt(Attempt(limit_bytes, False, None, ran_s, None, None, why + note), tuple(jobs),
                               state.node, None)
+
+    def _time(self, time_s: float | None, timeout_s: float) -> str:
+        if time_s is not None:
+            return slurm_time(time_s)
+        return self.settings.time or slurm_time(timeout_s + TIME_MARGIN_S)
 
     def _wait(self, job: str) -> tuple[JobState, float]:
         """The job's final state and how long it ran (from the first poll that saw it running)."""

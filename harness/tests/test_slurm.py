@@ -12,9 +12,10 @@ import pytest
 
 from harness.cluster.attempt import HARNESS_ENFORCER
 from harness.cluster.executor import SlurmAttempts, Stopped, slurm_time
-from harness.cluster.settings import ClusterSettings, settings_problem
 from harness.cluster.slurm import JobState, SbatchRefused, SlurmClient
 from harness.cluster.states import Outcome, describe, outcome
+from harness.scenario import ScenarioError, load_scenario
+from harness.scenario_cluster import ClusterSettings
 from harness.tests.slurm_cluster import LocalSlurm
 from harness.units import MIB
 
@@ -162,10 +163,17 @@ def test_states() -> None:
     assert describe("TIMEOUT", "TimeLimit").endswith("Slurm's reason: TimeLimit")
 
 
-def test_settings() -> None:
+def test_settings(tmp_path: Path) -> None:
     assert slurm_time(61.2) == "1:02"
-    assert settings_problem(ClusterSettings(sbatch_options=("--mem=4G",))) is not None
-    assert settings_problem(ClusterSettings(time="1-00:00")) is None
-    assert settings_problem(ClusterSettings(time="an hour")) is not None
     assert ClusterSettings(partition="gpu", gpus=1, sbatch_options=("--qos=x",)).sbatch_args() == [
         "--partition=gpu", "--gpus=1", "--cpus-per-task=1", "--qos=x"]
+    smoke = (Path(__file__).resolve().parents[2] / "scenarios" / "smoke.toml").read_text()
+    file = tmp_path / "s.toml"
+    file.write_text(smoke + '\n[cluster]\npartition = "gpu"\ntime = "1-00:00"\nsbatch_options = ["--qos=short"]\n')
+    wanted = ClusterSettings(partition="gpu", time="1-00:00", sbatch_options=("--qos=short",))
+    assert load_scenario(file).cluster == wanted
+    for bad, rule in (('sbatch_options = ["--mem=4G"]', "cluster.sbatch_options: --mem is set by the harness"),
+                      ('time = "an hour"', "cluster.time: expected Slurm's time format"), ("cpus = 0", "cluster.cpus")):
+        file.write_text(smoke + f"\n[cluster]\n{bad}\n")
+        with pytest.raises(ScenarioError, match=rule):
+            load_scenario(file)
