@@ -113,7 +113,7 @@ from harness.run import ENGINES, WorkerCommand
 from harness.scenario import Limit, Scenario
 from harness.scenario_rules import LIMITS
 from harness.units import GIB, MIB, PIB, TIB, gib_or_mib
-from harness.worker import worker_command
+from harness.worker import engine_directory, worker_command
 
 __all__ = ["ATTEMPTS_FILE", "PRECISION_MIB", "TIMEOUT_FACTOR", "BudgetUnavailable", "check_cgroup", "run_budget",
            "swept_strategies"]
@@ -207,8 +207,9 @@ class _Strategy:
                                             f"{self.strategy}-{len(self.runs)}")
                     result = job.attempt
                     self.where.append(job)
-            finally:  # what a worker killed mid-build left, before the next attempt builds again
-                shutil.rmtree(self.plan.workdir, ignore_errors=True)
+            finally:  # what a worker killed mid-build left, before the next attempt builds again; only this
+                # strategy's: another's attempt may be building beside it (--executor slurm)
+                shutil.rmtree(engine_directory(self.plan, self.strategy), ignore_errors=True)
             try:
                 worker = read_strategy_file(Path(out), self.strategy)
             except RecordError:
@@ -381,7 +382,7 @@ def run_budget(scenario: Scenario, *, name: str | None = None, results: Path = P
     ``ValueError``. ``workdir``: where engines built as files go, a directory of this sweep's own, emptied
     after each attempt and removed when the sweep ends (default: ``engines/`` in the staging directory).
     ``jobs``: run each attempt as a Slurm job whose ``--mem`` is its limit (:mod:`harness.cluster`), the strategies'
-    sweeps at once (one after another for a compiler backend, whose engines' files share the sweep's ``workdir``);
+    sweeps at once (one after another for a compiler backend, whose attempts were not tried side by side);
     an interrupted sweep cancels every job it submitted, by id.
     """
     _check_settings(precision_bytes, timeout_factor, min_timeout_s)
@@ -470,6 +471,8 @@ def _sweep_all(scenario: Scenario, name: str, results: Path, precision_bytes: in
     finally:
         if pool is not None:
             if jobs is not None and any(not f.done() for f in futures):
-                jobs.stop()  # the waiting threads end once their jobs are cancelled
+                cancelled = jobs.stop()  # the waiting threads end once their jobs are cancelled
+                if cancelled:
+                    progress(f"cancelled Slurm jobs {', '.join(cancelled)}")
             pool.shutdown(wait=True, cancel_futures=True)
     return record
