@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.budget.controller import MemoryController
+from harness.budget.mode import run_budget
+from harness.budget.record import read_budget
 from harness.cluster.attempt import HARNESS_ENFORCER
 from harness.cluster.executor import SlurmAttempts, Stopped, slurm_time
 from harness.cluster.slurm import JobState, SbatchRefused, SlurmClient
@@ -177,3 +180,25 @@ def test_settings(tmp_path: Path) -> None:
         file.write_text(smoke + f"\n[cluster]\n{bad}\n")
         with pytest.raises(ScenarioError, match=rule):
             load_scenario(file)
+
+
+def test_a_budget_sweep_through_slurm_names_each_attempts_job_node_and_enforcer(
+    slurm: LocalSlurm, tmp_path: Path, controller: MemoryController
+) -> None:
+    from harness.tests.test_budget_mode import NEEDS, scenario, stand_in
+
+    runner = SlurmAttempts(ClusterSettings())
+    record = run_budget(scenario(tmp_path, "map", "load"), results=tmp_path / "results", precision_bytes=16 * MIB,
+                        command=stand_in, workdir=tmp_path / "engines", controller=controller, min_timeout_s=30,
+                        progress=lambda line: None, jobs=runner)
+    jobs = []
+    for name, swept in record.strategies.items():
+        assert swept.ok and swept.minimum_bytes is not None, swept.error
+        assert NEEDS[name] * MIB < swept.minimum_bytes < (NEEDS[name] + 64) * MIB
+        for attempt in swept.attempts:
+            assert attempt.node == slurm.node and attempt.limit_enforcer == HARNESS_ENFORCER
+            assert attempt.job_ids is not None
+            jobs.append(attempt.job_ids)
+    assert len(set(jobs)) == len(jobs), "one job per attempt"
+    assert read_budget(tmp_path / "results" / "tiny-budget") == record
+    assert runner.client.live == [] and _squeue(runner.client) == ""
