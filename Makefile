@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 TORCH_PIN := torch==2.13.0
 
 .PHONY: install venv-tools test lint typecheck pytest bench-map bench-smoke bench-pi05 bench-pi05-trim plot clean-data \
-	bench-smoke-compile bench-pi05-compile bench-lerobot-compile lerobot-venv budget-smoke budget-pi05 \
+	bench-smoke-compile bench-pi05-compile bench-lerobot-compile lerobot-venv budget-smoke budget-smoke-slurm budget-pi05 \
 	budget-pi05-compile bench-smoke-openvino bench-pi05-compile-openvino bench-smoke-iree \
 	bench-pi05-compile-iree gpu-peers bench-pi05-h200
 
@@ -130,8 +130,19 @@ clean-data:
 
 # Budget sweeps: each strategy's smallest memory-cgroup limit (needs a writable memory cgroup; root here).
 # They rewrite results/<name>-budget/ and its report; the pi0.5 sweep took about the time its report states.
+# EXECUTOR=slurm: each attempt a job of the Slurm that SLURM_CONF names (or the default one), --mem its limit.
+EXECUTOR ?= local
 budget-smoke: $(STAMP)
-	$(PY) -m harness budget scenarios/smoke.toml --timeout-factor 3
+	$(PY) -m harness budget scenarios/smoke.toml --timeout-factor 3 --executor $(EXECUTOR)
+
+# The same sweep through a one-node Slurm started on this machine for it (installed where missing, as root),
+# stopped after: results/smoke-budget-slurm, whose attempts name their jobs.
+SLURM_DIR ?= /tmp/harness-slurm-budget
+budget-smoke-slurm: $(STAMP)
+	$(PY) -m harness.tests.slurm_cluster start $(SLURM_DIR)
+	SLURM_CONF=$(SLURM_DIR)/slurm.conf $(PY) -m harness budget scenarios/smoke.toml --timeout-factor 3 \
+		--executor slurm --name smoke-budget-slurm; status=$$?; \
+		$(PY) -m harness.tests.slurm_cluster stop $(SLURM_DIR); exit $$status
 
 budget-pi05: $(STAMP)
 	$(PY) -m harness budget scenarios/pi05.toml --timeout-factor 3

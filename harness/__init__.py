@@ -22,9 +22,9 @@ below it (``harness/tests/test_imports.py`` holds the layers and checks the impo
 ``measure`` ``progress``
     The sampler, page residency, ``/proc``, the GPU, the cold cache, the disk read, the read probe and
     ceiling, the shared disk, the machine; the bars and lines printed while a run goes.
-``scenario`` ``scenario_rules`` ``scenario_file`` ``weightspec``
+``scenario`` ``scenario_rules`` ``scenario_cluster`` ``scenario_file`` ``weightspec``
     The TOML validated, and a scenario written back as TOML; a weight spec's JSON read and its size checked,
-    without torch.
+    without torch; the ``[cluster]`` table.
 ``models`` ``load``
     The models (the harness's own, a user's factory, a transformers config), built on meta, and their
     generated checkpoints; the strategy registry
@@ -38,9 +38,10 @@ below it (``harness/tests/test_imports.py`` holds the layers and checks the impo
 ``worker`` ``rounds`` ``run``
     One strategy in one process; the strategies' order in each round; a scenario's supervised run, staged
     then published.
-``budget`` ``predict``
+``budget`` ``predict`` ``cluster``
     Budget mode: memory cgroups, the sweep, its record and its signals; each strategy's memory predicted from
-    sizes alone (``rules``) and checked against the committed results (``check``).
+    sizes alone (``rules``) and checked against the committed results (``check``); budget attempts run as Slurm
+    jobs whose ``--mem`` is the limit (``cluster``).
 ``report``
     The markdown report and the figures, from ``results.reading``; no torch.
 ``cli`` ``cli_scenario`` ``schema`` ``bench_map`` ``__main__``

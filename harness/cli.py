@@ -27,6 +27,7 @@ from pathlib import Path
 
 from harness.cli_scenario import add_model_flags, scenario_from_flags
 from harness.errors import HarnessError
+from harness.scenario_cluster import EXECUTORS
 from harness.units import GIB, MIB
 
 __all__ = ["main"]
@@ -43,7 +44,8 @@ def _results_root(text: str) -> Path:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m harness", description="Memory benchmarks of loading strategies.")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{run,budget,plot,compare,schema,predict}")
+    commands = parser.add_subparsers(dest="command", required=True,
+                                     metavar="{run,budget,sweep,plot,compare,schema,predict}")
     run = commands.add_parser("run", help="run every strategy of a scenario, write results and figures",
                               description="Run every strategy of a scenario; write results/<name>/ and its figures.")
     run.add_argument("scenario", type=Path, nargs="?", help="a scenario file, e.g. scenarios/smoke.toml")
@@ -68,6 +70,21 @@ def _parser() -> argparse.ArgumentParser:
                         help="run STRATEGY once unconstrained and once under GIB GiB instead of sweeping it "
                              "(repeatable); for strategies whose attempts take minutes")
     add_model_flags(budget)
+    budget.add_argument("--executor", choices=EXECUTORS, default="local",
+                        help="local: each attempt a process here; slurm: each attempt a Slurm job whose --mem is "
+                             "its limit (the scenario's [cluster] table; SLURM_CONF as for sbatch), the strategies "
+                             "swept at once (default: local)")
+    sweep = commands.add_parser(
+        "sweep", help="budget sweeps of several scenarios (or one over several engine counts), one summary",
+        description="Run `budget` for each SCENARIO (with --engines, for each engine count of each), each into "
+                    "results/<scenario>-budget/, and write results/<name>.sweep.md linking them all.")
+    sweep.add_argument("scenarios", type=Path, nargs="+", metavar="SCENARIO", help="scenario files")
+    sweep.add_argument("--name", default="matrix", help="name of the summary: results/<name>.sweep.md")
+    sweep.add_argument("--results", default="results", help="results root (default: results)")
+    sweep.add_argument("--engines", default="", help="comma-separated engine counts, e.g. 4,8,16 (default: each "
+                                                     "scenario's own)")
+    sweep.add_argument("--timeout-factor", type=float, default=4.0, help="as for budget (default: 4)")
+    sweep.add_argument("--executor", choices=EXECUTORS, default="local", help="as for budget (default: local)")
     plot = commands.add_parser("plot", help="re-render the figures and the report from saved results",
                                description="Re-render the figures and the markdown report of a results directory.")
     plot.add_argument("results_dir", type=Path, help="a results directory holding summary.json")
@@ -172,11 +189,47 @@ def _budget(args: argparse.Namespace) -> int:
     if unknown:
         raise HarnessError(f"--at {unknown[0]}: not a strategy of {args.scenario or scenario.source} (it runs "
                            f"{', '.join(scenario.strategies)})")
+    jobs = None
+    if args.executor == "slurm":
+        from harness.cluster.executor import SlurmAttempts
+
+        jobs = SlurmAttempts(scenario.cluster)
     record = run_budget(scenario, name=None if flags else args.name, results=results,
-                        precision_bytes=precision, timeout_factor=args.timeout_factor, at=at)
+                        precision_bytes=precision, timeout_factor=args.timeout_factor, at=at, jobs=jobs)
     for path in render_budget(results / record.name):
         _say("budget", f"wrote {path}")
     return 1 if any(not s.ok for s in record.strategies.values()) else 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from harness.budget.mode import run_budget
+    from harness.cluster.executor import SlurmAttempts
+    from harness.cluster.matrix import MatrixRow, variants, write_summary
+    from harness.report.budget import render_budget
+    from harness.results.names import budget_name
+    from harness.scenario import load_scenario
+    from harness.stopping import RunInterrupted
+
+    results = _results_root(args.results)
+    try:
+        engines = [int(n) for n in args.engines.split(",") if n.strip()]
+    except ValueError:
+        raise HarnessError(f"--engines {args.engines!r}: expected comma-separated whole numbers") from None
+    rows = []
+    for scenario in variants([load_scenario(p) for p in args.scenarios], engines):
+        jobs = SlurmAttempts(scenario.cluster) if args.executor == "slurm" else None
+        name = budget_name(scenario.name)
+        try:
+            record = run_budget(scenario, name=name, results=results, timeout_factor=args.timeout_factor, jobs=jobs)
+            render_budget(results / record.name)
+            rows.append(MatrixRow(scenario.name, results / record.name, record))
+        except RunInterrupted:
+            raise
+        except HarnessError as exc:  # recorded, and the next scenario runs
+            rows.append(MatrixRow(scenario.name, None, None, one_line(exc)))
+        path = write_summary(results, args.name, rows, args.executor)
+    _say("sweep", f"wrote {path}")
+    return 0 if all(r.record is not None and all(s.ok for s in r.record.strategies.values()) for r in rows) else 1
 
 
 def _plot(args: argparse.Namespace) -> int:
@@ -265,7 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from harness.stopping import RunInterrupted
 
     try:
-        return {"run": _run, "budget": _budget, "plot": _plot, "compare": _compare,
+        return {"run": _run, "budget": _budget, "sweep": _sweep, "plot": _plot, "compare": _compare,
                 "schema": _schema, "predict": _predict}[args.command](args)
     except RunInterrupted as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr)

@@ -128,6 +128,15 @@ fields); ``reference.*`` are the keys of each ``[[reference]]`` table; see ``sce
     reference.host_gpu_peak_gib         a number >= 0 and <= 1048576 (GiB) [absent]
     reference.host_peak_gib             a number >= 0 and <= 1048576 (GiB) [absent]
     reference.note                      string [""]
+    cluster.partition                   string [absent]
+        the Slurm partition of each job of ``--executor slurm`` (:mod:`harness.scenario_cluster`)
+    cluster.account                     string [absent]
+    cluster.time                        string [absent]
+        a job's time limit in Slurm's format; absent: the attempt's timeout plus a minute
+    cluster.gpus                        integer [0]
+    cluster.cpus                        integer [1]
+    cluster.sbatch_options              list of strings [[]]
+        more sbatch options, as they are; never --mem (the limit being measured) nor one the harness sets
 """
 
 from __future__ import annotations
@@ -148,6 +157,7 @@ from harness.errors import HarnessError
 from harness.fileio.codec import TABLE_STYLE, Limit, decode, decode_fields, describe_typed, encode
 from harness.fileio.files import not_regular
 from harness.results.record import Reference
+from harness.scenario_cluster import ClusterSettings
 from harness.scenario_rules import callable_problem, limit, name_problem, one_of, repeats, strategies_problem
 from harness.units import MIB
 from harness.weightspec import (
@@ -393,6 +403,7 @@ class Scenario:
     build: BuildConfig
     run: RunConfig = field(default_factory=RunConfig)
     references: tuple[Reference, ...] = ()
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)
 
     @property
     def source(self) -> str:
@@ -692,7 +703,7 @@ TOP_KEYS: tuple[str, ...] = ("name", "description", "strategies")
 """The fields of :class:`Scenario` a scenario file sets at its top level; the others come from :data:`TABLES`."""
 
 TABLES: dict[str, type] = {"model": ModelConfig, "checkpoint": CheckpointConfig, "build": BuildConfig,
-                           "run": RunConfig, "reference": Reference}
+                           "run": RunConfig, "reference": Reference, "cluster": ClusterSettings}
 """The tables of a scenario file and the class each is read into, read one by one after its top-level keys."""
 
 
@@ -730,6 +741,7 @@ def _parse(data: Mapping[str, Any], path: Path | None, shown: Path, base: Path |
         build=build,
         run=_table(RunConfig, data.get("run", {}), shown, "run"),
         references=_load_references(data.get("reference", []), shown),
+        cluster=_table(ClusterSettings, data.get("cluster", {}), shown, "cluster"),
     )
 
 

@@ -70,6 +70,7 @@ the group it left.
 
 from __future__ import annotations
 
+import concurrent.futures
 import csv
 import dataclasses
 import datetime
@@ -80,7 +81,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from harness import stopping
@@ -97,6 +98,7 @@ from harness.budget.record import (
 )
 from harness.budget.sweep import SweepError, default_precision, smallest_limit
 from harness.catalog import HEADLINE_STRATEGY, strategy_label
+from harness.cluster.executor import ClusterAttempt, SlurmAttempts
 from harness.errors import HarnessError
 from harness.fileio.atomic import write_atomic
 from harness.fileio.codec import json_key
@@ -111,7 +113,7 @@ from harness.run import ENGINES, WorkerCommand
 from harness.scenario import Limit, Scenario
 from harness.scenario_rules import LIMITS
 from harness.units import GIB, MIB, PIB, TIB, gib_or_mib
-from harness.worker import worker_command
+from harness.worker import engine_directory, worker_command
 
 __all__ = ["ATTEMPTS_FILE", "PRECISION_MIB", "TIMEOUT_FACTOR", "BudgetUnavailable", "check_cgroup", "run_budget",
            "swept_strategies"]
@@ -175,12 +177,15 @@ def _baseline_anon(samples: Path) -> int | None:
 
 
 class _Strategy:
-    """Attempts of one strategy: each a fresh worker in a fresh group, its record read back."""
+    """Attempts of one strategy: each a fresh worker in a fresh group (here, or in a Slurm job where ``jobs`` is
+    given), its record read back."""
 
     def __init__(self, plan: Plan, plan_path: Path, strategy: str, staging: Path, controller: MemoryController,
-                 command: WorkerCommand, say: Callable[[str], None]) -> None:
+                 command: WorkerCommand, say: Callable[[str], None], jobs: SlurmAttempts | None = None) -> None:
         self.plan, self.plan_path, self.strategy = plan, plan_path, strategy
         self.staging, self.controller, self.command, self.say = staging, controller, command, say
+        self.jobs = jobs
+        self.where: list[ClusterAttempt | None] = []
         files = [Path(f) for f in plan.checkpoint_files]
         files += [f for f in STRATEGIES[strategy].files_read(Path(plan.checkpoint.path)) if f not in files]
         self.cold_files = files
@@ -193,10 +198,18 @@ class _Strategy:
             if phase != "unconstrained":  # whether the build fits is the question; the first run checked it
                 command.append("--no-check")
             try:
-                result = run_in_group(command, limit, self.timeout_s,
-                                      cold_files=self.cold_files, echo_stderr=False, controller=self.controller)
-            finally:  # what a worker killed mid-build left, before the next attempt builds again
-                shutil.rmtree(self.plan.workdir, ignore_errors=True)
+                if self.jobs is None:
+                    result = run_in_group(command, limit, self.timeout_s,
+                                          cold_files=self.cold_files, echo_stderr=False, controller=self.controller)
+                    self.where.append(None)
+                else:
+                    job = self.jobs.attempt(command, limit, self.timeout_s, self.cold_files, Path(out),
+                                            f"{self.strategy}-{len(self.runs)}")
+                    result = job.attempt
+                    self.where.append(job)
+            finally:  # what a worker killed mid-build left, before the next attempt builds again; only this
+                # strategy's: another's attempt may be building beside it (--executor slurm)
+                shutil.rmtree(engine_directory(self.plan, self.strategy), ignore_errors=True)
             try:
                 worker = read_strategy_file(Path(out), self.strategy)
             except RecordError:
@@ -206,7 +219,9 @@ class _Strategy:
         self.runs.append((result, worker, anon, left))
         verdict = (f"completed in {result.wall_s:.1f} s" if result.completed
                    else f"failed after {result.wall_s:.1f} s: {self._reason(result, worker)}")
-        self.say(f"{self.strategy} {phase or 'attempt'} under {gib_or_mib(limit)}: {verdict}; "
+        ran = self.where[-1]
+        where = "" if ran is None else f" (Slurm job {ran.job_ids[-1]} on {ran.node or 'no node'})"
+        self.say(f"{self.strategy} {phase or 'attempt'} under {gib_or_mib(limit)}{where}: {verdict}; "
                  f"group peak {gib_or_mib(result.group_peak_bytes)}")
         return result
 
@@ -220,7 +235,7 @@ class _Strategy:
 
     def records(self, phases: Sequence[str]) -> tuple[AttemptRecord, ...]:
         out = []
-        for phase, (result, worker, anon, left) in zip(phases, self.runs, strict=True):
+        for phase, (result, worker, anon, left), job in zip(phases, self.runs, self.where, strict=True):
             load_build_s = None
             if worker is not None and worker.ok and worker.phases.wall_s is not None:
                 load_build_s = round(worker.phases.wall_s, 3)
@@ -231,7 +246,9 @@ class _Strategy:
                 reason=self._reason(result, worker),
                 worker_wall_s=None if worker is None else worker.process_wall_s,
                 worker_error=None if worker is None else worker.error, load_build_s=load_build_s,
-                baseline_anon_bytes=anon, groups_left=left))
+                baseline_anon_bytes=anon, groups_left=left,
+                job_ids=None if job is None else ",".join(job.job_ids), node=None if job is None else job.node,
+                limit_enforcer=None if job is None else job.enforcer))
         return tuple(out)
 
 
@@ -349,7 +366,7 @@ def run_budget(scenario: Scenario, *, name: str | None = None, results: Path = P
                precision_bytes: int | None = None, timeout_factor: float = 4.0, min_timeout_s: float = 60.0,
                command: WorkerCommand | None = None, workdir: Path | None = None,
                controller: MemoryController | None = None, at: Mapping[str, int] | None = None,
-               progress: Callable[[str], None] = _progress) -> BudgetRecord:
+               progress: Callable[[str], None] = _progress, jobs: SlurmAttempts | None = None) -> BudgetRecord:
     """Sweep every strategy of ``scenario`` for its smallest memory limit into ``results/<name>/``; returns the
     record. It draws nothing: the report and figure are :func:`harness.report.budget.render_budget`'s
     (``python -m harness budget`` renders them after this returns).
@@ -364,6 +381,9 @@ def run_budget(scenario: Scenario, *, name: str | None = None, results: Path = P
     take minutes costs hours); a name the scenario does not run, or a limit below 1 MiB, is a
     ``ValueError``. ``workdir``: where engines built as files go, a directory of this sweep's own, emptied
     after each attempt and removed when the sweep ends (default: ``engines/`` in the staging directory).
+    ``jobs``: run each attempt as a Slurm job whose ``--mem`` is its limit (:mod:`harness.cluster`), the strategies'
+    sweeps at once (one after another for a compiler backend, whose attempts were not tried side by side);
+    an interrupted sweep cancels every job it submitted, by id.
     """
     _check_settings(precision_bytes, timeout_factor, min_timeout_s)
     at = dict(at or {})
@@ -387,7 +407,13 @@ def run_budget(scenario: Scenario, *, name: str | None = None, results: Path = P
                 engines = workdir or staging / ENGINES
                 try:
                     record = _sweep_all(scenario, name, results, precision_bytes, timeout_factor, min_timeout_s,
-                                        command, engines, controller, progress, staging, at)
+                                        command, engines, controller, progress, staging, at, jobs)
+                except BaseException:
+                    if jobs is not None:
+                        cancelled = jobs.stop()
+                        if cancelled:
+                            progress(f"cancelled Slurm jobs {', '.join(cancelled)}")
+                    raise
                 finally:
                     shutil.rmtree(engines, ignore_errors=True)  # the sweep's own: gone however the sweep ends
                 progress(f"sweep done in {record.sweep_wall_s / 60:.1f} min")
@@ -402,7 +428,7 @@ def run_budget(scenario: Scenario, *, name: str | None = None, results: Path = P
 def _sweep_all(scenario: Scenario, name: str, results: Path, precision_bytes: int | None, timeout_factor: float,
                min_timeout_s: float, command: WorkerCommand | None, workdir: Path,
                controller: MemoryController, progress: Callable[[str], None], staging: Path,
-               at: Mapping[str, int]) -> BudgetRecord:
+               at: Mapping[str, int], jobs: SlurmAttempts | None = None) -> BudgetRecord:
     """Everything up to the record of the last strategy, staged in ``staging``, engines under ``workdir``."""
     plan = make_plan(scenario, name=name, workdir=workdir, progress=progress)
     plan_path = write_plan(staging / PLAN, plan)
@@ -416,17 +442,37 @@ def _sweep_all(scenario: Scenario, name: str, results: Path, precision_bytes: in
         machine=MachineInfo(**machine.machine()), versions=machine.versions(), model_name=plan.model.name,
         model_bytes=plan.model.bytes, checkpoint=plan.checkpoint.path, engines=len(plan.engines),
         largest_engine_bytes=plan.largest_engine_bytes, backend=plan.scenario.build.backend, device=plan.device,
-        controller=f"{controller.describe()}; unconstrained limit: {source}", precision_bytes=precision,
+        controller=(f"{controller.describe()}; unconstrained limit: {source}"
+                    + ("" if jobs is None else "; each attempt a Slurm job whose --mem is its limit")),
+        precision_bytes=precision,
         unconstrained_limit_bytes=unconstrained,
         timeout_factor=timeout_factor, min_timeout_s=min_timeout_s, sweep_wall_s=0.0, speed=plan.speed)
     started = time.monotonic()
-    for strategy in plan.scenario.strategies:
-        runner = _Strategy(plan, plan_path, strategy, staging, controller, command or worker_command, progress)
+
+    def sweep(strategy: str) -> StrategyBudget:
+        runner = _Strategy(plan, plan_path, strategy, staging, controller, command or worker_command, progress, jobs)
         if strategy in at:
-            swept = _run_at_limit(runner, unconstrained, at[strategy], timeout_factor, min_timeout_s)
-        else:
-            swept = _sweep_strategy(runner, plan, unconstrained, precision, timeout_factor, min_timeout_s)
-        record = record.with_strategy(strategy, swept, time.monotonic() - started)
-        write_budget(staging, record)
-        write_attempts_csv(staging, record)
+            return _run_at_limit(runner, unconstrained, at[strategy], timeout_factor, min_timeout_s)
+        return _sweep_strategy(runner, plan, unconstrained, precision, timeout_factor, min_timeout_s)
+
+    strategies = plan.scenario.strategies
+    if jobs is None or plan.compiler or len(strategies) == 1:
+        results_of: Iterable[StrategyBudget] = (sweep(s) for s in strategies)
+        pool = None
+    else:  # each strategy's bisection waits on its own jobs; Slurm runs them side by side
+        pool = concurrent.futures.ThreadPoolExecutor(len(strategies), thread_name_prefix="budget")
+        futures = [pool.submit(sweep, s) for s in strategies]
+        results_of = (f.result() for f in futures)
+    try:
+        for strategy, swept in zip(strategies, results_of, strict=True):  # recorded in the scenario's order
+            record = record.with_strategy(strategy, swept, time.monotonic() - started)
+            write_budget(staging, record)
+            write_attempts_csv(staging, record)
+    finally:
+        if pool is not None:
+            if jobs is not None and any(not f.done() for f in futures):
+                cancelled = jobs.stop()  # the waiting threads end once their jobs are cancelled
+                if cancelled:
+                    progress(f"cancelled Slurm jobs {', '.join(cancelled)}")
+            pool.shutdown(wait=True, cancel_futures=True)
     return record

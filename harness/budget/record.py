@@ -83,7 +83,11 @@ class AttemptRecord(Record):
     writing the results), None when it did not get there. ``baseline_anon_bytes``: the
     worker's anonymous memory at its baseline (what no limit can reclaim before the load).
     ``groups_left``: memory groups of this run still present after the attempt (0 unless
-    cleanup failed).
+    cleanup failed). For an attempt run as a Slurm job (``--executor slurm``, :mod:`harness.cluster`):
+    ``job_ids``, the ids of the jobs submitted for it, comma-separated (more than one where the cluster lost a
+    job and it was submitted again; the last one counts), ``node`` where that one ran and ``limit_enforcer``, which
+    limit bounded it (Slurm's job cgroup, or the harness's own group inside the job where Slurm does not constrain
+    memory); all None for an attempt run here, and when reading layouts 1 to 19.
     """
 
     phase: str = field(metadata={"check": _phase})
@@ -99,6 +103,9 @@ class AttemptRecord(Record):
     load_build_s: float | None = field(metadata={"key": "compile_s"})
     baseline_anon_bytes: int | None
     groups_left: int
+    job_ids: str | None = field(default=None, metadata={"since": 20})
+    node: str | None = field(default=None, metadata={"since": 20})
+    limit_enforcer: str | None = field(default=None, metadata={"since": 20})
 
 
 @dataclass(frozen=True)

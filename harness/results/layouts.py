@@ -115,6 +115,10 @@ a later one did:
     user's sharded folder or its index as well as one file) and ``dtype_bytes`` (the bytes of its tensors per
     dtype); ``bytes`` is the total of all its files. ``None`` when reading versions 1 to 18, whose checkpoint was
     one file the harness generated.
+20. Adds, per budget attempt (``budget.json``), ``job_ids``, ``node`` and ``limit_enforcer``: the Slurm jobs an
+    attempt run through ``--executor slurm`` was (comma-separated, the last one the one that counts), the node it
+    ran on and which limit bounded it. ``None`` for attempts run on the sweep's own machine, and when reading
+    versions 1 to 19.
 
 A later version adds keys (each field says the version that added it, ``since`` in its metadata, and the last
 version that held a key a later one dropped, ``until``: :mod:`harness.fileio.codec`), bumps

@@ -93,7 +93,7 @@ __all__ = [
     "write_summary",
 ]
 
-LAYOUT_VERSION = 19
+LAYOUT_VERSION = 20
 """The results layout this code writes; it reads every version from 1 to this one. It versions the results records'
 keys (the ``since`` and ``absent_until`` of their fields, :mod:`harness.results.layouts`) wherever they are held:
 ``summary.json`` and ``strategy-<strategy>.json`` state it in their ``layout`` key, and ``plan.json`` and

@@ -370,3 +370,26 @@ def test_a_signal_once_publishing_began_leaves_the_sweep_published(controller: M
                         controller=controller, min_timeout_s=30, at={"map": 256 * MIB}, progress=lambda line: None)
     assert read_budget(results / "tiny-budget") == record, "published, not said to be unchanged"
     assert not staging_dir(results, "tiny-budget").exists()
+
+
+SIBLING = """
+import json, sys
+from pathlib import Path
+plan = json.loads(Path(sys.argv[1]).read_text())
+if not (Path(plan["workdir"]).absolute() / "other-strategy" / "engine-000.safetensors").exists():
+    sys.exit("another strategy's engine was removed")
+"""
+
+
+def test_an_attempts_cleanup_leaves_the_engines_another_strategy_builds_beside_it(
+    controller: MemoryController, tmp_path: Path
+) -> None:
+    other = tmp_path / "engines" / "other-strategy"  # as another strategy's attempt builds at the same time
+    other.mkdir(parents=True)
+    (other / "engine-000.safetensors").write_bytes(b"an engine")
+    record = run_budget(scenario(tmp_path, "map"), results=tmp_path / "results",
+                        command=lambda plan, strategy, out: [sys.executable, "-c", SIBLING, str(plan)],
+                        workdir=tmp_path / "engines", controller=controller, min_timeout_s=30, at={"map": 256 * MIB},
+                        progress=lambda line: None)
+    at = record.strategies["map"].at_limit
+    assert at is not None and at.completed, at

@@ -1,0 +1,156 @@
+"""One budget attempt as one Slurm job whose ``--mem`` is the attempt's limit.
+
+:meth:`SlurmAttempts.attempt` writes the attempt's spec beside its results (the results directory must be on a
+filesystem the nodes share), submits ``python -m harness.cluster.attempt SPEC RESULT`` with ``--mem`` set to the
+limit (whole MiB, rounded up) and ``--time`` to the attempt's timeout plus :data:`TIME_MARGIN_S` (the attempt's own
+timeout ends it first; Slurm's is the backstop), waits for the job to end and returns a :class:`ClusterAttempt`:
+the :class:`~harness.budget.cgroup.Attempt` a local attempt returns, and the job's id, node and the limit's enforcer.
+
+What each end means is :mod:`harness.cluster.states`: a job the cluster lost (preempted, node failed) is submitted
+again, at most :data:`RETRIES` times, each lost job named in the reason; ``OUT_OF_MEMORY`` is an attempt that
+failed for memory; a cancelled or timed-out job is a failed attempt saying so; a job that ran but left no result
+is a failed attempt with the end of its output. ``sbatch`` refusing is :class:`~harness.cluster.slurm.SbatchRefused`
+(an error, not an attempt). :meth:`SlurmAttempts.stop` (an interrupted sweep) cancels every job submitted and not
+ended, by id, and makes each waiting :meth:`~SlurmAttempts.attempt` raise :class:`Stopped`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import sys
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.budget.cgroup import Attempt
+from harness.cluster.slurm import JobState, SlurmClient
+from harness.cluster.states import Outcome, describe, outcome
+from harness.errors import HarnessError
+from harness.fileio.atomic import write_atomic
+from harness.scenario_cluster import ClusterSettings
+from harness.units import MIB
+
+__all__ = ["POLL_S", "RETRIES", "TIME_MARGIN_S", "ClusterAttempt", "SlurmAttempts", "Stopped", "slurm_time"]
+
+RETRIES = 2
+"""How many times a job the cluster lost (:data:`~harness.cluster.states.RETRY_STATES`) is submitted again."""
+TIME_MARGIN_S = 60
+"""A job's time limit beyond its attempt's timeout: Python's start, the cold-cache drop, Slurm's own steps."""
+POLL_S = 0.5
+"""How often a job's state is read while it runs."""
+
+
+class Stopped(Exception):
+    """The executor was stopped (an interrupted sweep) while this attempt's job was queued or running."""
+
+
+@dataclass(frozen=True)
+class ClusterAttempt:
+    """An attempt run as Slurm jobs: ``attempt`` as a local one would be, ``job_ids`` every job submitted for it (the
+    last one the one that counts; earlier ones were lost by the cluster), ``node`` where the last one ran (None
+    where it never started) and ``enforcer`` the limit that bounded it (None where the job never ran the command)."""
+
+    attempt: Attempt
+    job_ids: tuple[str, ...]
+    node: str | None
+    enforcer: str | None
+
+
+def slurm_time(seconds: float) -> str:
+    """``sbatch --time``'s ``minutes:seconds`` for ``seconds``, rounded up to a whole second."""
+    whole = math.ceil(seconds)
+    return f"{whole // 60}:{whole % 60:02d}"
+
+
+class SlurmAttempts:
+    """Runs budget attempts as Slurm jobs through ``client`` with ``settings``; see the module docstring."""
+
+    def __init__(self, settings: ClusterSettings, client: SlurmClient | None = None,
+                 python: Sequence[str] = (sys.executable,), poll_s: float = POLL_S) -> None:
+        self.settings, self.client = settings, client or SlurmClient()
+        self.python, self.poll_s = tuple(python), poll_s
+        self._stop = threading.Event()
+
+    def stop(self) -> list[str]:
+        """Cancel every job submitted and not ended (by id); waiting attempts raise :class:`Stopped`. Returns the
+        ids cancelled."""
+        self._stop.set()
+        return self.client.cancel_all()
+
+    def attempt(self, command: Sequence[str], limit_bytes: int, timeout_s: float, cold_files: Iterable[str | Path],
+                directory: Path, name: str, time_s: float | None = None) -> ClusterAttempt:
+        """Run ``command`` under ``limit_bytes`` as a job named ``name``, its files in ``directory``; ``time_s``: the
+        job's time limit (default: ``timeout_s`` + :data:`TIME_MARGIN_S`)."""
+        directory = Path(directory).resolve()
+        spec, result = directory / f"{name}.spec.json", directory / f"{name}.result.json"
+        write_atomic(spec, json.dumps({"command": list(command), "limit_bytes": limit_bytes, "timeout_s": timeout_s,
+                                       "cold_files": [str(f) for f in cold_files]}))
+        script = "#!/bin/sh\nexec " + shlex.join([*self.python, "-m", "harness.cluster.attempt", str(spec),
+                                                   str(result)]) + "\n"
+        mem_mib = -(-limit_bytes // MIB)
+        options = [f"--mem={mem_mib}M", f"--time={self._time(time_s, timeout_s)}",
+                   f"--output={directory / name}.%j.out", "--no-requeue", *self.settings.sbatch_args()]
+        jobs: list[str] = []
+        lost: list[str] = []
+        while True:
+            result.unlink(missing_ok=True)
+            job = self.client.submit(name, script, options)
+            jobs.append(job)
+            state, ran_s = self._wait(job)
+            kind = outcome(state.state)
+            if kind is not Outcome.RETRY:
+                break
+            lost.append(f"job {job} on {state.node or 'no node'}: {describe(state.state, state.reason)}")
+            if len(lost) > RETRIES:
+                return ClusterAttempt(Attempt(limit_bytes, False, None, ran_s, None, None,
+                                              f"lost by the cluster {len(lost)} times: {'; '.join(lost)}"),
+                                      tuple(jobs), state.node, None)
+        note = f" (after {'; '.join(lost)}, submitted again)" if lost else ""
+        where = f"job {job} under --mem={mem_mib}M"
+        if kind is Outcome.RAN and result.exists():
+            data = json.loads(result.read_text())
+            if "error" in data:
+                raise HarnessError(f"{where}: {data['error']}")
+            attempt = Attempt(limit_bytes, bool(data["completed"]), data["returncode"], float(data["wall_s"]),
+                              data["group_peak_bytes"], data["oom_kills"],
+                              None if data["reason"] is None and not note else f"{data['reason'] or 'completed'}{note}",
+                              data.get("counters", {}))
+            return ClusterAttempt(attempt, tuple(jobs), data["node"], data["enforcer"])
+        if kind is Outcome.RAN:
+            why = f"{where} ended (exit code {state.exit_code}) without a result: {self._tail(directory, name, job)}"
+        else:
+            why = f"{where}: {describe(state.state, state.reason)}"
+        return ClusterAttempt(Attempt(limit_bytes, False, None, ran_s, None, None, why + note), tuple(jobs),
+                              state.node, None)
+
+    def _time(self, time_s: float | None, timeout_s: float) -> str:
+        if time_s is not None:
+            return slurm_time(time_s)
+        return self.settings.time or slurm_time(timeout_s + TIME_MARGIN_S)
+
+    def _wait(self, job: str) -> tuple[JobState, float]:
+        """The job's final state and how long it ran (from the first poll that saw it running)."""
+        started: float | None = None
+        while True:
+            if self._stop.is_set():
+                raise Stopped(f"job {job} cancelled")
+            state = self.client.state(job)
+            kind = outcome(state.state)
+            if kind is not Outcome.WAIT:
+                self.client.ended(job)
+                return state, 0.0 if started is None else time.monotonic() - started
+            if started is None and state.state.startswith("RUNNING"):
+                started = time.monotonic()
+            self._stop.wait(self.poll_s)
+
+    @staticmethod
+    def _tail(directory: Path, name: str, job: str) -> str:
+        try:
+            lines = (directory / f"{name}.{job}.out").read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return "no output"
+        return " | ".join(lines[-3:]) or "no output"

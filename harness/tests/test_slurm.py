@@ -1,0 +1,204 @@
+"""Budget attempts as Slurm jobs, against a real one-node Slurm started on this machine (the ``slurm`` fixture,
+skipped with the reason where its daemons cannot start), and what each job state means (no Slurm needed)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.budget.controller import MemoryController
+from harness.budget.mode import run_budget
+from harness.budget.record import read_budget
+from harness.cluster.attempt import HARNESS_ENFORCER
+from harness.cluster.executor import SlurmAttempts, Stopped, slurm_time
+from harness.cluster.slurm import JobState, SbatchRefused, SlurmClient
+from harness.cluster.states import Outcome, describe, outcome
+from harness.scenario import ScenarioError, load_scenario
+from harness.scenario_cluster import ClusterSettings
+from harness.tests.slurm_cluster import LocalSlurm
+from harness.units import MIB
+
+PY = sys.executable
+
+
+def _squeue(client: SlurmClient) -> str:
+    return client._run(["squeue", "-h", "-o", "%i %T"]).stdout.strip()
+
+
+def test_a_trivial_job_runs_and_its_state_and_node_are_read(slurm: LocalSlurm, tmp_path: Path) -> None:
+    client = SlurmClient()
+    job = client.submit("trivial", "#!/bin/sh\nhostname\n", [f"--output={tmp_path}/out.%j"])
+    assert client.live == [job]
+    deadline = time.monotonic() + 60
+    state = client.state(job)
+    while outcome(state.state) is Outcome.WAIT and time.monotonic() < deadline:
+        time.sleep(0.3)
+        state = client.state(job)
+    assert state.state == "COMPLETED"
+    assert state.node == slurm.node
+    assert state.exit_code == "0:0"
+
+
+def test_an_attempt_is_a_job_under_its_limit_naming_job_node_and_enforcer(slurm: LocalSlurm, tmp_path: Path,
+                                                                          controller: object) -> None:
+    runner = SlurmAttempts(ClusterSettings())
+    fits = runner.attempt([PY, "-c", "pass"], 256 * MIB, 60, (), tmp_path, "fits")
+    assert fits.attempt.completed, fits.attempt.reason
+    assert fits.attempt.group_peak_bytes is not None
+    assert fits.node == slurm.node and len(fits.job_ids) == 1
+    assert fits.enforcer == HARNESS_ENFORCER
+    grows = "b = bytearray(400 * 2**20); b[::4096] = b'x' * len(b[::4096])"
+    killed = runner.attempt([PY, "-c", grows], 128 * MIB, 60, (), tmp_path, "killed")
+    assert not killed.attempt.completed
+    assert "OOM" in (killed.attempt.reason or "") or "oom" in (killed.attempt.reason or "")
+    assert killed.job_ids != fits.job_ids
+
+
+def test_a_cancelled_job_is_a_failed_attempt_saying_so(slurm: LocalSlurm, tmp_path: Path, controller: object) -> None:
+    client = SlurmClient()
+    runner = SlurmAttempts(ClusterSettings(), client)
+    results: list[object] = []
+    thread = threading.Thread(target=lambda: results.append(
+        runner.attempt(["sleep", "120"], 256 * MIB, 300, (), tmp_path, "cancelled")))
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not client.live and time.monotonic() < deadline:
+        time.sleep(0.1)
+    job = client.live[0]
+    client._run(["scancel", job])  # from outside, as a user or an admin would
+    thread.join(60)
+    (done,) = results
+    assert not done.attempt.completed  # type: ignore[attr-defined]
+    assert f"job {job}" in done.attempt.reason and "CANCELLED" in done.attempt.reason  # type: ignore[attr-defined]
+    assert _squeue(client) == ""
+
+
+def test_a_timed_out_job_is_a_failed_attempt_saying_so(slurm: LocalSlurm, tmp_path: Path, controller: object) -> None:
+    runner = SlurmAttempts(ClusterSettings())
+    done = runner.attempt(["sleep", "600"], 256 * MIB, 600, (), tmp_path, "slow", time_s=1)
+    assert not done.attempt.completed
+    assert "TIMEOUT" in (done.attempt.reason or "")
+
+
+def test_stop_cancels_every_job_it_submitted_and_leaves_nothing_queued(slurm: LocalSlurm, tmp_path: Path,
+                                                                      controller: object) -> None:
+    client = SlurmClient()
+    runner = SlurmAttempts(ClusterSettings(), client)
+    errors: list[BaseException] = []
+
+    def one(name: str) -> None:
+        try:
+            runner.attempt(["sleep", "120"], 256 * MIB, 300, (), tmp_path, name)
+        except Stopped as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(f"stop{i}",)) for i in range(3)]  # 2 slots: one stays queued
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    while len(client.live) < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    submitted = client.live
+    assert len(submitted) == 3
+    assert sorted(runner.stop()) == submitted
+    for t in threads:
+        t.join(30)
+    assert len(errors) == 3
+    deadline = time.monotonic() + 30
+    while _squeue(client) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert _squeue(client) == ""
+    for job in submitted:
+        assert client.state(job).state.startswith("CANCELLED")
+
+
+def test_sbatch_refusing_a_job_is_one_error_naming_it(slurm: LocalSlurm, tmp_path: Path) -> None:
+    runner = SlurmAttempts(ClusterSettings(partition="no-such-partition"))
+    with pytest.raises(SbatchRefused, match=r"sbatch refused job refused .*partition"):
+        runner.attempt(["true"], 64 * MIB, 60, (), tmp_path, "refused")
+
+
+# What each state means, with Slurm's answers given by a fake client.
+
+class _FakeClient(SlurmClient):
+    def __init__(self, states: list[str]) -> None:
+        super().__init__()
+        self.states, self.submitted = states, 0
+
+    def submit(self, name: str, script: str, options: object) -> str:
+        self.submitted += 1
+        return str(self.submitted)
+
+    def state(self, job_id: str) -> JobState:
+        return JobState(job_id, self.states[int(job_id) - 1], "None", "n1", "0:0")
+
+
+def test_out_of_memory_is_an_attempt_failed_for_memory_not_an_error(tmp_path: Path) -> None:
+    done = SlurmAttempts(ClusterSettings(), _FakeClient(["OUT_OF_MEMORY"])).attempt(
+        ["true"], 100 * MIB, 60, (), tmp_path, "oom")
+    assert not done.attempt.completed
+    assert "OUT_OF_MEMORY" in (done.attempt.reason or "") and "--mem=100M" in (done.attempt.reason or "")
+    assert done.job_ids == ("1",)
+
+
+def test_a_job_the_cluster_lost_is_submitted_again_and_named(tmp_path: Path) -> None:
+    client = _FakeClient(["PREEMPTED", "NODE_FAIL", "CANCELLED by 0"])
+    done = SlurmAttempts(ClusterSettings(), client).attempt(["true"], 100 * MIB, 60, (), tmp_path, "lost")
+    assert done.job_ids == ("1", "2", "3")
+    reason = done.attempt.reason or ""
+    assert "CANCELLED" in reason and "job 1 on n1" in reason and "NODE_FAIL" in reason
+    lost = _FakeClient(["PREEMPTED"] * 3)
+    gave_up = SlurmAttempts(ClusterSettings(), lost).attempt(["true"], 100 * MIB, 60, (), tmp_path, "lost3")
+    assert not gave_up.attempt.completed and "lost by the cluster 3 times" in (gave_up.attempt.reason or "")
+
+
+def test_states() -> None:
+    assert outcome("CANCELLED by 0") is Outcome.ENDED
+    assert outcome("COMPLETED") is Outcome.RAN and outcome("FAILED") is Outcome.RAN
+    assert outcome("RUNNING") is Outcome.WAIT and outcome("PENDING") is Outcome.WAIT
+    assert outcome("PREEMPTED") is Outcome.RETRY and outcome("NODE_FAIL") is Outcome.RETRY
+    assert outcome("OUT_OF_MEMORY") is Outcome.OUT_OF_MEMORY
+    assert outcome("SOMETHING_NEW") is Outcome.ENDED and "SOMETHING_NEW" in describe("SOMETHING_NEW")
+    assert describe("TIMEOUT", "TimeLimit").endswith("Slurm's reason: TimeLimit")
+
+
+def test_settings(tmp_path: Path) -> None:
+    assert slurm_time(61.2) == "1:02"
+    assert ClusterSettings(partition="gpu", gpus=1, sbatch_options=("--qos=x",)).sbatch_args() == [
+        "--partition=gpu", "--gpus=1", "--cpus-per-task=1", "--qos=x"]
+    smoke = (Path(__file__).resolve().parents[2] / "scenarios" / "smoke.toml").read_text()
+    file = tmp_path / "s.toml"
+    file.write_text(smoke + '\n[cluster]\npartition = "gpu"\ntime = "1-00:00"\nsbatch_options = ["--qos=short"]\n')
+    wanted = ClusterSettings(partition="gpu", time="1-00:00", sbatch_options=("--qos=short",))
+    assert load_scenario(file).cluster == wanted
+    for bad, rule in (('sbatch_options = ["--mem=4G"]', "cluster.sbatch_options: --mem is set by the harness"),
+                      ('time = "an hour"', "cluster.time: expected Slurm's time format"), ("cpus = 0", "cluster.cpus")):
+        file.write_text(smoke + f"\n[cluster]\n{bad}\n")
+        with pytest.raises(ScenarioError, match=rule):
+            load_scenario(file)
+
+
+def test_a_budget_sweep_through_slurm_names_each_attempts_job_node_and_enforcer(
+    slurm: LocalSlurm, tmp_path: Path, controller: MemoryController
+) -> None:
+    from harness.tests.test_budget_mode import NEEDS, scenario, stand_in
+
+    runner = SlurmAttempts(ClusterSettings())
+    record = run_budget(scenario(tmp_path, "map", "load"), results=tmp_path / "results", precision_bytes=16 * MIB,
+                        command=stand_in, workdir=tmp_path / "engines", controller=controller, min_timeout_s=30,
+                        progress=lambda line: None, jobs=runner)
+    jobs = []
+    for name, swept in record.strategies.items():
+        assert swept.ok and swept.minimum_bytes is not None, swept.error
+        assert NEEDS[name] * MIB < swept.minimum_bytes < (NEEDS[name] + 64) * MIB
+        for attempt in swept.attempts:
+            assert attempt.node == slurm.node and attempt.limit_enforcer == HARNESS_ENFORCER
+            assert attempt.job_ids is not None
+            jobs.append(attempt.job_ids)
+    assert len(set(jobs)) == len(jobs), "one job per attempt"
+    assert read_budget(tmp_path / "results" / "tiny-budget") == record
+    assert runner.client.live == [] and _squeue(runner.client) == ""
