@@ -34,14 +34,14 @@ from harness.fileio.atomic import write_json
 from harness.fileio.codec import decode, encode
 from harness.fileio.files import read_json_file
 from harness.load.gpu_peers import LoaderUnavailable, check_loaders
-from harness.models import build_model
+from harness.models import build_model, fill_non_persistent
 from harness.models.checkpoints import CheckpointError, checkpoint_specs, describe_specs, ensure_checkpoint
 from harness.results.disk import CeilingPoint, SpeedChoice
 from harness.results.record import LAYOUT_VERSION, CheckpointInfo, ModelInfo, RecordError
 from harness.scenario import Scenario, validate_scenario
 from harness.speed import resolve_reading
 from harness.units import GIB
-from weightmap import open_checkpoint
+from weightmap import map_weights, open_checkpoint
 
 __all__ = ["PLAN_VERSION", "EnginePlan", "Plan", "make_plan", "read_plan", "write_plan"]
 
@@ -189,26 +189,13 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
     where = scenario.where
     build = scenario.build
     validate_scenario(scenario)  # one built in code never went through the loader's checks
-    try:
-        check_backend(build.backend, build.weights)
-    except BackendUnavailable as exc:
-        raise BackendUnavailable(f"{where('build.backend')}: {exc}") from exc
     info = build_model(scenario.model)  # first: a model that cannot be built here says why
     specs = checkpoint_specs(info.module)  # persistent tensors, a tied one once
     sizes = describe_specs(specs)
-    with_buffers = model_bytes(info.module)
-    try:
-        device = resolve_device(build.device)
-    except BackendUnavailable as exc:
-        raise BackendUnavailable(f"{where('build.device')}: {exc}") from exc
-    try:
-        check_loaders(scenario.strategies, device)  # a GPU loader peer's package and device, as for a backend
-    except LoaderUnavailable as exc:
-        raise LoaderUnavailable(f"{where('strategies')}: {exc}") from exc
-    say(f"model {info.name} ({info.source}); {info.source_note}".rstrip("; "))
     if sizes["nbytes"] == 0:
         raise PlanError(f"{where('model')}: {info.name} has no weight bytes "
                         f"({sizes['tensors']} tensors, all empty): there is nothing to measure")
+    with_buffers = model_bytes(info.module)
     if not build.compiler:  # before the checkpoint is generated: too many engines is the user's to fix
         if build.engine_cap_bytes is not None:
             parts, cap = partition(info.module, build.engine_cap_bytes), build.engine_cap_bytes
@@ -219,15 +206,30 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
             except ValueError as exc:  # more engines than the model has units
                 raise PlanError(f"{where('build.engines')}: {exc}; ask for fewer engines") from exc
         engines = [EnginePlan.of(e) for e in parts]
+    try:  # what this machine lacks, before anything is written: the backend, the device, a GPU loader peer's
+        check_backend(build.backend, build.weights)
+    except BackendUnavailable as exc:
+        raise BackendUnavailable(f"{where('build.backend')}: {exc}") from exc
+    try:
+        device = resolve_device(build.device)
+    except BackendUnavailable as exc:
+        raise BackendUnavailable(f"{where('build.device')}: {exc}") from exc
+    try:
+        check_loaders(scenario.strategies, device)  # a GPU loader peer's package and device, as for a backend
+    except LoaderUnavailable as exc:
+        raise LoaderUnavailable(f"{where('strategies')}: {exc}") from exc
+    say(f"model {info.name} ({info.source}); {info.source_note}".rstrip("; "))
     try:
         path, generated = ensure_checkpoint(info.module, scenario.checkpoint.path, scenario.checkpoint.seed,
                                             generate=scenario.checkpoint.generate)
     except CheckpointError as exc:
         raise CheckpointError(f"{where('checkpoint.path')}: {exc}") from exc
     say(("generated " if generated else "reusing ") + str(path))
-    if build.compiler:
+    if build.compiler:  # the graph is exported from the model with the checkpoint mapped (nothing is read)
+        map_weights(info.module, path, strict=True).close()
+        fill_non_persistent(info.module)
         try:
-            planned, cap = plan_graph_engines(scenario, path)
+            planned, cap = plan_graph_engines(info.module, scenario.model, build, scenario.checkpoint.seed)
         except EntryError as exc:
             raise PlanError(f"{where('model')}: {exc}") from exc
         except PartitionError as exc:
