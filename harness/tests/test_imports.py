@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("models", "load"),
     ("engines",),
     ("speed", "plan"),
-    ("worker", "rounds", "run"),
+    ("worker", "watch", "reference", "warmup", "rounds", "run_record", "run"),
     ("budget",),
     ("report",),
     ("cli", "schema", "bench_map", "__main__"),

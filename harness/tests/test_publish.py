@@ -317,7 +317,7 @@ REFERENCE_FAILURES = {
                      "- **disk ceiling**: not measured, the sweep failed (OSError: "),
     "read probe": ("harness.speed.read_probe", "probe_error", "OSError: ",
                    "  - read probe at the run's start: failed (OSError: "),
-    "disk read": ("harness.run.cold_read_bandwidth", "disk_read_error", "before round 1 of 1: OSError: ",
+    "disk read": ("harness.reference.cold_read_bandwidth", "disk_read_error", "before round 1 of 1: OSError: ",
                   "- **disk**: the cold sequential read of the checkpoint failed (before round 1 of 1: OSError: "),
 }
 
@@ -349,9 +349,9 @@ def test_a_reference_measurement_that_fails_is_recorded_and_the_run_is_published
 def test_after_a_disk_read_that_fails_none_is_taken_and_the_reads_before_it_stand(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import harness.run
+    import harness.reference
 
-    real = harness.run.cold_read_bandwidth
+    real = harness.reference.cold_read_bandwidth
     calls: list[int] = []  # the disk read before each round: the second fails
 
     def fails_second(*args: Any, **kwargs: Any) -> Any:
@@ -360,7 +360,7 @@ def test_after_a_disk_read_that_fails_none_is_taken_and_the_reads_before_it_stan
             raise OSError(errno.EIO, os.strerror(errno.EIO))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr("harness.run.cold_read_bandwidth", fails_second)
+    monkeypatch.setattr("harness.reference.cold_read_bandwidth", fails_second)
     results = tmp_path / "results"
     source = make_results(tmp_path / "source", name="tiny", failed=None, strategies=("map",))
     stand_in(monkeypatch, HANDS_IN_A_RESULT, str(source), str(tmp_path), "-1")

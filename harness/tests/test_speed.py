@@ -24,7 +24,8 @@ from harness.results.disk import EARLIER_REQUEST_BYTES, CeilingPoint, DiskRead, 
 from harness.results.metrics import StrategyMetrics, best_ceiling, disk_metrics
 from harness.results.reading import load_results
 from harness.results.record import RunRecord, StrategyRecord
-from harness.run import SHARED_DISK_TIMES, combine_repeats, representative, run_scenario
+from harness.results.repeats import combine_repeats, representative
+from harness.run import SHARED_DISK_TIMES, run_scenario
 from harness.scenario import (
     BuildConfig,
     CheckpointConfig,
