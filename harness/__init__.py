@@ -18,7 +18,8 @@ below it (``harness/tests/test_imports.py`` holds the layers and checks the impo
     The results layout (``record``, its history ``layouts``, its disk measurements ``disk`` and its samples
     and events CSVs ``samples``), the memory figures' labels (``labels``), derived figures (``metrics``), a
     strategy's repeats combined (``repeats``), reading a results directory back (``reading``), staging and
-    publishing a run (``publish``), results names (``names``), two runs compared (``comparison``, ``spread``).
+    publishing a run (``publish``), results names (``names``), two runs compared (``comparison``, ``spread``), the
+    settings the strategies that map read with (``checkpoint_reading``).
 ``measure`` ``progress``
     The sampler, page residency, ``/proc``, the GPU, the cold cache, the disk read, the read probe and
     ceiling, the shared disk, the machine; the bars and lines printed while a run goes.
@@ -30,7 +31,7 @@ below it (``harness/tests/test_imports.py`` holds the layers and checks the impo
 ``engines``
     How engines are built: the partition, the builder interface and its registry, the copy builders, the
     compilers (``engines.compile``).
-``speed`` ``plan``
+``checkpoint_reading`` ``plan``
     The prefetch and drop-cache settings, set or chosen by a read probe; the scenario resolved once, in
     the parent.
 ``worker`` ``watch`` ``reference`` ``warmup`` ``rounds`` ``run_record`` ``run``

@@ -38,7 +38,7 @@ not send: :func:`harness.watch.no_result_of_its_own`), has no result to publish,
 not be replaced by this one: the run stops there and is not published at all; the
 :class:`~harness.errors.OutputError` names the strategy, the reason and, with
 :class:`~harness.results.publish.Staging`'s note, where the strategies that finished are kept.
-A reference measurement that fails (the read probe, :func:`harness.speed.choose_speed`; the
+A reference measurement that fails (the read probe, :func:`harness.checkpoint_reading.choose_reading`; the
 read-ceiling sweep; the cold read before a round; the shared disk) is recorded as failed with its
 reason (``read_ceiling_error``, ``disk_read_error``, ``shared_disk_error``, ``speed.probe_error``)
 and costs the run nothing. The read probe and the read-ceiling sweep are made with the plan
@@ -52,8 +52,8 @@ order that changes from round to round (:func:`harness.rounds.round_order`, reco
 starts with a cold sequential read of the checkpoint (:func:`harness.measure.diskread.cold_read_bandwidth`),
 recorded in ``disk_reads``: the disk's rate at that time (after one that fails, none is taken). With more
 than one repeat, each round's files go to ``repeat-<r>/`` (:mod:`harness.results.repeats`); the strategy's
-record in ``summary.json`` is that of its representative run, the one whose wall time is the median (of the runs that finished), and its
-samples, events and record are copied to the top of the results directory, where the
+record in ``summary.json`` is that of its representative run, the one whose wall time is the median (of the runs
+that finished), and its samples, events and record are copied to the top of the results directory, where the
 report and figures read them; ``repeats`` lists every run's times. Samples are kept for
 the representative runs only (at the top); every run's events and record stay in its
 ``repeat-<r>/``.

@@ -37,7 +37,7 @@ def start_record(plan: Plan) -> RunRecord:
         scenario_config=scenario.to_dict(),
         strategies={},
         repeats=scenario.run.repeats,
-        speed=plan.speed,
+        reading=plan.reading,
         read_ceiling=plan.read_ceiling,
         read_ceiling_error=plan.read_ceiling_error,
         round_orders=round_orders(scenario.strategies, max(1, scenario.run.repeats)),

@@ -418,7 +418,7 @@ def _sweep_all(scenario: Scenario, name: str, results: Path, precision_bytes: in
         largest_engine_bytes=plan.largest_engine_bytes, backend=plan.scenario.build.backend, device=plan.device,
         controller=f"{controller.describe()}; unconstrained limit: {source}", precision_bytes=precision,
         unconstrained_limit_bytes=unconstrained,
-        timeout_factor=timeout_factor, min_timeout_s=min_timeout_s, sweep_wall_s=0.0, speed=plan.speed)
+        timeout_factor=timeout_factor, min_timeout_s=min_timeout_s, sweep_wall_s=0.0, reading=plan.reading)
     started = time.monotonic()
     for strategy in plan.scenario.strategies:
         runner = _Strategy(plan, plan_path, strategy, staging, controller, command or worker_command, progress)

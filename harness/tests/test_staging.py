@@ -388,7 +388,7 @@ def signals_itself(real: Callable[..., object], signum: int, swallow: bool) -> C
     return measurement
 
 
-REFERENCE_POINTS = {"shared disk": "harness.run.shared_disk", "read ceiling": "harness.speed.read_ceiling",
+REFERENCE_POINTS = {"shared disk": "harness.run.shared_disk", "read ceiling": "harness.checkpoint_reading.read_ceiling",
                     "disk read": "harness.run.measure_disk"}
 
 
