@@ -60,7 +60,7 @@ from harness.results.checkpoint_reading import ReadingChoice
 from harness.results.disk import CeilingPoint, ReadProbe
 from harness.results.metrics import best_ceiling
 from harness.scenario import PREFETCH_AUTO, PREFETCH_OFF, RunConfig
-from harness.units import GIB, MIB, format_mb_per_s
+from harness.units import MIB, format_gib, format_mb_per_s
 
 __all__ = ["PREFETCH_METHOD", "WILLNEED_FLOOR", "ReadSettings", "choose_reading", "decide", "resolve_reading",
            "sized_to_ceiling", "sweep_ceiling"]
@@ -76,14 +76,14 @@ def _unprobed(probe_error: str | None) -> str:
     """Why there is no probe: the checkpoint is too small for one, or the probe failed."""
     if probe_error is not None:
         return "the default where the read probe failed"
-    return f"the default for a checkpoint under {probe_bytes() / GIB:.1f} GiB, which is not probed"
+    return f"the default for a checkpoint under {format_gib(probe_bytes(), 1)}, which is not probed"
 
 
 def _drop_cache(probe: ReadProbe | None, checkpoint_bytes: int, available: int | None,
                 reporting: str | None, probe_error: str | None = None) -> tuple[bool, str]:
     if available is not None and checkpoint_bytes > available:
-        return True, (f"chosen: the checkpoint ({checkpoint_bytes / GIB:.2f} GiB) is larger than the memory "
-                      f"available ({available / GIB:.2f} GiB)")
+        return True, (f"chosen: the checkpoint ({format_gib(checkpoint_bytes)}) is larger than the memory "
+                      f"available ({format_gib(available)})")
     if probe is None:
         return False, f"chosen: off, {_unprobed(probe_error)}"
     if reporting is not None:
@@ -164,7 +164,7 @@ def sized_to_ceiling(choice: ReadingChoice, points: Sequence[CeilingPoint], file
     if file_bytes < probe_bytes():
         return dataclasses.replace(
             choice, prefetch_sizing_why=(f"not sized to the read-ceiling sweep: the checkpoint's largest file "
-                                 f"({file_bytes / GIB:.2f} GiB) is under the {probe_bytes() / GIB:.1f} GiB the read "
+                                 f"({format_gib(file_bytes)}) is under the {format_gib(probe_bytes(), 1)} the read "
                                  "probe needs, and a sweep of it reads too little to tell its points apart"))
     return dataclasses.replace(
         choice, prefetch_readers=best.threads, prefetch_request_bytes=best.request_bytes,

@@ -36,7 +36,7 @@ from tqdm import tqdm
 from harness.measure.procfs import read_status
 from harness.results.disk import DiskRead, SharedDisk
 from harness.results.metrics import StrategyMetrics
-from harness.units import GIB, KIB, format_mb_per_s
+from harness.units import GIB, KIB, format_gib, format_mb_per_s
 
 __all__ = [
     "EngineBar",
@@ -62,7 +62,7 @@ def phase_ticker(prefix: str, what: str, every_s: float = 1.0) -> Iterator[None]
 
     def tick() -> None:
         while not stop.wait(every_s):
-            bar.set_postfix_str(f"RSS {read_status().rss_bytes / GIB:.2f} GiB", refresh=True)
+            bar.set_postfix_str(f"RSS {format_gib(read_status().rss_bytes)}", refresh=True)
 
     thread = threading.Thread(target=tick, name="progress", daemon=True)
     thread.start()
@@ -71,7 +71,7 @@ def phase_ticker(prefix: str, what: str, every_s: float = 1.0) -> Iterator[None]
     finally:
         stop.set()
         thread.join()
-        bar.set_postfix_str(f"RSS {read_status().rss_bytes / GIB:.2f} GiB", refresh=False)
+        bar.set_postfix_str(f"RSS {format_gib(read_status().rss_bytes)}", refresh=False)
         bar.close()
 
 
@@ -84,7 +84,7 @@ class EngineBar:
                          leave=True, bar_format="{desc}, engines {n_fmt}/{total_fmt} |{bar}| [{elapsed}<{remaining}]")
 
     def _label(self) -> str:
-        return (f"[{self.prefix}] {self.built_bytes / GIB:.2f} of {self.total_bytes / GIB:.2f} GiB "
+        return (f"[{self.prefix}] {self.built_bytes / GIB:.2f} of {format_gib(self.total_bytes)} "
                 "of engine weights built")
 
     def built(self, nbytes: int) -> None:
@@ -165,12 +165,12 @@ def result_line(name: str, metrics: StrategyMetrics) -> str:
         return f"{name}: FAILED ({metrics.record.error})"
     parts = [f"{name}: ok"]
     if metrics.compared_peak_bytes is not None:
-        text = f"{metrics.compared_label} {metrics.compared_peak_bytes / GIB:.2f} GiB"
+        text = f"{metrics.compared_label} {format_gib(metrics.compared_peak_bytes)}"
         if metrics.floor_bytes is not None and metrics.excess is not None:
-            text += f", floor {metrics.floor_bytes / GIB:.2f} GiB ({metrics.excess * 100:+.1f}% of the model)"
+            text += f", floor {format_gib(metrics.floor_bytes)} ({metrics.excess * 100:+.1f}% of the model)"
         parts.append(text)
     if metrics.record.host_peak_bytes is not None:
-        parts.append(f"whole-run host peak {metrics.record.host_peak_bytes / GIB:.2f} GiB")
+        parts.append(f"whole-run host peak {format_gib(metrics.record.host_peak_bytes)}")
     if metrics.record.wall_s is not None:
         parts.append(f"wall {metrics.record.wall_s:.1f} s")
     return "; ".join(parts)
@@ -185,5 +185,5 @@ def shared_line(shared: SharedDisk) -> str:
 
 def disk_line(disk: DiskRead) -> str:
     """``disk: cold sequential read of 1.20 GiB in 0.6 s, ...``."""
-    return (f"disk: cold sequential read of {disk.bytes / GIB:.2f} GiB in {disk.seconds:.1f} s, "
+    return (f"disk: cold sequential read of {format_gib(disk.bytes)} in {disk.seconds:.1f} s, "
             f"{format_mb_per_s(disk.bytes_per_s)} ({disk.cpu_seconds:.1f} CPU-s)")

@@ -28,7 +28,7 @@ from harness import stopping
 from harness.plan import Plan
 from harness.results.record import StrategyRecord
 from harness.stopping import die_with_parent
-from harness.units import GIB
+from harness.units import format_gib
 from harness.worker import FAILURE_PREFIX, OUTSIDE_STATUS
 
 __all__ = ["SELF_INFLICTED", "Outcome", "no_result_of_its_own", "oom_kills", "strategy_record", "watch",
@@ -122,9 +122,9 @@ def _watch(command: Sequence[str], limit_bytes: int | None, timeout_s: float, po
         if limit_bytes is not None and tree.over(limit_bytes):
             held = tree.pss_sum_bytes if tree.pss_sum_bytes is not None else tree.rss_sum_bytes
             who = (f"the worker and the {tree.started} process{'es' if tree.started > 1 else ''} it started held "
-                   f"{held / GIB:.2f} GiB (PSS summed)" if tree.started else f"the worker held {held / GIB:.2f} GiB "
+                   f"{format_gib(held)} (PSS summed)" if tree.started else f"the worker held {format_gib(held)} "
                    "(PSS)")
-            reason = f"stopped by the harness: {who}, past the scenario's memory limit of {limit_bytes / GIB:.2f} GiB"
+            reason = f"stopped by the harness: {who}, past the scenario's memory limit of {format_gib(limit_bytes)}"
             kill_tree(process.pid, tree.pids[1:])
         elif time.monotonic() - started > timeout_s:
             reason = f"stopped by the harness: still running after the scenario's timeout of {timeout_s:.0f} s"
@@ -139,7 +139,7 @@ def _watch(command: Sequence[str], limit_bytes: int | None, timeout_s: float, po
     out_of_memory = kills_before is not None and kills_after is not None and kills_after > kills_before
     if reason is None and out_of_memory:
         reason = (f"killed by the kernel's out-of-memory killer (the machine ran out of memory; the worker's RSS "
-                  f"peaked at {peak / GIB:.2f} GiB)")
+                  f"peaked at {format_gib(peak)})")
     if reason is None and code is not None and code < 0:
         reason = f"killed by signal {-code}"
     if reason is None and code not in (0, 1, OUTSIDE_STATUS):
