@@ -1,6 +1,6 @@
 """What memory the kernel has not just freed costs on this machine, against memory it freed a moment before.
 
-The question behind ``drop_cache`` (:mod:`harness.speed`): on a virtual machine whose kernel reports
+The question behind ``drop_cache`` (:mod:`harness.checkpoint_reading`): on a virtual machine whose kernel reports
 its free pages to the host (:func:`harness.measure.hostmemory.free_page_reporting`), memory left unused
 for a few seconds must be backed by the host again before it is written. Each round:
 

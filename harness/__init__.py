@@ -16,9 +16,10 @@ below it (``harness/tests/test_imports.py`` holds the layers and checks the impo
     record holds them (``paths``).
 ``results``
     The results layout (``record``, its history ``layouts``, its disk measurements ``disk`` and its samples
-    and events CSVs ``samples``), the memory figures' labels (``labels``), derived figures (``metrics``),
-    reading a results directory back (``reading``), staging and publishing a run (``publish``), results names
-    (``names``), two runs compared (``comparison``, ``spread``).
+    and events CSVs ``samples``), the memory figures' labels (``labels``), derived figures (``metrics``), a
+    strategy's repeats combined (``repeats``), reading a results directory back (``reading``), staging and
+    publishing a run (``publish``), results names (``names``), two runs compared (``comparison``, ``spread``), the
+    settings the strategies that map read with (``checkpoint_reading``).
 ``measure`` ``progress``
     The sampler, page residency, ``/proc``, the GPU, the cold cache, the disk read, the read probe and
     ceiling, the shared disk, the machine; the bars and lines printed while a run goes.
@@ -32,12 +33,13 @@ below it (``harness/tests/test_imports.py`` holds the layers and checks the impo
 ``engines``
     How engines are built: the partition, the builder interface and its registry, the copy builders, the
     compilers (``engines.compile``).
-``speed`` ``plan``
+``checkpoint_reading`` ``plan``
     The prefetch and drop-cache settings, set or chosen by a read probe; the scenario resolved once, in
     the parent.
-``worker`` ``rounds`` ``run``
-    One strategy in one process; the strategies' order in each round; a scenario's supervised run, staged
-    then published.
+``worker`` ``watch`` ``reference`` ``warmup`` ``rounds`` ``run_record`` ``run``
+    One strategy in one process; its worker watched from outside, under the scenario's limits; the reference
+    measurements beside the strategies; the discarded warm-up rounds; the strategies' order in each round; the
+    run's record as it starts; a scenario's supervised run, staged then published.
 ``budget`` ``predict`` ``cluster``
     Budget mode: memory cgroups, the sweep, its record and its signals; each strategy's memory predicted from
     sizes alone (``rules``) and checked against the committed results (``check``); budget attempts run as Slurm

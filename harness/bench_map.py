@@ -28,7 +28,7 @@ import torch
 
 from harness.fileio.atomic import atomic_file
 from harness.measure.procfs import read_status
-from harness.units import GIB, MIB
+from harness.units import GIB, MIB, format_gib
 from weightmap import TensorSpec, map_weights, write_checkpoint
 
 WIDTH = 1024
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     st, pt, rows = make_checkpoints(args.dir, args.tensors, int(args.gib * GIB))
     print(f"checkpoint: {args.tensors} tensors of {rows}x{WIDTH} float32, "
-          f"{st.stat().st_size / GIB:.2f} GiB; {args.repeat} repetitions each", file=sys.stderr)
+          f"{format_gib(st.stat().st_size)}; {args.repeat} repetitions each", file=sys.stderr)
     results = [measure(n, f, st, pt, args.tensors, rows, args.repeat) for n, f in LOADERS.items()]
     peer = next(r for r in results if r.name == "load_file + assign")
     print(f"{'loader':<28} {'median':>10} {'vs load_file':>13} {'RSS growth':>12}")

@@ -6,7 +6,7 @@ on the meta device, splits it into engines (each engine a list of tensor names, 
 build order: module order for the ``copy`` backend, the exported program's graph
 partitions for a compiler backend, :mod:`harness.engines.compile.graph_engines`), makes sure
 the checkpoint exists (generating it only where the scenario allows), and decides how the
-strategies that map read it (:mod:`harness.speed`): the disk's read-ceiling sweep where the
+strategies that map read it (:mod:`harness.checkpoint_reading`): the disk's read-ceiling sweep where the
 scenario has a cold cache and ``read_ceiling`` on, the read probe where a setting is left to
 it, and prefetch sized to the sweep's fastest point. The :class:`Plan` it returns is the run's
 single resolution, never changed after: written once to ``plan.json`` before any round (warm-up
@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.catalog import builds_read_weights, is_gpu, writes_weights_to_files
+from harness.checkpoint_reading import resolve_reading
 from harness.engines.partition import Engine, model_bytes, partition, split_into
 from harness.engines.registry import BackendUnavailable, check_backend, resolve_device
 from harness.errors import PlanError
@@ -34,26 +35,28 @@ from harness.fileio.atomic import write_json
 from harness.fileio.codec import decode, encode
 from harness.fileio.files import read_json_file
 from harness.load.gpu_peers import LoaderUnavailable, check_loaders
-from harness.models import build_model
+from harness.models import build_model, fill_non_persistent
 from harness.models.checkpoints import checkpoint_specs, describe_specs
 from harness.models.user_checkpoint import resolve_checkpoint
-from harness.results.disk import CeilingPoint, SpeedChoice
+from harness.results.checkpoint_reading import ReadingChoice
+from harness.results.disk import CeilingPoint
 from harness.results.record import LAYOUT_VERSION, CheckpointInfo, ModelInfo, RecordError
 from harness.scenario import Scenario, validate_scenario
-from harness.speed import resolve_reading
 from harness.units import GIB
+from weightmap import map_weights
 
 __all__ = ["PLAN_VERSION", "EnginePlan", "Plan", "make_plan", "module_engines", "read_plan", "write_plan"]
 
-PLAN_VERSION = 5
+PLAN_VERSION = 6
 """The version of ``plan.json``'s own keys (the :class:`Plan`'s fields), written under its ``"plan"`` key; a worker
 refuses a plan of another version. It counts apart from the results layout: the records a plan holds
 (:class:`~harness.results.record.ModelInfo`, :class:`~harness.results.record.CheckpointInfo`,
-:class:`~harness.results.disk.SpeedChoice`, :class:`~harness.results.disk.CeilingPoint`) are results records, whose
-fields' ``since`` and ``absent_until`` are :data:`~harness.results.record.LAYOUT_VERSION` numbers; ``plan.json``
-holds them at the layout its ``"layout"`` key states, which must be this code's. Version 4 wrote paths relative to
-the repository root where inside it (:mod:`harness.fileio.paths`); version 5 adds ``read_ceiling`` and
-``read_ceiling_error`` and the ``"layout"`` key, and holds ``speed`` as sized to the sweep."""
+:class:`~harness.results.checkpoint_reading.ReadingChoice`, :class:`~harness.results.disk.CeilingPoint`) are results
+records, whose fields' ``since`` and ``absent_until`` are :data:`~harness.results.record.LAYOUT_VERSION` numbers;
+``plan.json`` holds them at the layout its ``"layout"`` key states, which must be this code's. Version 4 wrote
+paths relative to the repository root where inside it (:mod:`harness.fileio.paths`); version 5 adds
+``read_ceiling`` and ``read_ceiling_error`` and the ``"layout"`` key, and holds ``speed`` as sized to the sweep;
+version 6 names it ``reading``."""
 
 
 @dataclass(frozen=True)
@@ -82,10 +85,10 @@ class Plan:
     (declared in :mod:`harness.scenario` only); the other fields are what :func:`make_plan`
     resolved from it: the results' ``name``, the ``model`` and ``checkpoint`` measured and
     the checkpoint's files, the ``device`` engines are built on, the per-engine weight cap and
-    the ``engines`` in build order, the ``workdir`` engines are written under, the ``speed``
+    the ``engines`` in build order, the ``workdir`` engines are written under, the ``reading``
     settings of the strategies that map (the scenario's, or chosen by a read probe, with prefetch
-    sized to the read-ceiling sweep: :mod:`harness.speed`), and that sweep's points, ``read_ceiling``
-    (empty where none was made), or why it failed, ``read_ceiling_error``.
+    sized to the read-ceiling sweep: :mod:`harness.checkpoint_reading`), and that sweep's points,
+    ``read_ceiling`` (empty where none was made), or why it failed, ``read_ceiling_error``.
     ``plan.json`` holds every field, written and read by :mod:`harness.fileio.codec`: its paths (the scenario's,
     the checkpoint's, ``checkpoint_files`` and ``workdir``) relative to the repository root where inside it,
     read back absolute (:mod:`harness.fileio.paths`).
@@ -100,7 +103,7 @@ class Plan:
     engine_cap_bytes: int
     engines: tuple[EnginePlan, ...]
     workdir: str = field(metadata={"path": True})
-    speed: SpeedChoice
+    reading: ReadingChoice
     read_ceiling: tuple[CeilingPoint, ...] = ()
     read_ceiling_error: str | None = None
 
@@ -118,12 +121,12 @@ class Plan:
     @property
     def prefetch(self) -> str | None:
         """The method strategies with a prefetch plan warm the page cache with; ``None`` when off."""
-        return self.speed.prefetch
+        return self.reading.prefetch
 
     @property
     def drop_cache(self) -> bool:
         """Whether strategies with a prefetch plan drop released weights from the page cache."""
-        return self.speed.drop_cache
+        return self.reading.drop_cache
 
     @property
     def writes_weights_to_files(self) -> bool:
@@ -206,14 +209,19 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
     where = scenario.where
     build = scenario.build
     validate_scenario(scenario)  # one built in code never went through the loader's checks
-    try:
-        check_backend(build.backend, build.weights)
-    except BackendUnavailable as exc:
-        raise BackendUnavailable(f"{where('build.backend')}: {exc}") from exc
     info = build_model(scenario.model)  # first: a model that cannot be built here says why
     specs = checkpoint_specs(info.module)  # persistent tensors, a tied one once
     sizes = describe_specs(specs)
+    if sizes["nbytes"] == 0:
+        raise PlanError(f"{where('model')}: {info.name} has no weight bytes "
+                        f"({sizes['tensors']} tensors, all empty): there is nothing to measure")
     with_buffers = model_bytes(info.module)
+    if not build.compiler:  # before the checkpoint is generated: too many engines is the user's to fix
+        engines, cap = module_engines(scenario, info.module)
+    try:  # what this machine lacks, before anything is written: the backend, the device, a GPU loader peer's
+        check_backend(build.backend, build.weights)
+    except BackendUnavailable as exc:
+        raise BackendUnavailable(f"{where('build.backend')}: {exc}") from exc
     try:
         device = resolve_device(build.device)
     except BackendUnavailable as exc:
@@ -223,18 +231,15 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
     except LoaderUnavailable as exc:
         raise LoaderUnavailable(f"{where('strategies')}: {exc}") from exc
     say(f"model {info.name} ({info.source}); {info.source_note}".rstrip("; "))
-    if sizes["nbytes"] == 0:
-        raise PlanError(f"{where('model')}: {info.name} has no weight bytes "
-                        f"({sizes['tensors']} tensors, all empty): there is nothing to measure")
-    if not build.compiler:  # before the checkpoint is generated: too many engines is the user's to fix
-        engines, cap = module_engines(scenario, info.module)
     checkpoint = resolve_checkpoint(info.module, scenario.checkpoint, where)  # errors name checkpoint.path
     path = checkpoint.path
     say(("generated " if checkpoint.info.generated else "reusing ") + str(path)
         + (f" ({checkpoint.info.files} files)" if checkpoint.info.sharded else ""))
-    if build.compiler:
+    if build.compiler:  # the graph is exported from the model with the checkpoint mapped (nothing is read)
+        map_weights(info.module, path, strict=True).close()
+        fill_non_persistent(info.module)
         try:
-            planned, cap = plan_graph_engines(scenario, path)
+            planned, cap = plan_graph_engines(info.module, scenario.model, build, scenario.checkpoint.seed)
         except EntryError as exc:
             raise PlanError(f"{where('model')}: {exc}") from exc
         except PartitionError as exc:
@@ -254,7 +259,7 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
         read = ", ".join(str(f) for f in strategy.files_read(path))
         say(f"{strategy_name}: {'converted to' if done else 'reusing'} {read}")
     files = tuple(str(f) for f in checkpoint.files)
-    reading = resolve_reading(scenario.run, files, builds_read_weights(
+    settings = resolve_reading(scenario.run, files, builds_read_weights(
         on_gpu=is_gpu(device), compiler_weights=build.compiler_weights), say)
     return Plan(
         scenario=scenario,
@@ -268,7 +273,7 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
         engine_cap_bytes=cap,
         engines=tuple(engines),
         workdir=str(workdir),
-        speed=reading.speed,
-        read_ceiling=reading.ceiling,
-        read_ceiling_error=reading.ceiling_error,
+        reading=settings.choice,
+        read_ceiling=settings.ceiling,
+        read_ceiling_error=settings.ceiling_error,
     )

@@ -12,10 +12,12 @@ The parent passes this output through unchanged, so bars update in place.
 
 In the parent:
 
+* :func:`print_progress`: a line of the run's own, ``[harness] <message>``;
 * :func:`overall_line`: before each worker run, where the run stands among all of them and
   about how long the rest will take:
   ``run 9 of 28: map, repeat 2 of 3 — 8 done in 6.1 min, about 12 min left``
-  (:class:`RunCounter` keeps the count and the clock);
+  (:class:`RunCounter` keeps the count and the clock; :func:`run_label` names the run);
+* after each: :func:`result_line`; the reference measurements' :func:`disk_line` and :func:`shared_line`;
 * :func:`byte_bar`: a one-off file being written (a generated checkpoint, a ``.pt``
   conversion), in bytes: ``[harness] converting to pi05.safetensors.pt: 42%|███ | 3.1G/7.4G``.
   Shown on a terminal only: the parent's stderr is the user's, and a log file gets no bar.
@@ -32,10 +34,23 @@ from collections.abc import Callable, Iterator
 from tqdm import tqdm
 
 from harness.measure.procfs import read_status
-from harness.units import GIB, KIB
+from harness.results.disk import DiskRead, SharedDisk
+from harness.results.metrics import StrategyMetrics
+from harness.units import GIB, KIB, format_gib, format_mb_per_s
 
-__all__ = ["EngineBar", "RunCounter", "byte_bar", "engine_bar", "overall_line", "phase_ticker"]
-
+__all__ = [
+    "EngineBar",
+    "RunCounter",
+    "byte_bar",
+    "disk_line",
+    "engine_bar",
+    "overall_line",
+    "phase_ticker",
+    "print_progress",
+    "result_line",
+    "run_label",
+    "shared_line",
+]
 
 
 @contextlib.contextmanager
@@ -47,7 +62,7 @@ def phase_ticker(prefix: str, what: str, every_s: float = 1.0) -> Iterator[None]
 
     def tick() -> None:
         while not stop.wait(every_s):
-            bar.set_postfix_str(f"RSS {read_status().rss_bytes / GIB:.2f} GiB", refresh=True)
+            bar.set_postfix_str(f"RSS {format_gib(read_status().rss_bytes)}", refresh=True)
 
     thread = threading.Thread(target=tick, name="progress", daemon=True)
     thread.start()
@@ -56,7 +71,7 @@ def phase_ticker(prefix: str, what: str, every_s: float = 1.0) -> Iterator[None]
     finally:
         stop.set()
         thread.join()
-        bar.set_postfix_str(f"RSS {read_status().rss_bytes / GIB:.2f} GiB", refresh=False)
+        bar.set_postfix_str(f"RSS {format_gib(read_status().rss_bytes)}", refresh=False)
         bar.close()
 
 
@@ -69,7 +84,7 @@ class EngineBar:
                          leave=True, bar_format="{desc}, engines {n_fmt}/{total_fmt} |{bar}| [{elapsed}<{remaining}]")
 
     def _label(self) -> str:
-        return (f"[{self.prefix}] {self.built_bytes / GIB:.2f} of {self.total_bytes / GIB:.2f} GiB "
+        return (f"[{self.prefix}] {self.built_bytes / GIB:.2f} of {format_gib(self.total_bytes)} "
                 "of engine weights built")
 
     def built(self, nbytes: int) -> None:
@@ -107,6 +122,14 @@ def overall_line(index: int, total: int, what: str, elapsed_s: float | None) -> 
     return f"{line} — {done} done in {_duration(elapsed_s, 1)}, about {_duration(left_s, 0)} left"
 
 
+def run_label(strategy: str, warmups: int, repeats: int, *, warmup: int | None = None, repeat: int = 0) -> str:
+    """What one worker run does, of ``warmups`` warm-up rounds and ``repeats`` measured ones: ``map, warm-up 1 of 1``,
+    ``map, repeat 2 of 3``, or ``map`` when there is one round (``warmup`` and ``repeat`` count from 0)."""
+    if warmup is not None:
+        return f"{strategy}, warm-up {warmup + 1} of {warmups}"
+    return f"{strategy}, repeat {repeat + 1} of {repeats}" if repeats > 1 else strategy
+
+
 class RunCounter:
     """Numbers a run's worker processes, of ``total`` planned, and times them (``clock``, in seconds)."""
 
@@ -129,3 +152,38 @@ def byte_bar(what: str, total: int, enabled: bool = True) -> tqdm:  # type: igno
     (tqdm's ``disable=None``); never with ``enabled`` False."""
     return tqdm(total=total, desc=f"[harness] {what}", unit="B", unit_scale=True, unit_divisor=KIB,
                 file=sys.stderr, mininterval=1.0, leave=True, disable=None if enabled else True)
+
+
+def print_progress(message: str) -> None:
+    """``[harness] <message>`` on stderr: a line of the run's own, in the parent."""
+    print(f"[harness] {message}", file=sys.stderr, flush=True)
+
+
+def result_line(name: str, metrics: StrategyMetrics) -> str:
+    """``map: ok; build-phase host peak 1.21 GiB, floor 1.20 GiB (+0.1% of the model); ...``."""
+    if not metrics.record.ok:
+        return f"{name}: FAILED ({metrics.record.error})"
+    parts = [f"{name}: ok"]
+    if metrics.compared_peak_bytes is not None:
+        text = f"{metrics.compared_label} {format_gib(metrics.compared_peak_bytes)}"
+        if metrics.floor_bytes is not None and metrics.excess is not None:
+            text += f", floor {format_gib(metrics.floor_bytes)} ({metrics.excess * 100:+.1f}% of the model)"
+        parts.append(text)
+    if metrics.record.host_peak_bytes is not None:
+        parts.append(f"whole-run host peak {format_gib(metrics.record.host_peak_bytes)}")
+    if metrics.record.wall_s is not None:
+        parts.append(f"wall {metrics.record.wall_s:.1f} s")
+    return "; ".join(parts)
+
+
+def shared_line(shared: SharedDisk) -> str:
+    """``disk shared: the checkpoint read cold in 3.1 s, ...``."""
+    return (f"disk shared: the checkpoint read cold in {shared.read_s:.1f} s, as many bytes written as engine files "
+            f"in {shared.write_s:.1f} s, both at once in {shared.both_s:.1f} s ({shared.overlap or 0:.2f} x the "
+            f"longer alone; {shared.one_at_a_time or 0:.2f} would be one at a time)")
+
+
+def disk_line(disk: DiskRead) -> str:
+    """``disk: cold sequential read of 1.20 GiB in 0.6 s, ...``."""
+    return (f"disk: cold sequential read of {format_gib(disk.bytes)} in {disk.seconds:.1f} s, "
+            f"{format_mb_per_s(disk.bytes_per_s)} ({disk.cpu_seconds:.1f} CPU-s)")

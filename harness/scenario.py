@@ -106,7 +106,7 @@ fields); ``reference.*`` are the keys of each ``[[reference]]`` table; see ``sce
     run.timeout_s                       a number > 0 and <= 604800 (s, a week) [1800.0]
     run.prefetch                        "auto" | "off" | "fadvise" | "madvise" | "read" ["auto"]
         how strategies that map (map) warm the page cache for the next engine while one builds (map_no_prefetch
-        never does); auto: chosen per run by a read probe of the checkpoint (:mod:`harness.speed`), and the
+        never does); auto: chosen per run by a read probe of the checkpoint (:mod:`harness.checkpoint_reading`), and the
         results say what was chosen and why
     run.drop_cache                      true | false [absent]
         such strategies also drop released weights from the page cache (map_keep_cache never does); absent:
@@ -218,7 +218,7 @@ CACHES: tuple[str, ...] = ("cold", "warm")
 PREFETCH_OFF = "off"
 """The ``[run] prefetch`` setting that turns prefetching off."""
 PREFETCH_AUTO = "auto"
-"""The ``[run] prefetch`` setting that leaves the choice to the run's read probe (:mod:`harness.speed`)."""
+"""The ``[run] prefetch`` setting that leaves the choice to the run's read probe (:mod:`harness.checkpoint_reading`)."""
 PREFETCH: tuple[str, ...] = (PREFETCH_AUTO, PREFETCH_OFF, *PREFETCH_METHODS)
 DEFAULT_PREFETCH = PREFETCH_AUTO
 FALLBACKS: tuple[str, ...] = ("spec",)
@@ -380,7 +380,7 @@ class RunConfig:
     memory_limit_gib: float | None = field(default=None, metadata=limit("run.memory_limit_gib"))
     timeout_s: float = field(default=1800.0, metadata=limit("run.timeout_s"))
     prefetch: str = field(default=DEFAULT_PREFETCH, metadata=one_of(PREFETCH))
-    drop_cache: bool | None = None  # None: chosen per run (harness.speed)
+    drop_cache: bool | None = None  # None: chosen per run (harness.checkpoint_reading)
     repeats: int = field(default=1, metadata=limit("run.repeats"))
     warmup: int = field(default=0, metadata=limit("run.warmup"))
     read_ceiling: bool = True  # a cold run sweeps the disk's read ceiling before its first round

@@ -152,13 +152,15 @@ class RecordKey:
     """One key of a record: its ``path`` (``strategies.*.engines[].compile_s``), the layout version that added it
     (``since``: the key's own, or the key holding it where that came later), the last version that may leave
     it out (``absent_until``, 0 where none may) and the last version that holds it, where a later one dropped it
-    (``until``, else ``None``)."""
+    (``until``, else ``None``), and the last version that holds the key holding it (``held_until``, ``None``
+    where no key holding it was dropped)."""
 
     path: str
     since: int
     absent_until: int
     field: dataclasses.Field[Any]
     until: int | None = None
+    held_until: int | None = None
 
 
 def _record_class(tp: Any) -> tuple[type | None, str]:
@@ -174,16 +176,18 @@ def _record_class(tp: Any) -> tuple[type | None, str]:
     return (tp, "") if dataclasses.is_dataclass(tp) and isinstance(tp, type) else (None, "")
 
 
-def record_keys(cls: type = RunRecord, prefix: str = "", since: int = 1) -> Iterator[RecordKey]:
+def record_keys(cls: type = RunRecord, prefix: str = "", since: int = 1,
+                held_until: int | None = None) -> Iterator[RecordKey]:
     """Every key of a ``cls`` record and of the records it holds, depth first in the fields' order."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         path = prefix + json_key(f)
         added = max(since, int(f.metadata.get("since", 1)))
-        yield RecordKey(path, added, int(f.metadata.get("absent_until", 0)), f, field_until(f))
+        yield RecordKey(path, added, int(f.metadata.get("absent_until", 0)), f, field_until(f), held_until)
         inner, suffix = _record_class(hints[f.name])
         if inner is not None:
-            yield from record_keys(inner, f"{path}{suffix}.", added)
+            held = min((u for u in (held_until, field_until(f)) if u is not None), default=None)
+            yield from record_keys(inner, f"{path}{suffix}.", added, held)
 
 
 def at_layout(cls: type, data: dict[str, Any], version: int) -> dict[str, Any]:
@@ -198,10 +202,20 @@ def at_layout(cls: type, data: dict[str, Any], version: int) -> dict[str, Any]:
         if int(f.metadata.get("since", 1)) > version or (until is not None and until < version):
             continue
         if until is not None and "moved_to" in f.metadata:
-            out[key] = key_at(data, str(f.metadata["moved_to"]))
+            out[key] = key_at(data, _held_now(cls, str(f.metadata["moved_to"])))
         elif key in data:
             out[key] = _at_layout(hints[f.name], data[key], version)
     return out
+
+
+def _held_now(cls: type, path: str) -> str:
+    """Where a ``cls`` record holds now what ``path`` named when it was declared: its first key followed where a
+    later layout moved that key too (``moved_to`` of a dropped key)."""
+    head, dot, rest = path.partition(".")
+    for f in dataclasses.fields(cls):
+        if json_key(f) == head and field_until(f) is not None and "moved_to" in f.metadata:
+            return _held_now(cls, str(f.metadata["moved_to"]) + dot + rest)
+    return path
 
 
 def _at_layout(tp: Any, value: Any, version: int) -> Any:
@@ -233,7 +247,8 @@ def layout_history(cls: type = RunRecord, version: int = LAYOUT_VERSION) -> str:
     lines = [f"Layout 1: every key not listed below (a summary.json with no {_version_key(cls)!r} key)."]
     for v in range(2, version + 1):
         added = [k.path for k in keys if k.since == v and int(k.field.metadata.get("since", 1)) == v]
-        required = [k.path for k in keys if k.absent_until == v - 1 and k.absent_until > 0]
+        required = [k.path for k in keys if k.absent_until == v - 1 and k.absent_until > 0 and k.since <= v
+                    and (k.held_until is None or k.held_until >= v)]  # where the key holding it is held
         dropped = [k.path for k in keys if k.until == v - 1]
         lines.extend(_wrapped(f"Layout {v} adds:", added) if added else [f"Layout {v} adds no key."])
         if dropped:

@@ -11,13 +11,14 @@ when a scenario is loaded or validated.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from harness.fileio.files import JsonNestingError, load_bounded_json, not_regular
+from harness.fileio.files import JsonNestingError, load_bounded_json, read_bounded_json
 from harness.units import TIB, format_size
 
 __all__ = [
@@ -114,24 +115,30 @@ class NestingError(ValueError):
     """Text nests arrays or objects deeper than its format needs (and a parser's recursion can take)."""
 
 
-def load_json_bounded(text: str, limit: int = MAX_SPEC_NESTING) -> Any:
-    """``json.loads(text)``, refusing text that nests more than ``limit`` levels with
-    :class:`NestingError` before the parser recurses into it (:func:`harness.fileio.files.load_bounded_json`)."""
+@contextlib.contextmanager
+def _nesting_refused(limit: int) -> Iterator[None]:
+    """JSON nested deeper than ``limit`` (or too deep for the caller's stack) raised as :class:`NestingError`."""
     try:
-        return load_bounded_json(text, limit)
+        yield
     except JsonNestingError as exc:
         raise NestingError(f"arrays and objects nest {exc.depth} levels deep; at most {limit}") from exc
     except RecursionError as exc:  # a caller already deep in its own stack
         raise NestingError(f"arrays and objects nest too deeply to parse; at most {limit}") from exc
 
 
+def load_json_bounded(text: str, limit: int = MAX_SPEC_NESTING) -> Any:
+    """``json.loads(text)``, refusing text that nests more than ``limit`` levels with
+    :class:`NestingError` before the parser recurses into it (:func:`harness.fileio.files.load_bounded_json`)."""
+    with _nesting_refused(limit):
+        return load_bounded_json(text, limit)
+
+
 def read_spec(path: Path) -> Any:
     """A weight spec's JSON; ``OSError``, ``UnicodeDecodeError``, ``json.JSONDecodeError`` or
-    :class:`NestingError` when it cannot be read as one."""
-    kind = not_regular(path)
-    if kind is not None and not kind.startswith("cannot"):
-        raise OSError(f"it is {kind}, not a regular file")
-    return load_json_bounded(path.read_text(encoding="utf-8"))
+    :class:`NestingError` when it cannot be read as one (:func:`harness.fileio.files.read_bounded_json`: a path
+    that is not a regular file is refused before it is opened)."""
+    with _nesting_refused(MAX_SPEC_NESTING):
+        return read_bounded_json(path, MAX_SPEC_NESTING)
 
 
 class SpecFileError(ValueError):

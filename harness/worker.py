@@ -382,7 +382,7 @@ class StrategyRun:
         a release plan that can (``None``: it does not). Taken from the plan alone; the record only states it."""
         if self.spec.prefetch_plan is None or not self.spec.prefetches:
             return None
-        return self.plan.speed.prefetch
+        return self.plan.reading.prefetch
 
     def _release_plan(self, model: torch.nn.Module) -> ReleasePlan:
         """The strategy's release plan: with prefetch (and drop_cache) where the strategy and the plan ask for it."""
@@ -394,8 +394,8 @@ class StrategyRun:
         drop = plan.drop_cache and self.spec.drops_cache
         if planner is not None and (method is not None or drop):
             self._set(prefetch=method, drop_cache=drop)
-            return planner(model, names, method, drop, plan.speed.prefetch_readers,  # type: ignore[arg-type]
-                           plan.speed.prefetch_request_bytes)
+            return planner(model, names, method, drop, plan.reading.prefetch_readers,  # type: ignore[arg-type]
+                           plan.reading.prefetch_request_bytes)
         self._set(drop_cache=False)
         if self.builder.keeps_model_tensors:
             return release_without_resizing(model, names)

@@ -446,7 +446,7 @@ def _sweep_all(scenario: Scenario, name: str, results: Path, precision_bytes: in
                     + ("" if jobs is None else "; each attempt a Slurm job whose --mem is its limit")),
         precision_bytes=precision,
         unconstrained_limit_bytes=unconstrained,
-        timeout_factor=timeout_factor, min_timeout_s=min_timeout_s, sweep_wall_s=0.0, speed=plan.speed)
+        timeout_factor=timeout_factor, min_timeout_s=min_timeout_s, sweep_wall_s=0.0, reading=plan.reading)
     started = time.monotonic()
 
     def sweep(strategy: str) -> StrategyBudget:

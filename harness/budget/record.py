@@ -19,7 +19,7 @@ from harness.catalog import HEADLINE_STRATEGY
 from harness.fileio.atomic import write_json
 from harness.fileio.codec import Record, RecordError, decode, encode
 from harness.fileio.files import read_json_file
-from harness.results.disk import SpeedChoice
+from harness.results.checkpoint_reading import ReadingChoice
 from harness.results.record import LAYOUT_VERSION, MachineInfo, results_name_problem
 from harness.units import MIB
 
@@ -27,16 +27,17 @@ __all__ = ["BUDGET_FILE", "BUDGET_VERSION", "AttemptRecord", "BudgetRecord", "St
            "read_budget",
            "write_budget"]
 
-BUDGET_VERSION = 3
+BUDGET_VERSION = 4
 """The version of ``budget.json``'s own keys (:class:`BudgetRecord`'s fields), written under its ``"budget"`` key; this
 code reads every version from 1 to this one. It counts apart from the results layout: the results records a budget
-record holds (:class:`~harness.results.record.MachineInfo`, :class:`~harness.results.disk.SpeedChoice`) are read at
-the results layout (:data:`~harness.results.record.LAYOUT_VERSION` numbers, their fields' ``since`` and
+record holds (:class:`~harness.results.record.MachineInfo`, :class:`~harness.results.checkpoint_reading.ReadingChoice`)
+are read at the results layout (:data:`~harness.results.record.LAYOUT_VERSION` numbers, their fields' ``since`` and
 ``absent_until``) that its ``"layout"`` key states. Version 2 writes ``checkpoint`` relative to the repository root
-where inside it (:mod:`harness.fileio.paths`); version 1 wrote it absolute, which reads as it is, so the two differ
-in nothing else. Version 3 adds ``speed`` (the plan's prefetch and drop-cache settings, which every attempt ran
-under) and the ``"layout"`` key; versions 1 and 2 read with ``speed`` ``None`` (not recorded), and their records
-(a :class:`~harness.results.record.MachineInfo`, whose keys no layout changed) at :data:`EARLIER_LAYOUT`."""
+where inside it (:mod:`harness.fileio.paths`); version 1 wrote it absolute, which reads as it is, so the two differ in
+nothing else. Version 3 adds ``speed`` (the plan's prefetch and drop-cache settings, which every attempt ran under) and
+the ``"layout"`` key; versions 1 and 2 read with ``speed`` ``None`` (not recorded), and their records (a
+:class:`~harness.results.record.MachineInfo`, whose keys no layout changed) at :data:`EARLIER_LAYOUT`. Version 4 names
+``speed`` ``reading``; version 3's ``speed`` reads as it."""
 
 EARLIER_LAYOUT = 17
 """The results layout that budget versions 1 and 2, which state none, are read at: the last one they were written
@@ -156,7 +157,7 @@ class StrategyBudget(Record):
 class BudgetRecord:
     """A whole budget sweep; see the module docstring. ``budget.json`` holds its fields after
     ``"budget"`` (:data:`BUDGET_VERSION`) and ``"layout"`` (the results layout of the records it holds).
-    ``speed``: the prefetch and drop-cache settings of the strategies that map, as the sweep's plan resolved them
+    ``reading``: the prefetch and drop-cache settings of the strategies that map, as the sweep's plan resolved them
     (:func:`harness.plan.make_plan`); every attempt ran under them (``None`` in records of versions 1 and 2)."""
 
     name: str = field(metadata={"check": results_name_problem})
@@ -180,7 +181,7 @@ class BudgetRecord:
     min_timeout_s: float
     sweep_wall_s: float
     strategies: dict[str, StrategyBudget] = field(default_factory=dict, metadata={"check": _some_strategy})
-    speed: SpeedChoice | None = None
+    reading: ReadingChoice | None = None
 
     def with_strategy(self, name: str, strategy: StrategyBudget, sweep_wall_s: float) -> BudgetRecord:
         from dataclasses import replace
@@ -223,8 +224,10 @@ def read_budget(directory: Path) -> BudgetRecord:
                                   f"got {stated!r}")
             layout = stated
         data = {key: value for key, value in data.items() if key not in ("budget", "layout")}
-        if version < 3:  # no speed recorded
-            data["speed"] = None
+        if version < 3:  # no settings recorded
+            data["reading"] = None
+        elif version == 3:  # the settings under their earlier name
+            data["reading"] = data.pop("speed", None)
     return decode(BudgetRecord, data, source=str(path), version=layout)
 
 

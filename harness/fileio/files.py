@@ -33,6 +33,7 @@ __all__ = [
     "not_regular",
     "parse_json",
     "read_csv",
+    "read_bounded_json",
     "read_file",
     "read_json_file",
     "read_text_file",
@@ -140,6 +141,18 @@ def load_bounded_json(text: str, limit: int = MAX_JSON_DEPTH, parse_int: Callabl
     if line is not None:
         raise JsonNestingError(deepest, limit, line)
     return json.loads(text, parse_int=parse_int)
+
+
+def read_bounded_json(path: Path, limit: int = MAX_JSON_DEPTH) -> Any:
+    """The JSON of the UTF-8 file at ``path``, nested no deeper than ``limit`` (:func:`load_bounded_json`).
+
+    ``OSError`` when ``path`` is there and is not a regular file (found by :func:`not_regular`, before it is
+    opened) or cannot be read; ``UnicodeDecodeError``, and what :func:`load_bounded_json` raises, reach the caller.
+    """
+    kind = not_regular(path)
+    if kind is not None and not kind.startswith("cannot"):
+        raise OSError(f"it is {kind}, not a regular file")
+    return load_bounded_json(path.read_text(encoding="utf-8"), limit)
 
 
 def read_json_file(path: Path) -> Any:

@@ -5,7 +5,7 @@ The strategies that map have two settings whose best value differs from machine 
 before any strategy runs:
 
 * **does a growing page cache cost read time?** (Recorded and reported, but no rule's input:
-  :mod:`harness.speed` reads the kernel's free page reporting instead, since reads alone do not show
+  :mod:`harness.checkpoint_reading` reads the kernel's free page reporting instead, since reads alone do not show
   what keeping pages costs the writes that follow; see :mod:`harness.measure.hostmemory`.) Regions
   read by ``pread`` with their pages kept (``kept``; they stay until the probe ends, so the cache
   grows as a run's would), every fourth region instead read the same way and dropped behind the
@@ -23,7 +23,7 @@ would come from a cache outside a virtual machine's page cache (see
 :mod:`harness.measure.ceiling`). The regions lie in the largest file of the checkpoint, one after
 another. A file with room for fewer than :data:`MIN_CACHE_REGIONS` cache regions besides the
 advice regions (:func:`probe_bytes`, 2.4 GiB with the defaults) is not probed.
-:func:`harness.speed.choose_speed` turns the figures into the run's settings.
+:func:`harness.checkpoint_reading.choose_reading` turns the figures into the run's settings.
 """
 
 from __future__ import annotations

@@ -17,12 +17,12 @@ from harness.engines.registry import BackendUnavailable, resolve_device
 from harness.errors import PlanError
 from harness.measure.coldcache import drop_cached
 from harness.measure.residency import FileResidency
-from harness.models import build_model
+from harness.models import build_model, fill_non_persistent
 from harness.models.checkpoints import checkpoint_specs, describe_specs
 from harness.plan import module_engines
 from harness.predict.inputs import Baseline, PredictInputs
 from harness.scenario import Scenario, validate_scenario
-from weightmap import open_checkpoint
+from weightmap import map_weights, open_checkpoint
 
 __all__ = ["header_bytes", "inputs_of_scenario", "residency_kept"]
 
@@ -82,8 +82,10 @@ def inputs_of_scenario(scenario: Scenario, baseline: Baseline, *, device: str | 
         model_bytes, source = sizes["nbytes"], f"the model's tensors ({path} does not exist)"
     if build.compiler and present:
         try:
-            with residency_kept(path):
-                planned, _ = plan_graph_engines(scenario, path)
+            with residency_kept(path):  # the graph is exported from the model with the checkpoint mapped
+                map_weights(info.module, path, strict=True).close()
+                fill_non_persistent(info.module)
+                planned, _ = plan_graph_engines(info.module, scenario.model, build, scenario.checkpoint.seed)
         except EntryError as exc:
             raise PlanError(f"{scenario.where('model')}: {exc}") from exc
         except PartitionError as exc:

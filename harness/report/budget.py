@@ -160,7 +160,7 @@ def budget_markdown(record: BudgetRecord, figure_names: list[str], notes: str | 
         f"timeout per attempt {record.timeout_factor:g}x the unconstrained wall time, at least "
         f"{record.min_timeout_s:.0f} s. The whole sweep took {record.sweep_wall_s / 60:.1f} min. "
         f"Commit {short_commit(record.commit)}, created {record.created}.", "",
-        *([] if record.speed is None else [settings_line(record.speed), ""]),
+        *([] if record.reading is None else [settings_line(record.reading), ""]),
         "## Smallest host memory to compile", "",
         "| strategy | smallest limit that completes | fails at | unconstrained group peak | load + build "
         "unconstrained | load + build at the smallest limit | attempts | what it does with its weights |",

@@ -140,7 +140,7 @@ def _memory_table(comparison: Comparison) -> list[str]:
 
     columns: list[TableColumn[StrategyComparison]] = [TableColumn("strategy", lambda s: s.name, text=True)]
     columns += [TableColumn(label, column(i)) for i, label in enumerate(labels)]
-    columns.append(TableColumn("noise", lambda s: f"{s.noise_bytes / GIB:.{decimals}f} GiB, "
+    columns.append(TableColumn("noise", lambda s: f"{format_gib(s.noise_bytes, decimals)}, "
                                                   f"{s.noise_bytes / s.memory[0].model_bytes:.1%}"))
     return markdown_table(columns, comparison.strategies)
 

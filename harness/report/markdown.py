@@ -81,7 +81,7 @@ def context_paragraph(results: Results) -> str:
         engines,
         None if run.release is None else ("release on" if run.release else "release off"),
         f"sampled every {run.sample_interval_ms:g} ms" if run.sample_interval_ms else None,
-        _prefetch_text(run.speed.prefetch if run.speed is not None else run.prefetch)
+        _prefetch_text(run.reading.prefetch if run.reading is not None else run.prefetch)
         if run.layout >= field_since(RunRecord, "prefetch") else None,
         _repeats_text(run),
         _warmup_text(run.warmup_rounds),
@@ -243,15 +243,15 @@ def limit_observation(run: Results) -> list[str]:
     return lines
 
 
-def speed_observation(run: Results) -> list[str]:
+def reading_observation(run: Results) -> list[str]:
     """The prefetch and drop-cache settings of the strategies that map, why, and the read probe they came from."""
-    speed = run.record.speed
-    if speed is None:
+    choice = run.record.reading
+    if choice is None:
         return []
-    lines = [settings_line(speed)]
-    probe = speed.probe
-    if speed.probe_error is not None:
-        lines.append(f"  - read probe at the run's start: failed ({speed.probe_error}).")
+    lines = [settings_line(choice)]
+    probe = choice.probe
+    if choice.probe_error is not None:
+        lines.append(f"  - read probe at the run's start: failed ({choice.probe_error}).")
     if probe is not None:
         kept = ", ".join(f"{probe.cache_region_bytes / s / MB:.0f}" for s in probe.kept_s)
         lines.append(f"  - read probe at the run's start (cold regions of the checkpoint, each read once): "
@@ -487,7 +487,7 @@ def strategy_observations(run: Results, s: StrategyMetrics) -> list[str]:
     cache = _cache_text(r, decimals)
     if cache:
         details.append(cache)
-    prefetch = _prefetch_detail(r, decimals, 1 if run.record.speed is None else run.record.speed.prefetch_readers)
+    prefetch = _prefetch_detail(r, decimals, 1 if run.record.reading is None else run.record.reading.prefetch_readers)
     if prefetch:
         details.append(prefetch)
     sampling = []
@@ -571,7 +571,7 @@ def render_report(run: Results, figures: Sequence[str] = (), notes: Notes | None
     lines += comparison_observations(run)
     lines += fastest_observation(run)
     lines += disk_observation(run)
-    lines += speed_observation(run)
+    lines += reading_observation(run)
     lines += round_order_observation(run)
     lines += notes_on_refs
     compiled = compiler_lines(run)

@@ -23,7 +23,7 @@ from harness.catalog import strategy_colour
 from harness.fileio.atomic import write_atomic
 from harness.report.text import footer_text, gib_decimals
 from harness.results.reading import Results
-from harness.units import GIB
+from harness.units import GIB, format_gib
 
 __all__ = [
     "FLOOR_STYLE",
@@ -191,7 +191,7 @@ def coinciding(series: Mapping[str, Mapping[Any, float]], tolerance: float) -> d
 def model_label(run: Results) -> str:
     """The legend entry of the model-size line, in GiB."""
     model = run.record.model.bytes
-    return f"model size ({model / GIB:.{gib_decimals(model)}f} GiB)"
+    return f"model size ({format_gib(model, gib_decimals(model))})"
 
 
 def gib(values: Any) -> Any:

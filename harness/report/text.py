@@ -140,7 +140,7 @@ def machine_text(run: Results) -> str:
     if m.cpus is not None:
         parts.append(f"{m.cpus} CPUs")
     if m.mem_total_bytes:
-        parts.append(f"{m.mem_total_bytes / GIB:.0f} GiB memory")
+        parts.append(f"{format_gib(m.mem_total_bytes, 0)} memory")
     parts.append(m.gpu or "no GPU")
     return ", ".join(parts)
 

@@ -1,19 +1,19 @@
 """The disk measured in a run beside its strategies, as :mod:`harness.results.record` writes it into the summary:
 cold sequential reads of the checkpoint (:class:`DiskRead`), the read-ceiling sweep (:class:`CeilingPoint`), the
-disk read and written at once (:class:`SharedDisk`), and the read probe (:class:`ReadProbe`) with the prefetch and
-drop-cache settings chosen from it (:class:`SpeedChoice`). Each says the results layout version that added it
-(:data:`harness.results.record.LAYOUT_VERSION` numbers, the ``since`` and ``absent_until`` of its fields, wherever the
-record is held: ``summary.json``, ``plan.json`` and ``budget.json`` each state the layout of the records they hold)."""
+disk read and written at once (:class:`SharedDisk`), and the read probe (:class:`ReadProbe`), from which the
+settings of the strategies that map are chosen (:class:`~harness.results.checkpoint_reading.ReadingChoice`). Each
+says the results layout version that added it (:data:`harness.results.record.LAYOUT_VERSION` numbers, the ``since``
+and ``absent_until`` of its fields, wherever the record is held: ``summary.json``, ``plan.json`` and
+``budget.json`` each state the layout of the records they hold)."""
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from harness.fileio.codec import Record
-from harness.units import MIB
 
-__all__ = ["CeilingPoint", "DiskRead", "ReadProbe", "SharedDisk", "SpeedChoice"]
+__all__ = ["CeilingPoint", "DiskRead", "ReadProbe", "SharedDisk"]
 
 
 @dataclass(frozen=True)
@@ -118,31 +118,3 @@ class ReadProbe(Record):
     @property
     def willneed_bytes_per_s(self) -> float:
         return _median_rate(self.advice_region_bytes, self.willneed_s)
-
-
-EARLIER_REQUEST_BYTES = 2 * MIB
-"""weightmap's default prefetch request size (``ReleasePlan``'s ``prefetch_request_bytes``): what a
-:class:`SpeedChoice` asks with unless prefetch is sized to a read-ceiling sweep, and what runs recorded before
-version 16, which record none, asked with."""
-
-
-@dataclass(frozen=True)
-class SpeedChoice(Record):
-    """The prefetch method (``None``: off) and drop-cache setting of the strategies that map, and why each
-    (version 7, :func:`harness.speed.choose_speed`): set by the scenario, or chosen from ``probe``;
-    ``probe_error`` says why the probe failed, where it did (version 12). ``prefetch_readers`` threads ask at
-    once, in requests of ``prefetch_request_bytes`` (version 16; earlier runs: one thread, 2 MiB requests):
-    the read-ceiling sweep's best point where the run measured one (:func:`harness.speed.sized_to_ceiling`),
-    and ``prefetch_sizing_why`` says which."""
-
-    prefetch: str | None
-    drop_cache: bool
-    prefetch_why: str
-    drop_cache_why: str
-    probe: ReadProbe | None = None
-    # version 12
-    probe_error: str | None = field(default=None, metadata={"absent_until": 11})
-    # version 16
-    prefetch_readers: int = field(default=1, metadata={"absent_until": 15})
-    prefetch_request_bytes: int = field(default=EARLIER_REQUEST_BYTES, metadata={"absent_until": 15})
-    prefetch_sizing_why: str | None = field(default=None, metadata={"absent_until": 15})

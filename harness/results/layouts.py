@@ -47,8 +47,8 @@ a later one did:
    meanwhile: the source pages resident at once). ``None`` where not measured. Per run,
    ``read_ceiling``: the points of the disk's read-ceiling sweep (:class:`~harness.results.disk.CeilingPoint`), made
    before the first round of a cold run; empty where none was made. ``speed``
-   (:class:`~harness.results.disk.SpeedChoice`): the prefetch and drop-cache settings the run's strategies that map
-   used, each set by the scenario or chosen by a read probe of the checkpoint
+   (:class:`~harness.results.checkpoint_reading.ReadingChoice`): the prefetch and drop-cache settings the run's
+   strategies that map used, each set by the scenario or chosen by a read probe of the checkpoint
    (:class:`~harness.results.disk.ReadProbe`) at the run's start; ``None`` when reading versions 1 to 6.
 8. Adds, per strategy, where its prefetch threads spent their time: ``prefetch_busy_s`` (seconds
    in the calls that ask for pages ahead) and ``prefetch_evict_s`` (seconds dropping released
@@ -119,6 +119,10 @@ a later one did:
     attempt run through ``--executor slurm`` was (comma-separated, the last one the one that counts), the node it
     ran on and which limit bounded it. ``None`` for attempts run on the sweep's own machine, and when reading
     versions 1 to 19.
+21. Renames ``speed`` (:class:`~harness.results.checkpoint_reading.ReadingChoice`: the prefetch, readers and
+    drop-cache settings of the strategies that map) ``reading``: the record of a run, and of a plan and a budget
+    sweep, holds the settings under ``reading``. A record of this version holding ``speed`` is refused; versions 7
+    to 20 read their ``speed`` as ``reading``.
 
 A later version adds keys (each field says the version that added it, ``since`` in its metadata, and the last
 version that held a key a later one dropped, ``until``: :mod:`harness.fileio.codec`), bumps

@@ -62,7 +62,8 @@ from harness.fileio.codec import (
     name_problem,
 )
 from harness.fileio.files import read_json_file
-from harness.results.disk import CeilingPoint, DiskRead, SharedDisk, SpeedChoice
+from harness.results.checkpoint_reading import ReadingChoice
+from harness.results.disk import CeilingPoint, DiskRead, SharedDisk
 from harness.units import GIB, PIB
 
 __all__ = [
@@ -93,7 +94,7 @@ __all__ = [
     "write_summary",
 ]
 
-LAYOUT_VERSION = 20
+LAYOUT_VERSION = 21
 """The results layout this code writes; it reads every version from 1 to this one. It versions the results records'
 keys (the ``since`` and ``absent_until`` of their fields, :mod:`harness.results.layouts`) wherever they are held:
 ``summary.json`` and ``strategy-<strategy>.json`` state it in their ``layout`` key, and ``plan.json`` and
@@ -511,7 +512,7 @@ class RunRecord(Record):
 
     ``layout`` is the layout version the record was read at (:data:`LAYOUT_VERSION` for one
     made here); ``summary.json`` is always written at :data:`LAYOUT_VERSION`. Each setting is held once:
-    :attr:`prefetch` reads ``speed.prefetch`` and :attr:`sample_interval_ms` the scenario's (``scenario_config``);
+    :attr:`prefetch` reads ``reading.prefetch`` and :attr:`sample_interval_ms` the scenario's (``scenario_config``);
     versions 1 to 17 also wrote them as keys of their own (``earlier_prefetch``, ``earlier_sample_interval_ms``),
     which are read only where the record holds nothing else to read them from, must agree with it where it does,
     and are never written (``until``, ``moved_to``: :mod:`harness.fileio.codec`).
@@ -541,7 +542,7 @@ class RunRecord(Record):
     repeats: int | None = field(default=None, metadata={"since": 4})
     disk_reads: tuple[DiskRead, ...] = field(default=(), metadata={"since": 4})
     read_ceiling: tuple[CeilingPoint, ...] = field(default=(), metadata={"since": 7})
-    speed: SpeedChoice | None = field(default=None, metadata={"since": 7})
+    reading: ReadingChoice | None = field(default=None, metadata={"since": 21})
     round_orders: tuple[tuple[str, ...], ...] = field(default=(), metadata={"since": 9})
     shared_disk: tuple[SharedDisk, ...] = field(default=(), metadata={"since": 10})
     read_ceiling_error: str | None = field(default=None, metadata={"since": 12})
@@ -552,12 +553,15 @@ class RunRecord(Record):
         "key": "sample_interval_ms", "until": 17, "moved_to": f"scenario_config.run.{SAMPLE_INTERVAL}"})
     earlier_prefetch: str | None = field(default=None, metadata={
         "since": 4, "key": "prefetch", "until": 17, "moved_to": "speed.prefetch"})
+    # versions 7 to 20: the settings of the strategies that map under their earlier name, read as ``reading``
+    earlier_speed: ReadingChoice | None = field(default=None, metadata={
+        "since": 7, "key": "speed", "until": 20, "moved_to": "reading"})
 
     @property
     def prefetch(self) -> str | None:
-        """The prefetch method of the strategies that map (``None``: off): ``speed.prefetch``; for a record of
-        versions 4 to 6, which holds no ``speed``, the ``prefetch`` it wrote."""
-        return self.speed.prefetch if self.speed is not None else self.earlier_prefetch
+        """The prefetch method of the strategies that map (``None``: off): ``reading.prefetch``; for a record of
+        versions 4 to 6, which holds no settings, the ``prefetch`` it wrote."""
+        return self.reading.prefetch if self.reading is not None else self.earlier_prefetch
 
     @property
     def sample_interval_ms(self) -> float | None:
@@ -606,7 +610,7 @@ class RunRecord(Record):
         left out where a strategy ran; every round's order the same strategies, each once; a version-1
         strategy's build-phase peak filled in; a version 3 to 5 ``"packaged"`` read as the compiler's packaging
         it was; before version 9, the scenario's order in every round; from version 18, the sampler's interval in
-        ``scenario_config``."""
+        ``scenario_config``; before version 21, the settings held as ``speed`` read as ``reading``."""
         if version > 17 and self.sample_interval_ms is None:
             raise fail(f"scenario_config.run.{SAMPLE_INTERVAL}", "missing: the sampler's interval is held there")
         for name, record in self.strategies.items():
@@ -623,6 +627,8 @@ class RunRecord(Record):
                 raise fail(f"round_orders[{i}]", f"expected every strategy of the run once, as in every round, "
                                                  f"got {list(order)}")
         run = self
+        if self.earlier_speed is not None:  # versions 7 to 20 held the settings as ``speed``
+            run = run.replace(reading=self.earlier_speed, earlier_speed=None)
         if version < 9:
             run = run.replace(round_orders=(tuple(self.strategies),) * self.rounds)
         if version == 1:

@@ -22,7 +22,8 @@ from harness.fileio.codec import (
     json_key,
 )
 from harness.plan import EnginePlan, Plan
-from harness.results.disk import DiskRead, ReadProbe, SharedDisk, SpeedChoice
+from harness.results.checkpoint_reading import ReadingChoice
+from harness.results.disk import DiskRead, ReadProbe, SharedDisk
 from harness.results.record import (
     LAYOUT_VERSION,
     CacheRecord,
@@ -169,7 +170,7 @@ RUN = RunRecord(scenario="s", name="smoke", description="d", created="2024-01-01
                 scenario_config={"name": "smoke", "run": {"repeats": 1, "sample_interval_ms": 10.0}},
                 strategies={"map": STRATEGY},
                 repeats=1, disk_reads=(DiskRead(0, 1100, 0.5, 2200.0, 0.4, "read", 0),),
-                speed=SpeedChoice("madvise", False, "chosen: why", "set by the scenario"),
+                reading=ReadingChoice("madvise", False, "chosen: why", "set by the scenario"),
                 shared_disk=(SharedDisk(1100, 10, 0.5, 0.75, 1.0),), round_orders=(("map",),))
 ATTEMPT = AttemptRecord("unconstrained", GIB, True, -9, 1.0, 100, 0, None, 0.9, None, 0.5, 10, 0)
 BUDGET = BudgetRecord("sweep", "s", "", "2024-01-01", "abc", MACHINE, {"torch": None}, "m", 1000, "/c", 1, 10, "copy",
@@ -184,8 +185,8 @@ PLAN = Plan(scenario=Scenario(name="smoke", path=Path("/scenarios/smoke.toml"), 
                               references=(ScenarioReference("A40", host_peak_gib=1.0),)),
             name="smoke", model=MODEL, checkpoint=CHECKPOINT, checkpoint_files=("/c",), device="cpu",
             engine_cap_bytes=10, engines=(EnginePlan(0, ("a",), ("a.weight",), 10),), workdir="/w",
-            speed=SpeedChoice(None, True, "set by the scenario", "chosen: a reason",
-                              ReadProbe(MIB, (0.5, 0.25), (0.5,), 1 << 16, (1.0,), (0.125,))))
+            reading=ReadingChoice(None, True, "set by the scenario", "chosen: a reason",
+                                  ReadProbe(MIB, (0.5, 0.25), (0.5,), 1 << 16, (1.0,), (0.125,))))
 
 
 @pytest.mark.parametrize("record", [ENGINE, EXPORT, CACHE, REPEAT, STRATEGY, Phases(1.0), MACHINE, MODEL, CHECKPOINT,
@@ -245,9 +246,9 @@ def test_the_plan_carries_the_scenario_and_derives_its_settings_from_it() -> Non
     assert PLAN.compiler is False and PLAN.prefetch is None  # "off": no prefetch method
     assert PLAN.memory_limit_bytes == 2 * GIB
     assert PLAN.scenario.build.engine_cap_bytes == int(1.5 * MIB)
-    assert PLAN.drop_cache is True  # from the plan's speed settings, not the scenario's "auto"
+    assert PLAN.drop_cache is True  # from the plan's reading settings, not the scenario's "auto"
     on = dataclasses.replace(PLAN, scenario=dataclasses.replace(PLAN.scenario, run=RunConfig()),
-                             speed=SpeedChoice("fadvise", False, "chosen: why", "chosen: why not"))
+                             reading=ReadingChoice("fadvise", False, "chosen: why", "chosen: why not"))
     assert (on.prefetch, on.drop_cache, on.memory_limit_bytes) == ("fadvise", False, None)
     with pytest.raises(RecordError, match=r"^plan.json: not a plan of version"):
         Plan.from_json({**PLAN.to_json(), "plan": 1}, "plan.json")

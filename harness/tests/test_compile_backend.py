@@ -136,8 +136,8 @@ def test_prefetch_is_chosen_off_for_engines_whose_builds_never_read_their_weight
         tmp_path: Path, weights: str, prefetch: str | None) -> None:
     plan = make_plan(load_scenario(_scenario(tmp_path, weights=weights)), name="tiny-compile",
                      workdir=tmp_path / "engines")
-    assert plan.prefetch == prefetch, plan.speed.prefetch_why
-    assert ("no build reads them" in plan.speed.prefetch_why) == (prefetch is None)
+    assert plan.prefetch == prefetch, plan.reading.prefetch_why
+    assert ("no build reads them" in plan.reading.prefetch_why) == (prefetch is None)
 
 
 def test_compiler_fields_round_trip_and_v2_reads_them_as_none() -> None:

@@ -20,9 +20,9 @@ from harness.fileio.codec import encode
 from harness.plan import PLAN_VERSION, Plan, read_plan
 from harness.report import render_staged
 from harness.report.budget import budget_markdown
-from harness.report.markdown import speed_observation
+from harness.report.markdown import reading_observation
 from harness.report.settings import settings_line
-from harness.results.disk import SpeedChoice
+from harness.results.checkpoint_reading import ReadingChoice
 from harness.results.reading import load_results
 from harness.results.record import LAYOUT_VERSION, PLAN, RecordError
 from harness.run import run_scenario
@@ -73,57 +73,66 @@ def test_the_plan_sizes_prefetch_to_its_ceiling_sweep_and_the_record_states_it_o
     _, out = watched
     plan = read_plan(out / PLAN)
     assert plan.read_ceiling and plan.read_ceiling_error is None
-    assert plan.speed.prefetch == "madvise" and plan.speed.prefetch_sizing_why is not None  # sized before any round
+    assert plan.reading.prefetch == "madvise" and plan.reading.prefetch_sizing_why is not None  # sized before any round
     record = load_results(out).record
-    assert record.speed == plan.speed and record.read_ceiling == plan.read_ceiling
+    assert record.reading == plan.reading and record.read_ceiling == plan.read_ceiling
     report = (out.parent / "tiny.md").read_text()
-    assert settings_line(plan.speed) in report
+    assert settings_line(plan.reading) in report
 
 
 def test_a_plan_holds_its_records_at_the_results_layout() -> None:
     data = json.loads(json.dumps(A_PLAN.to_json()))
     assert (data["plan"], data["layout"]) == (PLAN_VERSION, LAYOUT_VERSION)
     assert Plan.from_json(data, "plan.json") == A_PLAN
-    # a key the results layout requires of a speed choice is required in a plan too, never read as its default
+    # a key the results layout requires of a reading choice is required in a plan too, never read as its default
     lacking = json.loads(json.dumps(data))
-    del lacking["speed"]["prefetch_readers"]
-    with pytest.raises(RecordError, match=r"^plan.json: speed: missing key 'prefetch_readers'$"):
+    del lacking["reading"]["prefetch_readers"]
+    with pytest.raises(RecordError, match=r"^plan.json: reading: missing key 'prefetch_readers'$"):
         Plan.from_json(lacking, "plan.json")
     for wrong in ({**data, "layout": LAYOUT_VERSION - 1}, {k: v for k, v in data.items() if k != "layout"}):
         with pytest.raises(RecordError, match=rf"^plan.json: layout: expected {LAYOUT_VERSION}, "):
             Plan.from_json(wrong, "plan.json")
 
 
-SPEED = SpeedChoice("madvise", False, "chosen: regions asked for ahead came in fast", "chosen: off: no reporting",
-                    prefetch_readers=2, prefetch_request_bytes=8 * MIB,
-                    prefetch_sizing_why="the read-ceiling sweep's fastest point")
+READING = ReadingChoice("madvise", False, "chosen: regions asked for ahead came in fast", "chosen: off: no reporting",
+                        prefetch_readers=2, prefetch_request_bytes=8 * MIB,
+                        prefetch_sizing_why="the read-ceiling sweep's fastest point")
 
 
 def test_a_budget_record_holds_the_plans_settings_at_the_results_layout(tmp_path: Path) -> None:
-    record = dataclasses.replace(BUDGET, checkpoint=str(tmp_path / "c"), speed=SPEED)
+    record = dataclasses.replace(BUDGET, checkpoint=str(tmp_path / "c"), reading=READING)
     write_budget(tmp_path, record)
     data = json.loads((tmp_path / BUDGET_FILE).read_text())
     assert (data["budget"], data["layout"]) == (BUDGET_VERSION, LAYOUT_VERSION)
     assert read_budget(tmp_path) == record
-    del data["speed"]["prefetch_readers"]
+    del data["reading"]["prefetch_readers"]
     (tmp_path / BUDGET_FILE).write_text(json.dumps(data))
-    with pytest.raises(RecordError, match=r"speed: missing key 'prefetch_readers'$"):
+    with pytest.raises(RecordError, match=r"reading: missing key 'prefetch_readers'$"):
         read_budget(tmp_path)
-    earlier = {"budget": 2, **{k: v for k, v in encode(record).items() if k != "speed"}}
+    slurm = ("job_ids", "node", "limit_enforcer")  # per attempt since layout 20
+    before_20 = {k: v for k, v in encode(record).items() if k != "reading"}
+    before_20["strategies"] = {name: {**s, "attempts": [{k: v for k, v in a.items() if k not in slurm}
+                                                        for a in s["attempts"]]}
+                               for name, s in before_20["strategies"].items()}
+    earlier = {"budget": 2, **before_20}
     (tmp_path / BUDGET_FILE).write_text(json.dumps(earlier))
-    assert read_budget(tmp_path) == dataclasses.replace(record, speed=None)  # version 2 recorded no settings
+    assert read_budget(tmp_path) == dataclasses.replace(record, reading=None)  # version 2 recorded no settings
+    version_3 = {"budget": 3, "layout": 20,
+                 **{("speed" if k == "reading" else k): v for k, v in encode(record).items()}}
+    (tmp_path / BUDGET_FILE).write_text(json.dumps(version_3))
+    assert read_budget(tmp_path) == record  # version 3 held the settings as ``speed``
 
 
 def test_the_budget_report_states_the_settings_in_the_run_reports_words() -> None:
-    budget = budget_markdown(dataclasses.replace(BUDGET, speed=SPEED), [], None)
-    line = settings_line(SPEED)
+    budget = budget_markdown(dataclasses.replace(BUDGET, reading=READING), [], None)
+    line = settings_line(READING)
     assert line in budget.splitlines()
     assert "2 reader(s) asking at once in requests of 8 MiB" in line
 
-    class _Run:  # what speed_observation reads of a run's results
+    class _Run:  # what reading_observation reads of a run's results
         class record:  # noqa: N801
-            speed = SPEED
+            reading = READING
 
-    assert speed_observation(_Run())[0] == line  # type: ignore[arg-type]
+    assert reading_observation(_Run())[0] == line  # type: ignore[arg-type]
     assert budget_markdown(BUDGET, [], None).count("settings of the strategies that map") == 0  # none recorded
 

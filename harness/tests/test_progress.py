@@ -17,8 +17,8 @@ from tqdm import tqdm
 from harness.cli import main
 from harness.load.peers import ensure_pt
 from harness.models.checkpoints import checkpoint_specs, describe_specs, ensure_checkpoint
-from harness.progress import RunCounter, overall_line
-from harness.run import planned_runs, run_label
+from harness.progress import RunCounter, overall_line, run_label
+from harness.run import planned_runs
 from harness.scenario import RunConfig
 from harness.tests.tiny_scenario import tiny_scenario_text
 
@@ -37,8 +37,8 @@ def test_the_overall_line_counts_every_worker_run_and_estimates_from_the_runs_do
     run = RunConfig(warmup=1, repeats=3)
     total = planned_runs(run, len(STRATEGIES))
     assert total == 28  # 7 strategies x (1 warm-up round + 3 repeats)
-    labels = [run_label(s, run, warmup=0) for s in STRATEGIES]
-    labels += [run_label(s, run, repeat=r) for r in range(3) for s in STRATEGIES]
+    labels = [run_label(s, run.warmup, run.repeats, warmup=0) for s in STRATEGIES]
+    labels += [run_label(s, run.warmup, run.repeats, repeat=r) for r in range(3) for s in STRATEGIES]
     assert len(labels) == total
     clock = FakeClock()
     counter = RunCounter(total, clock=clock)
@@ -58,7 +58,7 @@ def test_the_estimate_follows_the_mean_of_the_runs_so_far() -> None:
     assert overall_line(3, 10, "map", 100.0) == "run 3 of 10: map — 2 done in 1.7 min, about 7 min left"  # 50 s x 8
     assert overall_line(3, 10, "map", 10.0) == "run 3 of 10: map — 2 done in 10 s, about 40 s left"
     assert overall_line(1, 10, "map", 0.0) == "run 1 of 10: map"
-    assert run_label("map", RunConfig(repeats=1)) == "map", "one round: the strategy alone"
+    assert run_label("map", 0, 1) == "map", "one round: the strategy alone"
 
 
 RECORDS = """

@@ -315,9 +315,9 @@ REFERENCE_FAILURES = {
                     "- **disk shared by reads and engine writes**: the measurement failed (time 1 of 3: OSError: "),
     "read ceiling": ("harness.measure.ceiling._point", "read_ceiling_error", "OSError: ",
                      "- **disk ceiling**: not measured, the sweep failed (OSError: "),
-    "read probe": ("harness.speed.read_probe", "probe_error", "OSError: ",
+    "read probe": ("harness.checkpoint_reading.read_probe", "probe_error", "OSError: ",
                    "  - read probe at the run's start: failed (OSError: "),
-    "disk read": ("harness.run.cold_read_bandwidth", "disk_read_error", "before round 1 of 1: OSError: ",
+    "disk read": ("harness.reference.cold_read_bandwidth", "disk_read_error", "before round 1 of 1: OSError: ",
                   "- **disk**: the cold sequential read of the checkpoint failed (before round 1 of 1: OSError: "),
 }
 
@@ -338,7 +338,7 @@ def test_a_reference_measurement_that_fails_is_recorded_and_the_run_is_published
     assert main(["run", str(scenario(tmp_path, "map", "load")), "--results", str(results)]) == 0
     assert "Traceback" not in capsys.readouterr().err
     record = load_results(results / "tiny").record  # read back by the codec
-    error = getattr(record.speed if key == "probe_error" else record, key)
+    error = getattr(record.reading if key == "probe_error" else record, key)
     assert error is not None and error.startswith(reason) and error.endswith("No space left on device"), error
     report = (results / "tiny.md").read_text()
     assert line in report and f"({error})" in report
@@ -349,9 +349,9 @@ def test_a_reference_measurement_that_fails_is_recorded_and_the_run_is_published
 def test_after_a_disk_read_that_fails_none_is_taken_and_the_reads_before_it_stand(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import harness.run
+    import harness.reference
 
-    real = harness.run.cold_read_bandwidth
+    real = harness.reference.cold_read_bandwidth
     calls: list[int] = []  # the disk read before each round: the second fails
 
     def fails_second(*args: Any, **kwargs: Any) -> Any:
@@ -360,7 +360,7 @@ def test_after_a_disk_read_that_fails_none_is_taken_and_the_reads_before_it_stan
             raise OSError(errno.EIO, os.strerror(errno.EIO))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr("harness.run.cold_read_bandwidth", fails_second)
+    monkeypatch.setattr("harness.reference.cold_read_bandwidth", fails_second)
     results = tmp_path / "results"
     source = make_results(tmp_path / "source", name="tiny", failed=None, strategies=("map",))
     stand_in(monkeypatch, HANDS_IN_A_RESULT, str(source), str(tmp_path), "-1")

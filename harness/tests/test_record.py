@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from harness.catalog import is_gpu
-from harness.results.disk import SpeedChoice
+from harness.results.checkpoint_reading import ReadingChoice
 from harness.results.metrics import SampleColumns, StrategyMetrics, sampled_peaks
 from harness.results.reading import load_results
 from harness.results.record import LAYOUT_VERSION, SUMMARY, RecordError, RunRecord
@@ -86,8 +86,9 @@ def test_an_older_layout_states_prefetch_and_the_interval_apart_and_they_read_as
     data = _summary(run_dir)
     assert "prefetch" not in data and "sample_interval_ms" not in data  # the writer never writes them
     interval = data["scenario_config"]["run"]["sample_interval_ms"]
-    data["speed"] = SpeedChoice(prefetch="madvise", drop_cache=True, prefetch_why="chosen",
-                                drop_cache_why="chosen").to_json()
+    data.pop("reading", None)  # layouts before 21 held the settings as ``speed``
+    data["speed"] = ReadingChoice(prefetch="madvise", drop_cache=True, prefetch_why="chosen",
+                                  drop_cache_why="chosen").to_json()
     checkpoint = {k: v for k, v in data["checkpoint"].items() if k not in ("files", "dtype_bytes")}  # layout 19's
     older = {**data, "layout": 17, "prefetch": "madvise", "sample_interval_ms": interval, "checkpoint": checkpoint}
     _rewrite(run_dir, older)
@@ -120,6 +121,22 @@ def test_a_record_of_the_current_layout_holding_a_dropped_key_is_refused(run_dir
     del data["scenario_config"]["run"]["sample_interval_ms"]
     _rewrite(run_dir, data)
     with pytest.raises(RecordError, match=r"summary.json: scenario_config.run.sample_interval_ms: missing"):
+        load_results(run_dir)
+
+
+def test_the_settings_read_as_reading_from_the_layouts_that_held_them_as_speed(run_dir: Path) -> None:
+    data = _summary(run_dir)
+    choice = ReadingChoice(prefetch="madvise", drop_cache=True, prefetch_why="chosen", drop_cache_why="chosen")
+    data["reading"] = choice.to_json()
+    _rewrite(run_dir, data)
+    assert load_results(run_dir).record.reading == choice
+    earlier = {**{k: v for k, v in data.items() if k != "reading"}, "layout": 20, "speed": choice.to_json()}
+    _rewrite(run_dir, earlier)
+    record = load_results(run_dir).record
+    assert (record.reading, record.earlier_speed, record.prefetch) == (choice, None, "madvise")  # held once
+    assert "speed" not in record.to_json() and record.to_json()["reading"] == choice.to_json()
+    _rewrite(run_dir, {**data, "speed": choice.to_json()})
+    with pytest.raises(RecordError, match=r"summary.json: <top level>: unknown key 'speed'"):
         load_results(run_dir)
 
 

@@ -14,17 +14,20 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness.checkpoint_reading import sized_to_ceiling
 from harness.engines.copy import CopyToFiles, fault_in
 from harness.load.strategies import _release_and_prefetch
 from harness.measure.probe import probe_bytes
 from harness.measure.procfs import read_status
 from harness.plan import make_plan, read_plan
 from harness.report import render_staged
-from harness.results.disk import EARLIER_REQUEST_BYTES, CeilingPoint, DiskRead, SpeedChoice
+from harness.results.checkpoint_reading import EARLIER_REQUEST_BYTES, ReadingChoice
+from harness.results.disk import CeilingPoint, DiskRead
 from harness.results.metrics import StrategyMetrics, best_ceiling, disk_metrics
 from harness.results.reading import load_results
 from harness.results.record import RunRecord, StrategyRecord
-from harness.run import SHARED_DISK_TIMES, combine_repeats, representative, run_scenario
+from harness.results.repeats import combine_repeats, representative
+from harness.run import SHARED_DISK_TIMES, run_scenario
 from harness.scenario import (
     BuildConfig,
     CheckpointConfig,
@@ -33,7 +36,6 @@ from harness.scenario import (
     ScenarioError,
     load_scenario,
 )
-from harness.speed import sized_to_ceiling
 from harness.tests.fixtures import make_results, measured
 from harness.tests.test_run import TINY
 from harness.units import MIB, format_bytes
@@ -97,12 +99,12 @@ def test_prefetch_and_drop_cache_are_chosen_per_run_by_default_and_can_be_set(tm
 def test_the_plan_carries_prefetch_and_repeats(tmp_path: Path) -> None:
     plan = make_plan(_scenario(tmp_path, prefetch="off", drop_cache=True, repeats=3), name="p", workdir=tmp_path)
     assert (plan.prefetch, plan.drop_cache, plan.scenario.run.repeats) == (None, True, 3)
-    assert plan.speed.prefetch_why == plan.speed.drop_cache_why == "set by the scenario"
-    assert plan.speed.probe is None  # nothing left to choose: nothing probed
+    assert plan.reading.prefetch_why == plan.reading.drop_cache_why == "set by the scenario"
+    assert plan.reading.probe is None  # nothing left to choose: nothing probed
     plan = make_plan(_scenario(tmp_path), name="p", workdir=tmp_path)  # auto, a checkpoint too small to probe
     assert (plan.prefetch, plan.drop_cache, plan.scenario.run.repeats) == ("madvise", False, 1)
-    assert "not probed" in plan.speed.prefetch_why and "not probed" in plan.speed.drop_cache_why
-    assert json.loads(json.dumps(plan.to_json()))["speed"]["prefetch"] == "madvise"
+    assert "not probed" in plan.reading.prefetch_why and "not probed" in plan.reading.drop_cache_why
+    assert json.loads(json.dumps(plan.to_json()))["reading"]["prefetch"] == "madvise"
 
 
 # --------------------------------------------------------------------------- the repeated run
@@ -126,11 +128,11 @@ def test_prefetch_is_recorded_and_changes_nothing_that_is_released(repeated: tup
 def test_a_small_checkpoint_records_its_ceiling_sweep_but_prefetch_is_not_sized_to_it(
         repeated: tuple[RunRecord, Path]) -> None:
     record, out = repeated
-    assert record.speed is not None and best_ceiling(record.read_ceiling) is not None  # swept, as a reference
-    assert (record.speed.prefetch_readers, record.speed.prefetch_request_bytes) == (1, EARLIER_REQUEST_BYTES)
-    assert record.speed.prefetch_sizing_why and "not sized" in record.speed.prefetch_sizing_why
+    assert record.reading is not None and best_ceiling(record.read_ceiling) is not None  # swept, as a reference
+    assert (record.reading.prefetch_readers, record.reading.prefetch_request_bytes) == (1, EARLIER_REQUEST_BYTES)
+    assert record.reading.prefetch_sizing_why and "not sized" in record.reading.prefetch_sizing_why
     plan = read_plan(out / "plan.json")  # what the rounds' workers read
-    assert plan.speed == record.speed
+    assert plan.reading == record.reading
     report = (out.parent / "speedy.md").read_text()
     assert f"1 reader(s) asking at once in requests of {EARLIER_REQUEST_BYTES / MIB:g} MiB (not sized" in report
 
@@ -139,12 +141,12 @@ def test_sizing_to_the_ceiling_takes_its_fastest_point_and_leaves_prefetch_off_a
     points = [CeilingPoint(1, MIB, 100 * MIB, 1.0), CeilingPoint(4, 8 * MIB, 100 * MIB, 0.5),
               CeilingPoint(2, 32 * MIB, 100 * MIB, 0.7)]
     large = probe_bytes()
-    on = SpeedChoice(prefetch="madvise", drop_cache=False, prefetch_why="set", drop_cache_why="set")
+    on = ReadingChoice(prefetch="madvise", drop_cache=False, prefetch_why="set", drop_cache_why="set")
     sized = sized_to_ceiling(on, points, large)
     assert (sized.prefetch_readers, sized.prefetch_request_bytes) == (4, 8 * MIB)
     assert sized.prefetch_sizing_why == "the read-ceiling sweep's fastest point (4 reader(s) of 8 MiB, 210 MB/s)"
     assert sized_to_ceiling(on, [], large) == on  # nothing swept: one reader, weightmap's requests
-    off = SpeedChoice(prefetch=None, drop_cache=False, prefetch_why="set", drop_cache_why="set")
+    off = ReadingChoice(prefetch=None, drop_cache=False, prefetch_why="set", drop_cache_why="set")
     assert sized_to_ceiling(off, points, large) == off
     plan = _release_and_prefetch(torch.nn.Linear(2, 2), [["weight"]], "madvise", False, 3, 4 * MIB)
     try:
@@ -154,7 +156,7 @@ def test_sizing_to_the_ceiling_takes_its_fastest_point_and_leaves_prefetch_off_a
 
 
 def test_a_small_checkpoints_settings_do_not_depend_on_the_sweeps_points() -> None:
-    on = SpeedChoice(prefetch="madvise", drop_cache=False, prefetch_why="set", drop_cache_why="set")
+    on = ReadingChoice(prefetch="madvise", drop_cache=False, prefetch_why="set", drop_cache_why="set")
     one = [CeilingPoint(1, MIB, 20 * MIB, 0.010), CeilingPoint(4, MIB, 20 * MIB, 0.009)]
     other = [CeilingPoint(1, MIB, 20 * MIB, 0.009), CeilingPoint(4, MIB, 20 * MIB, 0.010)]
     small = probe_bytes() - 1
@@ -244,7 +246,7 @@ def test_the_report_shows_the_disk_row_runs_and_engine_times(repeated: tuple[Run
     row = next(line for line in text.splitlines() if line.startswith("| map |"))
     assert "| madvise |" in row and "| 2: " in row
     assert "bringing weights' pages in" in text
-    readers = record.speed.prefetch_readers if record.speed else 1
+    readers = record.reading.prefetch_readers if record.reading else 1
     calls = "s of the thread's calls" if readers == 1 else f"s of calls summed over its {readers} readers"
     assert "prefetch `madvise` one engine ahead" in text and calls in text
     assert (out.parent / "speedy.engine-times.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

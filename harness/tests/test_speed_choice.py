@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.checkpoint_reading import WILLNEED_FLOOR, choose_reading, decide
 from harness.measure.hostmemory import free_page_reporting
 from harness.measure.probe import probe_bytes, read_probe
 from harness.measure.residency import file_page_counts
@@ -16,7 +17,6 @@ from harness.report.markdown import render_report
 from harness.results.disk import ReadProbe
 from harness.results.reading import load_results
 from harness.scenario import RunConfig
-from harness.speed import WILLNEED_FLOOR, choose_speed, decide
 from harness.tests.fixtures import make_results
 from harness.units import GIB, MIB
 
@@ -81,7 +81,7 @@ def test_prefetch_is_off_where_no_engine_build_reads_the_weights(tmp_path: Path)
     assert (forced.prefetch, forced.prefetch_why) == ("madvise", "set by the scenario")
     missing = tmp_path / "never-read.safetensors"  # nothing is left for the probe to decide
     missing.write_bytes(b"")
-    chosen = choose_speed(RunConfig(drop_cache=True), [missing], builds_read_weights=False)
+    chosen = choose_reading(RunConfig(drop_cache=True), [missing], builds_read_weights=False)
     assert chosen.probe is None and chosen.prefetch is None
 
 
@@ -90,16 +90,16 @@ def test_the_scenarios_settings_win_and_nothing_is_probed(tmp_path: Path) -> Non
     choice = decide(run, _probe(kept=3.0, willneed=100.0), GIB, GIB // 2)
     assert (choice.prefetch, choice.drop_cache) == ("fadvise", False)
     assert choice.prefetch_why == choice.drop_cache_why == "set by the scenario"
-    missing = tmp_path / "never-read.safetensors"  # choose_speed would fail on it if it probed
+    missing = tmp_path / "never-read.safetensors"  # choose_reading would fail on it if it probed
     missing.write_bytes(b"")
-    assert choose_speed(RunConfig(prefetch="off", drop_cache=True), [missing]).probe is None
+    assert choose_reading(RunConfig(prefetch="off", drop_cache=True), [missing]).probe is None
 
 
 def test_a_checkpoint_smaller_than_the_probe_is_not_probed(tmp_path: Path) -> None:
     path = tmp_path / "small.bin"
     path.write_bytes(b"\0" * (4 * MIB))
     assert read_probe([path]) is None  # under probe_bytes()
-    choice = choose_speed(RunConfig(), [path])
+    choice = choose_reading(RunConfig(), [path])
     assert choice.probe is None and (choice.prefetch, choice.drop_cache) == ("madvise", False)
     assert f"{probe_bytes() / GIB:.1f} GiB" in choice.drop_cache_why
 
@@ -143,10 +143,10 @@ def test_the_report_says_what_was_chosen_why_and_from_which_rates(tmp_path: Path
     directory = make_results(tmp_path, failed=None)
     summary_path = directory / "summary.json"
     summary = json.loads(summary_path.read_text())
-    assert "speed" not in summary or summary["speed"] is None  # a record without the choice renders without it
+    assert "reading" not in summary or summary["reading"] is None  # a record without the choice renders without it
     assert "settings of the strategies that map" not in render_report(load_results(directory))
     choice = decide(RunConfig(prefetch="off"), _probe(kept=3.0, dropped=1.0), GIB, 16 * GIB, reporting=BALLOON)
-    summary["speed"] = choice.to_json()
+    summary["reading"] = choice.to_json()
     summary_path.write_text(json.dumps(summary))
     report = render_report(load_results(directory))
     line = next(x for x in report.splitlines() if "settings of the strategies that map" in x)

@@ -370,7 +370,7 @@ def test_an_interrupted_run_leaves_no_engine_behind(
         [LOCK, "plan.json", "summary.json", "strategy-map.json", "samples-map.csv", "events-map.csv"])
 
 
-# A signal during a reference measurement (harness.run._reference): the run stops, nothing is published.
+# A signal during a reference measurement (harness.reference.reference): the run stops, nothing is published.
 
 
 def signals_itself(real: Callable[..., object], signum: int, swallow: bool) -> Callable[..., object]:
@@ -388,7 +388,7 @@ def signals_itself(real: Callable[..., object], signum: int, swallow: bool) -> C
     return measurement
 
 
-REFERENCE_POINTS = {"shared disk": "harness.run.shared_disk", "read ceiling": "harness.speed.read_ceiling",
+REFERENCE_POINTS = {"shared disk": "harness.run.shared_disk", "read ceiling": "harness.checkpoint_reading.read_ceiling",
                     "disk read": "harness.run.measure_disk"}
 
 

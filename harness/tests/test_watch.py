@@ -1,4 +1,4 @@
-"""The watcher of a run's worker (harness.run.watch) holds the worker and every process it started to the
+"""The watcher of a run's worker (harness.watch.watch) holds the worker and every process it started to the
 limit, counted by harness.measure.proctree; each test keeps its processes to a few hundred MiB."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from harness.measure.proctree import descendants, pss_sum, read_tree
-from harness.run import watch
 from harness.tests.processes import gone_within
 from harness.units import KIB, MIB
+from harness.watch import watch
 
 # The worker starts a child that writes its pid and touches 300 MiB, then waits for it; the worker itself
 # stays small.
@@ -126,14 +126,14 @@ def test_a_process_gone_while_read_counts_as_nothing(tmp_path: Path, gone: bool)
 def test_a_worker_the_kernel_kills_for_memory_has_a_result_of_its_own(
     monkeypatch: pytest.MonkeyPatch, killed_by_oom: bool
 ) -> None:
-    import harness.run as run_module
+    import harness.watch as watch_module
 
     counts = iter([89, 90 if killed_by_oom else 89])
-    monkeypatch.setattr(run_module, "oom_kills", lambda: next(counts))
+    monkeypatch.setattr(watch_module, "oom_kills", lambda: next(counts))
     outcome = watch([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
                     limit_bytes=None, timeout_s=60)
     assert outcome.returncode == -9 and outcome.out_of_memory is killed_by_oom
-    outside = run_module._no_result_of_its_own(outcome, None)
+    outside = watch_module.no_result_of_its_own(outcome, None)
     if killed_by_oom:
         assert outside is None and outcome.reason is not None and "out-of-memory killer" in outcome.reason
     else:
@@ -141,7 +141,7 @@ def test_a_worker_the_kernel_kills_for_memory_has_a_result_of_its_own(
 
 
 def test_oom_kills_reads_the_kernel_counter(tmp_path: Path) -> None:
-    from harness.run import oom_kills
+    from harness.watch import oom_kills
 
     vmstat = tmp_path / "vmstat"
     vmstat.write_text("nr_free_pages 5\noom_kill 7\n")

@@ -136,12 +136,12 @@ def test_the_benchmarks_torch_save_checkpoint_is_written_atomically(tmp_path: Pa
 
 def test_a_repeats_files_copied_to_the_top_are_written_atomically(tmp_path: Path, fsynced: Fsynced) -> None:
     from harness.results.record import strategy_file
-    from harness.run import _copy_run_files
+    from harness.results.repeats import copy_run_files
 
     source, target = tmp_path / "repeat-1", tmp_path / "top"
     source.mkdir()
     target.mkdir()
     (source / strategy_file("map")).write_text("{}")
-    _copy_run_files(source, target, "map")
+    copy_run_files(source, target, "map")
     assert (target / strategy_file("map")).read_text() == "{}"
     assert_atomic(target / strategy_file("map"), fsynced)

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from harness.units import GIB
+from harness.units import format_gib
 from weightmap import release_mapped_storage
 
 __all__ = [
@@ -198,8 +198,8 @@ def upcast_reference(
         return None, "the model computes in its outputs' precision already: no more precise run of eager exists"
     need = sum(t.numel() for t in tensors) * 4
     if need * 1.2 > free_bytes:
-        return None, (f"no float32 run of eager to compare with: its copies need {need / GIB:.2f} GiB, "
-                      f"{free_bytes / GIB:.2f} GiB free")
+        return None, (f"no float32 run of eager to compare with: its copies need {format_gib(need)}, "
+                      f"{format_gib(free_bytes)} free")
     for sub in module.modules():
         for p in sub._parameters.values():
             if p is not None and p.dtype in _LOW_PRECISION:

@@ -4,8 +4,8 @@ For the ``copy`` backend the plan cuts the model in module order
 (:mod:`harness.engines.partition`). A compiler backend builds from the exported program instead,
 so its engines are the program's graph partitions
 (:func:`~harness.engines.compile.graph_partition.partition_program`): :func:`plan_graph_engines`
-maps the checkpoint into a fresh model on meta (nothing is read), exports the scenario's
-entry on its example inputs and partitions the program by the scenario's count or cap.
+takes the model built on meta with the checkpoint mapped into it (nothing is read), exports the
+scenario's entry on its example inputs and partitions the program by the scenario's count or cap.
 Every strategy's worker exports and partitions its own loaded model again and checks that
 it got the same partitions (:func:`same_partitions`).
 """
@@ -14,15 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
+from torch import nn
 
 from harness.engines.compile.entry import export_entry
 from harness.engines.compile.graph_partition import GraphPartition, PartitionRule, cap_for_program
-from harness.models import build_model, fill_non_persistent
-from harness.scenario import Scenario
-from weightmap import map_weights
+from harness.scenario import BuildConfig, ModelConfig
 
 __all__ = ["GraphEngine", "plan_graph_engines", "rule_for", "same_partitions"]
 
@@ -42,15 +40,14 @@ def rule_for(engines: int | None, cap_bytes: int | None) -> PartitionRule:
     return PartitionRule(count=engines, cap_bytes=None if engines is not None else cap_bytes)
 
 
-def plan_graph_engines(scenario: Scenario, checkpoint: Path) -> tuple[list[GraphEngine], int]:
-    """The graph partitions of the scenario's exported model, and the per-engine cap they were cut at."""
-    build = scenario.build
+def plan_graph_engines(model: nn.Module, cfg: ModelConfig, build: BuildConfig, seed: int,
+                       ) -> tuple[list[GraphEngine], int]:
+    """The graph partitions of ``model`` (built from ``cfg``, its checkpoint mapped and its non-persistent
+    buffers filled) exported on example inputs drawn from ``seed``, cut as ``build`` asks, and the per-engine
+    cap they were cut at."""
     cap = build.engine_cap_bytes
     rule = rule_for(build.engines, cap)
-    model = build_model(scenario.model).module
-    map_weights(model, checkpoint, strict=True).close()
-    fill_non_persistent(model)
-    entry = export_entry(scenario.model, model, tokens=build.tokens, seed=scenario.checkpoint.seed)
+    entry = export_entry(cfg, model, tokens=build.tokens, seed=seed)
     with torch.no_grad():
         program = torch.export.export(entry.module, entry.args, entry.kwargs, strict=False)
     parts = rule.apply(program)

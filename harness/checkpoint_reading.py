@@ -1,9 +1,10 @@
-"""The prefetch and drop-cache settings of the strategies that map: the scenario's, or chosen by measurement.
+"""How the strategies that map read the checkpoint: prefetch (its method, readers and request size) and drop-cache,
+the scenario's or chosen by measurement.
 
 A scenario may set ``[run] prefetch`` (a method, or ``"off"``) and ``[run] drop_cache`` (true or
 false); what it leaves as ``"auto"`` / absent is chosen here, once per run, from a read probe of the
 checkpoint (:func:`harness.measure.probe.read_probe`) and what the kernel says of its memory, and
-recorded with the reason (:class:`~harness.results.disk.SpeedChoice`). The rules:
+recorded with the reason (:class:`~harness.results.checkpoint_reading.ReadingChoice`). The rules:
 
 * **drop_cache** on when the checkpoint is larger than the memory the kernel reports available
   (keeping it would push other pages out), or when the kernel hands its free memory back to a host
@@ -28,7 +29,7 @@ A checkpoint smaller than the probe needs (:func:`~harness.measure.probe.probe_b
 not probed and its page cache stays small: drop-cache is off and prefetch ``madvise`` (what earlier
 layouts ran by default), and the reason says so. A probe that fails (a read error, the file gone) costs
 the run nothing: the settings are chosen as for a checkpoint not probed, the reason says the probe
-failed, and :attr:`~harness.results.disk.SpeedChoice.probe_error` says why.
+failed, and :attr:`~harness.results.checkpoint_reading.ReadingChoice.probe_error` says why.
 
 **How prefetch asks** (:func:`sized_to_ceiling`): where the run sweeps the disk's read ceiling (reader threads
 by request sizes, cold: :func:`sweep_ceiling`, made while the plan is made, before any round), prefetch asks as
@@ -55,12 +56,13 @@ import psutil
 from harness.measure.ceiling import read_ceiling
 from harness.measure.hostmemory import free_page_reporting
 from harness.measure.probe import probe_bytes, read_probe
-from harness.results.disk import CeilingPoint, ReadProbe, SpeedChoice
+from harness.results.checkpoint_reading import ReadingChoice
+from harness.results.disk import CeilingPoint, ReadProbe
 from harness.results.metrics import best_ceiling
 from harness.scenario import PREFETCH_AUTO, PREFETCH_OFF, RunConfig
-from harness.units import GIB, MIB, format_mb_per_s
+from harness.units import MIB, format_gib, format_mb_per_s
 
-__all__ = ["PREFETCH_METHOD", "WILLNEED_FLOOR", "ReadSettings", "choose_speed", "decide", "resolve_reading",
+__all__ = ["PREFETCH_METHOD", "WILLNEED_FLOOR", "ReadSettings", "choose_reading", "decide", "resolve_reading",
            "sized_to_ceiling", "sweep_ceiling"]
 
 WILLNEED_FLOOR = 0.25
@@ -74,14 +76,14 @@ def _unprobed(probe_error: str | None) -> str:
     """Why there is no probe: the checkpoint is too small for one, or the probe failed."""
     if probe_error is not None:
         return "the default where the read probe failed"
-    return f"the default for a checkpoint under {probe_bytes() / GIB:.1f} GiB, which is not probed"
+    return f"the default for a checkpoint under {format_gib(probe_bytes(), 1)}, which is not probed"
 
 
 def _drop_cache(probe: ReadProbe | None, checkpoint_bytes: int, available: int | None,
                 reporting: str | None, probe_error: str | None = None) -> tuple[bool, str]:
     if available is not None and checkpoint_bytes > available:
-        return True, (f"chosen: the checkpoint ({checkpoint_bytes / GIB:.2f} GiB) is larger than the memory "
-                      f"available ({available / GIB:.2f} GiB)")
+        return True, (f"chosen: the checkpoint ({format_gib(checkpoint_bytes)}) is larger than the memory "
+                      f"available ({format_gib(available)})")
     if probe is None:
         return False, f"chosen: off, {_unprobed(probe_error)}"
     if reporting is not None:
@@ -110,7 +112,7 @@ def _prefetch(probe: ReadProbe | None, builds_read_weights: bool,
 
 def decide(run: RunConfig, probe: ReadProbe | None, checkpoint_bytes: int, available: int | None,
            reporting: str | None = None, builds_read_weights: bool = True,
-           probe_error: str | None = None) -> SpeedChoice:
+           probe_error: str | None = None) -> ReadingChoice:
     """The settings for ``run`` given the probe's figures (or why the probe failed, ``probe_error``), the
     balloon device that reports this kernel's free pages to its host (``reporting``, or ``None``) and whether
     the engine builds read their weights; all are ignored for settings the scenario made."""
@@ -123,7 +125,7 @@ def decide(run: RunConfig, probe: ReadProbe | None, checkpoint_bytes: int, avail
         drop, drop_why = _drop_cache(probe, checkpoint_bytes, available, reporting, probe_error)
     else:
         drop, drop_why = run.drop_cache, "set by the scenario"
-    return SpeedChoice(prefetch=prefetch, drop_cache=drop, prefetch_why=prefetch_why, drop_cache_why=drop_why,
+    return ReadingChoice(prefetch=prefetch, drop_cache=drop, prefetch_why=prefetch_why, drop_cache_why=drop_why,
                        probe=probe, probe_error=probe_error)
 
 
@@ -132,8 +134,8 @@ def _failure(exc: BaseException) -> str:
     return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
-def choose_speed(run: RunConfig, files: Sequence[str | os.PathLike[str]],
-                 builds_read_weights: bool = True) -> SpeedChoice:
+def choose_reading(run: RunConfig, files: Sequence[str | os.PathLike[str]],
+                 builds_read_weights: bool = True) -> ReadingChoice:
     """The run's settings: the scenario's where it made them, the rest chosen from a probe of ``files``
     (:func:`decide`); the probe runs only where something is left to choose, and one that fails is recorded
     (``probe_error``), not raised. ``builds_read_weights``: whether the engine builds read the weights (false
@@ -151,21 +153,21 @@ def choose_speed(run: RunConfig, files: Sequence[str | os.PathLike[str]],
                   probe_error)
 
 
-def sized_to_ceiling(speed: SpeedChoice, points: Sequence[CeilingPoint], file_bytes: int) -> SpeedChoice:
-    """``speed`` with prefetch asking as the read-ceiling sweep's fastest point read (its reader threads and
+def sized_to_ceiling(choice: ReadingChoice, points: Sequence[CeilingPoint], file_bytes: int) -> ReadingChoice:
+    """``choice`` with prefetch asking as the read-ceiling sweep's fastest point read (its reader threads and
     request size), and why; unchanged where prefetch is off or the sweep read nothing. ``file_bytes``: the size of
     the checkpoint's largest file (the one the read probe reads); under :func:`probe_bytes` the points are not used
-    (``speed``'s reader and requests are kept, whatever they read) and ``prefetch_sizing_why`` says so."""
+    (``choice``'s reader and requests are kept, whatever they read) and ``prefetch_sizing_why`` says so."""
     best = best_ceiling(points)
-    if speed.prefetch is None or best is None:
-        return speed
+    if choice.prefetch is None or best is None:
+        return choice
     if file_bytes < probe_bytes():
         return dataclasses.replace(
-            speed, prefetch_sizing_why=(f"not sized to the read-ceiling sweep: the checkpoint's largest file "
-                                 f"({file_bytes / GIB:.2f} GiB) is under the {probe_bytes() / GIB:.1f} GiB the read "
+            choice, prefetch_sizing_why=(f"not sized to the read-ceiling sweep: the checkpoint's largest file "
+                                 f"({format_gib(file_bytes)}) is under the {format_gib(probe_bytes(), 1)} the read "
                                  "probe needs, and a sweep of it reads too little to tell its points apart"))
     return dataclasses.replace(
-        speed, prefetch_readers=best.threads, prefetch_request_bytes=best.request_bytes,
+        choice, prefetch_readers=best.threads, prefetch_request_bytes=best.request_bytes,
         prefetch_sizing_why=(f"the read-ceiling sweep's fastest point ({best.threads} reader(s) of "
                              f"{best.request_bytes // MIB} MiB, {format_mb_per_s(best.bytes_per_s)})"))
 
@@ -182,34 +184,34 @@ def sweep_ceiling(files: Sequence[str | os.PathLike[str]]) -> tuple[tuple[Ceilin
 
 @dataclass(frozen=True)
 class ReadSettings:
-    """How the strategies that map read the checkpoint, as a plan resolves it (:func:`resolve_reading`): ``speed``
+    """How the strategies that map read the checkpoint, as a plan resolves it (:func:`resolve_reading`): ``choice``
     sized to the read-ceiling sweep's ``ceiling`` points (empty where none was made), or why the sweep failed,
     ``ceiling_error``."""
 
-    speed: SpeedChoice
+    choice: ReadingChoice
     ceiling: tuple[CeilingPoint, ...]
     ceiling_error: str | None
 
 
 def resolve_reading(run: RunConfig, files: Sequence[str | os.PathLike[str]], builds_read_weights: bool,
                     say: Callable[[str], object]) -> ReadSettings:
-    """The read probe where a setting is left to it (:func:`choose_speed`), the read-ceiling sweep where ``run`` asks
+    """The read probe where a setting is left to it (:func:`choose_reading`), the read-ceiling sweep where ``run`` asks
     for one (a cold cache and ``read_ceiling`` on: :func:`sweep_ceiling`) and prefetch sized to it
     (:func:`sized_to_ceiling`), each said to ``say`` as made. Neither measurement's failure costs the run."""
-    speed = choose_speed(run, files, builds_read_weights)
-    if speed.probe_error is not None:
-        say(f"read probe: failed ({speed.probe_error})")
-    if speed.probe is not None or speed.probe_error is not None:
-        say(f"read probe: prefetch {speed.prefetch or 'off'} ({speed.prefetch_why}); "
-            f"drop_cache {'on' if speed.drop_cache else 'off'} ({speed.drop_cache_why})")
+    choice = choose_reading(run, files, builds_read_weights)
+    if choice.probe_error is not None:
+        say(f"read probe: failed ({choice.probe_error})")
+    if choice.probe is not None or choice.probe_error is not None:
+        say(f"read probe: prefetch {choice.prefetch or 'off'} ({choice.prefetch_why}); "
+            f"drop_cache {'on' if choice.drop_cache else 'off'} ({choice.drop_cache_why})")
     points: tuple[CeilingPoint, ...] = ()
     error = None
     if run.cache == "cold" and run.read_ceiling:
         say("the disk's read ceiling: a cold read sweep over reader threads and request sizes")
         points, error = sweep_ceiling(files)
         say(_ceiling_line(points, error))
-    sized = sized_to_ceiling(speed, points, max((os.stat(f).st_size for f in files), default=0))
-    if sized != speed:
+    sized = sized_to_ceiling(choice, points, max((os.stat(f).st_size for f in files), default=0))
+    if sized != choice:
         say(f"prefetch asks with {sized.prefetch_readers} reader(s) of {sized.prefetch_request_bytes // MIB} MiB "
             f"({sized.prefetch_sizing_why})")
     return ReadSettings(sized, points, error)

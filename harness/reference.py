@@ -1,0 +1,54 @@
+"""The run's reference measurements, beside its strategies: how one that fails is recorded, and the disk's cold read.
+
+A reference measurement (the disk's cold read before a round, :func:`measure_disk`; the shared disk,
+:mod:`harness.measure.shared_disk`) that fails is recorded as failed with its reason and never costs the run
+(:func:`reference`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from harness import stopping
+from harness.measure.diskread import cold_read_bandwidth
+from harness.plan import Plan
+from harness.results.disk import DiskRead
+
+__all__ = ["DISK_SETTLE_TIMEOUT_S", "measure_disk", "reference"]
+
+T = TypeVar("T")
+
+
+def reference(measurement: Callable[[], T]) -> tuple[T | None, str | None]:
+    """A reference measurement's result, or ``None`` and why it failed: it is recorded as failed, with its
+    reason, and never costs the run (a disk that fills up, a file gone under it).
+
+    A signal is no failure of the measurement: :class:`~harness.stopping.Interrupted` goes through, and a
+    signal caught while it ran is raised after it (:func:`harness.stopping.check`), even where the
+    measurement's own code swallowed what it raised.
+    """
+    try:
+        result: T | None = measurement()
+        error = None
+    except Exception as exc:
+        result, error = None, " ".join(f"{type(exc).__name__}: {exc}".split())
+    stopping.check()
+    return result, error
+
+
+DISK_SETTLE_TIMEOUT_S = 30.0
+"""How long the disk read waits for the machine's writeback to settle (see :mod:`harness.measure.coldcache`)."""
+
+
+def measure_disk(plan: Plan, before: int) -> DiskRead:
+    """A cold sequential read of the plan's checkpoint files, as the run's record keeps it."""
+    read = cold_read_bandwidth([Path(f) for f in plan.checkpoint_files], timeout_s=DISK_SETTLE_TIMEOUT_S)
+    # the rate is derived from the time as recorded, so that the two stored figures agree; the time keeps
+    # microseconds, as a millisecond is a percent of a small checkpoint's read
+    seconds = round(read.seconds, 6)
+    return DiskRead(before=before, bytes=read.bytes, seconds=seconds,
+                    bytes_per_s=round(read.bytes / seconds, 1) if seconds > 0 else 0.0,
+                    cpu_seconds=read.cpu_seconds, method=read.method,
+                    resident_at_start_bytes=read.cache.record.resident_after_bytes)
