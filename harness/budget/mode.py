@@ -96,9 +96,9 @@ from harness.budget.record import (
     read_budget,
     write_budget,
 )
+from harness.budget.remote import RemoteAttempt, RemoteAttempts
 from harness.budget.sweep import SweepError, default_precision, smallest_limit
 from harness.catalog import HEADLINE_STRATEGY, strategy_label
-from harness.cluster.executor import ClusterAttempt, SlurmAttempts
 from harness.errors import HarnessError
 from harness.fileio.atomic import write_atomic
 from harness.fileio.codec import json_key
@@ -181,11 +181,11 @@ class _Strategy:
     given), its record read back."""
 
     def __init__(self, plan: Plan, plan_path: Path, strategy: str, staging: Path, controller: MemoryController,
-                 command: WorkerCommand, say: Callable[[str], None], jobs: SlurmAttempts | None = None) -> None:
+                 command: WorkerCommand, say: Callable[[str], None], jobs: RemoteAttempts | None = None) -> None:
         self.plan, self.plan_path, self.strategy = plan, plan_path, strategy
         self.staging, self.controller, self.command, self.say = staging, controller, command, say
         self.jobs = jobs
-        self.where: list[ClusterAttempt | None] = []
+        self.where: list[RemoteAttempt | None] = []
         files = [Path(f) for f in plan.checkpoint_files]
         files += [f for f in STRATEGIES[strategy].files_read(Path(plan.checkpoint.path)) if f not in files]
         self.cold_files = files
@@ -366,7 +366,7 @@ def run_budget(scenario: Scenario, *, name: str | None = None, results: Path = P
                precision_bytes: int | None = None, timeout_factor: float = 4.0, min_timeout_s: float = 60.0,
                command: WorkerCommand | None = None, workdir: Path | None = None,
                controller: MemoryController | None = None, at: Mapping[str, int] | None = None,
-               progress: Callable[[str], None] = _progress, jobs: SlurmAttempts | None = None) -> BudgetRecord:
+               progress: Callable[[str], None] = _progress, jobs: RemoteAttempts | None = None) -> BudgetRecord:
     """Sweep every strategy of ``scenario`` for its smallest memory limit into ``results/<name>/``; returns the
     record. It draws nothing: the report and figure are :func:`harness.report.budget.render_budget`'s
     (``python -m harness budget`` renders them after this returns).
@@ -428,7 +428,7 @@ def run_budget(scenario: Scenario, *, name: str | None = None, results: Path = P
 def _sweep_all(scenario: Scenario, name: str, results: Path, precision_bytes: int | None, timeout_factor: float,
                min_timeout_s: float, command: WorkerCommand | None, workdir: Path,
                controller: MemoryController, progress: Callable[[str], None], staging: Path,
-               at: Mapping[str, int], jobs: SlurmAttempts | None = None) -> BudgetRecord:
+               at: Mapping[str, int], jobs: RemoteAttempts | None = None) -> BudgetRecord:
     """Everything up to the record of the last strategy, staged in ``staging``, engines under ``workdir``."""
     plan = make_plan(scenario, name=name, workdir=workdir, progress=progress)
     plan_path = write_plan(staging / PLAN, plan)

@@ -3,7 +3,7 @@
 :meth:`SlurmAttempts.attempt` writes the attempt's spec beside its results (the results directory must be on a
 filesystem the nodes share), submits ``python -m harness.cluster.attempt SPEC RESULT`` with ``--mem`` set to the
 limit (whole MiB, rounded up) and ``--time`` to the attempt's timeout plus :data:`TIME_MARGIN_S` (the attempt's own
-timeout ends it first; Slurm's is the backstop), waits for the job to end and returns a :class:`ClusterAttempt`:
+timeout ends it first; Slurm's is the backstop), waits for the job to end and returns a :class:`~harness.budget.remote.RemoteAttempt`:
 the :class:`~harness.budget.cgroup.Attempt` a local attempt returns, and the job's id, node and the limit's enforcer.
 
 What each end means is :mod:`harness.cluster.states`: a job the cluster lost (preempted, node failed) is submitted
@@ -23,10 +23,10 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from harness.budget.cgroup import Attempt
+from harness.budget.remote import RemoteAttempt
 from harness.cluster.slurm import JobState, SlurmClient
 from harness.cluster.states import Outcome, describe, outcome
 from harness.errors import HarnessError
@@ -34,7 +34,7 @@ from harness.fileio.atomic import write_atomic
 from harness.scenario_cluster import ClusterSettings
 from harness.units import MIB
 
-__all__ = ["POLL_S", "RETRIES", "TIME_MARGIN_S", "ClusterAttempt", "SlurmAttempts", "Stopped", "slurm_time"]
+__all__ = ["POLL_S", "RETRIES", "TIME_MARGIN_S", "RemoteAttempt", "SlurmAttempts", "Stopped", "slurm_time"]
 
 RETRIES = 2
 """How many times a job the cluster lost (:data:`~harness.cluster.states.RETRY_STATES`) is submitted again."""
@@ -46,18 +46,6 @@ POLL_S = 0.5
 
 class Stopped(Exception):
     """The executor was stopped (an interrupted sweep) while this attempt's job was queued or running."""
-
-
-@dataclass(frozen=True)
-class ClusterAttempt:
-    """An attempt run as Slurm jobs: ``attempt`` as a local one would be, ``job_ids`` every job submitted for it (the
-    last one the one that counts; earlier ones were lost by the cluster), ``node`` where the last one ran (None
-    where it never started) and ``enforcer`` the limit that bounded it (None where the job never ran the command)."""
-
-    attempt: Attempt
-    job_ids: tuple[str, ...]
-    node: str | None
-    enforcer: str | None
 
 
 def slurm_time(seconds: float) -> str:
@@ -82,7 +70,7 @@ class SlurmAttempts:
         return self.client.cancel_all()
 
     def attempt(self, command: Sequence[str], limit_bytes: int, timeout_s: float, cold_files: Iterable[str | Path],
-                directory: Path, name: str, time_s: float | None = None) -> ClusterAttempt:
+                directory: Path, name: str, time_s: float | None = None) -> RemoteAttempt:
         """Run ``command`` under ``limit_bytes`` as a job named ``name``, its files in ``directory``; ``time_s``: the
         job's time limit (default: ``timeout_s`` + :data:`TIME_MARGIN_S`)."""
         directory = Path(directory).resolve()
@@ -106,7 +94,7 @@ class SlurmAttempts:
                 break
             lost.append(f"job {job} on {state.node or 'no node'}: {describe(state.state, state.reason)}")
             if len(lost) > RETRIES:
-                return ClusterAttempt(Attempt(limit_bytes, False, None, ran_s, None, None,
+                return RemoteAttempt(Attempt(limit_bytes, False, None, ran_s, None, None,
                                               f"lost by the cluster {len(lost)} times: {'; '.join(lost)}"),
                                       tuple(jobs), state.node, None)
         note = f" (after {'; '.join(lost)}, submitted again)" if lost else ""
@@ -119,12 +107,12 @@ class SlurmAttempts:
                               data["group_peak_bytes"], data["oom_kills"],
                               None if data["reason"] is None and not note else f"{data['reason'] or 'completed'}{note}",
                               data.get("counters", {}))
-            return ClusterAttempt(attempt, tuple(jobs), data["node"], data["enforcer"])
+            return RemoteAttempt(attempt, tuple(jobs), data["node"], data["enforcer"])
         if kind is Outcome.RAN:
             why = f"{where} ended (exit code {state.exit_code}) without a result: {self._tail(directory, name, job)}"
         else:
             why = f"{where}: {describe(state.state, state.reason)}"
-        return ClusterAttempt(Attempt(limit_bytes, False, None, ran_s, None, None, why + note), tuple(jobs),
+        return RemoteAttempt(Attempt(limit_bytes, False, None, ran_s, None, None, why + note), tuple(jobs),
                               state.node, None)
 
     def _time(self, time_s: float | None, timeout_s: float) -> str:
