@@ -79,8 +79,8 @@ bench-pi05-compile: $(STAMP)
 # Llama-3.1-8B from a generated checkpoint sharded as transformers saves it (data/llama-3.1-8b, 16 GB),
 # with the copy backend and compiled by AOTInductor; load is stopped at the memory limit on a 24 GiB machine.
 bench-llama: $(STAMP)
-	$(PY) -m harness run scenarios/llama-3.1-8b.toml
-	$(PY) -m harness run scenarios/llama-3.1-8b-compile-packaged.toml
+	$(PY) -m harness run scenarios/llama-3-1-8b.toml
+	$(PY) -m harness run scenarios/llama-3-1-8b-compile-packaged.toml
 
 # A second compiler, OpenVINO, on the CPU from the same graph partitions: each engine a compiled
 # blob holding its weights. Its package comes with the test extra ('.[dev]'; '.[openvino]' alone).
