@@ -11,7 +11,7 @@ TORCH_PIN := torch==2.13.0
 .PHONY: install venv-tools test lint typecheck pytest bench-map bench-smoke bench-pi05 bench-pi05-trim plot clean-data \
 	bench-smoke-compile bench-pi05-compile bench-lerobot-compile lerobot-venv budget-smoke budget-smoke-slurm budget-pi05 \
 	budget-pi05-compile bench-smoke-openvino bench-pi05-compile-openvino bench-smoke-iree \
-	bench-pi05-compile-iree gpu-peers bench-pi05-h200
+	bench-pi05-compile-iree gpu-peers bench-pi05-h200 bench-llama
 
 # The command-line tools the README names, whose scripts must be in $(VENV)/bin.
 VENV_TOOLS := pytest ruff mypy
@@ -75,6 +75,12 @@ bench-pi05-compile: $(STAMP)
 	$(PY) -m harness run scenarios/pi05-compile.toml
 	$(PY) -m harness run scenarios/pi05-compile-packaged.toml
 	$(PY) -m harness run scenarios/pi05-compile-packaged-compiler.toml
+
+# Llama-3.1-8B from a generated checkpoint sharded as transformers saves it (data/llama-3.1-8b, 16 GB),
+# with the copy backend and compiled by AOTInductor; load is stopped at the memory limit on a 24 GiB machine.
+bench-llama: $(STAMP)
+	$(PY) -m harness run scenarios/llama-3-1-8b.toml
+	$(PY) -m harness run scenarios/llama-3-1-8b-compile-packaged.toml
 
 # A second compiler, OpenVINO, on the CPU from the same graph partitions: each engine a compiled
 # blob holding its weights. Its package comes with the test extra ('.[dev]'; '.[openvino]' alone).

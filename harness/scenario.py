@@ -27,7 +27,8 @@ Paths
     socket, a device; a directory for a checkpoint to generate) is refused before anything opens it.
     Without ``checkpoint.generate``, ``checkpoint.path`` may also name a folder holding a checkpoint (one
     ``model.safetensors``, or shards and ``model.safetensors.index.json``) or that index:
-    :mod:`harness.models.user_checkpoint` reads it.
+    :mod:`harness.models.user_checkpoint` reads it. With ``checkpoint.generate`` and ``checkpoint.max_shard_size``
+    it names the folder the harness writes shards into (:mod:`harness.models.sharded`).
 
 Schema: one line per key, ``key  what it takes [default]``, as ``python -m harness schema scenario`` prints it
 from the fields of :class:`Scenario` and of its tables (:data:`TABLES`), with what each key means and the rules
@@ -81,6 +82,9 @@ fields); ``reference.*`` are the keys of each ``[[reference]]`` table; see ``sce
     checkpoint.generate                 true | false [true without a path, false with one or for factory and
                                         transformers]
         write the checkpoint (seeded values) when the file is missing or was generated for another model or seed
+    checkpoint.max_shard_size           string [absent]
+        only with generate: path is a folder, written as transformers' save_pretrained(max_shard_size=...)
+        writes it ("5GB", "500MB": weightmap.parse_size): model-00001-of-0000N.safetensors and an index
     build.engines                       an integer >= 1 and <= 4096 [absent]
         exactly one of engines and engine_cap_mib: exactly that many engines (the model needs at least as many
         weight units) / at most that many MiB of weights per engine, at least one byte
@@ -158,7 +162,15 @@ from harness.fileio.codec import TABLE_STYLE, Limit, decode, decode_fields, desc
 from harness.fileio.files import not_regular
 from harness.results.record import Reference
 from harness.scenario_cluster import ClusterSettings
-from harness.scenario_rules import callable_problem, limit, name_problem, one_of, repeats, strategies_problem
+from harness.scenario_rules import (
+    callable_problem,
+    limit,
+    name_problem,
+    one_of,
+    repeats,
+    size_problem,
+    strategies_problem,
+)
 from harness.units import MIB
 from harness.weightspec import (
     MAX_MODEL_BYTES,
@@ -171,7 +183,7 @@ from harness.weightspec import (
     read_spec_data,
     spec_problem,
 )
-from weightmap import PREFETCH_METHODS
+from weightmap import PREFETCH_METHODS, parse_size
 
 __all__ = [
     "CACHES",
@@ -337,6 +349,21 @@ class CheckpointConfig:
     path: Path
     seed: int = field(default=0, metadata=limit("checkpoint.seed"))
     generate: bool = False
+    max_shard_size: str | None = field(default=None, metadata={"check": size_problem})
+
+    @property
+    def max_shard_bytes(self) -> int | None:
+        """``max_shard_size`` in bytes (:func:`weightmap.parse_size`); ``None``: one file, not shards."""
+        return None if self.max_shard_size is None else parse_size(self.max_shard_size)
+
+    def problem(self) -> tuple[str, str] | None:
+        """The key and the rule broken where these settings cannot go together (shards only of a checkpoint the
+        harness generates; a folder for shards, one file otherwise), found with ``stat`` alone; None when fine."""
+        if self.max_shard_size is not None and not self.generate:
+            return "max_shard_size", ("only with generate = true: the harness writes shards of a checkpoint it "
+                                      "generates; a checkpoint of yours is read as it is (a sharded folder too)")
+        problem = checkpoint_path_problem(self.path, generate=self.generate, sharded=self.max_shard_size is not None)
+        return None if problem is None else ("path", problem)
 
 
 @dataclass(frozen=True)
@@ -498,12 +525,21 @@ def _nesting(data: Any, limit: int) -> str | None:
     return None
 
 
-def checkpoint_path_problem(path: Path, *, generate: bool = True) -> str | None:
+def checkpoint_path_problem(path: Path, *, generate: bool = True, sharded: bool = False) -> str | None:
     """Why ``path`` cannot be a checkpoint (a FIFO, a device, ...: anything there but a regular file, or a
     directory where the harness is to ``generate`` one file), found with ``stat`` alone, so a FIFO is never
     opened; None when it may be one. Without ``generate`` a directory may be a sharded checkpoint (what it holds
-    is read later: :mod:`harness.models.user_checkpoint`)."""
+    is read later: :mod:`harness.models.user_checkpoint`). ``sharded`` (``max_shard_size``: the harness
+    generates shards into a folder): the path must be a folder or nothing yet."""
     kind = not_regular(path)
+    if sharded:
+        if kind == "a directory" or (kind is None and not path.exists()):
+            return None
+        if kind is not None and kind.startswith("cannot"):
+            return f"{path}: {kind}"
+        what = "a file" if kind is None else kind
+        return (f"{path}: is {what}; with checkpoint.max_shard_size the harness writes shards and their index "
+                "into a folder: name a folder (or a path that does not exist yet)")
     if kind is None:
         return None
     if kind.startswith("cannot"):
@@ -511,7 +547,8 @@ def checkpoint_path_problem(path: Path, *, generate: bool = True) -> str | None:
     if kind == "a directory":
         if not generate:
             return None
-        return f"{path}: is a directory; the harness reads and writes one .safetensors file"
+        return (f"{path}: is a directory; the harness reads and writes one .safetensors file (set "
+                "checkpoint.max_shard_size to generate shards into a folder)")
     return f"{path}: is {kind}, not a regular file; the harness reads and writes one .safetensors file"
 
 
@@ -543,9 +580,9 @@ def validate_scenario(scenario: Scenario) -> None:
         problem = spec_problem(data if isinstance(data, dict) else {}, m.trim)
         if problem:
             raise ScenarioError(f"{scenario.where('model.spec')}: {m.spec} {problem}")
-    problem = checkpoint_path_problem(scenario.checkpoint.path, generate=scenario.checkpoint.generate)
-    if problem:
-        raise ScenarioError(f"{scenario.where('checkpoint.path')}: {problem}")
+    broken = scenario.checkpoint.problem()
+    if broken:
+        raise ScenarioError(f"{scenario.where('checkpoint.' + broken[0])}: {broken[1]}")
 
 
 # --------------------------------------------------------------------------- reading
@@ -662,9 +699,9 @@ def _load_checkpoint(raw: Any, file: Path, model: ModelConfig) -> CheckpointConf
         if not raw["path"].strip():
             raise fail("path", "expected a file path, got an empty string")
         checkpoint = dataclasses.replace(checkpoint, path=Path.cwd() / checkpoint.path.expanduser())
-    problem = checkpoint_path_problem(checkpoint.path, generate=checkpoint.generate)
-    if problem:
-        raise fail("path", problem)
+    broken = checkpoint.problem()
+    if broken:
+        raise fail(*broken)
     return checkpoint
 
 

@@ -14,8 +14,10 @@ from harness.fileio.codec import NAME, Limit
 from harness.results.names import reserved_problem
 from harness.units import GIB, MIB, PIB
 from harness.weightspec import MAX_MODEL_BYTES
+from weightmap import parse_size
 
-__all__ = ["LIMITS", "OneOf", "callable_problem", "limit", "name_problem", "one_of", "repeats", "strategies_problem"]
+__all__ = ["LIMITS", "OneOf", "callable_problem", "limit", "name_problem", "one_of", "repeats",
+           "size_problem", "strategies_problem"]
 
 
 def _int(low: int, high: int) -> Limit:
@@ -95,6 +97,18 @@ def callable_problem(text: str | None) -> str | None:
     if text is None or CALLABLE.fullmatch(text):
         return None
     return f"expected package.module:function, got {text!r}"
+
+
+def size_problem(text: str | None) -> str | None:
+    """Why ``text`` is not a size as transformers' ``max_shard_size`` takes it (``"5GB"``, ``"500MB"``:
+    :func:`weightmap.parse_size`); None when it is one (or is absent)."""
+    if text is None:
+        return None
+    try:
+        parse_size(text)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def name_problem(name: str) -> str | None:

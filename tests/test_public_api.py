@@ -25,7 +25,8 @@ def test_an_unknown_name_is_an_attribute_error() -> None:
 
 
 def test_the_torch_free_parts_import_without_torch() -> None:
-    code = ("import sys; from weightmap import PREFETCH_METHODS, non_regular_kind; import weightmap.filekinds; "
+    code = ("import sys; from weightmap import PREFETCH_METHODS, non_regular_kind, parse_size; "
+            "import weightmap.filekinds; "
             "assert 'torch' not in sys.modules, 'torch was imported'; print(PREFETCH_METHODS)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

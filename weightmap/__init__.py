@@ -58,6 +58,8 @@ checkpoints and models itself (the benchmark harness does):
   :class:`Target`: each name it is registered under, its slots, its ties.
 * :func:`non_regular_kind` says what a path that is not a regular file is ("a named
   pipe (FIFO)", ...), for errors; it needs no torch.
+* :func:`parse_size` reads a size as ``--max-shard-size`` and transformers' ``max_shard_size``
+  take it (``"5GB"``, ``"500MiB"``) in bytes; it needs no torch.
 
 Each name is imported on first use, so that what needs no torch (``PREFETCH_METHODS``,
 :mod:`weightmap.filekinds`, reading headers) imports without it.
@@ -95,6 +97,7 @@ if TYPE_CHECKING:
     from weightmap.prefetch import PREFETCH_METHODS, FileRange, Prefetcher, PrefetchMethod, PrefetchStats, file_ranges
     from weightmap.release import release_mapped_storage, release_storage
     from weightmap.runnable import assert_runnable
+    from weightmap.sizes import parse_size
     from weightmap.streamwrite import TensorSpec, write_checkpoint
     from weightmap.targets import Target, collect_targets
     from weightmap.writer import save_weights_for_mapping
@@ -127,6 +130,7 @@ __all__ = [
     "map_weights",
     "non_regular_kind",
     "open_checkpoint",
+    "parse_size",
     "preview_mapping",
     "read_header",
     "release_mapped_storage",
@@ -162,6 +166,7 @@ _WHERE: dict[str, str] = {
     "Checkpoint": "weightmap.checkpoint",
     "open_checkpoint": "weightmap.checkpoint",
     "non_regular_kind": "weightmap.filekinds",
+    "parse_size": "weightmap.sizes",
     "Header": "weightmap.format",
     "TensorSpec": "weightmap.streamwrite",
     "read_header": "weightmap.format",

@@ -14,7 +14,6 @@ mapping) whatever the checkpoint's size.
 from __future__ import annotations
 
 import contextlib
-import math
 import mmap
 import os
 import stat
@@ -31,27 +30,10 @@ from weightmap.commit import SINGLE_NAME, checkpoint_to_replace, index_document,
 from weightmap.errors import MappingError
 from weightmap.format import DTYPE_CODES, Header, TensorEntry, check_little_endian
 from weightmap.mapping import KeyMap, preview_from
+from weightmap.sizes import parse_size
 from weightmap.streamwrite import Layout, TensorSpec, prepare_checkpoint, write_tensors
 
 __all__ = ["convert_checkpoint", "parse_size"]
-
-_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
-
-def parse_size(text: str) -> int:
-    """Bytes from ``"2GB"``, ``"500MiB"``, ``"1e9"`` or ``"123"``; anything else is a ``ValueError``."""
-    raw = text.strip().upper().replace(" ", "")
-    number = raw.rstrip("KMGTIB")
-    unit = raw[len(number):]
-    try:
-        value = float(number) * _SIZE_UNITS[unit]
-    except (KeyError, ValueError):
-        raise ValueError(f"{text!r} is not a size: use bytes or a number with KB, MB, GB, KiB, MiB or GiB") from None
-    if not math.isfinite(value) or value < 1:
-        raise ValueError(f"{text!r} is not a size of at least one byte")
-    return int(value)
-
 
 @dataclass
 class _Item:

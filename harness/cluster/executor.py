@@ -3,8 +3,9 @@
 :meth:`SlurmAttempts.attempt` writes the attempt's spec beside its results (the results directory must be on a
 filesystem the nodes share), submits ``python -m harness.cluster.attempt SPEC RESULT`` with ``--mem`` set to the
 limit (whole MiB, rounded up) and ``--time`` to the attempt's timeout plus :data:`TIME_MARGIN_S` (the attempt's own
-timeout ends it first; Slurm's is the backstop), waits for the job to end and returns a :class:`~harness.budget.remote.RemoteAttempt`:
-the :class:`~harness.budget.cgroup.Attempt` a local attempt returns, and the job's id, node and the limit's enforcer.
+timeout ends it first; Slurm's is the backstop), waits for the job to end and returns a
+:class:`~harness.budget.remote.RemoteAttempt`: the :class:`~harness.budget.cgroup.Attempt` a local attempt returns,
+and the job's id, node and the limit's enforcer.
 
 What each end means is :mod:`harness.cluster.states`: a job the cluster lost (preempted, node failed) is submitted
 again, at most :data:`RETRIES` times, each lost job named in the reason; ``OUT_OF_MEMORY`` is an attempt that

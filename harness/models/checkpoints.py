@@ -60,6 +60,7 @@ __all__ = [
     "checkpoint_matches",
     "checkpoint_metadata",
     "checkpoint_specs",
+    "check_room",
     "default_checkpoint_path",
     "describe_specs",
     "ensure_checkpoint",
@@ -315,7 +316,8 @@ def ensure_checkpoint(
         raise CheckpointError(f"{target}: no such file; check checkpoint.path, or set "
                               "checkpoint.generate = true to write one with seeded values")
     sizes = describe_specs(specs)
-    _check_room(target, specs, sizes)
+    check_room(target, needed=file_bytes(specs, checkpoint_metadata(seed)), largest=sizes["largest"],
+               stale=target.stat().st_size if target.is_file() else 0)  # a stale file of ours, deleted first
     target.unlink(missing_ok=True)
     target.parent.mkdir(parents=True, exist_ok=True)
     with (
@@ -339,9 +341,10 @@ def file_bytes(specs: Sequence[TensorSpec], metadata: Mapping[str, str]) -> int:
     return 8 + header + len(json.dumps(dict(metadata))) + 64 + data
 
 
-def _check_room(target: Path, specs: Sequence[TensorSpec], sizes: Mapping[str, int]) -> None:
-    """Refuse to start writing a checkpoint that cannot fit: on its disk, or its largest tensor in memory."""
-    needed = file_bytes(specs, checkpoint_metadata(0))
+def check_room(target: Path, *, needed: int, stale: int, largest: int) -> None:
+    """Refuse to start writing a checkpoint that cannot fit: ``needed`` bytes on the disk of ``target`` (a file or
+    a folder of shards), counting the ``stale`` bytes of ours deleted before writing as free, or its ``largest``
+    tensor in available memory. :class:`CheckpointError` saying how much is needed and how much there is."""
     where = target.parent
     while not where.exists() and where != where.parent:
         where = where.parent
@@ -349,15 +352,14 @@ def _check_room(target: Path, specs: Sequence[TensorSpec], sizes: Mapping[str, i
         free = shutil.disk_usage(where).free
     except OSError:
         free = None  # nothing to measure against: writing will say
-    stale = target.stat().st_size if target.is_file() else 0  # ours, deleted before writing
     if free is not None and needed > free + stale:
-        freed = f" (with the {_show(stale)} of the old file it replaces)" if stale else ""
+        freed = f" (with the {_show(stale)} of the old files it replaces)" if stale else ""
         raise CheckpointError(f"{target}: generating it needs {_show(needed)} on disk, and {where} has "
                               f"{_show(free + stale)} free{freed}; free some space or set checkpoint.path to "
                               "a disk with room")
     available = psutil.virtual_memory().available
-    if sizes["largest"] > available:
-        raise CheckpointError(f"{target}: generating it holds its largest tensor ({_show(sizes['largest'])}) in "
+    if largest > available:
+        raise CheckpointError(f"{target}: generating it holds its largest tensor ({_show(largest)}) in "
                               f"memory, and {_show(available)} is available; generate it on a machine with more "
                               "memory, or use a smaller model")
 

@@ -1,7 +1,10 @@
 """The checkpoint a plan measures: one the harness generates, or one a user has (a file, a sharded folder, its index).
 
 :func:`resolve_checkpoint` is what :func:`harness.plan.make_plan` calls, once. With ``checkpoint.generate`` the
-checkpoint is one file of ours (:func:`harness.models.checkpoints.ensure_checkpoint`, as always). Without it,
+checkpoint is one file of ours (:func:`harness.models.checkpoints.ensure_checkpoint`), or, with
+``checkpoint.max_shard_size`` too, a folder of shards and their index of ours as transformers saves them
+(:func:`harness.models.sharded.ensure_sharded_checkpoint`), recorded as a user's sharded folder is (its files,
+bytes and dtypes). Without ``generate``,
 ``checkpoint.path`` may be what transformers saves and :func:`weightmap.open_checkpoint` resolves:
 
 * a folder holding ``model.safetensors.index.json`` and the shards it names, or exactly one ``*.safetensors``;
@@ -29,6 +32,7 @@ from pathlib import Path
 from torch import nn
 
 from harness.models.checkpoints import GENERATOR, CheckpointError, ensure_checkpoint
+from harness.models.sharded import ensure_sharded_checkpoint
 from harness.results.record import CheckpointInfo
 from harness.scenario import CheckpointConfig
 from weightmap import Checkpoint, HeaderError, MappingError, collect_targets, open_checkpoint, preview_mapping
@@ -122,8 +126,9 @@ def resolve_checkpoint(module: nn.Module, config: CheckpointConfig, where: Calla
     """The checkpoint ``config`` names, made sure of for ``module`` (see the module docstring).
 
     Raises :class:`~harness.models.checkpoints.CheckpointError` in one line that starts with
-    ``where('checkpoint.path')`` and names the checkpoint, for: a generated file that cannot be reused or written
-    (:func:`~harness.models.checkpoints.ensure_checkpoint`); a path that is missing, unreadable, not safetensors, a
+    ``where('checkpoint.path')`` and names the checkpoint, for: a generated file or folder of shards that cannot be
+    reused or written (:func:`~harness.models.checkpoints.ensure_checkpoint`,
+    :func:`~harness.models.sharded.ensure_sharded_checkpoint`); a path that is missing, unreadable, not safetensors, a
     folder with no safetensors file or several and no index, an index naming a shard that is missing; a checkpoint
     that does not fit the model (:func:`checkpoint_mismatch`) or that mapping refuses. Writes nothing but a
     generated checkpoint.
@@ -136,6 +141,10 @@ def resolve_checkpoint(module: nn.Module, config: CheckpointConfig, where: Calla
 
 def _resolve(module: nn.Module, config: CheckpointConfig, progress: bool) -> ResolvedCheckpoint:
     path = config.path
+    if config.max_shard_bytes is not None:  # only with generate (the scenario's rule)
+        path, generated = ensure_sharded_checkpoint(module, path, config.seed, config.max_shard_bytes,
+                                                    progress=progress)
+        return _resolved(path, generated, config.seed)
     if config.generate or is_generated_file(path) or not os.path.lexists(path):
         path, generated = ensure_checkpoint(module, path, config.seed, generate=config.generate, progress=progress)
         return _resolved(path, generated, config.seed)
