@@ -99,7 +99,8 @@ def test_an_older_layout_states_prefetch_and_the_interval_apart_and_they_read_as
     data["speed"] = ReadingChoice(prefetch="madvise", drop_cache=True, prefetch_why="chosen",
                                   drop_cache_why="chosen").to_json()
     checkpoint = {k: v for k, v in data["checkpoint"].items() if k not in ("files", "dtype_bytes")}  # layout 19's
-    older = {**_before_22(data), "layout": 17, "prefetch": "madvise", "sample_interval_ms": interval, "checkpoint": checkpoint}
+    older = {**_before_22(data), "layout": 17, "prefetch": "madvise", "sample_interval_ms": interval,
+             "checkpoint": checkpoint}
     _rewrite(run_dir, older)
     record = load_results(run_dir).record
     assert (record.prefetch, record.sample_interval_ms) == ("madvise", interval)
