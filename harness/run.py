@@ -58,6 +58,11 @@ report and figures read them; ``repeats`` lists every run's times. Samples are k
 the representative runs only (at the top); every run's events and record stay in its
 ``repeat-<r>/``.
 
+Each worker is run through the ``supervisor`` :func:`run_scenario` is given: a process here watched as above
+(:func:`harness.watch.watch_here`), or a Slurm job (:class:`harness.cluster.runs.SlurmRuns`, ``run --executor
+slurm``) whose end means the same for the run; either way one at a time, in the rounds' order, so that no two
+measurements share a machine.
+
 Before each worker starts, one line says where the run stands among all of them
 (:func:`planned_runs` of the plan) and about how long the rest will take
 (:class:`harness.progress.RunCounter`).
