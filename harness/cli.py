@@ -24,11 +24,18 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.cli_scenario import add_model_flags, scenario_from_flags
 from harness.errors import HarnessError
 from harness.scenario_cluster import EXECUTORS
 from harness.units import GIB, MIB
+
+if TYPE_CHECKING:
+    from harness.budget.record import BudgetRecord
+    from harness.results.record import RunRecord
+    from harness.scenario import Scenario
+    from harness.watch import Supervisor
 
 __all__ = ["main"]
 
@@ -53,6 +60,10 @@ def _parser() -> argparse.ArgumentParser:
                                     "--model, the factory function's name or the config's model_type)")
     run.add_argument("--results", default="results", help="results root (default: results)")
     add_model_flags(run)
+    run.add_argument("--executor", choices=EXECUTORS, default="local",
+                     help="local: each worker a process here; slurm: each worker run (each strategy's run of each "
+                          "round, warm-up rounds included) a Slurm job with the scenario's [cluster] table and "
+                          "--mem of its run.memory_limit_gib where set, one at a time (default: local)")
     budget = commands.add_parser(
         "budget", help="find each strategy's smallest memory limit under a kernel memory cgroup",
         description="Sweep every strategy of a scenario for the smallest memory-cgroup limit it completes "
@@ -75,16 +86,20 @@ def _parser() -> argparse.ArgumentParser:
                              "its limit (the scenario's [cluster] table; SLURM_CONF as for sbatch), the strategies "
                              "swept at once (default: local)")
     sweep = commands.add_parser(
-        "sweep", help="budget sweeps of several scenarios (or one over several engine counts), one summary",
-        description="Run `budget` for each SCENARIO (with --engines, for each engine count of each), each into "
-                    "results/<scenario>-budget/, and write results/<name>.sweep.md linking them all.")
+        "sweep", help="budget sweeps (or runs) of several scenarios (or one over several engine counts), one summary",
+        description="Run `budget` (with --mode run, `run`) for each SCENARIO (with --engines, for each engine count "
+                    "of each), each into results/<scenario>-budget/ (results/<scenario>/), and write "
+                    "results/<name>.sweep.md linking them all.")
     sweep.add_argument("scenarios", type=Path, nargs="+", metavar="SCENARIO", help="scenario files")
     sweep.add_argument("--name", default="matrix", help="name of the summary: results/<name>.sweep.md")
     sweep.add_argument("--results", default="results", help="results root (default: results)")
     sweep.add_argument("--engines", default="", help="comma-separated engine counts, e.g. 4,8,16 (default: each "
                                                      "scenario's own)")
     sweep.add_argument("--timeout-factor", type=float, default=4.0, help="as for budget (default: 4)")
-    sweep.add_argument("--executor", choices=EXECUTORS, default="local", help="as for budget (default: local)")
+    sweep.add_argument("--executor", choices=EXECUTORS, default="local",
+                       help="as for budget or run (default: local)")
+    sweep.add_argument("--mode", choices=MODES, default="budget",
+                       help="budget: each scenario's budget sweep; run: each scenario run (default: budget)")
     plot = commands.add_parser("plot", help="re-render the figures and the report from saved results",
                                description="Re-render the figures and the markdown report of a results directory.")
     plot.add_argument("results_dir", type=Path, help="a results directory holding summary.json")
@@ -122,6 +137,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+MODES = ("budget", "run")
+"""What ``python -m harness sweep --mode`` runs for each scenario."""
+
 SCHEMAS = ("scenario", "layouts")
 """What ``python -m harness schema`` prints, in this order."""
 
@@ -148,13 +166,25 @@ def _run(args: argparse.Namespace) -> int:
             write_scenario_file(flags, staging)
         rendered.append(render_staged(staging, published_as, batch))
 
-    record = run_scenario(scenario, name=None if flags else args.name, results=results, render=render)
+    record = run_scenario(scenario, name=None if flags else args.name, results=results, render=render,
+                          supervisor=_supervisor(args.executor, scenario))
     for done in rendered:
         for path in done.paths:
             _say("harness", f"wrote {path}")
         if done.stale_notes:
             _say("harness", f"the notes on {record.name} were checked against other figures; see {done.paths[-1]}")
     return 1 if any(not s.ok for s in record.strategies.values()) else 0
+
+
+def _supervisor(executor: str, scenario: Scenario) -> Supervisor:
+    """How each worker of a run is run: a process here, or (``slurm``) a Slurm job with the scenario's settings."""
+    from harness.watch import watch_here
+
+    if executor == "slurm":
+        from harness.cluster.runs import SlurmRuns
+
+        return SlurmRuns(scenario.cluster).watch
+    return watch_here
 
 
 def _at_limit(text: str) -> tuple[str, int]:
@@ -202,11 +232,7 @@ def _budget(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from harness.budget.mode import run_budget
-    from harness.cluster.executor import SlurmAttempts
     from harness.cluster.matrix import MatrixRow, variants, write_summary
-    from harness.report.budget import render_budget
-    from harness.results.names import budget_name
     from harness.scenario import load_scenario
     from harness.stopping import RunInterrupted
 
@@ -215,21 +241,42 @@ def _sweep(args: argparse.Namespace) -> int:
         engines = [int(n) for n in args.engines.split(",") if n.strip()]
     except ValueError:
         raise HarnessError(f"--engines {args.engines!r}: expected comma-separated whole numbers") from None
+    one = _sweep_budget if args.mode == "budget" else _sweep_run
     rows = []
     for scenario in variants([load_scenario(p) for p in args.scenarios], engines):
-        jobs = SlurmAttempts(scenario.cluster) if args.executor == "slurm" else None
-        name = budget_name(scenario.name)
         try:
-            record = run_budget(scenario, name=name, results=results, timeout_factor=args.timeout_factor, jobs=jobs)
-            render_budget(results / record.name)
+            record = one(scenario, results, args)
             rows.append(MatrixRow(scenario.name, results / record.name, record))
         except RunInterrupted:
             raise
         except HarnessError as exc:  # recorded, and the next scenario runs
             rows.append(MatrixRow(scenario.name, None, None, one_line(exc)))
-        path = write_summary(results, args.name, rows, args.executor)
+        path = write_summary(results, args.name, rows, args.executor, args.mode)
     _say("sweep", f"wrote {path}")
     return 0 if all(r.record is not None and all(s.ok for s in r.record.strategies.values()) for r in rows) else 1
+
+
+def _sweep_budget(scenario: Scenario, results: Path, args: argparse.Namespace) -> BudgetRecord:
+    """One scenario of ``sweep --mode budget``: its budget sweep into ``<results>/<scenario>-budget/``, rendered."""
+    from harness.budget.mode import run_budget
+    from harness.cluster.executor import SlurmAttempts
+    from harness.report.budget import render_budget
+    from harness.results.names import budget_name
+
+    jobs = SlurmAttempts(scenario.cluster) if args.executor == "slurm" else None
+    record = run_budget(scenario, name=budget_name(scenario.name), results=results,
+                        timeout_factor=args.timeout_factor, jobs=jobs)
+    render_budget(results / record.name)
+    return record
+
+
+def _sweep_run(scenario: Scenario, results: Path, args: argparse.Namespace) -> RunRecord:
+    """One scenario of ``sweep --mode run``: its run into ``<results>/<scenario>/``, with its report and figures."""
+    from harness.report import render_staged
+    from harness.run import run_scenario
+
+    return run_scenario(scenario, results=results, render=render_staged,
+                        supervisor=_supervisor(args.executor, scenario))
 
 
 def _plot(args: argparse.Namespace) -> int:

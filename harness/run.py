@@ -58,6 +58,11 @@ report and figures read them; ``repeats`` lists every run's times. Samples are k
 the representative runs only (at the top); every run's events and record stay in its
 ``repeat-<r>/``.
 
+Each worker is run through the ``supervisor`` :func:`run_scenario` is given: a process here watched as above
+(:func:`harness.watch.watch_here`), or a Slurm job (:class:`harness.cluster.runs.SlurmRuns`, ``run --executor
+slurm``) whose end means the same for the run; either way one at a time, in the rounds' order, so that no two
+measurements share a machine.
+
 Before each worker starts, one line says where the run stands among all of them
 (:func:`planned_runs` of the plan) and about how long the rest will take
 (:class:`harness.progress.RunCounter`).
@@ -86,7 +91,7 @@ from harness.run_record import start_record
 from harness.scenario import RunConfig, Scenario
 from harness.units import format_gib
 from harness.warmup import warm_up
-from harness.watch import no_result_of_its_own, strategy_record, watch_worker
+from harness.watch import Supervisor, no_result_of_its_own, strategy_record, watch_here
 from harness.worker import worker_command
 
 __all__ = ["Render", "WorkerCommand", "finished_strategies", "planned_runs", "run_scenario"]
@@ -102,6 +107,9 @@ figures into ``batch``, which goes in place together with the results (``python 
 ENGINES = "engines"
 """In the staging directory: where the run's engines built as files go (unless ``workdir`` names another);
 removed before the results are published."""
+JOBS = "jobs"
+"""In the staging directory: each Slurm job's spec, result and output (``supervisor`` a
+:class:`~harness.cluster.runs.SlurmRuns`); removed before the results are published."""
 
 
 def planned_runs(run: RunConfig, strategies: int) -> int:
@@ -136,6 +144,7 @@ def run_scenario(
     command: WorkerCommand | None = None,
     render: Render | None = None,
     workdir: Path | None = None,
+    supervisor: Supervisor = watch_here,
 ) -> RunRecord:
     """Run every strategy of ``scenario`` into ``results/<name>/``; returns the record.
 
@@ -145,7 +154,9 @@ def run_scenario(
     results, report and figures all stay, and :class:`~harness.errors.OutputError` says where this
     run's files are. Without it, no report or figure is written.
     ``workdir``: where engines built as files go, a directory of this run's own, removed when the run
-    ends (default: ``engines/`` in the staging directory). Raises :class:`~harness.errors.HarnessError`
+    ends (default: ``engines/`` in the staging directory). ``supervisor`` runs each worker and watches it to its end
+    (default: a process here, :func:`harness.watch.watch_here`; each a Slurm job:
+    :meth:`harness.cluster.runs.SlurmRuns.watch`), one at a time. Raises :class:`~harness.errors.HarnessError`
     for what a user can fix (a name the harness derives from others, :func:`harness.results.names.reserved_problem`;
     see :func:`~harness.results.publish.check_results_root` and :func:`~harness.plan.make_plan`), before any
     strategy runs, :class:`~harness.stopping.RunInterrupted`
@@ -169,9 +180,10 @@ def run_scenario(
             try:
                 plan = make_plan(scenario, name=name, workdir=engines, progress=print_progress)
                 stopping.check()  # one caught where a measurement's own error handling took what it raised
-                record = _measure(plan, staging, command, out)
+                record = _measure(plan, staging, command, out, supervisor)
             finally:
                 shutil.rmtree(engines, ignore_errors=True)  # the run's own: gone however the run ends
+                shutil.rmtree(staging / JOBS, ignore_errors=True)
             with FileBatch("the earlier report and figures are unchanged") as figures:
                 if render is not None:  # before anything is replaced: the results and figures go in place together
                     try:
@@ -186,7 +198,7 @@ def run_scenario(
     return record
 
 
-def _measure(plan: Plan, staging: Path, command: WorkerCommand, out: Path) -> RunRecord:
+def _measure(plan: Plan, staging: Path, command: WorkerCommand, out: Path, supervisor: Supervisor) -> RunRecord:
     """Every warm-up round and measured run of the plan, into ``staging``, and the reference measurements
     (:func:`harness.reference.reference`); raises :class:`~harness.errors.OutputError` as soon as a measured run
     has no result of its own (:func:`harness.watch.no_result_of_its_own`): such a run is not published."""
@@ -199,7 +211,7 @@ def _measure(plan: Plan, staging: Path, command: WorkerCommand, out: Path) -> Ru
     runs: dict[str, list[StrategyRecord]] = {s: [] for s in scenario.strategies}
     counter = RunCounter(planned_runs(scenario.run, len(scenario.strategies)))
     for warm in range(scenario.run.warmup):
-        warm_up(plan, plan_path, staging / f"warmup-{warm}", command, warm, counter)
+        warm_up(plan, plan_path, staging / f"warmup-{warm}", command, warm, counter, supervisor, staging / JOBS)
     for repeat in range(repeats):
         if scenario.run.cache == "cold" and run.disk_read_error is None:  # after a read that failed, none is taken
             disk, error = reference(functools.partial(measure_disk, plan, repeat))
@@ -217,7 +229,8 @@ def _measure(plan: Plan, staging: Path, command: WorkerCommand, out: Path) -> Ru
             print_progress(counter.next(label))
             out_dir.mkdir(parents=True, exist_ok=True)
             try:
-                outcome = watch_worker(plan, command(plan_path, strategy, out_dir))
+                outcome = supervisor(plan, command(plan_path, strategy, out_dir), staging / JOBS,
+                                     f"{plan.name}-r{repeat}-{strategy}")
             except stopping.Interrupted as exc:
                 exc.detail += f" ({strategy})"
                 raise

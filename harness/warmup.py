@@ -11,18 +11,19 @@ from harness import stopping
 from harness.plan import Plan
 from harness.progress import RunCounter, disk_line, print_progress, run_label
 from harness.reference import measure_disk, reference
-from harness.watch import watch_worker
+from harness.watch import Supervisor, watch_here
 
 __all__ = ["warm_up"]
 
 
 def warm_up(plan: Plan, plan_path: Path, out_dir: Path, command: Callable[[Path, str, Path], Sequence[str]], index: int,
-             counter: RunCounter) -> None:
+             counter: RunCounter, supervisor: Supervisor = watch_here, jobs: Path | None = None) -> None:
     """One discarded round: the disk read and each strategy once, for what the machine keeps of them.
 
     A cold guest cache does not reset what lies outside the guest (a virtual disk's host
     cache, memory the host must back again); a warm-up round makes that alike for every
-    measured round. Nothing of it is recorded; its files are removed.
+    measured round. Nothing of it is recorded; its files are removed. Each worker runs through ``supervisor`` as a
+    measured run's does (a Slurm job's files in ``jobs``, default ``out_dir``).
     """
     where = f"warm-up round {index + 1}/{plan.scenario.run.warmup} (discarded)"
     if plan.scenario.run.cache == "cold":
@@ -34,7 +35,8 @@ def warm_up(plan: Plan, plan_path: Path, out_dir: Path, command: Callable[[Path,
             label = run_label(strategy, plan.scenario.run.warmup, plan.scenario.run.repeats, warmup=index)
             print_progress(counter.next(label))
             try:
-                outcome = watch_worker(plan, command(plan_path, strategy, out_dir))
+                outcome = supervisor(plan, command(plan_path, strategy, out_dir), jobs or out_dir,
+                                     f"{plan.name}-w{index}-{strategy}")
             except stopping.Interrupted as exc:
                 exc.detail += f" ({strategy}, {where})"
                 raise

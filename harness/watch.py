@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -31,8 +31,8 @@ from harness.stopping import die_with_parent
 from harness.units import format_gib
 from harness.worker import FAILURE_PREFIX, OUTSIDE_STATUS
 
-__all__ = ["SELF_INFLICTED", "Outcome", "no_result_of_its_own", "oom_kills", "strategy_record", "watch",
-           "watch_worker"]
+__all__ = ["SELF_INFLICTED", "Outcome", "Supervisor", "no_result_of_its_own", "oom_kills", "strategy_record", "watch",
+           "watch_here", "watch_worker"]
 
 
 @dataclass
@@ -45,6 +45,10 @@ class Outcome:
     worker_error: str | None = None  # the worker's own last word, when it could not write its record
     stopped_by_harness: bool = False  # killed for the scenario's memory limit or timeout: a result of its own
     out_of_memory: bool = False  # killed by the kernel's out-of-memory killer: its memory, a result of its own
+    stopped_by_cluster: bool = False  # its Slurm job ended for its memory or time, or was cancelled: its result
+    job_ids: tuple[str, ...] = ()  # the Slurm jobs it ran as (the last one counts; earlier ones were lost); () here
+    node: str | None = None  # the node its last job ran on
+    limit_enforcer: str | None = None  # which limit bounded its job, where the scenario sets one
 
 
 def oom_kills(vmstat: Path = Path("/proc/vmstat")) -> int | None:
@@ -147,6 +151,17 @@ def _watch(command: Sequence[str], limit_bytes: int | None, timeout_s: float, po
     return Outcome(code, reason, peak, worker_error, stopped_by_harness, out_of_memory)
 
 
+Supervisor = Callable[[Plan, Sequence[str], Path, str], Outcome]
+"""``(plan, worker's command, directory for a job's files, the run's name) -> how the worker ended``: one worker run
+and watched to its end (:func:`watch_here`, or as a Slurm job: :class:`harness.cluster.runs.SlurmRuns`); whatever
+it left in the plan's engine directory is removed after it."""
+
+
+def watch_here(plan: Plan, command: Sequence[str], files: Path, name: str) -> Outcome:
+    """The worker as a process of this machine (:func:`watch_worker`); ``files`` and ``name`` serve a job only."""
+    return watch_worker(plan, command)
+
+
 def watch_worker(plan: Plan, command: Sequence[str]) -> Outcome:
     """One strategy's worker, watched under the plan's memory limit and timeout (:func:`watch`); whatever it
     left in the run's engine directory (a worker killed mid-build leaves its engines) is removed after it."""
@@ -171,8 +186,8 @@ def no_result_of_its_own(outcome: Outcome, written: StrategyRecord | None) -> st
     recorded why it failed, or crashed, or the harness stopped it for its memory or time, or the kernel's
     out-of-memory killer killed it (the count in ``/proc/vmstat`` rose while it ran)."""
     code = outcome.returncode
-    if outcome.stopped_by_harness or outcome.out_of_memory or (code is not None and code < 0
-                                                                and -code in SELF_INFLICTED):
+    if outcome.stopped_by_harness or outcome.stopped_by_cluster or outcome.out_of_memory or (
+            code is not None and code < 0 and -code in SELF_INFLICTED):
         return None
     if written is None:
         return outcome.worker_error or outcome.reason or f"no record written (exit status {code})"
@@ -191,4 +206,5 @@ def strategy_record(outcome: Outcome, written: StrategyRecord | None) -> Strateg
         written = StrategyRecord(status="failed", error=reason)
     elif outcome.reason:
         written = written.replace(status="failed", error=outcome.reason)
-    return written.replace(watched_peak_rss_bytes=outcome.peak_rss_bytes)
+    return written.replace(watched_peak_rss_bytes=outcome.peak_rss_bytes, job_ids=",".join(outcome.job_ids) or None,
+                           node=outcome.node, limit_enforcer=outcome.limit_enforcer)

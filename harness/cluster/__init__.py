@@ -1,4 +1,5 @@
-"""Running the harness's processes as Slurm jobs: budget attempts whose limit is the job's ``--mem``.
+"""Running the harness's processes as Slurm jobs: budget attempts whose limit is the job's ``--mem``, and a run's
+workers (each strategy's run of each round) under the scenario's memory limit.
 
 * :mod:`harness.scenario_cluster` (in the scenario's layer): :class:`ClusterSettings`, a scenario's
   ``[cluster]`` table (partition, account, time, GPUs, extra ``sbatch`` options) and the ``--executor`` choices.
@@ -12,6 +13,12 @@
   written where the submitter reads it, with the node and which limit was the enforcer.
 * :mod:`harness.cluster.executor`: :class:`SlurmAttempts`, one budget attempt as one Slurm job, retried where
   the cluster lost it, returned as the :class:`~harness.budget.cgroup.Attempt` a local attempt returns.
+* :mod:`harness.cluster.run_job`: the job's side of a run's worker: the worker watched as a local one is
+  (:func:`harness.watch.watch`), how it ended written where the submitter reads it, with the node and the enforcer.
+* :mod:`harness.cluster.runs`: :class:`~harness.cluster.runs.SlurmRuns`, one worker run as one Slurm job (``run
+  --executor slurm``), returned as the :class:`~harness.watch.Outcome` a local worker's watcher returns.
+* :mod:`harness.cluster.matrix`: ``sweep``'s matrix of scenarios (budget sweeps, or runs with ``--mode run``) and
+  its summary.
 
 Slurm is driven through ``sbatch``, ``scontrol``, ``sacct`` and ``scancel`` directly rather than ``submitit``:
 an attempt's job runs one command the harness already has (the worker's command line), the limit must be

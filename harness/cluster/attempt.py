@@ -34,9 +34,11 @@ HARNESS_ENFORCER = ("the harness's memory cgroup inside the job (Slurm does not 
 
 
 def enforcer(limit_bytes: int, job_id: str | None = None, cgroup_file: Path = Path("/proc/self/cgroup"),
-             root: Path = Path("/sys/fs/cgroup")) -> str:
-    """Which limit bounds an attempt of ``limit_bytes`` in job ``job_id``: Slurm's job cgroup where this process
-    sits in one (its path names ``job_<id>``) limited to at most ``limit_bytes``, else :data:`HARNESS_ENFORCER`."""
+             root: Path = Path("/sys/fs/cgroup"), inner: str = "the harness's group",
+             fallback: str = HARNESS_ENFORCER) -> str:
+    """Which limit bounds a process of ``limit_bytes`` in job ``job_id``: Slurm's job cgroup where this process
+    sits in one (its path names ``job_<id>``) limited to at most ``limit_bytes`` (with ``inner``, the harness's own
+    limit inside it), else ``fallback`` (a budget attempt's: :data:`HARNESS_ENFORCER`)."""
     job_id = job_id or os.environ.get("SLURM_JOB_ID")
     try:
         lines = cgroup_file.read_text().splitlines()
@@ -52,8 +54,8 @@ def enforcer(limit_bytes: int, job_id: str | None = None, cgroup_file: Path = Pa
         for group in enclosing_groups(version, base / path.lstrip("/"), base):
             if f"job_{job_id}" in str(group.path) and group.limit_bytes <= limit_bytes:
                 return (f"Slurm's job cgroup ({gib_or_mib(group.limit_bytes)} at {group.path}, ConstrainRAMSpace), "
-                        f"the harness's group inside it")
-    return HARNESS_ENFORCER
+                        f"{inner} inside it")
+    return fallback
 
 
 def main(argv: list[str]) -> int:

@@ -1,11 +1,13 @@
-"""A matrix of sweeps: several scenarios, or one over several engine counts, each into its own results directory,
-and one summary linking them all (``python -m harness sweep SCENARIO... [--engines N,...] [--executor slurm]``).
+"""A matrix of sweeps or runs: several scenarios, or one over several engine counts, each into its own results
+directory, and one summary linking them all (``python -m harness sweep SCENARIO... [--engines N,...] [--mode run]
+[--executor slurm]``).
 
 :func:`variants` makes the scenarios of the matrix: each scenario as it is, or, with ``engines``, one copy per
-engine count named ``<scenario>-e<N>``. The command line runs each as ``harness budget`` does (through Slurm with
-``--executor slurm``) and :func:`write_summary` writes ``<results>/<name>.sweep.md``: one row per scenario with its
-results directory (a relative link), its status and, per strategy, the smallest limit found, or the error that
-ended it. A scenario that fails is a row saying why, never a missing one; the others still run.
+engine count named ``<scenario>-e<N>``. The command line runs each as ``harness budget`` does, or with ``--mode run``
+as ``harness run`` does (through Slurm with ``--executor slurm``), and :func:`write_summary` writes
+``<results>/<name>.sweep.md``: one row per scenario with its results directory (a relative link), its status and,
+per strategy, the smallest limit found (a run: its build-phase host peak), or the error that ended it. A scenario
+that fails is a row saying why, never a missing one; the others still run.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 from harness.budget.record import BudgetRecord
 from harness.fileio.atomic import write_atomic
+from harness.results.record import RunRecord
 from harness.scenario import Scenario
 from harness.units import gib_or_mib
 
@@ -28,7 +31,7 @@ class MatrixRow:
 
     scenario: str
     directory: Path | None
-    record: BudgetRecord | None
+    record: BudgetRecord | RunRecord | None
     error: str | None = None
 
 
@@ -45,11 +48,22 @@ def summary_path(results: Path, name: str) -> Path:
     return Path(results) / f"{name}.sweep.md"
 
 
-def write_summary(results: Path, name: str, rows: Sequence[MatrixRow], executor: str) -> Path:
-    """Write the matrix's summary (see the module docstring); returns its path."""
+def _cell(record: BudgetRecord | RunRecord, strategy: str) -> str:
+    """A strategy's cell: a budget sweep's smallest limit, a run's build-phase host peak, else its status."""
+    got = record.strategies.get(strategy)
+    if got is None:
+        return ""
+    found = got.minimum_bytes if isinstance(record, BudgetRecord) else got.build_peak_bytes  # type: ignore[union-attr]
+    return gib_or_mib(found) if found and got.ok else got.status
+
+
+def write_summary(results: Path, name: str, rows: Sequence[MatrixRow], executor: str, mode: str = "budget") -> Path:
+    """Write the matrix's summary (see the module docstring) of ``mode`` (``budget`` sweeps or ``run`` runs);
+    returns its path."""
     path = summary_path(results, name)
     strategies = list(dict.fromkeys(s for r in rows if r.record for s in r.record.strategies))
-    lines = [f"# Sweep {name}", "", f"{len(rows)} budget sweeps, executor {executor}; each row links its results.", "",
+    what = "budget sweeps" if mode == "budget" else "runs (per strategy, its build-phase host peak)"
+    lines = [f"# Sweep {name}", "", f"{len(rows)} {what}, executor {executor}; each row links its results.", "",
              "| scenario | results | status | " + " | ".join(strategies) + " |",
              "| --- | --- | --- | " + " | ".join("---:" for _ in strategies) + " |"]
     for row in rows:
@@ -58,10 +72,7 @@ def write_summary(results: Path, name: str, rows: Sequence[MatrixRow], executor:
             lines.append(f"| {row.scenario} | {link} | failed: {row.error} | " + " | ".join("" for _ in strategies)
                          + " |")
             continue
-        cells = []
-        for s in strategies:
-            got = row.record.strategies.get(s)
-            cells.append("" if got is None else gib_or_mib(got.minimum_bytes) if got.minimum_bytes else got.status)
+        cells = [_cell(row.record, s) for s in strategies]
         ok = all(s.ok for s in row.record.strategies.values())
         lines.append(f"| {row.scenario} | {link} | {'ok' if ok else 'some failed'} | " + " | ".join(cells) + " |")
     write_atomic(path, "\n".join(lines) + "\n")

@@ -123,6 +123,10 @@ a later one did:
     drop-cache settings of the strategies that map) ``reading``: the record of a run, and of a plan and a budget
     sweep, holds the settings under ``reading``. A record of this version holding ``speed`` is refused; versions 7
     to 20 read their ``speed`` as ``reading``.
+22. Adds, per strategy, ``job_ids``, ``node`` and ``limit_enforcer``, and per run in ``repeats`` ``job_ids`` and
+    ``node``: the Slurm jobs a worker run through ``run --executor slurm`` was (comma-separated, the last one the one
+    that counts), the node it ran on and, where the scenario sets ``run.memory_limit_gib`` (the job's ``--mem``),
+    which limit bounded it. ``None`` for workers run on the harness's own machine, and when reading versions 1 to 21.
 
 A later version adds keys (each field says the version that added it, ``since`` in its metadata, and the last
 version that held a key a later one dropped, ``until``: :mod:`harness.fileio.codec`), bumps

@@ -94,7 +94,7 @@ __all__ = [
     "write_summary",
 ]
 
-LAYOUT_VERSION = 21
+LAYOUT_VERSION = 22
 """The results layout this code writes; it reads every version from 1 to this one. It versions the results records'
 keys (the ``since`` and ``absent_until`` of their fields, :mod:`harness.results.layouts`) wherever they are held:
 ``summary.json`` and ``strategy-<strategy>.json`` state it in their ``layout`` key, and ``plan.json`` and
@@ -278,7 +278,9 @@ class RepeatRecord(Record):
 
     ``repeat`` counts from 0; the times are the run's own (:class:`StrategyRecord`'s
     ``wall_s``, load and build phases); ``resident_at_load_bytes`` is the checkpoint's
-    page-cache residency at its load's start.
+    page-cache residency at its load's start. ``job_ids`` and ``node`` (version 22): the Slurm jobs the run was
+    (``run --executor slurm``; comma-separated, the last one the one that counts) and the node it ran on; ``None``
+    for a run on the harness's own machine.
     """
 
     repeat: int
@@ -289,6 +291,8 @@ class RepeatRecord(Record):
     build_s: float | None
     build_peak_bytes: int | None
     resident_at_load_bytes: int | None
+    job_ids: str | None = field(default=None, metadata={"since": 22})
+    node: str | None = field(default=None, metadata={"since": 22})
 
 
 @dataclass(frozen=True)
@@ -352,6 +356,10 @@ class StrategyRecord(Record):
     ``floor_bytes`` and ``excess_over_floor`` are a copy of :mod:`harness.results.metrics`'
     figures for readers outside the harness. ``sample_rows`` and ``event_rows``: the data rows written
     into its samples and events CSVs (``None`` where not written), which their readers check.
+    ``job_ids``, ``node`` and ``limit_enforcer`` (version 22): the Slurm jobs its worker ran as (``run --executor
+    slurm``; comma-separated, the last one the one that counts: earlier ones were lost by the cluster), the node it
+    ran on and which limit bounded it where the scenario sets ``run.memory_limit_gib``; ``None`` for a worker run on
+    the harness's own machine.
 
     On a GPU, ``gpu_baseline_bytes`` is NVML ``used`` for the device when sampling began, after the CUDA
     context exists: every GPU figure is above it, so the context is in none of them. ``gpu_context_bytes``
@@ -406,6 +414,9 @@ class StrategyRecord(Record):
     prefetch_evict_s: float | None = field(default=None, metadata={"since": 8})
     sample_rows: int | None = field(default=None, metadata={"since": 11})
     event_rows: int | None = field(default=None, metadata={"since": 11})
+    job_ids: str | None = field(default=None, metadata={"since": 22})
+    node: str | None = field(default=None, metadata={"since": 22})
+    limit_enforcer: str | None = field(default=None, metadata={"since": 22})
 
     @property
     def ok(self) -> bool:

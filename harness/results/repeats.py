@@ -35,7 +35,7 @@ def _repeat_record(repeat: int, record: StrategyRecord) -> RepeatRecord:
         repeat=repeat, status=record.status, error=record.error, wall_s=record.wall_s,
         load_s=ms(record.phases.load_s), build_s=ms(record.phases.build_s),
         build_peak_bytes=record.build_peak_bytes,
-        resident_at_load_bytes=resident_at_load(record),
+        resident_at_load_bytes=resident_at_load(record), job_ids=record.job_ids, node=record.node,
     )
 
 

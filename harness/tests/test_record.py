@@ -29,6 +29,15 @@ def _rewrite(directory: Path, data: dict[str, Any]) -> None:
     (directory / SUMMARY).write_text(json.dumps(data))
 
 
+def _before_22(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` without the keys layout 22 added (a run's Slurm jobs, per strategy and per repeat)."""
+    jobs = ("job_ids", "node", "limit_enforcer")
+    strategies = {name: {**{k: v for k, v in s.items() if k not in jobs},
+                         "repeats": [{k: v for k, v in r.items() if k not in jobs} for r in s["repeats"]]}
+                  for name, s in data["strategies"].items()}
+    return {**data, "strategies": strategies}
+
+
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     return make_results(tmp_path / "results", device="cpu")
@@ -90,7 +99,8 @@ def test_an_older_layout_states_prefetch_and_the_interval_apart_and_they_read_as
     data["speed"] = ReadingChoice(prefetch="madvise", drop_cache=True, prefetch_why="chosen",
                                   drop_cache_why="chosen").to_json()
     checkpoint = {k: v for k, v in data["checkpoint"].items() if k not in ("files", "dtype_bytes")}  # layout 19's
-    older = {**data, "layout": 17, "prefetch": "madvise", "sample_interval_ms": interval, "checkpoint": checkpoint}
+    older = {**_before_22(data), "layout": 17, "prefetch": "madvise", "sample_interval_ms": interval,
+             "checkpoint": checkpoint}
     _rewrite(run_dir, older)
     record = load_results(run_dir).record
     assert (record.prefetch, record.sample_interval_ms) == ("madvise", interval)
@@ -130,7 +140,8 @@ def test_the_settings_read_as_reading_from_the_layouts_that_held_them_as_speed(r
     data["reading"] = choice.to_json()
     _rewrite(run_dir, data)
     assert load_results(run_dir).record.reading == choice
-    earlier = {**{k: v for k, v in data.items() if k != "reading"}, "layout": 20, "speed": choice.to_json()}
+    earlier = {**{k: v for k, v in _before_22(data).items() if k != "reading"}, "layout": 20,
+               "speed": choice.to_json()}
     _rewrite(run_dir, earlier)
     record = load_results(run_dir).record
     assert (record.reading, record.earlier_speed, record.prefetch) == (choice, None, "madvise")  # held once

@@ -13,6 +13,7 @@ import pytest
 
 import harness.results.layouts as layouts
 import harness.scenario as scenario
+from harness.budget.record import StrategyBudget
 from harness.cli import main
 from harness.fileio.codec import decode, field_since
 from harness.results.reading import load_results
@@ -97,7 +98,7 @@ def test_each_layout_entry_names_the_keys_its_version_added_and_none_a_later_one
     missing += [path for path in required if not {_leaf(path), _leaf(path.rsplit(".", 1)[0])} & named]
     assert missing == [], f"layout {version}'s entry does not name {missing}"
     first: dict[str, int] = {}
-    for k in keys:
+    for k in [*keys, *record_keys(StrategyBudget)]:  # a budget attempt's keys are versioned by the layout too
         first[_leaf(k.path)] = min(first.get(_leaf(k.path), k.since), k.since)
     later = sorted(name for name in named if first.get(name, 1) > version)
     assert later == [], f"layout {version}'s entry names keys of later layouts: {later}"
