@@ -226,15 +226,15 @@ def test_a_field_renamed_in_code_keeps_its_files_key(tmp_path: Path) -> None:
 
     data = json.loads(json.dumps(encode(ATTEMPT)))
     assert data["compile_s"] == ATTEMPT.load_build_s == 0.5 and "load_build_s" not in data
-    assert decode(AttemptRecord, data, source="budget.json") == ATTEMPT
+    assert decode(AttemptRecord, data, source="budget.json", version=LAYOUT_VERSION) == ATTEMPT
     assert next(f for f in fields(AttemptRecord) if json_key(f) == "compile_s").name == "load_build_s"
     header = write_attempts_csv(tmp_path, BUDGET).read_text().splitlines()[0].split(",")
     assert header == ["strategy", "run", *data]  # the CSV's columns are the JSON's keys
     renamed = {("load_build_s" if k == "compile_s" else k): v for k, v in data.items()}
     with pytest.raises(RecordError, match=r"^budget.json: <top level>: unknown key 'load_build_s'$"):
-        decode(AttemptRecord, renamed, source="budget.json")
+        decode(AttemptRecord, renamed, source="budget.json", version=LAYOUT_VERSION)
     with pytest.raises(RecordError, match=r"^budget.json: compile_s: expected a value of at least 0, got -1$"):
-        decode(AttemptRecord, {**data, "compile_s": -1}, source="budget.json")
+        decode(AttemptRecord, {**data, "compile_s": -1}, source="budget.json", version=LAYOUT_VERSION)
 
 
 def test_the_top_level_files_read_back_as_written() -> None:
@@ -262,7 +262,7 @@ def test_rules_of_one_field_are_applied_where_the_field_is() -> None:
     data = json.loads(json.dumps(encode(BUDGET)))
     data["strategies"]["map"]["attempts"][0]["phase"] = "later"
     with pytest.raises(RecordError, match=r"^b: strategies.map.attempts\[0\].phase: expected one of unconstrained"):
-        decode(BudgetRecord, data, source="b")
+        decode(BudgetRecord, data, source="b", version=LAYOUT_VERSION)
 
 
 # --------------------------------------------------------------------------- the table style (a TOML scenario's)
