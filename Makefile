@@ -77,10 +77,11 @@ bench-pi05-compile: $(STAMP)
 	$(PY) -m harness run scenarios/pi05-compile-packaged-compiler.toml
 
 # Llama-3.1-8B from a generated checkpoint sharded as transformers saves it (data/llama-3.1-8b, 16 GB),
-# with the copy backend and compiled by AOTInductor; load is stopped at the memory limit on a 24 GiB machine.
+# with the copy backend and compiled by AOTInductor; load is stopped at the memory limit on a 24 GiB machine,
+# which makes each run exit with status 1 (a strategy failed): the second runs all the same (the leading -).
 bench-llama: $(STAMP)
-	$(PY) -m harness run scenarios/llama-3-1-8b.toml
-	$(PY) -m harness run scenarios/llama-3-1-8b-compile-packaged.toml
+	-$(PY) -m harness run scenarios/llama-3-1-8b.toml
+	-$(PY) -m harness run scenarios/llama-3-1-8b-compile-packaged.toml
 
 # A second compiler, OpenVINO, on the CPU from the same graph partitions: each engine a compiled
 # blob holding its weights. Its package comes with the test extra ('.[dev]'; '.[openvino]' alone).
