@@ -320,12 +320,10 @@ def ensure_checkpoint(
                stale=target.stat().st_size if target.is_file() else 0)  # a stale file of ours, deleted first
     target.unlink(missing_ok=True)
     target.parent.mkdir(parents=True, exist_ok=True)
-    with (
-        SeededFill(seed, reuse_buffer=True) as fill,
-        byte_bar(f"generating {target.name}", sizes["nbytes"], enabled=progress) as bar,
-    ):
-        fill.reserve(sizes["largest"])
-        write_checkpoint(target, specs, fill, metadata=checkpoint_metadata(seed), progress=bar.update)
+    with SeededFill(seed, reuse_buffer=True) as fill:
+        fill.reserve(sizes["largest"])  # the one buffer every tensor is filled in, before the bar starts
+        with byte_bar(f"generating {target.name}", sizes["nbytes"], enabled=progress) as bar:
+            write_checkpoint(target, specs, fill, metadata=checkpoint_metadata(seed), progress=bar.update)
     return target, True
 
 
