@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.budget.record import BudgetRecord
 from harness.fileio.codec import RecordError
@@ -20,7 +21,10 @@ from harness.predict.rules import Prediction, predict_strategy
 from harness.results.metrics import SampleColumns, baseline_anon_bytes
 from harness.results.reading import Results
 
-__all__ = ["FINDING_SHARE", "Recorded", "budget_prediction", "inputs_of_budget", "inputs_of_run", "is_finding",
+if TYPE_CHECKING:
+    from harness.plan import Plan
+
+__all__ = ["FINDING_SHARE", "Recorded", "budget_prediction", "inputs_of_plan", "inputs_of_budget", "inputs_of_run", "is_finding",
            "run_prediction"]
 
 FINDING_SHARE = 0.10
@@ -72,6 +76,17 @@ def inputs_of_budget(directory: Path, record: BudgetRecord, strategy: str) -> Pr
         model_bytes=record.model_bytes, engine_bytes=engines, device=record.device, backend=record.backend,
         compiler_weights=None if record.backend == "copy" else weights, strategies=(strategy,),
         baseline=Baseline(swept.baseline_rss_bytes, swept.baseline_anon_bytes), source=f"results/{record.name}")
+
+
+def inputs_of_plan(plan: Plan, strategy: str, baseline: Baseline) -> PredictInputs:
+    """A budget sweep's strategy as the predictor's inputs while the sweep runs, before its record exists: the same
+    sizes :func:`inputs_of_budget` reads back from the ``plan.json`` it keeps, and the unconstrained run's
+    ``baseline``."""
+    build = plan.scenario.build
+    return PredictInputs(
+        model_bytes=plan.model.bytes, engine_bytes=tuple(e.weight_bytes for e in plan.engines), device=plan.device,
+        backend=build.backend, compiler_weights=build.compiler_weights,
+        strategies=(strategy,), baseline=baseline, source=f"the plan of {plan.name}")
 
 
 def _covered(prediction: Prediction) -> Recorded:
