@@ -179,7 +179,8 @@ def smallest_limit(attempt: Callable[[int], Attempt], lower: int, upper: int, pr
     """Bisect for the smallest limit in ``[lower, upper]`` at which ``attempt(limit)`` completes.
 
     See the module's docstring for the search (``start``: the predicted minimum it brackets first, ignored
-    outside ``(lower, upper)``) and for how runs that disagree are handled. Raises :class:`SweepError` when the run fails at ``upper``, and
+    outside ``(lower, upper)``) and for how runs that disagree are handled. Raises :class:`SweepError` when the
+    run fails at ``upper``, and
     ``ValueError`` for bounds that are not ``0 < lower < upper`` or a precision below
     the granularity.
     """

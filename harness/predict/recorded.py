@@ -24,8 +24,8 @@ from harness.results.reading import Results
 if TYPE_CHECKING:
     from harness.plan import Plan
 
-__all__ = ["FINDING_SHARE", "Recorded", "budget_prediction", "inputs_of_plan", "inputs_of_budget", "inputs_of_run", "is_finding",
-           "run_prediction"]
+__all__ = ["FINDING_SHARE", "Recorded", "budget_prediction", "inputs_of_budget", "inputs_of_plan", "inputs_of_run",
+           "is_finding", "run_prediction"]
 
 FINDING_SHARE = 0.10
 """How far, as a share of the model, a measurement may lie from its prediction before the report calls it a

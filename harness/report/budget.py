@@ -185,7 +185,8 @@ def budget_markdown(record: BudgetRecord, figure_names: list[str], notes: str | 
         else:
             smallest, fails = f"FAILED: {s.error}", DASH
         lines.append("| " + " | ".join(cell(x) for x in (
-            f"{name} ({s.label})", smallest, minimum_cell(record, s, found[name]), fails, format_gib(free.group_peak_bytes if free else None, d),
+            f"{name} ({s.label})", smallest, minimum_cell(record, s, found[name]), fails,
+            format_gib(free.group_peak_bytes if free else None, d),
             _seconds(free), _seconds(at_min),
             str(len(s.attempts)), s.release_note or DASH)) + " |")
     lines += ["", "Load + build: the worker's load and engine builds, from the start of the load to the end of "

@@ -13,8 +13,8 @@ from harness.results.labels import BUILD_HOST_PEAK, WHOLE_RUN_HOST_PEAK
 from harness.results.reading import Results
 from harness.units import DASH, format_gib
 
-__all__ = ["NO_PREDICTION", "PREDICTION_NOTE", "error_cell", "finding_observations", "predicted_cell", "prediction_detail",
-           "predictions"]
+__all__ = ["NO_PREDICTION", "PREDICTION_NOTE", "error_cell", "finding_observations", "predicted_cell",
+           "prediction_detail", "predictions"]
 
 NO_PREDICTION = "no prediction"
 """The table's cell where there is none (the strategy's detail line says why)."""

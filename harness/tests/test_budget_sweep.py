@@ -202,7 +202,8 @@ def test_a_prediction_within_a_step_is_the_bracket_and_the_same_minimum_is_found
 def test_a_prediction_far_off_still_finds_the_threshold(predicted: int) -> None:
     threshold, precision = int(3.3 * GIB), 64 * MIB
     sweep = smallest_limit(Fake(threshold), GIB // 2, 16 * GIB, precision, extra_factors=(), start=predicted)
-    assert sweep.points[1].phase == "predicted" and sweep.points[1].attempt.limit_bytes == math.ceil(predicted / MIB) * MIB
+    assert sweep.points[1].phase == "predicted"
+    assert sweep.points[1].attempt.limit_bytes == math.ceil(predicted / MIB) * MIB
     assert sweep.largest_failing_bytes is not None
     assert sweep.largest_failing_bytes < threshold <= sweep.minimum_bytes
     assert sweep.minimum_bytes - sweep.largest_failing_bytes <= precision

@@ -103,3 +103,18 @@ def test_the_budget_report_shows_the_predicted_minimum_and_both_search_counts(tm
                            f"from one); from the predicted minimum ({format_gib(predicted, d)}) the sweep would "
                            "have made ")
     assert "no prediction (rendered without its results directory)" in budget_markdown(record, [], None)
+
+
+def test_compare_shows_each_runs_prediction_beside_its_measurement(tmp_path: Path) -> None:
+    from harness.report.comparison import comparison_markdown
+    from harness.results.comparison import compare_results
+
+    base = _fabricated(tmp_path / "base")
+    new = _with_map_peak(_fabricated(tmp_path / "new"), _map_rule(base) + base.record.model.bytes // 40)
+    d = gib_decimals(base.record.model.bytes)
+    text = comparison_markdown(compare_results(base, new))
+    row = next(line for line in text.splitlines() if line.startswith("| map |") and "−2.5%" in line)
+    measured = base.record.strategies["map"].build_peak_bytes
+    assert measured is not None
+    base_error = format_percent((_map_rule(base) - measured) / base.record.model.bytes)
+    assert row == f"| map | {format_gib(_map_rule(base), d)} | {base_error} | {format_gib(_map_rule(new), d)} | −2.5% |"
