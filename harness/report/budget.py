@@ -35,7 +35,13 @@ from harness.budget.record import AttemptRecord, BudgetRecord, StrategyBudget, r
 from harness.catalog import HEADLINE_STRATEGY, strategy_colour
 from harness.fileio.atomic import FileBatch
 from harness.fileio.files import read_text_file
-from harness.report.budget_search import finding_lines, minimum_cell, predictions, search_lines
+from harness.report.budget_search import (
+    finding_lines,
+    minimum_cell,
+    predictions,
+    search_lines,
+    started_from_prediction,
+)
 from harness.report.names import figure_name
 from harness.report.settings import settings_line
 from harness.report.style import STYLE, figure_png, strategy_line, wrapped_title
@@ -160,7 +166,8 @@ def budget_markdown(record: BudgetRecord, figure_names: list[str], notes: str | 
         f"machine: {m.cpus} CPUs, {format_gib(m.mem_total_bytes, 1)} memory, kernel {m.kernel}; {record.controller}, "
         f"swap off in each group. Each attempt is a fresh worker "
         f"process in a fresh group, on a cold cache (the files it reads flushed and dropped first). Search: "
-        f"bisection between the baseline and the unconstrained group peak to {format_gib(record.precision_bytes, d)}; "
+        f"bisection between the baseline and the unconstrained group peak to {format_gib(record.precision_bytes, d)}"
+        f"{', starting from the predicted minimum' if started_from_prediction(record) else ''}; "
         f"timeout per attempt {record.timeout_factor:g}x the unconstrained wall time, at least "
         f"{record.min_timeout_s:.0f} s. The whole sweep took {record.sweep_wall_s / 60:.1f} min. "
         f"Commit {short_commit(record.commit)}, created {record.created}.", "",

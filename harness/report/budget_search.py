@@ -16,11 +16,12 @@ from pathlib import Path
 
 from harness.budget.record import BudgetRecord, StrategyBudget
 from harness.budget.sweep import SEARCH_PHASES, search_runs
-from harness.predict.recorded import FINDING_SHARE, Recorded, budget_prediction, is_finding
+from harness.predict.recorded import Recorded, budget_prediction, is_finding
+from harness.report.prediction import finding_sentence
 from harness.report.text import format_percent, gib_decimals
 from harness.units import format_gib
 
-__all__ = ["finding_lines", "minimum_cell", "predictions", "search_lines"]
+__all__ = ["finding_lines", "minimum_cell", "predictions", "search_lines", "started_from_prediction"]
 
 
 def predictions(directory: Path | None, record: BudgetRecord) -> dict[str, Recorded]:
@@ -45,6 +46,11 @@ def minimum_cell(record: BudgetRecord, strategy: StrategyBudget, recorded: Recor
     if strategy.status == "ok" and strategy.minimum_bytes is not None:
         text += f" ({format_percent((want - strategy.minimum_bytes) / record.model_bytes)})"
     return text
+
+
+def started_from_prediction(record: BudgetRecord) -> bool:
+    """Whether any strategy's search started from its predicted minimum (a run of phase ``predicted``)."""
+    return any(a.phase == "predicted" for s in record.strategies.values() for a in s.attempts)
 
 
 def _search_count(strategy: StrategyBudget) -> int:
@@ -92,17 +98,14 @@ def search_lines(record: BudgetRecord, found: dict[str, Recorded]) -> list[str]:
 
 
 def finding_lines(record: BudgetRecord, found: dict[str, Recorded]) -> list[str]:
-    """A measured minimum more than :data:`FINDING_SHARE` of the model from its prediction: a finding."""
-    d, model = gib_decimals(record.model_bytes), record.model_bytes
+    """A measured minimum more than :data:`~harness.predict.recorded.FINDING_SHARE` of the model from its prediction:
+    a finding."""
+    model = record.model_bytes
     lines = []
     for name, s in record.strategies.items():
         want = _predicted(found[name])
         if want is None or s.status != "ok" or s.minimum_bytes is None:
             continue
         if is_finding(want, s.minimum_bytes, model):
-            got = s.minimum_bytes
-            lines.append(f"- **{name}**'s smallest limit {format_gib(got, d)} lies {format_gib(abs(got - want), d)} "
-                         f"({abs(got - want) / model:.0%} of the model) {'above' if got > want else 'below'} its "
-                         f"prediction of {format_gib(want, d)}, more than {FINDING_SHARE:.0%}: a finding, not a "
-                         "failure (the run held memory the rules of `harness/predict/rules.py` do not describe).")
+            lines.append(finding_sentence(name, "smallest limit", want, s.minimum_bytes, model))
     return lines

@@ -13,8 +13,8 @@ from harness.results.labels import BUILD_HOST_PEAK, WHOLE_RUN_HOST_PEAK
 from harness.results.reading import Results
 from harness.units import DASH, format_gib
 
-__all__ = ["NO_PREDICTION", "PREDICTION_NOTE", "error_cell", "finding_observations", "predicted_cell",
-           "prediction_detail", "predictions"]
+__all__ = ["NO_PREDICTION", "PREDICTION_NOTE", "error_cell", "finding_observations", "finding_sentence",
+           "predicted_cell", "prediction_detail", "predictions"]
 
 NO_PREDICTION = "no prediction"
 """The table's cell where there is none (the strategy's detail line says why)."""
@@ -75,18 +75,24 @@ def prediction_detail(run: Results, name: str) -> str:
             f"`{recorded.prediction.note}`): " + ("; ".join(parts) or "no figure of it was measured"))
 
 
+def finding_sentence(name: str, figure: str, predicted: int, measured: int, model_bytes: int) -> str:
+    """The observation that ``name``'s ``figure`` was measured more than
+    :data:`~harness.predict.recorded.FINDING_SHARE` of the model from its prediction, and which way."""
+    d, gap = gib_decimals(model_bytes), abs(measured - predicted)
+    why = ("the run held memory the rules of `harness/predict/rules.py` do not describe" if measured > predicted
+           else "the rules of `harness/predict/rules.py` count memory the run did not hold")
+    return (f"- **{name}**'s {figure} {format_gib(measured, d)} lies {format_gib(gap, d)} ({gap / model_bytes:.1%} "
+            f"of the model) {'above' if measured > predicted else 'below'} its prediction of "
+            f"{format_gib(predicted, d)}, more than {FINDING_SHARE:.0%}: a finding, not a failure ({why}).")
+
+
 def finding_observations(run: Results) -> list[str]:
     """One observation per measured figure more than :data:`~harness.predict.recorded.FINDING_SHARE` of the model
     from its prediction (none where every figure lies within it)."""
-    d, model = gib_decimals(run.record.model.bytes), run.record.model.bytes
+    model = run.record.model.bytes
     lines = []
     for name, recorded in predictions(run).items():
         for figure, (want, got) in _pairs(run, name, recorded).items():
             if is_finding(want, got, model):
-                lines.append(
-                    f"- **{name}**'s {_FIGURES[figure]} {format_gib(got, d)} lies "
-                    f"{format_gib(abs(got - want), d)} ({abs(got - want) / model:.0%} of the model) "
-                    f"{'above' if got > want else 'below'} its prediction of {format_gib(want, d)}, more than "
-                    f"{FINDING_SHARE:.0%}: a finding, not a failure (the run held memory the rules of "
-                    "`harness/predict/rules.py` do not describe).")
+                lines.append(finding_sentence(name, _FIGURES[figure], want, got, model))
     return lines
