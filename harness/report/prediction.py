@@ -35,7 +35,8 @@ def predictions(run: Results) -> dict[str, Recorded]:
 
 
 def _pairs(run: Results, name: str, recorded: Recorded) -> dict[str, tuple[int, int]]:
-    """Figure -> (predicted, measured) for each figure both have."""
+    """Figure -> (predicted, measured) for each figure both have; the whole-run peak only where it differs from the
+    build phase's, predicted or measured (where the load holds no more than the build, it is the same pair)."""
     measured = run.record.strategies[name]
     if recorded.prediction is None:
         return {}
@@ -44,6 +45,8 @@ def _pairs(run: Results, name: str, recorded: Recorded) -> dict[str, tuple[int, 
         want, got = getattr(recorded.prediction, figure), getattr(measured, figure)
         if want is not None and got is not None:
             pairs[figure] = (want, got)
+    if pairs.get("host_peak_bytes") == pairs.get("build_peak_bytes"):
+        pairs.pop("host_peak_bytes", None)
     return pairs
 
 
