@@ -47,8 +47,10 @@ MODEL_FLAGS: dict[str, tuple[str, str]] = {
 """Each flag that sets one key of the scenario (its ``argparse`` destination): the table and the key it sets."""
 
 
-def add_model_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags that describe a scenario without a file (``--model`` and those that go with it)."""
+def add_model_flags(parser: argparse.ArgumentParser, *, device: bool = True) -> None:
+    """The flags that describe a scenario without a file (``--model`` and those that go with it); without
+    ``device``, all but ``--device``, for a command with a ``--device`` of its own (``predict``'s: the device it
+    predicts for), which then passes :func:`scenario_from_flags` ``device`` ``None``."""
     from harness.backends import backend_names
 
     group = parser.add_argument_group("a model of your own, without a scenario file (instead of SCENARIO)")
@@ -68,8 +70,9 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--weights", choices=ENGINE_WEIGHTS,
                        help="compiler backends: whose weights engines run on (default: the backend's own, else "
                             f"{BuildConfig.weights})")
-    group.add_argument("--device", choices=DEVICES,
-                       help=f"where engines are built (default: {BuildConfig.device})")
+    if device:
+        group.add_argument("--device", choices=DEVICES,
+                           help=f"where engines are built (default: {BuildConfig.device})")
     group.add_argument("--repeats", type=int, metavar="N",
                        help=f"cold runs of each strategy (default: {RunConfig.repeats})")
 

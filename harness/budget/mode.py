@@ -283,8 +283,14 @@ def _sweep_strategy(runner: _Strategy, plan: Plan, unconstrained_limit: int, pre
     if strategy == HEADLINE_STRATEGY and not plan.compiler:  # a compiler's attempts take minutes each
         extra_factors = MAP_EXTRA_FACTORS
         extra_limits = () if baseline is None else (goal_limit(baseline, plan.largest_engine_bytes),)
+    start = None  # the bisection brackets the minimum predicted from the plan and this baseline first
+    if baseline is not None and anon is not None:
+        from harness.predict import Baseline, predict_strategy
+        from harness.predict.recorded import inputs_of_plan
+
+        start = predict_strategy(inputs_of_plan(plan, strategy, Baseline(baseline, anon)), strategy).minimum_bytes
     try:
-        sweep = smallest_limit(lambda limit: runner.attempt(limit), lower, upper, precision,
+        sweep = smallest_limit(lambda limit: runner.attempt(limit), lower, upper, precision, start=start,
                                extra_factors=extra_factors, extra_limits=extra_limits, max_attempts=40)
     except SweepError as exc:
         phases = ["unconstrained", *(p.phase for p in exc.points)]

@@ -45,9 +45,10 @@ under."""
 
 BUDGET_FILE = "budget.json"
 
-PHASES = ("unconstrained", "upper", "lower", "bisect", "confirm", "tiebreak", "extra", "at")
-"""Why an attempt was run: the unconstrained run that sets the bounds, then the sweep's phases; ``at``: the one
-run of a strategy run at one given limit instead of swept."""
+PHASES = ("unconstrained", "upper", "predicted", "bracket", "lower", "bisect", "confirm", "tiebreak", "extra", "at")
+"""Why an attempt was run: the unconstrained run that sets the bounds, then the sweep's phases
+(:class:`~harness.budget.sweep.SweepPoint`; ``predicted`` and ``bracket`` only in sweeps that started from the
+predicted minimum); ``at``: the one run of a strategy run at one given limit instead of swept."""
 
 
 def _phase(phase: str) -> str | None:

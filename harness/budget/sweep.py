@@ -9,9 +9,13 @@ The search
     1. ``upper`` first: the run must complete there (an unconstrained limit), or
        :class:`SweepError` is raised with the attempt's reason; nothing below it
        would mean anything.
-    2. ``lower`` next (the baseline, where nothing should fit): a run that
-       completes there ends the sweep with ``at_lower_bound`` set; the minimum is
-       at or below it.
+    2. With a ``start`` (the predicted minimum, :mod:`harness.predict`) inside the bounds: a run
+       there (phase ``predicted``), then one ``precision_bytes`` step below it where it completed, or
+       above it where it failed (phase ``bracket``): where the prediction is right, these two runs are
+       the bracket, and bisection has nothing left to do. Where the step below completes too, the
+       search goes on from ``lower`` as without a start. Without a start, ``lower`` next (the baseline,
+       where nothing should fit): a run that completes there ends the sweep with ``at_lower_bound``
+       set; the minimum is at or below it.
     3. Bisection between the largest limit that failed and the smallest that
        completed, until they are at most ``precision_bytes`` apart. Limits are
        multiples of ``granularity`` (1 MiB).
@@ -45,7 +49,11 @@ from typing import Any
 from harness.budget.cgroup import Attempt
 from harness.units import MIB, gib_or_mib
 
-__all__ = ["Sweep", "SweepError", "SweepPoint", "default_precision", "smallest_limit"]
+__all__ = ["SEARCH_PHASES", "Sweep", "SweepError", "SweepPoint", "default_precision", "search_runs",
+           "smallest_limit"]
+
+SEARCH_PHASES = ("upper", "predicted", "bracket", "lower", "bisect", "confirm", "tiebreak")
+"""The phases of the runs that search for the minimum (every phase but ``extra``, the curve's points)."""
 
 
 
@@ -67,8 +75,9 @@ def default_precision(model_bytes: int) -> int:
 class SweepPoint:
     """One run of the sweep and why it was made.
 
-    ``phase``: ``upper``, ``lower``, ``bisect``, ``confirm`` (a bracket end run again),
-    ``tiebreak`` (a third run where two disagreed) or ``extra`` (a point of the curve).
+    ``phase``: ``upper``, ``predicted`` (the predicted minimum), ``bracket`` (a step beside it),
+    ``lower``, ``bisect``, ``confirm`` (a bracket end run again), ``tiebreak`` (a third run where two
+    disagreed) or ``extra`` (a point of the curve).
     """
 
     phase: str
@@ -166,11 +175,12 @@ class _Runner:
 
 def smallest_limit(attempt: Callable[[int], Attempt], lower: int, upper: int, precision_bytes: int, *,
                    extra_factors: Sequence[float] = (1.25, 1.5, 2.0), extra_limits: Sequence[int] = (),
-                   granularity: int = MIB, max_attempts: int = 60) -> Sweep:
+                   granularity: int = MIB, max_attempts: int = 60, start: int | None = None) -> Sweep:
     """Bisect for the smallest limit in ``[lower, upper]`` at which ``attempt(limit)`` completes.
 
-    See the module's docstring for the search and for how runs that disagree are
-    handled. Raises :class:`SweepError` when the run fails at ``upper``, and
+    See the module's docstring for the search (``start``: the predicted minimum it brackets first, ignored
+    outside ``(lower, upper)``) and for how runs that disagree are handled. Raises :class:`SweepError` when the
+    run fails at ``upper``, and
     ``ValueError`` for bounds that are not ``0 < lower < upper`` or a precision below
     the granularity.
     """
@@ -181,24 +191,43 @@ def smallest_limit(attempt: Callable[[int], Attempt], lower: int, upper: int, pr
                          f"({granularity} bytes), which must be positive")
     runner = _Runner(attempt, max_attempts)
     try:
-        return _search(runner, lower, upper, precision_bytes, extra_factors, extra_limits, granularity)
+        return _search(runner, lower, upper, precision_bytes, extra_factors, extra_limits, granularity, start)
     except SweepError as exc:
         exc.points = tuple(runner.points)
         raise
 
 
+def _bracket(runner: _Runner, lower: int, upper: int, start: int, precision_bytes: int, granularity: int) -> None:
+    """The run at the predicted minimum ``start`` and the step beside it (see the module's docstring)."""
+    if runner.run(start, "predicted").completed:
+        below = (start - precision_bytes) // granularity * granularity
+        if below > lower:
+            runner.run(below, "bracket")
+    else:
+        above = -(-(start + precision_bytes) // granularity) * granularity
+        if above < upper:
+            runner.run(above, "bracket")
+
+
 def _search(runner: _Runner, lower: int, upper: int, precision_bytes: int, extra_factors: Sequence[float],
-            extra_limits: Sequence[int], granularity: int) -> Sweep:
+            extra_limits: Sequence[int], granularity: int, start: int | None = None) -> Sweep:
     top = runner.run(upper, "upper")
     if not top.completed:
         raise SweepError(f"the run does not complete at the upper bound {gib_or_mib(upper)}: {top.reason}; "
                          "raise the upper bound (it should be a limit the run never reaches)")
-    if runner.run(lower, "lower").completed:
-        return _finish(runner, lower, upper, precision_bytes, lower, None, extra_factors, extra_limits, granularity)
+    if start is not None:
+        start = -(-start // granularity) * granularity
+    if start is not None and lower < start < upper:
+        _bracket(runner, lower, upper, start, precision_bytes, granularity)
 
     confirmed: set[int] = set()
     while True:
         verdicts = _verdicts(runner.points)
+        if all(verdicts.values()):  # no failure yet (no start, or every run near it completed): the baseline next
+            if runner.run(lower, "lower").completed:
+                return _finish(runner, lower, upper, precision_bytes, lower, None, extra_factors, extra_limits,
+                               granularity)
+            verdicts = _verdicts(runner.points)
         lo = max(limit for limit, ok in verdicts.items() if not ok)
         above = [limit for limit, ok in verdicts.items() if ok and limit > lo]
         if not above:
@@ -230,6 +259,21 @@ def _search(runner: _Runner, lower: int, upper: int, precision_bytes: int, extra
         if _verdicts(runner.points).get(lower):
             return _finish(runner, lower, upper, precision_bytes, lower, None, extra_factors, extra_limits, granularity)
     return _finish(runner, lower, upper, precision_bytes, hi, lo, extra_factors, extra_limits, granularity)
+
+
+def search_runs(completes: Callable[[int], bool], lower: int, upper: int, precision_bytes: int, *,
+                start: int | None = None, granularity: int = MIB) -> int:
+    """How many runs :func:`smallest_limit`'s search (:data:`SEARCH_PHASES`, no extra point) makes where the run
+    under each limit completes as ``completes(limit)`` says: the sweep's own arithmetic, for a count the sweep
+    would have made from another ``start``."""
+    def attempt(limit: int) -> Attempt:
+        ok = completes(limit)
+        return Attempt(limit_bytes=limit, completed=ok, returncode=0 if ok else None, wall_s=0.0,
+                       group_peak_bytes=None, oom_kills=None, reason=None if ok else "does not complete")
+
+    sweep = smallest_limit(attempt, lower, upper, precision_bytes, extra_factors=(), granularity=granularity,
+                           start=start)
+    return len(sweep.points)
 
 
 def _finish(runner: _Runner, lower: int, upper: int, precision: int, minimum: int, failing: int | None,

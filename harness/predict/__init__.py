@@ -4,6 +4,6 @@ baseline (:class:`PredictInputs`) and returns a :class:`Prediction` per strategy
 :mod:`harness.predict.command`."""
 
 from harness.predict.inputs import Baseline, PredictInputs
-from harness.predict.rules import Prediction, predict
+from harness.predict.rules import Prediction, predict, predict_strategy
 
-__all__ = ["Baseline", "PredictInputs", "Prediction", "predict"]
+__all__ = ["Baseline", "PredictInputs", "Prediction", "predict", "predict_strategy"]

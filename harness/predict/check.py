@@ -3,7 +3,8 @@
 For each results directory under the root, in name order: a run (``summary.json``) gives each finished strategy's
 build-phase and whole-run host peaks; a budget sweep (``budget.json``) each swept strategy's minimum limit. Each
 measured figure is predicted from that run's own sizes and its strategy's measured baseline
-(:func:`inputs_of_run`, :func:`inputs_of_budget`), and the error is given as a share of the model's bytes.
+(:func:`~harness.predict.recorded.inputs_of_run`, :func:`~harness.predict.recorded.inputs_of_budget`), and the error
+is given as a share of the model's bytes.
 
 A figure is within its goal (:func:`goal_bytes`) when the error is at most 5 % of the model (``copy`` backend) or 10 %
 (a compiler), or 64 MiB where that is larger; a budget minimum when it is within 10 % of the minimum or 64 MiB, or
@@ -16,11 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.budget.record import BUDGET_FILE, BudgetRecord, read_budget
-from harness.predict.inputs import Baseline, PredictInputs, budget_plan_inputs
+from harness.budget.record import BUDGET_FILE, read_budget
+from harness.predict.recorded import inputs_of_budget, inputs_of_run
 from harness.predict.rules import predict_strategy
-from harness.results.metrics import SampleColumns, baseline_anon_bytes
-from harness.results.reading import Results, load_results
+from harness.results.reading import load_results
 from harness.results.record import SUMMARY
 from harness.units import GIB, MIB
 
@@ -82,34 +82,6 @@ def goal_bytes(row: CheckRow) -> int:
     if row.figure == "minimum_bytes":
         return max(FLOOR_BYTES, int(0.10 * row.measured))
     return max(FLOOR_BYTES, int((0.10 if row.compiler else 0.05) * row.model_bytes))
-
-
-def inputs_of_run(results: Results, strategy: str) -> PredictInputs:
-    """A finished strategy of a run as the predictor's inputs: the run's engines in build order, its model, device
-    and backend, and that strategy's own measured baseline (RSS from its record, anonymous from its samples)."""
-    record = results.record
-    run = record.strategies[strategy]
-    assert run.baseline_rss_bytes is not None
-    columns = SampleColumns.of(results.samples[strategy])
-    anon = baseline_anon_bytes(columns, run.phases)
-    engines = tuple(e.weight_bytes for e in sorted(run.engines, key=lambda e: e.index))
-    return PredictInputs(
-        model_bytes=record.model.bytes, engine_bytes=engines, device=record.device, backend=record.backend,
-        compiler_weights=run.compiler_weights, strategies=(strategy,),
-        baseline=Baseline(run.baseline_rss_bytes, anon if anon is not None else run.baseline_rss_bytes),
-        source=f"results/{record.name}")
-
-
-def inputs_of_budget(directory: Path, record: BudgetRecord, strategy: str) -> PredictInputs:
-    """A swept strategy as the predictor's inputs: the sweep's plan's engines and weight setting
-    (:func:`~harness.predict.inputs.budget_plan_inputs`), and that strategy's unconstrained baseline."""
-    swept = record.strategies[strategy]
-    engines, weights = budget_plan_inputs(directory)
-    assert swept.baseline_rss_bytes is not None and swept.baseline_anon_bytes is not None
-    return PredictInputs(
-        model_bytes=record.model_bytes, engine_bytes=engines, device=record.device, backend=record.backend,
-        compiler_weights=None if record.backend == "copy" else weights, strategies=(strategy,),
-        baseline=Baseline(swept.baseline_rss_bytes, swept.baseline_anon_bytes), source=f"results/{record.name}")
 
 
 def _run_rows(directory: Path) -> list[CheckRow]:

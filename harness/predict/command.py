@@ -1,6 +1,7 @@
 """``python -m harness predict``: each strategy's memory before any run, or the rules checked against results.
 
-``predict SCENARIO`` resolves the scenario without reading a weight (:mod:`harness.predict.scenario`), takes the
+``predict SCENARIO`` (or ``predict --model SPEC --checkpoint PATH ...``, the flags of ``run``:
+:mod:`harness.cli_scenario`) resolves the scenario without reading a weight (:mod:`harness.predict.scenario`), takes the
 baseline measured here (:mod:`harness.predict.baseline`) or given (``--baseline-gib``, ``--device`` for another
 machine), and prints per strategy the five figures of :class:`~harness.predict.rules.Prediction`; ``--json`` prints
 them under ``strategies.<name>`` by their record names. ``predict --check RESULTS`` prints the error table of
@@ -15,6 +16,7 @@ import math
 import sys
 from pathlib import Path
 
+from harness.cli_scenario import add_model_flags, scenario_from_flags
 from harness.errors import HarnessError
 from harness.predict.inputs import Baseline, PredictInputs
 from harness.predict.rules import FIELDS, Prediction, predict
@@ -38,6 +40,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
                     "smallest memory-cgroup limit from the scenario's sizes, reading no weight; or, with --check, "
                     "print how the rules compare with every committed result.")
     parser.add_argument("scenario", type=Path, nargs="?", help="a scenario file, e.g. scenarios/pi05.toml")
+    add_model_flags(parser, device=False)
     parser.add_argument("--check", type=Path, default=None, metavar="RESULTS",
                         help="check the rules against every results directory under RESULTS instead")
     parser.add_argument("--json", action="store_true", help="print JSON with the records' field names")
@@ -93,22 +96,25 @@ def _json(inputs: PredictInputs, predictions: dict[str, Prediction]) -> str:
 def run(args: argparse.Namespace) -> int:
     """Run ``predict`` with the parsed ``args``; a :class:`~harness.errors.HarnessError` for a bad input."""
     if args.check is not None:
-        if args.scenario is not None or args.baseline_gib is not None or args.device is not None:
-            raise HarnessError("--check RESULTS takes no scenario, --baseline-gib or --device: each result's own "
-                               "are used")
+        if (args.scenario is not None or args.model is not None or args.baseline_gib is not None
+                or args.device is not None):
+            raise HarnessError("--check RESULTS takes no scenario, --model, --baseline-gib or --device: each "
+                               "result's own are used")
         if not args.check.is_dir():
             raise HarnessError(f"--check {args.check}: not a directory of results")
         from harness.predict.check import check_markdown, check_results
 
         print(check_markdown(check_results(args.check)), end="")
         return 0
-    if args.scenario is None:
-        raise HarnessError("predict: give a scenario file, or --check RESULTS")
+    if args.scenario is None and args.model is None:
+        raise HarnessError("predict: give a scenario file, or --check RESULTS, or --model SPEC and its flags")
     from harness.engines.registry import resolve_device
     from harness.predict.scenario import inputs_of_scenario
     from harness.scenario import load_scenario
 
-    scenario = load_scenario(args.scenario)
+    # --device is the device predicted for, not a key of the scenario: the flags' scenario leaves it to its default
+    flags = scenario_from_flags(argparse.Namespace(**{**vars(args), "device": None, "name": None}))
+    scenario = flags or load_scenario(args.scenario)
     device = args.device if args.device is not None else resolve_device(scenario.build.device)
     if not (device == "cpu" or device.startswith("cuda")):
         raise HarnessError(f"--device {device}: expected cpu, cuda or cuda:<n>")

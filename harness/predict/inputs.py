@@ -2,7 +2,7 @@
 
 :class:`PredictInputs` is what :func:`harness.predict.rules.predict` takes. It is made from a scenario resolved
 without reading weights (:mod:`harness.predict.scenario`), or from a committed run or budget sweep
-(:func:`inputs_of_run`, :func:`inputs_of_budget`) to check the rules against what was measured.
+(:mod:`harness.predict.recorded`) to check the rules against what was measured.
 """
 
 from __future__ import annotations

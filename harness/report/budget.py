@@ -35,6 +35,13 @@ from harness.budget.record import AttemptRecord, BudgetRecord, StrategyBudget, r
 from harness.catalog import HEADLINE_STRATEGY, strategy_colour
 from harness.fileio.atomic import FileBatch
 from harness.fileio.files import read_text_file
+from harness.report.budget_search import (
+    finding_lines,
+    minimum_cell,
+    predictions,
+    search_lines,
+    started_from_prediction,
+)
 from harness.report.names import figure_name
 from harness.report.settings import settings_line
 from harness.report.style import STYLE, figure_png, strategy_line, wrapped_title
@@ -144,9 +151,12 @@ def _subtitle(record: BudgetRecord) -> str:
             f"under {limits} memory limits, each attempt one run of a fresh process on a cold cache")
 
 
-def budget_markdown(record: BudgetRecord, figure_names: list[str], notes: str | None) -> str:
-    """The whole markdown report of a budget sweep."""
+def budget_markdown(record: BudgetRecord, figure_names: list[str], notes: str | None,
+                    directory: Path | None = None) -> str:
+    """The whole markdown report of a budget sweep; ``directory``: its results directory, whose plan the
+    predicted minimums are computed from (:mod:`harness.report.budget_search`)."""
     d = gib_decimals(record.model_bytes)
+    found = predictions(directory, record)
     m = record.machine
     lines = [
         f"# {record.name}: smallest host memory to compile, by loading strategy", "",
@@ -156,15 +166,17 @@ def budget_markdown(record: BudgetRecord, figure_names: list[str], notes: str | 
         f"machine: {m.cpus} CPUs, {format_gib(m.mem_total_bytes, 1)} memory, kernel {m.kernel}; {record.controller}, "
         f"swap off in each group. Each attempt is a fresh worker "
         f"process in a fresh group, on a cold cache (the files it reads flushed and dropped first). Search: "
-        f"bisection between the baseline and the unconstrained group peak to {format_gib(record.precision_bytes, d)}; "
+        f"bisection between the baseline and the unconstrained group peak to {format_gib(record.precision_bytes, d)}"
+        f"{', starting from the predicted minimum' if started_from_prediction(record) else ''}; "
         f"timeout per attempt {record.timeout_factor:g}x the unconstrained wall time, at least "
         f"{record.min_timeout_s:.0f} s. The whole sweep took {record.sweep_wall_s / 60:.1f} min. "
         f"Commit {short_commit(record.commit)}, created {record.created}.", "",
         *([] if record.reading is None else [settings_line(record.reading), ""]),
         "## Smallest host memory to compile", "",
-        "| strategy | smallest limit that completes | fails at | unconstrained group peak | load + build "
-        "unconstrained | load + build at the smallest limit | attempts | what it does with its weights |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| strategy | smallest limit that completes | predicted (predicted − measured, % of model) | fails at | "
+        "unconstrained group peak | load + build unconstrained | load + build at the smallest limit | attempts | "
+        "what it does with its weights |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for name, s in record.strategies.items():
         free = s.unconstrained
@@ -180,7 +192,8 @@ def budget_markdown(record: BudgetRecord, figure_names: list[str], notes: str | 
         else:
             smallest, fails = f"FAILED: {s.error}", DASH
         lines.append("| " + " | ".join(cell(x) for x in (
-            f"{name} ({s.label})", smallest, fails, format_gib(free.group_peak_bytes if free else None, d),
+            f"{name} ({s.label})", smallest, minimum_cell(record, s, found[name]), fails,
+            format_gib(free.group_peak_bytes if free else None, d),
             _seconds(free), _seconds(at_min),
             str(len(s.attempts)), s.release_note or DASH)) + " |")
     lines += ["", "Load + build: the worker's load and engine builds, from the start of the load to the end of "
@@ -188,7 +201,13 @@ def budget_markdown(record: BudgetRecord, figure_names: list[str], notes: str | 
               "results. Limits are the group's `memory.limit_in_bytes` (`memory.max` on cgroup v2): page cache the "
               "run reads or writes is charged to it, and the kernel reclaims clean file pages before it "
               "OOM-kills. The unconstrained group peak therefore counts the checkpoint's page cache, which the "
-              "kernel gives back under a tighter limit. GiB = 2^30 bytes.", "", "## Goals", "",
+              "kernel gives back under a tighter limit. GiB = 2^30 bytes.", "",
+              "Predicted: the smallest limit `python -m harness predict` gives before a run, from the sweep's plan "
+              "and each strategy's unconstrained baseline, computed when the report is rendered (rules in "
+              "`harness/predict/rules.py`). Runs of each search (the unconstrained run and the curve's extra points "
+              "aside), and what the sweep's own arithmetic makes from the other start on the verdicts it recorded "
+              "(a limit it never tried completes where at or above its minimum):", "",
+              *search_lines(record, found), *finding_lines(record, found), "", "## Goals", "",
               "| goal | measured | |", "| --- | --- | --- |"]
     lines += [f"| {cell(g.goal)} | {cell(g.measured)} | {_mark(g.met)} |" for g in budget_goals(record)]
     lines += ["", "## Figures", ""] + [f"![{Path(n).stem}]({n})" for n in figure_names]
@@ -318,5 +337,5 @@ def render_budget(results_dir: Path, out_dir: Path | None = None) -> list[Path]:
     notes = read_text_file(out / f"{record.name}.notes.md")
     with FileBatch("the earlier report and figure are unchanged") as batch:
         figure = batch.write(out / figure_name(record.name, "wall"), figure_png(wall_figure(record)))
-        batch.write(out / f"{record.name}.md", budget_markdown(record, [figure.name], notes))
+        batch.write(out / f"{record.name}.md", budget_markdown(record, [figure.name], notes, results_dir))
         return batch.commit()

@@ -2,7 +2,8 @@
 a reviewer.
 
 The markdown names both runs (name, scenario, commit, creation, machine), says what moved beyond the
-noise, then gives a memory table (each figure's delta NEW − BASE in GiB and in % of BASE's model) and a
+noise, then gives a memory table (each figure's delta NEW − BASE in GiB and in % of BASE's model), each run's
+predicted build-phase host peak beside its measured one (:mod:`harness.report.prediction`), a
 time table (BASE median → NEW median, the ratio NEW / BASE and its interval), and the methods behind
 the noise and the intervals. The figure shows, per strategy, the time ratios as points with their
 intervals around 1, and the memory deltas as bars against the noise band.
@@ -24,6 +25,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from harness.fileio.atomic import write_atomic
+from harness.report.prediction import error_cell, predicted_cell, predictions
 from harness.report.style import SERIES_COLOURS, STYLE, figure_legend, save_figure
 from harness.report.text import TableColumn, gib_decimals, machine_text, markdown_table, short_commit
 from harness.results.comparison import TIME_RESOLUTION_S, TIMES, Comparison, MemoryDelta, StrategyComparison, TimeRatio
@@ -33,6 +35,8 @@ from harness.results.labels import (
     BUILD_HOST_PEAK,
     EXCESS,
     FLOOR,
+    PREDICTED_BUILD_PEAK,
+    PREDICTION_ERROR,
     WHOLE_RUN_GPU_PEAK,
     WHOLE_RUN_HOST_PEAK,
 )
@@ -145,6 +149,25 @@ def _memory_table(comparison: Comparison) -> list[str]:
     return markdown_table(columns, comparison.strategies)
 
 
+def _prediction_table(comparison: Comparison) -> list[str]:
+    """Each run's predicted build-phase host peak (:mod:`harness.report.prediction`) and its error, side by side."""
+    decimals = gib_decimals(comparison.base.record.model.bytes)
+    sides = {"BASE": comparison.base, "NEW": comparison.new}
+    found = {role: predictions(run) for role, run in sides.items()}
+
+    def predicted(role: str) -> Callable[[StrategyComparison], str]:
+        return lambda s: predicted_cell(found[role][s.name], decimals)
+
+    def error(role: str) -> Callable[[StrategyComparison], str]:
+        return lambda s: error_cell(sides[role], s.name, found[role][s.name])
+
+    columns: list[TableColumn[StrategyComparison]] = [TableColumn("strategy", lambda s: s.name, text=True)]
+    for role in sides:
+        columns += [TableColumn(f"{role} {PREDICTED_BUILD_PEAK}", predicted(role)),
+                    TableColumn(f"{role} {PREDICTION_ERROR}", error(role))]
+    return markdown_table(columns, comparison.strategies)
+
+
 def _seconds(*values: float) -> list[str]:
     """``values`` to the same decimal places, so that they read against each other: three significant digits
     of the largest, less the trailing zeros they all have (``18.0 → 19.2``, ``0.023 → 0.020``, ``10 → 20``);
@@ -223,6 +246,11 @@ def comparison_markdown(comparison: Comparison, figure: str | None = None) -> st
         "A rise of the floor is the plan's (baseline + engines), not counted as a regression.",
         "",
         *_memory_table(comparison),
+        "",
+        "Each run's build-phase host peak beside its prediction (`python -m harness predict`, from that run's own "
+        "engines and baseline), predicted − measured in % of that run's model:",
+        "",
+        *_prediction_table(comparison),
         "",
         "## Time",
         "",

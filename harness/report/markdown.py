@@ -16,6 +16,7 @@ from harness.fileio.atomic import FileBatch, write_atomic
 from harness.fileio.codec import field_since
 from harness.report.compiler import compiler_lines
 from harness.report.notes import NEVER_CHECKED, Notes, check_notes, migrate_notes
+from harness.report.prediction import PREDICTION_NOTE, finding_observations, prediction_detail
 from harness.report.settings import settings_line
 from harness.report.table import table_lines
 from harness.report.text import (
@@ -468,6 +469,7 @@ def strategy_observations(run: Results, s: StrategyMetrics) -> list[str]:
     release = release_sentence(s, run.record.model.bytes_with_non_persistent_buffers)
     if release:
         details.append(release)
+    details.append(prediction_detail(run, s.name))
     if s.record.wall_s is not None:
         timing = f"wall {format_seconds(s.record.wall_s)} = {phases_text(s)}"
         if s.pages_s is not None and s.copy_s is not None:
@@ -563,12 +565,13 @@ def render_report(run: Results, figures: Sequence[str] = (), notes: Notes | None
         lines += [f"*{' '.join(record.description.split())}*", ""]
     lines += [context_paragraph(run), ""]
     lines += table_lines(run)
-    lines += ["", _floor_note(run, decimals), ""]
+    lines += ["", _floor_note(run, decimals), "", PREDICTION_NOTE, ""]
     notes_on_refs = [f"- reference **{r.label}**: {r.note.rstrip('.')}." for r in record.references if r.note]
     lines += ["## Observations", ""]
     for strategy in run.metrics.values():
         lines += strategy_observations(run, strategy)
     lines += comparison_observations(run)
+    lines += finding_observations(run)
     lines += fastest_observation(run)
     lines += disk_observation(run)
     lines += reading_observation(run)

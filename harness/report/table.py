@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from harness.report.prediction import error_cell, predicted_cell, predictions
 from harness.report.text import TableColumn, format_percent, format_seconds, gib_decimals, markdown_table, status_text
 from harness.results import labels
 from harness.results.metrics import DiskMetrics, StrategyMetrics
@@ -127,6 +128,11 @@ def columns(run: Results) -> list[TableColumn[TableRow]]:
     ]
     if on_gpu:
         cols.append(_column(labels.BUILD_HOST_PEAK, lambda m, d: format_gib(m.record.build_peak_bytes, d)))
+    predicted = predictions(run)
+    cols += [
+        _column(labels.PREDICTED_BUILD_PEAK, lambda m, d: predicted_cell(predicted[m.name], d)),
+        _column(labels.PREDICTION_ERROR, lambda m, d: error_cell(run, m.name, predicted[m.name])),
+    ]
     cols += [
         _column(labels.WHOLE_RUN_HOST_PEAK, lambda m, d: format_gib(m.record.host_peak_bytes, d),
                 lambda r, g: format_gib_figure(r.host_peak_gib)),

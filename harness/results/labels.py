@@ -13,6 +13,10 @@ Each is a figure of :mod:`harness.results.metrics` or of the measured record:
 :data:`WHOLE_RUN_HOST_PEAK`    ``StrategyRecord.host_peak_bytes``: the whole run's host peak, the load included
 :data:`ANON_ABOVE_BASELINE`    ``StrategyMetrics.anon_above_baseline_bytes``
 :data:`WHOLE_RUN_GPU_PEAK`     ``StrategyRecord.gpu_peak_bytes``: the whole run's GPU peak
+:data:`PREDICTED_BUILD_PEAK`   ``Prediction.build_peak_bytes`` (:mod:`harness.predict`), from the run's sizes and
+                               baseline, beside :data:`BUILD_HOST_PEAK`
+:data:`PREDICTION_ERROR`       (predicted − measured) build-phase host peak, as a share of the model, the sign of
+                               ``predict --check``'s error
 =============================  ==================================================================================
 """
 
@@ -25,6 +29,8 @@ __all__ = [
     "EXCESS",
     "EXCESS_SHARE",
     "FLOOR",
+    "PREDICTED_BUILD_PEAK",
+    "PREDICTION_ERROR",
     "WHOLE_RUN_GPU_PEAK",
     "WHOLE_RUN_HOST_PEAK",
 ]
@@ -37,3 +43,5 @@ EXCESS_SHARE = f"{EXCESS} (% of model)"
 WHOLE_RUN_HOST_PEAK = "whole-run host peak"
 ANON_ABOVE_BASELINE = "anonymous peak above baseline"
 WHOLE_RUN_GPU_PEAK = "whole-run GPU peak"
+PREDICTED_BUILD_PEAK = f"predicted {BUILD_HOST_PEAK}"
+PREDICTION_ERROR = "predicted − measured (% of model)"

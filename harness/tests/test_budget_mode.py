@@ -393,3 +393,57 @@ def test_an_attempts_cleanup_leaves_the_engines_another_strategy_builds_beside_i
                         progress=lambda line: None)
     at = record.strategies["map"].at_limit
     assert at is not None and at.completed, at
+
+
+class _FakeStrategy:
+    """Attempts of one strategy without processes: each completes at and above ``threshold``; the unconstrained
+    run's worker reports a baseline of ``rss`` bytes, ``anon`` of them anonymous."""
+
+    def __init__(self, strategy: str, threshold: int, rss: int, anon: int) -> None:
+        from types import SimpleNamespace
+
+        self.strategy, self.threshold, self.timeout_s = strategy, threshold, 60.0
+        self.worker = SimpleNamespace(release_note="", baseline_rss_bytes=rss)
+        self.anon = anon
+        self.runs: list[tuple[object, object, int | None, int]] = []
+        self.limits: list[int] = []
+
+    def attempt(self, limit: int, phase: str = "") -> object:
+        from harness.budget.cgroup import Attempt
+
+        ok = limit >= self.threshold
+        result = Attempt(limit_bytes=limit, completed=ok, returncode=0 if ok else -9, wall_s=1.0,
+                         group_peak_bytes=min(limit, 400 * MIB), oom_kills=0 if ok else 1,
+                         reason=None if ok else "OOM-killed")
+        self.runs.append((result, self.worker, self.anon, 0))
+        self.limits.append(limit)
+        return result
+
+    def records(self, phases: object) -> tuple[()]:
+        return ()
+
+    def say(self, message: str) -> None:
+        pass
+
+
+def test_a_sweep_starts_from_the_minimum_the_rules_predict_from_the_plan_and_its_baseline() -> None:
+    """The attempt after the upper bound is at the predicted minimum: for ``map`` its baseline's anonymous
+    memory plus the reclaim floor (its rule), whatever the engines; the same minimum as the sweep finds without it."""
+    from types import SimpleNamespace
+    from typing import Any
+
+    from harness.budget.mode import _sweep_strategy
+    from harness.predict.rules import RECLAIM_FLOOR_BYTES
+
+    engines = (SimpleNamespace(weight_bytes=30 * MIB), SimpleNamespace(weight_bytes=20 * MIB))
+    plan: Any = SimpleNamespace(
+        name="t", compiler=False, largest_engine_bytes=30 * MIB, device="cpu", engines=engines,
+        model=SimpleNamespace(bytes=50 * MIB), scenario=SimpleNamespace(build=SimpleNamespace(
+            backend="copy", compiler_weights=None)))
+    anon = 200 * MIB
+    runner: Any = _FakeStrategy("map", threshold=anon + 40 * MIB, rss=290 * MIB, anon=anon)
+    swept = _sweep_strategy(runner, plan, GIB, 64 * MIB, 3.0, 30.0)
+    predicted = anon + RECLAIM_FLOOR_BYTES
+    assert runner.limits[:3] == [GIB, 401 * MIB, math.ceil(predicted / MIB) * MIB]  # unconstrained, upper, start
+    assert swept.minimum_bytes is not None and swept.largest_failing_bytes is not None
+    assert swept.largest_failing_bytes < runner.threshold <= swept.minimum_bytes

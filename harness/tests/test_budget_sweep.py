@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from harness.budget.cgroup import Attempt
-from harness.budget.sweep import SweepError, default_precision, smallest_limit
+from harness.budget.sweep import SweepError, default_precision, search_runs, smallest_limit
 from harness.units import GIB, MIB
 
 
@@ -170,3 +170,53 @@ def test_extra_limits_are_run_once_each_below_the_upper_bound() -> None:
     extra = [p.attempt.limit_bytes for p in sweep.points if p.phase == "extra"]
     assert extra == [3 * GIB], "5 GiB is above the upper bound"
     assert sweep.verdicts()[3 * GIB] is True
+
+
+# --------------------------------------------------------------------------- starting from the predicted minimum
+
+
+@pytest.mark.parametrize("error_mib", [-40, 0, 30])
+def test_a_prediction_within_a_step_is_the_bracket_and_the_same_minimum_is_found(error_mib: int) -> None:
+    """The first run after the upper bound is at the prediction, the second one step beside it; where the
+    prediction is within a step of the threshold, those two are the bracket, found in fewer runs than from the
+    baseline, with the minimum the sweep without a prediction finds within the precision."""
+    threshold, precision = int(3.3 * GIB), 64 * MIB
+    predicted = threshold + error_mib * MIB
+    fake = Fake(threshold)
+    sweep = smallest_limit(fake, GIB // 2, 16 * GIB, precision, extra_factors=(), start=predicted)
+    start = math.ceil(predicted / MIB) * MIB
+    assert fake.calls[:2] == [16 * GIB, start]
+    assert [p.phase for p in sweep.points][:3] == ["upper", "predicted", "bracket"]
+    assert fake.calls[2] == start + (-precision if start >= threshold else precision)
+    assert "lower" not in [p.phase for p in sweep.points] and "bisect" not in [p.phase for p in sweep.points]
+    without = smallest_limit(Fake(threshold), GIB // 2, 16 * GIB, precision, extra_factors=())
+    assert abs(sweep.minimum_bytes - without.minimum_bytes) <= precision
+    assert sweep.largest_failing_bytes is not None and sweep.largest_failing_bytes < threshold <= sweep.minimum_bytes
+    assert len(sweep.points) < len(without.points)
+    assert search_runs(lambda limit: limit >= threshold, GIB // 2, 16 * GIB, precision) == len(without.points)
+    assert search_runs(lambda limit: limit >= threshold, GIB // 2, 16 * GIB, precision,
+                       start=predicted) == len(sweep.points)
+
+
+@pytest.mark.parametrize("predicted", [int(0.8 * GIB), int(12 * GIB)])
+def test_a_prediction_far_off_still_finds_the_threshold(predicted: int) -> None:
+    threshold, precision = int(3.3 * GIB), 64 * MIB
+    sweep = smallest_limit(Fake(threshold), GIB // 2, 16 * GIB, precision, extra_factors=(), start=predicted)
+    assert sweep.points[1].phase == "predicted"
+    assert sweep.points[1].attempt.limit_bytes == math.ceil(predicted / MIB) * MIB
+    assert sweep.largest_failing_bytes is not None
+    assert sweep.largest_failing_bytes < threshold <= sweep.minimum_bytes
+    assert sweep.minimum_bytes - sweep.largest_failing_bytes <= precision
+
+
+def test_a_prediction_above_a_minimum_at_the_baseline_ends_at_the_lower_bound() -> None:
+    fake = Fake(GIB // 4)
+    sweep = smallest_limit(fake, GIB // 2, 4 * GIB, 64 * MIB, extra_factors=(), start=GIB)
+    assert sweep.at_lower_bound and sweep.minimum_bytes == GIB // 2
+    assert fake.calls == [4 * GIB, GIB, GIB - 64 * MIB, GIB // 2]
+
+
+def test_a_prediction_outside_the_bounds_is_not_run() -> None:
+    fake = Fake(int(3.3 * GIB))
+    smallest_limit(fake, GIB // 2, 16 * GIB, 64 * MIB, extra_factors=(), start=32 * GIB)
+    assert fake.calls[:2] == [16 * GIB, GIB // 2]

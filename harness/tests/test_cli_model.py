@@ -176,3 +176,37 @@ def test_a_user_model_built_by_aot_inductor_packaged(here: Path, model: str) -> 
     assert entry["compiler_weights"] == "packaged"
     assert entry["max_abs_diff"] is not None and entry["max_abs_diff"] < 1e-4  # the engines' output is eager's
     assert_the_published_scenario_reads_back_to_the_one_run(directory)
+
+
+# --------------------------------------------------------------------------- predict --model
+
+
+def test_predict_a_factory_model_from_the_flags_of_run(here: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``predict --model`` builds the scenario ``run --model`` would from the same flags and predicts it from the
+    checkpoint's headers: map holds the largest engine above the baseline, load twice the model while loading."""
+    from harness.predict.scenario import header_bytes
+
+    checkpoint = write_factory(here)
+    argv = ["--model", FACTORY, "--checkpoint", "tied.safetensors", "--engines", "2", "--strategies", "map,load"]
+    assert main(["predict", *argv, "--json", "--baseline-gib", "0.25"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    baseline = int(0.25 * 2**30)
+    assert list(data["strategies"]) == ["map", "load"] and data["engines"] == 2
+    assert data["model_bytes"] == header_bytes(checkpoint) and data["source"].startswith("the headers of")
+    assert data["strategies"]["map"]["build_peak_bytes"] == baseline + data["largest_engine_bytes"]
+    assert data["strategies"]["load"]["host_peak_bytes"] == baseline + 2 * data["model_bytes"]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--model", FACTORY, "--checkpoint", "tied.safetensors"], "--model needs --engines N or --engine-cap-mib M"),
+    (["--model", "user_absent:make", "--checkpoint", "tied.safetensors", "--engines", "2"],
+     "cannot import user_absent"),
+    (["S", "--model", FACTORY], "give a scenario file or --model, not both"),
+    (["--check", "results", "--model", FACTORY], "takes no scenario, --model"),
+])
+def test_predict_model_bad_input_is_one_line_and_exit_2(here: Path, capsys: pytest.CaptureFixture[str],
+                                                        argv: list[str], words: str) -> None:
+    write_factory(here)
+    (here / "s.toml").write_text("")
+    argv = [str(here / "s.toml") if a == "S" else a for a in argv]
+    assert words in error_of(capsys, "predict", *argv, "--baseline-gib", "0.25")

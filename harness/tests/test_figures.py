@@ -479,8 +479,10 @@ def test_the_budget_figure_plots_at_each_limit_the_attempt_the_table_gives() -> 
     assert m.minimum_bytes is not None
     tried = [a for a in m.attempts if a.limit_bytes == m.minimum_bytes and a.completed]
     assert len({a.load_build_s for a in tried}) > 1, "the committed sweep tried map's smallest limit twice"
-    (row,) = [line for line in budget_markdown(record, [], None).splitlines() if line.startswith("| map (")]
-    table = row.split(" | ")[5]  # load + build at the smallest limit
+    lines = budget_markdown(record, [], None).splitlines()
+    (row,) = [line for line in lines if line.startswith("| map (")]
+    header = next(line for line in lines if line.startswith("| strategy | smallest limit"))
+    table = row.split(" | ")[header.split(" | ").index("load + build at the smallest limit")]
     fig = wall_figure(record)
     whole, load_build = (line for line in _gid(fig, "wall:map"))
     at = list(load_build.get_xdata()).index(m.minimum_bytes / GIB)

@@ -1,0 +1,120 @@
+"""The prediction beside each measurement in the reports: the run report's columns and detail lines, the finding
+named where a measurement lies more than 10 % of the model from its prediction, ``no prediction (why)`` where the
+record lacks what the rules need, and the budget report's predicted minimum and search counts."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from harness.budget.record import read_budget
+from harness.report.budget import budget_markdown
+from harness.report.markdown import render_report
+from harness.report.table import strategy_cells
+from harness.report.text import format_percent, gib_decimals
+from harness.results import labels
+from harness.results.reading import Results, load_results
+from harness.tests.committed import committed_copy
+from harness.tests.fixtures import make_results
+from harness.units import format_gib
+
+
+def _fabricated(tmp_path: Path) -> Results:
+    return load_results(make_results(tmp_path, failed="load_file"))
+
+
+def _with_map_peak(run: Results, peak: int) -> Results:
+    record = run.record
+    maps = dataclasses.replace(record.strategies["map"], build_peak_bytes=peak, host_peak_bytes=peak)
+    return dataclasses.replace(run, record=dataclasses.replace(record, strategies={**record.strategies,
+                                                                                    "map": maps}))
+
+
+def _map_findings(report: str) -> list[str]:
+    return [line for line in report.splitlines() if line.startswith("- **map**'s") and "a finding, not a failure"
+            in line]
+
+
+def _map_rule(run: Results) -> int:
+    """map's build-phase peak by its rule, from the record: its baseline RSS + the largest engine."""
+    s = run.record.strategies["map"]
+    assert s.baseline_rss_bytes is not None
+    return s.baseline_rss_bytes + max(e.weight_bytes for e in s.engines)
+
+
+def test_the_table_shows_the_predicted_build_peak_and_its_error_beside_the_measured(tmp_path: Path) -> None:
+    run = _fabricated(tmp_path)
+    model, d = run.record.model.bytes, gib_decimals(run.record.model.bytes)
+    predicted = _map_rule(run)
+    measured = predicted + model // 40  # 2.5 % of the model above it
+    run = _with_map_peak(run, measured)
+    cells = strategy_cells(run)["map"]
+    assert cells[labels.PREDICTED_BUILD_PEAK] == format_gib(predicted, d)
+    assert cells[labels.PREDICTION_ERROR] == format_percent((predicted - measured) / model) == "−2.5%"
+    report = render_report(run)
+    assert f"build-phase host peak {format_gib(predicted, d)} (measured {format_gib(measured, d)}, −2.5% of the " \
+           "model)" in report
+    assert not _map_findings(report)  # within 10 % of the model
+    # a strategy that did not finish has no comparison, and says why
+    assert strategy_cells(run)["load_file"][labels.PREDICTED_BUILD_PEAK] == "no prediction"
+    assert "no prediction (it did not finish" in report
+
+
+def test_a_measurement_more_than_ten_percent_of_the_model_from_its_prediction_is_a_finding(tmp_path: Path) -> None:
+    run = _fabricated(tmp_path)
+    model, d = run.record.model.bytes, gib_decimals(run.record.model.bytes)
+    predicted = _map_rule(run)
+    run = _with_map_peak(run, predicted + model // 5)  # 20 % above
+    report = render_report(run)
+    findings = _map_findings(report)
+    assert len(findings) == 1, findings  # the whole-run peak is the same pair: not said twice
+    assert findings[0].startswith("- **map**'s build-phase host peak") and "20.0% of the model) above its " \
+        f"prediction of {format_gib(predicted, d)}" in findings[0]
+
+
+def test_a_record_without_a_baseline_says_no_prediction_and_why(tmp_path: Path) -> None:
+    run = _fabricated(tmp_path)
+    record = run.record
+    bare = {n: dataclasses.replace(s, baseline_rss_bytes=None) for n, s in record.strategies.items()}
+    run = dataclasses.replace(run, record=dataclasses.replace(record, strategies=bare))
+    assert strategy_cells(run)["map"][labels.PREDICTED_BUILD_PEAK] == "no prediction"
+    assert f"no prediction (layout {record.layout} records no baseline RSS)" in render_report(run)
+
+
+def test_the_budget_report_shows_the_predicted_minimum_and_both_search_counts(tmp_path: Path) -> None:
+    """results/smoke-budget predates starting from the prediction: its report counts its own search runs and what
+    the sweep's arithmetic makes from the prediction on its verdicts; map's prediction is its baseline's anonymous
+    memory + the reclaim floor (its rule, the constant this sweep measured), beside the minimum."""
+    from harness.predict.rules import RECLAIM_FLOOR_BYTES
+
+    directory = committed_copy(["results/smoke-budget"], tmp_path) / "results" / "smoke-budget"
+    record = read_budget(directory)
+    m = record.strategies["map"]
+    assert m.baseline_anon_bytes is not None and m.minimum_bytes is not None
+    predicted = m.baseline_anon_bytes + RECLAIM_FLOOR_BYTES
+    d = gib_decimals(record.model_bytes)
+    text = budget_markdown(record, [], None, directory)
+    row = next(line for line in text.splitlines() if line.startswith("| map ("))
+    error = format_percent((predicted - m.minimum_bytes) / record.model_bytes)
+    assert f"| {format_gib(m.minimum_bytes, d)} | {format_gib(predicted, d)} ({error}) |" in row
+    searched = sum(1 for a in m.attempts if a.phase not in ("unconstrained", "extra"))
+    line = next(line for line in text.splitlines() if line.startswith("- map: "))
+    assert line.startswith(f"- map: {searched} search runs, without a prediction (the sweep predates starting "
+                           f"from one); from the predicted minimum ({format_gib(predicted, d)}) the sweep would "
+                           "have made ")
+    assert "no prediction (rendered without its results directory)" in budget_markdown(record, [], None)
+
+
+def test_compare_shows_each_runs_prediction_beside_its_measurement(tmp_path: Path) -> None:
+    from harness.report.comparison import comparison_markdown
+    from harness.results.comparison import compare_results
+
+    base = _fabricated(tmp_path / "base")
+    new = _with_map_peak(_fabricated(tmp_path / "new"), _map_rule(base) + base.record.model.bytes // 40)
+    d = gib_decimals(base.record.model.bytes)
+    text = comparison_markdown(compare_results(base, new))
+    row = next(line for line in text.splitlines() if line.startswith("| map |") and "−2.5%" in line)
+    measured = base.record.strategies["map"].build_peak_bytes
+    assert measured is not None
+    base_error = format_percent((_map_rule(base) - measured) / base.record.model.bytes)
+    assert row == f"| map | {format_gib(_map_rule(base), d)} | {base_error} | {format_gib(_map_rule(new), d)} | −2.5% |"
