@@ -10,6 +10,7 @@ something the rules do not describe, which the report says, not a failure of the
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -98,8 +99,14 @@ def _covered(prediction: Prediction) -> Recorded:
 def run_prediction(results: Results, strategy: str) -> Recorded:
     """``strategy``'s prediction from what ``results`` recorded (see the module docstring)."""
     run = results.record.strategies[strategy]
-    if not run.ok:
-        return Recorded(None, "it did not finish: its peaks cover part of the build")
+    if not run.ok:  # what it would have needed: the sizes and baseline of a strategy of the same run that finished
+        finished = next((name for name, other in results.record.strategies.items()
+                         if other.ok and other.baseline_rss_bytes is not None and other.engines), None)
+        if finished is None:
+            return Recorded(None, "it did not finish, and no strategy of this run finished to give its engines and "
+                                  "baseline")
+        inputs = dataclasses.replace(inputs_of_run(results, finished), strategies=(strategy,))
+        return _covered(predict_strategy(inputs, strategy))
     if run.baseline_rss_bytes is None:
         return Recorded(None, f"layout {results.record.layout} records no baseline RSS")
     if not run.engines:

@@ -71,6 +71,12 @@ def prediction_detail(run: Results, name: str) -> str:
     if recorded.prediction is None:
         return recorded.text_without
     d, model = gib_decimals(run.record.model.bytes), run.record.model.bytes
+    if not run.record.strategies[name].ok:
+        return ("predicted from this run's sizes and the baseline of a strategy of it that finished (`python -m "
+                f"harness predict`, rule `{recorded.prediction.note}`), what it would have needed to finish: "
+                + "; ".join(f"{label} {format_gib(getattr(recorded.prediction, figure), d)}"
+                            for figure, label in _FIGURES.items()
+                            if getattr(recorded.prediction, figure) is not None))
     parts = [f"{_FIGURES[f]} {format_gib(want, d)} (measured {format_gib(got, d)}, "
              f"{format_percent((want - got) / model)} of the model)"
              for f, (want, got) in _pairs(run, name, recorded).items()]

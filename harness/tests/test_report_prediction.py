@@ -8,6 +8,8 @@ import dataclasses
 from pathlib import Path
 
 from harness.budget.record import read_budget
+from harness.predict.recorded import inputs_of_run
+from harness.predict.rules import predict_strategy
 from harness.report.budget import budget_markdown
 from harness.report.markdown import render_report
 from harness.report.table import strategy_cells
@@ -16,7 +18,7 @@ from harness.results import labels
 from harness.results.reading import Results, load_results
 from harness.tests.committed import committed_copy
 from harness.tests.fixtures import make_results
-from harness.units import format_gib
+from harness.units import DASH, format_gib
 
 
 def _fabricated(tmp_path: Path) -> Results:
@@ -55,9 +57,15 @@ def test_the_table_shows_the_predicted_build_peak_and_its_error_beside_the_measu
     assert f"build-phase host peak {format_gib(predicted, d)} (measured {format_gib(measured, d)}, −2.5% of the " \
            "model)" in report
     assert not _map_findings(report)  # within 10 % of the model
-    # a strategy that did not finish has no comparison, and says why
-    assert strategy_cells(run)["load_file"][labels.PREDICTED_BUILD_PEAK] == "no prediction"
-    assert "no prediction (it did not finish" in report
+    # a strategy that did not finish has no comparison: its prediction is what it would have needed, from the sizes
+    # and baseline of one that finished
+    needed = predict_strategy(dataclasses.replace(inputs_of_run(run, "map"), strategies=("load_file",)), "load_file")
+    assert needed.build_peak_bytes is not None
+    cells = strategy_cells(run)["load_file"]
+    assert (cells[labels.PREDICTED_BUILD_PEAK], cells[labels.PREDICTION_ERROR]) == (
+        format_gib(needed.build_peak_bytes, d), DASH)
+    assert f"what it would have needed to finish: build-phase host peak {format_gib(needed.build_peak_bytes, d)}" \
+           in report
 
 
 def test_a_measurement_more_than_ten_percent_of_the_model_from_its_prediction_is_a_finding(tmp_path: Path) -> None:
