@@ -38,7 +38,7 @@ def _pairs(run: Results, name: str, recorded: Recorded) -> dict[str, tuple[int, 
     """Figure -> (predicted, measured) for each figure both have; the whole-run peak only where it differs from the
     build phase's, predicted or measured (where the load holds no more than the build, it is the same pair)."""
     measured = run.record.strategies[name]
-    if recorded.prediction is None:
+    if recorded.prediction is None or not measured.ok:  # a strategy that did not finish measured part of the build
         return {}
     pairs = {}
     for figure in _FIGURES:
