@@ -113,9 +113,10 @@ def _budget_rows(directory: Path) -> list[CheckRow]:
 
 
 def check_results(root: Path) -> list[CheckRow]:
-    """Every checked figure of every results directory under ``root``, directories in name order."""
+    """Every checked figure of every results directory under ``root``, directories in name order; a run's staging
+    (``.<name>.partial``, :mod:`harness.results.publish`) and other hidden directories are not results."""
     rows: list[CheckRow] = []
-    for directory in sorted(p for p in Path(root).iterdir() if p.is_dir()):
+    for directory in sorted(p for p in Path(root).iterdir() if p.is_dir() and not p.name.startswith(".")):
         if (directory / SUMMARY).is_file():
             rows.extend(_run_rows(directory))
         if (directory / BUDGET_FILE).is_file():

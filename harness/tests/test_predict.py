@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import fields
 from pathlib import Path
 
@@ -124,6 +125,14 @@ def test_every_constant_is_what_its_committed_run_measured(committed: Path) -> N
     assert swept.minimum_bytes is not None and swept.baseline_anon_bytes is not None
     assert abs(RECLAIM_FLOOR_BYTES - (swept.minimum_bytes - swept.baseline_anon_bytes)) < MIB
     assert set(CONSTANT_SOURCES) <= {p.name for p in committed.iterdir()}
+
+
+def test_a_runs_staging_is_not_a_result_the_check_reads(committed: Path, tmp_path: Path) -> None:
+    shutil.copytree(committed / "smoke", tmp_path / "smoke")
+    alone = check_results(tmp_path)
+    assert alone  # the result's own rows
+    shutil.copytree(committed / "smoke", tmp_path / ".smoke-b.partial")  # a run of another name, still staging
+    assert check_results(tmp_path) == alone
 
 
 # --------------------------------------------------------------------------- the README's table
