@@ -23,9 +23,11 @@ from harness.scenario_file import SCENARIO_FILE
 from harness.tests.test_cli import error_of
 from harness.tests.user_models import FACTORY, FACTORY_MODULE, write_factory, write_llama
 
-MAP_EXCESS = 0.5
+MAP_EXCESS = 0.02
 """The most ``map``'s build-phase host peak may lie above its floor (baseline + largest engine), as a share of the
-model: it holds one engine's pages at a time; ``load``, which holds the whole model twice, lies near 1 or above."""
+model: it holds one engine's pages at a time, so only the process's own few MiB beside them (which is why the models
+measured here are of half a GiB and more: on a model of a few dozen MiB those MiB alone pass 2%); ``load``, which
+holds the whole model twice, lies near 1 or above."""
 
 
 @pytest.fixture
@@ -141,7 +143,7 @@ def assert_the_published_scenario_reads_back_to_the_one_run(directory: Path) -> 
 
 
 def test_a_factory_model_measured_from_one_command(here: Path) -> None:
-    write_factory(here, vocab=16384, width=512)  # 32 MiB, tied once: noise is small beside an engine
+    write_factory(here, vocab=65536, width=2048)  # 560 MiB, the 512 MiB embedding tied to the head, stored once
     summary, directory = run_model(here, "--model", FACTORY, "--checkpoint", "tied.safetensors", "--engines", "4")
     assert directory.name == "make_tied"
     assert summary["model"]["source"] == f"factory {FACTORY}"
@@ -151,9 +153,9 @@ def test_a_factory_model_measured_from_one_command(here: Path) -> None:
 
 
 def test_a_transformers_folder_measured_from_one_command(here: Path) -> None:
-    write_llama(here / "llama", vocab=16384, hidden=512)
-    summary, directory = run_model(here, "--model", "llama", "--checkpoint", "llama/model.safetensors",
-                                   "--engines", "4", "--repeats", "1")
+    write_llama(here / "llama", vocab=65536, hidden=2048, max_shard_size="200MB")  # 0.8 GiB in 5 shards + index
+    assert len(list((here / "llama").glob("model-0000?-of-0000?.safetensors"))) > 1
+    summary, directory = run_model(here, "--model", "llama", "--engines", "4", "--repeats", "1")  # its folder
     assert directory.name == "llama"
     assert summary["model"]["source"] == "transformers LlamaForCausalLM llama/config.json"
     assert_every_strategy_ok_and_map_at_the_floor(summary)

@@ -63,13 +63,15 @@ def write_factory(directory: Path, *, vocab: int = 64, width: int = 32) -> Path:
     return checkpoint
 
 
-def write_llama(directory: Path, *, vocab: int = 64, hidden: int = 32) -> Path:
-    """A tiny ``LlamaForCausalLM`` (tied embeddings, rotary) saved with ``save_pretrained`` into ``directory``
-    (``config.json`` and one ``model.safetensors``); returns the folder."""
+def write_llama(directory: Path, *, vocab: int = 64, hidden: int = 32, max_shard_size: str | None = None) -> Path:
+    """A small ``LlamaForCausalLM`` (tied embeddings, rotary) saved with ``save_pretrained`` into ``directory``
+    (``config.json`` and one ``model.safetensors``, or with ``max_shard_size`` shards and their index, as
+    ``save_pretrained`` writes them); returns the folder."""
     import transformers
 
     config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
                                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                       max_position_embeddings=64, tie_word_embeddings=True)
-    transformers.LlamaForCausalLM(config).save_pretrained(directory, safe_serialization=True)
+    extra = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
+    transformers.LlamaForCausalLM(config).save_pretrained(directory, safe_serialization=True, **extra)
     return directory
