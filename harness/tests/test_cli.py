@@ -98,7 +98,8 @@ def test_checkpoint_that_is_a_directory(tmp_path: Path, capsys: pytest.CaptureFi
     path = scenario(tmp_path, tiny_scenario_text(tmp_path / "ckpt"))
     message = run_error(capsys, path)
     assert message == (f"{path}: checkpoint.path: {tmp_path / 'ckpt'}: is a directory; "
-                       "the harness reads and writes one .safetensors file")
+                       "the harness reads and writes one .safetensors file (set checkpoint.max_shard_size to "
+                       "generate shards into a folder)")
 
 
 def test_checkpoint_not_written_by_the_harness(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
