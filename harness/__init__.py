@@ -23,9 +23,9 @@ below it (``harness/tests/test_imports.py`` holds the layers and checks the impo
 ``measure`` ``progress``
     The sampler, page residency, ``/proc``, the GPU, the cold cache, the disk read, the read probe and
     ceiling, the shared disk, the machine; the bars and lines printed while a run goes.
-``scenario`` ``scenario_rules`` ``scenario_cluster`` ``scenario_file`` ``weightspec``
-    The TOML validated, and a scenario written back as TOML; a weight spec's JSON read and its size checked,
-    without torch; the ``[cluster]`` table.
+``scenario`` ``scenario_rules`` ``scenario_cluster`` ``scenario_file`` ``cli_scenario`` ``weightspec``
+    The TOML validated, and a scenario written back as TOML; the scenario the command line's flags describe
+    without a file; a weight spec's JSON read and its size checked, without torch; the ``[cluster]`` table.
 ``models`` ``load``
     The models (the harness's own, a user's factory, a transformers config), built on meta, and their
     generated checkpoints; the strategy registry
@@ -46,9 +46,8 @@ below it (``harness/tests/test_imports.py`` holds the layers and checks the impo
     jobs whose ``--mem`` is the limit (``cluster``).
 ``report``
     The markdown report and the figures, from ``results.reading``; no torch.
-``cli`` ``cli_scenario`` ``schema`` ``bench_map`` ``__main__``
-    The command line, which runs a scenario or a sweep and then renders it, and the scenario its flags
-    describe without a file; a scenario file's keys and the
+``cli`` ``schema`` ``bench_map`` ``__main__``
+    The command line, which runs a scenario or a sweep and then renders it; a scenario file's keys and the
     results layouts, read from the dataclasses' fields; ``bench_map`` times mapping against the usual lazy
     loaders.
 """

@@ -25,14 +25,14 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("fileio",),
     ("results",),
     ("measure", "progress"),
-    ("scenario", "scenario_rules", "scenario_cluster", "scenario_file", "weightspec"),
+    ("scenario", "scenario_rules", "scenario_cluster", "scenario_file", "cli_scenario", "weightspec"),
     ("models", "load"),
     ("engines",),
     ("checkpoint_reading", "plan"),
     ("worker", "watch", "reference", "warmup", "rounds", "run_record", "run"),
     ("budget", "predict", "cluster"),
     ("report",),
-    ("cli", "cli_scenario", "schema", "bench_map", "__main__"),
+    ("cli", "schema", "bench_map", "__main__"),
 )
 """The modules and packages of ``harness/`` in layers, from the bottom up: each imports only from its own layer
 or those below it. The README's layer list and :mod:`harness`'s docstring name the same layers in this order."""
