@@ -203,6 +203,7 @@ def _at_limit(text: str) -> tuple[str, int]:
 
 def _budget(args: argparse.Namespace) -> int:
     from harness.budget.mode import PRECISION_MIB, TIMEOUT_FACTOR, run_budget
+    from harness.predict.recorded import predicted_minimum
     from harness.report.budget import render_budget
     from harness.scenario import load_scenario
 
@@ -225,7 +226,8 @@ def _budget(args: argparse.Namespace) -> int:
 
         jobs = SlurmAttempts(scenario.cluster)
     record = run_budget(scenario, name=None if flags else args.name, results=results,
-                        precision_bytes=precision, timeout_factor=args.timeout_factor, at=at, jobs=jobs)
+                        precision_bytes=precision, timeout_factor=args.timeout_factor, at=at, jobs=jobs,
+                        start_of=predicted_minimum)
     for path in render_budget(results / record.name):
         _say("budget", f"wrote {path}")
     return 1 if any(not s.ok for s in record.strategies.values()) else 0
@@ -260,12 +262,13 @@ def _sweep_budget(scenario: Scenario, results: Path, args: argparse.Namespace) -
     """One scenario of ``sweep --mode budget``: its budget sweep into ``<results>/<scenario>-budget/``, rendered."""
     from harness.budget.mode import run_budget
     from harness.cluster.executor import SlurmAttempts
+    from harness.predict.recorded import predicted_minimum
     from harness.report.budget import render_budget
     from harness.results.names import budget_name
 
     jobs = SlurmAttempts(scenario.cluster) if args.executor == "slurm" else None
     record = run_budget(scenario, name=budget_name(scenario.name), results=results,
-                        timeout_factor=args.timeout_factor, jobs=jobs)
+                        timeout_factor=args.timeout_factor, jobs=jobs, start_of=predicted_minimum)
     render_budget(results / record.name)
     return record
 

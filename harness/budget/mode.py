@@ -252,8 +252,14 @@ class _Strategy:
         return tuple(out)
 
 
+StartOf = Callable[[Plan, str, int, int], "int | None"]
+"""Where a strategy's bisection starts: its predicted minimum from the plan, the strategy, and its unconstrained
+run's baseline RSS and anonymous memory (:func:`harness.predict.recorded.predicted_minimum`, which the command line
+hands in); ``None``: from the bounds alone."""
+
+
 def _sweep_strategy(runner: _Strategy, plan: Plan, unconstrained_limit: int, precision: int,
-                    timeout_factor: float, min_timeout_s: float) -> StrategyBudget:
+                    timeout_factor: float, min_timeout_s: float, start_of: StartOf | None = None) -> StrategyBudget:
     strategy = runner.strategy
     first = runner.attempt(unconstrained_limit, "unconstrained")
     worker = runner.runs[0][1]
@@ -284,11 +290,8 @@ def _sweep_strategy(runner: _Strategy, plan: Plan, unconstrained_limit: int, pre
         extra_factors = MAP_EXTRA_FACTORS
         extra_limits = () if baseline is None else (goal_limit(baseline, plan.largest_engine_bytes),)
     start = None  # the bisection brackets the minimum predicted from the plan and this baseline first
-    if baseline is not None and anon is not None:
-        from harness.predict import Baseline, predict_strategy
-        from harness.predict.recorded import inputs_of_plan
-
-        start = predict_strategy(inputs_of_plan(plan, strategy, Baseline(baseline, anon)), strategy).minimum_bytes
+    if start_of is not None and baseline is not None and anon is not None:
+        start = start_of(plan, strategy, baseline, anon)
     try:
         sweep = smallest_limit(lambda limit: runner.attempt(limit), lower, upper, precision, start=start,
                                extra_factors=extra_factors, extra_limits=extra_limits, max_attempts=40)
@@ -372,7 +375,8 @@ def run_budget(scenario: Scenario, *, name: str | None = None, results: Path = P
                precision_bytes: int | None = None, timeout_factor: float = 4.0, min_timeout_s: float = 60.0,
                command: WorkerCommand | None = None, workdir: Path | None = None,
                controller: MemoryController | None = None, at: Mapping[str, int] | None = None,
-               progress: Callable[[str], None] = _progress, jobs: RemoteAttempts | None = None) -> BudgetRecord:
+               progress: Callable[[str], None] = _progress, jobs: RemoteAttempts | None = None,
+               start_of: StartOf | None = None) -> BudgetRecord:
     """Sweep every strategy of ``scenario`` for its smallest memory limit into ``results/<name>/``; returns the
     record. It draws nothing: the report and figure are :func:`harness.report.budget.render_budget`'s
     (``python -m harness budget`` renders them after this returns).
@@ -413,7 +417,7 @@ def run_budget(scenario: Scenario, *, name: str | None = None, results: Path = P
                 engines = workdir or staging / ENGINES
                 try:
                     record = _sweep_all(scenario, name, results, precision_bytes, timeout_factor, min_timeout_s,
-                                        command, engines, controller, progress, staging, at, jobs)
+                                        command, engines, controller, progress, staging, at, jobs, start_of)
                 except BaseException:
                     if jobs is not None:
                         cancelled = jobs.stop()
@@ -434,7 +438,8 @@ def run_budget(scenario: Scenario, *, name: str | None = None, results: Path = P
 def _sweep_all(scenario: Scenario, name: str, results: Path, precision_bytes: int | None, timeout_factor: float,
                min_timeout_s: float, command: WorkerCommand | None, workdir: Path,
                controller: MemoryController, progress: Callable[[str], None], staging: Path,
-               at: Mapping[str, int], jobs: RemoteAttempts | None = None) -> BudgetRecord:
+               at: Mapping[str, int], jobs: RemoteAttempts | None = None,
+               start_of: StartOf | None = None) -> BudgetRecord:
     """Everything up to the record of the last strategy, staged in ``staging``, engines under ``workdir``."""
     plan = make_plan(scenario, name=name, workdir=workdir, progress=progress)
     plan_path = write_plan(staging / PLAN, plan)
@@ -459,7 +464,7 @@ def _sweep_all(scenario: Scenario, name: str, results: Path, precision_bytes: in
         runner = _Strategy(plan, plan_path, strategy, staging, controller, command or worker_command, progress, jobs)
         if strategy in at:
             return _run_at_limit(runner, unconstrained, at[strategy], timeout_factor, min_timeout_s)
-        return _sweep_strategy(runner, plan, unconstrained, precision, timeout_factor, min_timeout_s)
+        return _sweep_strategy(runner, plan, unconstrained, precision, timeout_factor, min_timeout_s, start_of)
 
     strategies = plan.scenario.strategies
     if jobs is None or plan.compiler or len(strategies) == 1:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from harness.plan import Plan
 
 __all__ = ["FINDING_SHARE", "Recorded", "budget_prediction", "inputs_of_budget", "inputs_of_plan", "inputs_of_run",
-           "is_finding", "run_prediction"]
+           "is_finding", "predicted_minimum", "run_prediction"]
 
 FINDING_SHARE = 0.10
 """How far, as a share of the model, a measurement may lie from its prediction before the report calls it a
@@ -88,6 +88,13 @@ def inputs_of_plan(plan: Plan, strategy: str, baseline: Baseline) -> PredictInpu
         model_bytes=plan.model.bytes, engine_bytes=tuple(e.weight_bytes for e in plan.engines), device=plan.device,
         backend=build.backend, compiler_weights=build.compiler_weights,
         strategies=(strategy,), baseline=baseline, source=f"the plan of {plan.name}")
+
+
+def predicted_minimum(plan: Plan, strategy: str, baseline_rss_bytes: int, baseline_anon_bytes: int) -> int | None:
+    """``strategy``'s predicted smallest memory limit from a budget sweep's ``plan`` and its unconstrained run's
+    baseline: where budget mode starts its bisection (:data:`harness.budget.mode.StartOf`)."""
+    inputs = inputs_of_plan(plan, strategy, Baseline(baseline_rss_bytes, baseline_anon_bytes))
+    return predict_strategy(inputs, strategy).minimum_bytes
 
 
 def _covered(prediction: Prediction) -> Recorded:

@@ -433,6 +433,7 @@ def test_a_sweep_starts_from_the_minimum_the_rules_predict_from_the_plan_and_its
     from typing import Any
 
     from harness.budget.mode import _sweep_strategy
+    from harness.predict.recorded import predicted_minimum
     from harness.predict.rules import RECLAIM_FLOOR_BYTES
 
     engines = (SimpleNamespace(weight_bytes=30 * MIB), SimpleNamespace(weight_bytes=20 * MIB))
@@ -442,7 +443,7 @@ def test_a_sweep_starts_from_the_minimum_the_rules_predict_from_the_plan_and_its
             backend="copy", compiler_weights=None)))
     anon = 200 * MIB
     runner: Any = _FakeStrategy("map", threshold=anon + 40 * MIB, rss=290 * MIB, anon=anon)
-    swept = _sweep_strategy(runner, plan, GIB, 64 * MIB, 3.0, 30.0)
+    swept = _sweep_strategy(runner, plan, GIB, 64 * MIB, 3.0, 30.0, predicted_minimum)
     predicted = anon + RECLAIM_FLOOR_BYTES
     assert runner.limits[:3] == [GIB, 401 * MIB, math.ceil(predicted / MIB) * MIB]  # unconstrained, upper, start
     assert swept.minimum_bytes is not None and swept.largest_failing_bytes is not None

@@ -72,6 +72,9 @@ def write_llama(directory: Path, *, vocab: int = 64, hidden: int = 32, max_shard
     config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
                                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                       max_position_embeddings=64, tie_word_embeddings=True)
-    extra = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
-    transformers.LlamaForCausalLM(config).save_pretrained(directory, safe_serialization=True, **extra)
+    model = transformers.LlamaForCausalLM(config)
+    if max_shard_size is None:
+        model.save_pretrained(directory, safe_serialization=True)
+    else:
+        model.save_pretrained(directory, safe_serialization=True, max_shard_size=max_shard_size)
     return directory
