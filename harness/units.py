@@ -8,7 +8,7 @@ No imports, so that every layer may use it.
 from __future__ import annotations
 
 __all__ = ["DASH", "GIB", "KIB", "MB", "MIB", "PIB", "TIB", "format_bytes", "format_gib", "format_gib_figure",
-           "format_mb_per_s", "format_mib", "format_size", "gib_or_mib"]
+           "format_mb_per_s", "format_mib", "format_size", "gib_number", "gib_or_mib"]
 
 KIB = 1 << 10
 """Bytes in a KiB."""
@@ -45,6 +45,11 @@ def format_gib(value: int | float | None, decimals: int = 2) -> str:
     if value is None:
         return DASH
     return f"{value / GIB:.{decimals}f} GiB"
+
+
+def gib_number(value: int, decimals: int = 3) -> str:
+    """``value`` bytes as a bare number of GiB, ``"1.234"``, for a table whose header states the unit."""
+    return f"{value / GIB:.{decimals}f}"
 
 
 def format_gib_figure(gib: float | None) -> str:

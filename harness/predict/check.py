@@ -22,7 +22,7 @@ from harness.predict.recorded import inputs_of_budget, inputs_of_run
 from harness.predict.rules import predict_strategy
 from harness.results.reading import load_results
 from harness.results.record import SUMMARY
-from harness.units import GIB, MIB
+from harness.units import GIB, MIB, gib_number
 
 __all__ = ["CONSTANT_SOURCES", "CheckRow", "check_markdown", "check_results", "goal_bytes"]
 
@@ -124,10 +124,6 @@ def check_results(root: Path) -> list[CheckRow]:
     return rows
 
 
-def _gib(value: int) -> str:
-    return f"{value / GIB:.3f}"
-
-
 def _summary(rows: list[CheckRow]) -> list[str]:
     lines = []
     groups = (("copy backend, build-phase and whole-run peaks (goal: 5 % of the model or 64 MiB)",
@@ -161,8 +157,8 @@ def check_markdown(rows: list[CheckRow]) -> str:
         if row.in_bracket and abs(row.predicted - row.measured) > goal_bytes(row):
             goal = "yes (in bracket)"
         result = f"`{row.result}`" + (" (sets a constant)" if row.sets_constant else "")
-        lines.append(f"| {result} | {row.strategy} | {FIGURES[row.figure]} | {_gib(row.predicted)} | "
-                     f"{_gib(row.measured)} | {row.error:+.1%} | {goal} |")
+        lines.append(f"| {result} | {row.strategy} | {FIGURES[row.figure]} | {gib_number(row.predicted)} | "
+                     f"{gib_number(row.measured)} | {row.error:+.1%} | {goal} |")
     summary = _summary(rows)
     return "\n".join(lines) + "\n" + ("\nResults that set no constant:\n\n" + "\n".join(summary) + "\n"
                                       if summary else "")

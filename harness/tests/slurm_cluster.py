@@ -33,6 +33,8 @@ from pathlib import Path
 
 import psutil
 
+from harness.units import MIB
+
 __all__ = ["LocalSlurm", "SlurmUnavailable", "start"]
 
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "scancel", "sacct")
@@ -177,7 +179,7 @@ def start(directory: Path | None = None) -> LocalSlurm:
     os.chmod(directory, 0o755)
     node = socket.gethostname().split(".")[0]
     cpus = os.cpu_count() or 1
-    memory_mib = psutil.virtual_memory().total // 2**20
+    memory_mib = psutil.virtual_memory().total // MIB
     conf = directory / "slurm.conf"
     conf.write_text(_conf(directory, node, cpus, memory_mib, _free_ports(2)))
     (directory / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nCgroupAutomount=no\n")

@@ -22,6 +22,7 @@ from harness.scenario import load_scenario
 from harness.scenario_file import SCENARIO_FILE
 from harness.tests.test_cli import error_of
 from harness.tests.user_models import FACTORY, FACTORY_MODULE, write_factory, write_llama
+from harness.units import GIB
 
 MAP_EXCESS = 0.02
 """The most ``map``'s build-phase host peak may lie above its floor (baseline + largest engine), as a share of the
@@ -192,7 +193,7 @@ def test_predict_a_factory_model_from_the_flags_of_run(here: Path, capsys: pytes
     argv = ["--model", FACTORY, "--checkpoint", "tied.safetensors", "--engines", "2", "--strategies", "map,load"]
     assert main(["predict", *argv, "--json", "--baseline-gib", "0.25"]) == 0
     data = json.loads(capsys.readouterr().out)
-    baseline = int(0.25 * 2**30)
+    baseline = int(0.25 * GIB)
     assert list(data["strategies"]) == ["map", "load"] and data["engines"] == 2
     assert data["model_bytes"] == header_bytes(checkpoint) and data["source"].startswith("the headers of")
     assert data["strategies"]["map"]["build_peak_bytes"] == baseline + data["largest_engine_bytes"]

@@ -189,6 +189,17 @@ PLAN = Plan(scenario=Scenario(name="smoke", path=Path("/scenarios/smoke.toml"), 
                                   ReadProbe(MIB, (0.5, 0.25), (0.5,), 1 << 16, (1.0,), (0.125,))))
 
 
+def budget_as_earlier(record: BudgetRecord) -> dict[str, Any]:
+    """``record`` encoded as a budget file of version 1 or 2 held it: no ``reading``, and no attempt keys of
+    layout 20 (``job_ids``, ``node``, ``limit_enforcer``), since those versions are read at an earlier layout."""
+    slurm = ("job_ids", "node", "limit_enforcer")
+    data = {k: v for k, v in encode(record).items() if k != "reading"}
+    data["strategies"] = {name: {**s, "attempts": [{k: v for k, v in a.items() if k not in slurm}
+                                                  for a in s["attempts"]]}
+                          for name, s in data["strategies"].items()}
+    return data
+
+
 @pytest.mark.parametrize("record", [ENGINE, EXPORT, CACHE, REPEAT, STRATEGY, Phases(1.0), MACHINE, MODEL, CHECKPOINT,
                                     REFERENCE, RUN, ATTEMPT, BUDGET, DiskRead(0, 1, 1.0, 1.0, 0.5, "read", 0),
                                     EnginePlan(0, (), ("w",), 1), ModelConfig(layers=1, width=8, vocab=4)],

@@ -26,7 +26,7 @@ from harness.results.checkpoint_reading import ReadingChoice
 from harness.results.reading import load_results
 from harness.results.record import LAYOUT_VERSION, PLAN, RecordError
 from harness.run import run_scenario
-from harness.tests.test_codec import BUDGET
+from harness.tests.test_codec import BUDGET, budget_as_earlier
 from harness.tests.test_codec import PLAN as A_PLAN
 from harness.tests.test_run import tiny_scenario
 from harness.units import MIB
@@ -109,12 +109,7 @@ def test_a_budget_record_holds_the_plans_settings_at_the_results_layout(tmp_path
     (tmp_path / BUDGET_FILE).write_text(json.dumps(data))
     with pytest.raises(RecordError, match=r"reading: missing key 'prefetch_readers'$"):
         read_budget(tmp_path)
-    slurm = ("job_ids", "node", "limit_enforcer")  # per attempt since layout 20
-    before_20 = {k: v for k, v in encode(record).items() if k != "reading"}
-    before_20["strategies"] = {name: {**s, "attempts": [{k: v for k, v in a.items() if k not in slurm}
-                                                        for a in s["attempts"]]}
-                               for name, s in before_20["strategies"].items()}
-    earlier = {"budget": 2, **before_20}
+    earlier = {"budget": 2, **budget_as_earlier(record)}
     (tmp_path / BUDGET_FILE).write_text(json.dumps(earlier))
     assert read_budget(tmp_path) == dataclasses.replace(record, reading=None)  # version 2 recorded no settings
     version_3 = {"budget": 3, "layout": 20,

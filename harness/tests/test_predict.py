@@ -34,7 +34,7 @@ from harness.results.record import StrategyRecord
 from harness.scenario import load_scenario
 from harness.tests.committed import ROOT, committed_copy
 from harness.tests.tiny_scenario import compiled_scenario, tiny_scenario_text
-from harness.units import MIB
+from harness.units import GIB, MIB
 
 B, A = 300 * MIB, 200 * MIB
 ENGINES = (3 * MIB, 5 * MIB, 2 * MIB)
@@ -168,7 +168,7 @@ def test_json_names_the_record_fields(tmp_path: Path, capsys: pytest.CaptureFixt
     assert set(FIELDS) <= set(data["strategies"]["map"])
     recorded = {f.name for f in fields(StrategyRecord)} | {f.name for f in fields(StrategyBudget)}
     assert set(FIELDS) <= recorded  # the records' own names for what they measure
-    assert data["strategies"]["map"]["build_peak_bytes"] == int(0.25 * 2**30) + data["largest_engine_bytes"]
+    assert data["strategies"]["map"]["build_peak_bytes"] == int(0.25 * GIB) + data["largest_engine_bytes"]
     assert "does not exist" in data["source"] and not (tmp_path / "c.safetensors").exists()
 
 

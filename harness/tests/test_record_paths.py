@@ -19,7 +19,7 @@ from harness.plan import Plan
 from harness.results.record import LAYOUT_VERSION, CheckpointInfo, RunRecord
 from harness.scenario import CheckpointConfig, ModelConfig
 from harness.tests.committed import committed_copy
-from harness.tests.test_codec import BUDGET, PLAN, RUN
+from harness.tests.test_codec import BUDGET, PLAN, RUN, budget_as_earlier
 
 HOME = re.compile(r"(^|[\s'\"(=:])/(home|root|Users)/")
 """A user's home folder inside a longer string (an error message quoting a path, say)."""
@@ -91,7 +91,7 @@ def test_a_path_outside_the_root_and_an_earlier_absolute_one_read_as_they_are(
     assert data["path"] == str(outside)
     assert decode(CheckpointInfo, data, source="summary.json", version=LAYOUT_VERSION).path == str(outside)
     budget = dataclasses.replace(BUDGET, checkpoint=str(outside))
-    (tmp_path / BUDGET_FILE).write_text(json.dumps({"budget": 1, **encode(budget)}))  # as version 1 wrote it
+    (tmp_path / BUDGET_FILE).write_text(json.dumps({"budget": 1, **budget_as_earlier(budget)}))  # as version 1 wrote it
     assert read_budget(tmp_path) == budget
 
 
