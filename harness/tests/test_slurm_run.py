@@ -58,7 +58,9 @@ def _sleeper(plan: Path, strategy: str, out: Path) -> list[str]:
 
 
 def _first_job(client: SlurmClient) -> str:
-    deadline = time.monotonic() + 60
+    """The first job the run submits, once it has: the plan before it (a cold-cache sweep, the checkpoint) takes
+    what the machine gives it, so the wait is bounded only by the run's own worst case."""
+    deadline = time.monotonic() + 600
     while not client.live and time.monotonic() < deadline:
         time.sleep(0.1)
     return client.live[0]
