@@ -154,7 +154,7 @@ def test_a_factory_model_measured_from_one_command(here: Path) -> None:
 
 
 def test_a_transformers_folder_measured_from_one_command(here: Path) -> None:
-    write_llama(here / "llama", vocab=65536, hidden=2048, max_shard_size="200MB")  # 0.8 GiB in 5 shards + index
+    write_llama(here / "llama", vocab=65536, hidden=2048, max_shard_size="200MB")  # 0.8 GiB in several shards + index
     assert len(list((here / "llama").glob("model-0000?-of-0000?.safetensors"))) > 1
     summary, directory = run_model(here, "--model", "llama", "--engines", "4", "--repeats", "1")  # its folder
     assert directory.name == "llama"
