@@ -26,6 +26,7 @@ from harness.scenario import Scenario, load_scenario
 from harness.scenario_cluster import ClusterSettings
 from harness.stopping import RunInterrupted
 from harness.tests.slurm_cluster import LocalSlurm
+from harness.tests.terminal import terminal_signals  # noqa: F401 (autouse: each test starts from a terminal's signals)
 from harness.tests.tiny_scenario import tiny_scenario_text
 from harness.units import GIB
 from harness.watch import no_result_of_its_own, strategy_record
@@ -58,9 +59,7 @@ def _sleeper(plan: Path, strategy: str, out: Path) -> list[str]:
 
 
 def _first_job(client: SlurmClient) -> str:
-    """The first job the run submits, once it has: the plan before it (a cold-cache sweep, the checkpoint) takes
-    what the machine gives it, so the wait is bounded only by the run's own worst case."""
-    deadline = time.monotonic() + 600
+    deadline = time.monotonic() + 60
     while not client.live and time.monotonic() < deadline:
         time.sleep(0.1)
     return client.live[0]
