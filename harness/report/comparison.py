@@ -243,7 +243,9 @@ def comparison_markdown(comparison: Comparison, figure: str | None = None) -> st
         + "; for a maximum of samples (anonymous peak, whole-run GPU peak), the largest rise between two "
         "consecutive samples in either run where that is wider (a peak between samples is missed by up to "
         "that). "
-        "A rise of the floor is the plan's (baseline + engines), not counted as a regression.",
+        "A rise of the floor is the plan's (baseline + engines), not counted as a regression, nor is the part of "
+        "a peak's rise that the floor's rise explains: a peak is a regression where it rose beyond the noise "
+        "once that is taken off.",
         "",
         *_memory_table(comparison),
         "",

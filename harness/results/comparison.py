@@ -14,8 +14,10 @@
 A memory delta is *flagged* when it is larger than the strategy's noise (:func:`memory_noise`); a time
 when :func:`harness.results.spread.time_moved` says it moved (its interval excludes 1 and its median moved
 by at least :data:`TIME_RESOLUTION_S`: the rule the report's notes check uses too). A
-*regression* is a flagged rise of memory (the floor excepted: it is the plan's, baseline + engines,
-not the strategy's doing) or a flagged slow-down; and, at any threshold, a strategy of BASE that NEW
+*regression* is a flagged rise of memory beyond the noise once the floor's rise is taken off (the floor is
+the plan's, baseline + engines, not the strategy's doing: a rise of it is never a regression, nor is the part
+of a peak's rise that it explains, such as the harness's own imports growing the baseline) or a flagged
+slow-down; and, at any threshold, a strategy of BASE that NEW
 failed or did not run: NEW has no figure to show that it did not regress.
 
 A time of a strategy with one round on either side has no interval, so it is never flagged however it
@@ -89,7 +91,9 @@ class MemoryDelta:
     """One memory figure of one strategy in BASE and NEW (bytes; ``None`` where not measured).
 
     ``model_bytes`` is BASE's model, which the shares divide by; ``noise_bytes`` the change that
-    counts as beyond the noise (:func:`memory_noise`); ``counts`` whether a rise is a regression.
+    counts as beyond the noise (:func:`memory_noise`); ``counts`` whether a rise is a regression;
+    ``explained_bytes`` the part of a rise that the floor's rise explains (for a peak that holds the floor:
+    the floor's rise where it rose, else 0), which is not the strategy's doing.
     """
 
     label: str
@@ -98,6 +102,7 @@ class MemoryDelta:
     model_bytes: int
     noise_bytes: float
     counts: bool = True
+    explained_bytes: int = 0
 
     @property
     def delta_bytes(self) -> int | None:
@@ -118,10 +123,16 @@ class MemoryDelta:
         return delta is not None and abs(delta) > self.noise_bytes
 
     @property
-    def regression(self) -> bool:
-        """A flagged rise of a figure that counts."""
+    def unexplained_bytes(self) -> int | None:
+        """NEW − BASE less what the floor's rise explains (``explained_bytes``); ``None`` where either is missing."""
         delta = self.delta_bytes
-        return self.counts and self.flagged and delta is not None and delta > 0
+        return None if delta is None else delta - self.explained_bytes
+
+    @property
+    def regression(self) -> bool:
+        """A rise of a figure that counts, beyond the noise once the floor's rise is taken off."""
+        rise = self.unexplained_bytes
+        return self.counts and self.flagged and rise is not None and rise > self.noise_bytes
 
 
 @dataclass(frozen=True)
@@ -159,6 +170,7 @@ class Regression:
     base_bytes: int | None = None
     new_bytes: int | None = None
     noise_bytes: float | None = None
+    explained_bytes: int = 0
 
     @property
     def time(self) -> bool:
@@ -173,15 +185,17 @@ class Regression:
         """A memory figure's bytes, ``342.0 MiB in BASE, 594.1 MiB in NEW, noise 1.3 MiB``; empty for the rest."""
         if self.base_bytes is None or self.new_bytes is None or self.noise_bytes is None:
             return ""
-        return (f"{self.base_bytes / MIB:.1f} MiB in BASE, {self.new_bytes / MIB:.1f} MiB in NEW, "
+        floor = f", {self.explained_bytes / MIB:.1f} MiB of it the floor's rise" if self.explained_bytes else ""
+        return (f"{self.base_bytes / MIB:.1f} MiB in BASE, {self.new_bytes / MIB:.1f} MiB in NEW{floor}, "
                 f"noise {self.noise_bytes / MIB:.1f} MiB")
 
     def describe(self) -> str:
-        """``map: wall +27.3% of BASE`` in words."""
+        """``map: wall +27.3% of BASE`` in words; a memory figure's size is its rise beyond the floor's."""
         if self.figure in _OUTCOMES:
             return f"{self.strategy}: {_OUTCOMES[self.figure]}"
         unit = "of the model" if self.figure not in TIMES else "of BASE"
-        return f"{self.strategy}: {self.figure} {self.size:+.1%} {unit}"
+        beyond = " beyond the floor's rise" if self.explained_bytes else ""
+        return f"{self.strategy}: {self.figure} {self.size:+.1%} {unit}{beyond}"
 
 
 _OUTCOMES = {
@@ -222,9 +236,10 @@ class StrategyComparison:
         """Its flagged regressions; failing in NEW is one whatever its size."""
         status = "status" if self.base.record.ok else "failed"
         found = [Regression(self.name, status, float("inf"))] if self.failed_in_new else []
-        found += [Regression(self.name, d.label, d.delta_fraction, d.base_bytes, d.new_bytes, d.noise_bytes)
+        found += [Regression(self.name, d.label, d.unexplained_bytes / d.model_bytes, d.base_bytes, d.new_bytes,
+                             d.noise_bytes, d.explained_bytes)
                   for d in self.memory
-                  if d.regression and d.delta_fraction is not None]
+                  if d.regression and d.unexplained_bytes is not None]
         found += [Regression(self.name, t.time, t.ratio.value - 1.0) for t in self.times
                   if t.regression and t.ratio is not None]
         return found
@@ -330,18 +345,26 @@ def _excess_bytes(metrics: StrategyMetrics) -> int | None:
     return metrics.compared_peak_bytes - metrics.floor_bytes
 
 
+def _rise(base: int | None, new: int | None) -> int:
+    """How far a floor rose from BASE to NEW; 0 where it fell or either is missing."""
+    return 0 if base is None or new is None else max(0, new - base)
+
+
 def _memory(base: StrategyMetrics, new: StrategyMetrics, model_bytes: int, noise: Callable[[str], float],
             gpu: bool) -> tuple[MemoryDelta, ...]:
-    def delta(label: str, b: int | None, n: int | None, counts: bool = True) -> MemoryDelta:
-        return MemoryDelta(label, b, n, model_bytes, noise(label), counts)
+    def delta(label: str, b: int | None, n: int | None, counts: bool = True,
+              floor: tuple[int | None, int | None] = (None, None)) -> MemoryDelta:
+        return MemoryDelta(label, b, n, model_bytes, noise(label), counts, _rise(*floor))
 
-    rows = [delta(BUILD_HOST_PEAK, base.record.build_peak_bytes, new.record.build_peak_bytes)]
+    host_floor = (base.build_host_floor_bytes, new.build_host_floor_bytes)
+    rows = [delta(BUILD_HOST_PEAK, base.record.build_peak_bytes, new.record.build_peak_bytes, floor=host_floor)]
     if base.on_gpu or new.on_gpu:
-        rows.append(delta(BUILD_HOST_GPU_PEAK, base.record.host_gpu_peak_bytes, new.record.host_gpu_peak_bytes))
+        rows.append(delta(BUILD_HOST_GPU_PEAK, base.record.host_gpu_peak_bytes, new.record.host_gpu_peak_bytes,
+                          floor=(base.floor_bytes, new.floor_bytes)))
     rows += [
         delta(FLOOR, base.floor_bytes, new.floor_bytes, counts=False),
         delta(EXCESS, _excess_bytes(base), _excess_bytes(new)),
-        delta(WHOLE_RUN_HOST_PEAK, base.record.host_peak_bytes, new.record.host_peak_bytes),
+        delta(WHOLE_RUN_HOST_PEAK, base.record.host_peak_bytes, new.record.host_peak_bytes, floor=host_floor),
         delta(ANON_ABOVE_BASELINE, base.anon_above_baseline_bytes, new.anon_above_baseline_bytes),
     ]
     if gpu:

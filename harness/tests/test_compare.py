@@ -361,6 +361,41 @@ def test_memory_only_fails_on_memory_each_figure_on_a_line_and_never_on_time(
     assert code == 1 and "regression: load: finished in BASE, failed in NEW" in err  # no figure shows it did not
 
 
+def _baseline_up(fraction: float) -> Callable[[dict[str, Any]], None]:
+    """Every strategy's baseline up by ``fraction`` of the model, and with it every figure that holds it (the
+    build-phase and whole-run host peaks, in every round): the harness's own imports grown, the loader not."""
+
+    def edit(summary: dict[str, Any]) -> None:
+        rise = int(fraction * summary["model"]["bytes"])
+        for strategy in summary["strategies"].values():
+            for key in ("baseline_rss_bytes", "build_peak_bytes", "host_peak_bytes"):
+                strategy[key] += rise
+            for repeat in strategy["repeats"]:
+                repeat["build_peak_bytes"] += rise
+    return edit
+
+
+def test_a_peak_that_rose_with_the_baseline_is_no_regression(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    base = _copy(tmp_path, "smoke", "smoke", _same_peaks)
+    grown = _copy(tmp_path, "smoke", "smoke-grown", _then(_same_peaks, _baseline_up(3 * MEMORY_TOLERANCE)))
+    comparison = compare_results(load_results(base), load_results(grown))
+    peak = comparison.strategies[0].memory[0]
+    assert peak.label == "build-phase host peak" and peak.flagged and not peak.regression
+    assert comparison.regressions() == []
+    code, _, err = _run(capsys, base, grown, "--fail-on-regression", "0", "--memory-only")
+    assert code == 0 and "regression:" not in err
+
+    heavier = _copy(tmp_path, "smoke", "smoke-heavier",
+                    _then(_same_peaks, _baseline_up(3 * MEMORY_TOLERANCE), _peak_up("map", 3 * MEMORY_TOLERANCE)))
+    code, _, err = _run(capsys, base, heavier, "--fail-on-regression", "0", "--memory-only")
+    lines = [line for line in err.splitlines() if line.startswith("regression: ")]
+    assert code == 1 and len(lines) == 2
+    assert lines[0].startswith("regression: map: build-phase host peak +1.5% of the model beyond the floor's rise")
+    assert "of it the floor's rise" in lines[0]
+    assert lines[1].startswith("regression: map: excess over floor +1.5% of the model (")
+
+
 def test_memory_only_needs_a_threshold(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = _run(capsys, RESULTS / "smoke", RESULTS / "smoke", "--memory-only")
     assert (code, out) == (2, "")
