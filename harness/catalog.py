@@ -62,10 +62,16 @@ STRATEGY_LISTINGS: dict[str, StrategyListing] = {
                         "#44AA99", variant_of="map"),
         StrategyListing("st_prefetch", "safetensors prefetch to the device, one engine ahead, dropped after it",
                         "#E69F00", package="safetensors>=0.9.0rc1"),
-        StrategyListing("fastsafetensors", "fastsafetensors per engine (filtered), dropped after it", "#56B4E9",
-                        package="fastsafetensors==0.5.0"),
-        StrategyListing("instanttensor", "instanttensor per engine (clones on the device), dropped after it",
-                        "#CC6677", package="instanttensor==0.2.2"),
+        StrategyListing("st_prefetch_whole", "safetensors prefetch of the whole plan, one open, each tensor dropped "
+                        "after its last engine", "#DDCC77", package="safetensors>=0.9.0rc1"),
+        StrategyListing("fastsafetensors", "fastsafetensors per engine (filtered, buffers sized to it), dropped "
+                        "after it", "#56B4E9", package="fastsafetensors==0.5.0"),
+        StrategyListing("fastsafetensors_whole", "fastsafetensors over the whole checkpoint, one open, each tensor "
+                        "dropped after its last engine", "#88CCEE", package="fastsafetensors==0.5.0"),
+        StrategyListing("instanttensor", "instanttensor per engine (buffers sized to it, clones on the device), "
+                        "dropped after it", "#CC6677", package="instanttensor==0.2.2"),
+        StrategyListing("instanttensor_whole", "instanttensor over the whole checkpoint, one open, each tensor "
+                        "dropped after its last engine", "#661100", package="instanttensor==0.2.2"),
     )
 }
 """Every strategy, in the order scenarios list and run them."""
@@ -77,8 +83,11 @@ FETCHED_PER_ENGINE: dict[str, str] = {
     "stream": "opening its tensors as views",
     "read_file": "reading its tensors with pread",
     "st_prefetch": "taking its prefetched tensors",
+    "st_prefetch_whole": "taking its tensors from the whole plan's prefetch",
     "fastsafetensors": "copying its tensors to the device",
+    "fastsafetensors_whole": "reading the whole checkpoint's loader on to its tensors",
     "instanttensor": "reading its tensors to the device",
+    "instanttensor_whole": "reading the whole checkpoint's loader on to its tensors",
 }
 """The strategies that get each engine's tensors inside its span, right before its build (their per-engine
 hooks, :class:`harness.load.strategies.EngineHooks`), and what getting them is."""

@@ -34,7 +34,8 @@ from harness.errors import PlanError
 from harness.fileio.atomic import write_json
 from harness.fileio.codec import decode, encode
 from harness.fileio.files import read_json_file
-from harness.load.gpu_peers import LoaderUnavailable, check_loaders
+from harness.load.gpu_loaders import check_loaders
+from harness.load.gpu_peers import LoaderUnavailable
 from harness.models import build_model, fill_non_persistent
 from harness.models.checkpoints import checkpoint_specs, describe_specs
 from harness.models.user_checkpoint import resolve_checkpoint
@@ -192,7 +193,7 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
     a number out of its range or a model too large to represent
     (:func:`~harness.scenario.validate_scenario`, first), a backend or device this machine
     lacks, a GPU loader peer whose package or device it lacks
-    (:func:`~harness.load.gpu_peers.check_loaders`), a model with no weight bytes, more
+    (:func:`~harness.load.gpu_loaders.check_loaders`), a model with no weight bytes, more
     engines than the model has units, and a checkpoint path that is a FIFO or another file that is not a
     regular one (found by ``stat``, never opened), a directory where one is to be generated, one to generate
     that does not fit on its disk, or, without ``checkpoint.generate``, a checkpoint (a file, a sharded folder or

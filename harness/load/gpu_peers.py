@@ -1,35 +1,38 @@
-"""Three GPU loaders a user would pick to get a checkpoint onto a CUDA device, to measure ``map`` against.
+"""Three GPU loaders a user would pick to get a checkpoint onto a CUDA device, to measure ``map`` against, used
+per engine; :mod:`harness.load.gpu_whole` has each used as its authors recommend, the whole checkpoint in one open.
 
-Each is a peer strategy that loads nothing up front and brings each engine's tensors to the
-device right before its build, dropping them right after (per-engine hooks, as ``stream``
-does); each package is optional. A scenario that lists one whose package (or device) is missing
-is refused when its plan is made, before any strategy runs (:func:`check_loaders`, called by
-:func:`harness.plan.make_plan`), with one line naming the strategy and what it needs
-(:class:`LoaderUnavailable`); the strategy's own process checks again before it loads.
+Each strategy here loads nothing up front and brings each engine's tensors to the device right before its build,
+dropping them right after (per-engine hooks, as ``stream`` does), with the loader's buffers sized to that engine
+where its API sizes them; each package is optional. A scenario that lists one whose package (or device) is missing
+is refused when its plan is made, before any strategy runs (:func:`harness.load.gpu_loaders.check_loaders`, called
+by :func:`harness.plan.make_plan`), with one line naming the strategy and what it needs (:class:`LoaderUnavailable`);
+the strategy's own process checks again before it loads.
 
 ``st_prefetch``
-    safetensors >= 0.9.0rc1: ``safe_open(file, framework="pt").prefetch(plan, device=...,
-    threads=8)`` starts a ``PrefetchLoader`` that reads the planned tensors to the device in
-    the background; ``take(name)`` waits for a tensor and hands it out once, as a zero-copy
-    view of device memory, and an allocation's memory is freed once every tensor in it was
-    taken and dropped (``close()`` releases the untaken ones). As weightmap's own prefetch
-    does, it works one engine ahead: ``before(k)`` starts engine ``k + 1``'s loaders too, so
-    their reads overlap engine ``k``'s build (:class:`StPrefetchHooks`). All loaders of a
-    process share one pinned staging pool (safetensors' ``__init__.pyi``). CUDA only.
+    safetensors >= 0.9.0rc1: ``safe_open(file, framework="pt").prefetch(plan, device=..., threads=8)`` starts a
+    ``PrefetchLoader`` that reads the planned tensors to the device in the background; ``take(name)`` waits for a
+    tensor and hands it out once, as a zero-copy view of device memory, and an allocation's memory is freed once
+    every tensor in it was taken and dropped (``close()`` releases the untaken ones). As weightmap's own prefetch
+    does, it works one engine ahead: ``before(k)`` starts engine ``k + 1``'s loaders too, so their reads overlap
+    engine ``k``'s build (:class:`StPrefetchHooks`). Its API sizes no buffer: device memory is the planned
+    tensors', and all loaders of a process share one pinned staging pool (safetensors' ``__init__.pyi``). CUDA only.
 ``fastsafetensors`` (0.5.0)
-    Per engine a ``SafeTensorsFileLoader`` of the files that hold its tensors, filtered to
-    them (``set_tensor_filter``: the ``nogds`` copier then reads only their byte ranges),
-    ``copy_files_to_device()`` and ``get_tensor`` (:class:`FastSafetensorsHooks`). GDS is
-    asked for only where ``/dev/nvidia-fs0`` exists (elsewhere ``nogds=True``). Works on the
-    CPU too (device ``cpu``), so it is a CPU peer as well.
+    Per engine a ``ParallelLoader`` of the files that hold its tensors, filtered to them (``tensor_filter``: the
+    ``nogds`` copier then reads only their byte ranges), with ``max_batch_bytes`` the engine's bytes: its docs say
+    the chunk's device buffer then spans at most that many bytes, where a plain ``SafeTensorsFileLoader``
+    allocates a file's whole data section per engine. ``iterate_weights()`` yields clones that own their memory,
+    and frees each chunk's buffer once past it (:class:`FastSafetensorsHooks`). GDS is asked for only where
+    ``/dev/nvidia-fs0`` exists (elsewhere ``nogds=True``). Works on the CPU too (device ``cpu``).
 ``instanttensor`` (0.2.2)
-    Per engine ``instanttensor.safe_open(files, framework="pt", device=..., tensor_filter=
-    names, tensor_name_match_mode="exact")`` and its ``tensors()``, clones that own their
-    memory (``copy=True``) (:class:`InstantTensorHooks`). CUDA only.
+    Per engine ``instanttensor.safe_open(files, framework="pt", device=..., tensor_filter=names,
+    tensor_name_match_mode="exact", buffer_size=..., chunk_size=..., io_depth=...)`` and its ``tensors()``, clones
+    that own their memory (``copy=True``) (:class:`InstantTensorHooks`). Its defaults size the ring buffer from
+    the I/O depth (512 reads of 8 MiB in flight: 4 GiB) up to half the free GPU memory, at every open; here the
+    ring is the engine's bytes (at least two chunks) and the depth what fits in it (:func:`instant_sizes`). CUDA
+    only.
 
-A tied tensor the checkpoint stores under one name is fetched once per engine that reads it
-(all its names in that engine share one parameter) and its bytes count once among the
-released ones, as for ``stream``.
+A tied tensor the checkpoint stores under one name is fetched once per engine that reads it (all its names in that
+engine share one parameter) and its bytes count once among the released ones, as for ``stream``.
 """
 
 from __future__ import annotations
@@ -52,13 +55,15 @@ __all__ = [
     "FASTSAFETENSORS_VERSION",
     "INSTANTTENSOR_VERSION",
     "ST_PREFETCH_VERSION",
+    "DeviceHooks",
     "FastSafetensorsHooks",
     "InstantTensorHooks",
-    "LOADER_HOOKS",
     "LoaderUnavailable",
     "StPrefetchHooks",
-    "check_loaders",
+    "device_index",
     "fastsafetensors_module",
+    "gds_present",
+    "instant_sizes",
     "instanttensor_module",
     "load_fastsafetensors",
     "load_instanttensor",
@@ -76,6 +81,12 @@ INSTANTTENSOR_VERSION = "0.2.2"
 
 PREFETCH_THREADS = 8
 """Reader threads per ``PrefetchLoader`` (safetensors' default)."""
+
+INSTANT_CHUNK_BYTES = 8 * 1024 * 1024
+"""The size of each of instanttensor's reads: its default for disk files (``URING``, ``AIO``, ``CUFILE``), asked
+for explicitly so that the I/O depth that fits an engine's ring buffer does not depend on the backend it picks."""
+INSTANT_MAX_IO_DEPTH = 1024
+"""The deepest I/O instanttensor accepts (its ``io_depth`` must not exceed 1024)."""
 
 
 class LoaderUnavailable(HarnessError, RuntimeError):
@@ -140,19 +151,19 @@ def load_fastsafetensors(model: torch.nn.Module, path: Path) -> Loaded:
     """``fastsafetensors`` loads nothing up front; the package must be installed."""
     module = fastsafetensors_module()
     return Loaded(model, f"nothing loaded up front: each engine's tensors are copied to the device by "
-                         f"fastsafetensors {getattr(module, '__version__', '?')} (SafeTensorsFileLoader, filtered to "
-                         "the engine's tensors) right before its build and dropped right after")
+                         f"fastsafetensors {getattr(module, '__version__', '?')} (ParallelLoader filtered to the "
+                         "engine's tensors, max_batch_bytes its bytes) right before its build and dropped right after")
 
 
 def load_instanttensor(model: torch.nn.Module, path: Path) -> Loaded:
     """``instanttensor`` loads nothing up front; the package must be installed."""
     instanttensor_module()
     return Loaded(model, "nothing loaded up front: each engine's tensors are read to the device by "
-                         "instanttensor.safe_open(tensor_filter=its names) as clones right before its build "
-                         "and dropped right after")
+                         "instanttensor.safe_open(tensor_filter=its names, buffer_size=its bytes) as clones right "
+                         "before its build and dropped right after")
 
 
-def _indexed(device: str) -> str:
+def device_index(device: str) -> str:
     """``cuda`` as ``cuda:<the current device>`` (the loaders take an index); any other device unchanged."""
     parsed = torch.device(device)
     if parsed.type == "cuda" and parsed.index is None:
@@ -160,13 +171,14 @@ def _indexed(device: str) -> str:
     return device
 
 
-class _DeviceHooks(ABC):
+class DeviceHooks(ABC):
     """What the three loaders' hooks share: put one engine's tensors in place of its meta tensors, then take
     them out, counting each stored tensor's bytes once among the released ones.
 
     Subclasses fetch: :meth:`_fetch` returns engine ``index``'s tensors by the name the checkpoint stores them
     under (``wanted``: those names, by file), and :meth:`_finish` lets go of what the loader still holds for
-    it once the tensors are dropped.
+    it once the tensors are dropped; :meth:`_kept_after` names the tensors a later engine reads again, which
+    ``after`` keeps (none, for loaders that fetch per engine).
     """
 
     strategy = ""
@@ -222,6 +234,10 @@ class _DeviceHooks(ABC):
     def _finish(self, index: int) -> None:
         """Let go of what the loader still holds for engine ``index`` (its tensors are dropped)."""
 
+    def _kept_after(self, index: int) -> set[str]:
+        """The stored names of engine ``index``'s tensors that the hooks keep after it (a later engine reads them)."""
+        return set()
+
     def before(self, index: int, names: Sequence[str]) -> None:
         """Fetch engine ``index``'s tensors and put them into the model in place of its meta tensors."""
         self._names = [n for n in names if self.stored(n) in self.checkpoint.entries]
@@ -229,20 +245,21 @@ class _DeviceHooks(ABC):
         self._meta = put_in_place(self.model, {name: self._tensors[self.stored(name)] for name in self._names})
 
     def after(self, index: int, names: Sequence[str]) -> int:
-        """Put the meta tensors back, drop the engine's tensors and let the loader go; returns the bytes of
-        the stored tensors dropped that no earlier engine had released."""
+        """Put the meta tensors back, drop the engine's tensors (but those :meth:`_kept_after` names) and let the
+        loader go; returns the bytes of the stored tensors dropped that no earlier engine had released."""
         restore(self.model, self._meta)
         self._meta = {}
         self._names = []
+        kept = self._kept_after(index)
         fresh = {stored: t.numel() * t.element_size() for stored, t in self._tensors.items()
-                 if stored not in self._released}
+                 if stored not in self._released and stored not in kept}
         self._released.update(fresh)
         self._tensors = {}
         self._finish(index)
         return sum(fresh.values())
 
 
-class StPrefetchHooks(_DeviceHooks):
+class StPrefetchHooks(DeviceHooks):
     """``st_prefetch``'s per-engine steps: safetensors' ``PrefetchLoader`` per file, one engine ahead.
 
     ``before(k)`` starts engine ``k``'s loaders where they are not started yet and engine ``k + 1``'s (its
@@ -257,7 +274,7 @@ class StPrefetchHooks(_DeviceHooks):
     def __init__(self, model: torch.nn.Module, path: Path, device: str,
                  partitions: Sequence[Sequence[str]]) -> None:
         self._safe_open = self.check(device)
-        super().__init__(model, path, _indexed(device), partitions)
+        super().__init__(model, path, device_index(device), partitions)
         self._loaders: dict[int, dict[Path, tuple[Any, Any]]] = {}  # engine -> file -> (handle, PrefetchLoader)
 
     def started(self) -> list[int]:
@@ -286,10 +303,10 @@ class StPrefetchHooks(_DeviceHooks):
             loader.close()
 
 
-class FastSafetensorsHooks(_DeviceHooks):
-    """``fastsafetensors``' per-engine steps: a ``SafeTensorsFileLoader`` of the engine's files, filtered to its
-    tensors, copied to the device right before its build; after it the tensors are dropped and the buffer and
-    the loader closed (the tensors share the buffer's allocation, which goes once both are gone)."""
+class FastSafetensorsHooks(DeviceHooks):
+    """``fastsafetensors``' per-engine steps: a ``ParallelLoader`` of the engine's files, filtered to its tensors,
+    with ``max_batch_bytes`` the engine's bytes (its device buffers sized to the engine), read to the device right
+    before its build as clones that own their memory; after it the clones are dropped and the loader closed."""
 
     strategy = "fastsafetensors"
     _package = staticmethod(fastsafetensors_module)
@@ -297,30 +314,36 @@ class FastSafetensorsHooks(_DeviceHooks):
     def __init__(self, model: torch.nn.Module, path: Path, device: str,
                  partitions: Sequence[Sequence[str]]) -> None:
         self._module = self.check(device)
-        super().__init__(model, path, _indexed(device), partitions)
+        super().__init__(model, path, device_index(device), partitions)
         self.nogds = not gds_present(device)
-        self._open: tuple[Any, Any] | None = None  # (loader, files buffer) of the engine being built
+        self._open: Any = None  # the ParallelLoader of the engine being built
+
+    def batch_bytes(self, wanted: dict[Path, list[str]]) -> int:
+        """``max_batch_bytes`` for an engine's tensors ``wanted``: their bytes (never below the largest of them,
+        which fastsafetensors requires; the sum is at least that)."""
+        entries = self.checkpoint.entries
+        return max(1, sum(entries[stored][1].nbytes for names in wanted.values() for stored in names))
 
     def _fetch(self, index: int, wanted: dict[Path, list[str]]) -> dict[str, torch.Tensor]:
         if not wanted:
             return {}
         keep = {stored for names in wanted.values() for stored in names}
-        loader = self._module.SafeTensorsFileLoader(None, self.device, nogds=self.nogds)
+        self._open = self._module.ParallelLoader(
+            None, [str(file) for file in wanted], device=self.device, nogds=self.nogds, use_tqdm_on_load=False,
+            tensor_filter=keep.__contains__, max_batch_bytes=self.batch_bytes(wanted))
+        weights = self._open.iterate_weights()
         try:
-            loader.add_filenames({0: [str(file) for file in wanted]})
-            loader.set_tensor_filter(keep.__contains__)
-            buffer = loader.copy_files_to_device()
-        except BaseException:
-            loader.close()
-            raise
-        self._open = (loader, buffer)
-        return {stored: buffer.get_tensor(stored) for stored in keep}
+            tensors = dict(weights)
+        finally:
+            weights.close()
+        missing = sorted(keep - set(tensors))
+        if missing:
+            raise KeyError(f"fastsafetensors handed out no tensor {missing[0]!r} of engine {index}")
+        return tensors
 
     def _finish(self, index: int) -> None:
         if self._open is not None:
-            loader, buffer = self._open
-            self._open = None
-            buffer.close()
+            loader, self._open = self._open, None
             loader.close()
 
 
@@ -330,9 +353,23 @@ def gds_present(device: str) -> bool:
     return is_gpu(device) and Path("/dev/nvidia-fs0").exists()
 
 
-class InstantTensorHooks(_DeviceHooks):
+def instant_sizes(engine_bytes: int) -> dict[str, int]:
+    """instanttensor's ``buffer_size``, ``chunk_size`` and ``io_depth`` for one engine of ``engine_bytes``.
+
+    The ring buffer is the engine's bytes, and at least two reads (instanttensor refuses a buffer smaller than
+    one read, and enlarges it to the largest tensor, which the engine's bytes already hold); reads are
+    :data:`INSTANT_CHUNK_BYTES`; the depth is as many reads as the buffer holds less one (its per-read alignment
+    guard must fit: buffer and depth must be compatible), at least 1 and at most :data:`INSTANT_MAX_IO_DEPTH`.
+    """
+    buffer_size = max(engine_bytes, 2 * INSTANT_CHUNK_BYTES)
+    io_depth = min(INSTANT_MAX_IO_DEPTH, max(1, buffer_size // INSTANT_CHUNK_BYTES - 1))
+    return {"buffer_size": buffer_size, "chunk_size": INSTANT_CHUNK_BYTES, "io_depth": io_depth}
+
+
+class InstantTensorHooks(DeviceHooks):
     """``instanttensor``'s per-engine steps: ``instanttensor.safe_open`` of the engine's files, filtered to its
-    tensors by exact name, iterated to clones that own their memory right before its build; dropped after it."""
+    tensors by exact name, its ring buffer and I/O depth sized to the engine (:func:`instant_sizes`), iterated to
+    clones that own their memory right before its build; dropped after it."""
 
     strategy = "instanttensor"
     cuda_only = True
@@ -341,14 +378,16 @@ class InstantTensorHooks(_DeviceHooks):
     def __init__(self, model: torch.nn.Module, path: Path, device: str,
                  partitions: Sequence[Sequence[str]]) -> None:
         self._module = self.check(device)
-        super().__init__(model, path, _indexed(device), partitions)
+        super().__init__(model, path, device_index(device), partitions)
 
     def _fetch(self, index: int, wanted: dict[Path, list[str]]) -> dict[str, torch.Tensor]:
         if not wanted:
             return {}
         names = [stored for stored_names in wanted.values() for stored in stored_names]
+        nbytes = sum(self.checkpoint.entries[stored][1].nbytes for stored in names)
         with self._module.safe_open([str(file) for file in wanted], framework="pt", device=self.device,
-                                    tensor_filter=names, tensor_name_match_mode="exact") as handle:
+                                    tensor_filter=names, tensor_name_match_mode="exact",
+                                    **instant_sizes(nbytes)) as handle:
             tensors = dict(handle.tensors())
         missing = [n for n in names if n not in tensors]
         if missing:
@@ -357,17 +396,3 @@ class InstantTensorHooks(_DeviceHooks):
 
     def _finish(self, index: int) -> None:
         pass  # the clones own their memory: dropping them was all
-
-
-LOADER_HOOKS: dict[str, type[_DeviceHooks]] = {
-    hooks.strategy: hooks for hooks in (StPrefetchHooks, FastSafetensorsHooks, InstantTensorHooks)}
-"""Each GPU loader peer's hooks, by strategy name."""
-
-
-def check_loaders(strategies: Sequence[str], device: str) -> None:
-    """Fail fast, before any strategy runs: :class:`LoaderUnavailable` for the first of ``strategies`` that is a
-    GPU loader peer and cannot run on ``device`` (the plan's resolved device) here (:meth:`_DeviceHooks.check`).
-    Other strategies need nothing beyond the harness's own dependencies."""
-    for name in strategies:
-        if name in LOADER_HOOKS:
-            LOADER_HOOKS[name].check(device)

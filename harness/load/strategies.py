@@ -34,8 +34,11 @@ Each loader takes the model on the meta device and returns it with its weights i
   dropping them buys.
 * ``st_prefetch``, ``fastsafetensors``, ``instanttensor``: loaders that read each engine's
   tensors straight to the device (safetensors' ``prefetch``, one engine ahead; fastsafetensors;
-  instanttensor), per engine as ``stream`` does, each package optional
-  (:mod:`harness.load.gpu_peers`).
+  instanttensor), per engine as ``stream`` does, buffers sized to the engine where the API sizes
+  them, each package optional (:mod:`harness.load.gpu_peers`);
+* ``st_prefetch_whole``, ``fastsafetensors_whole``, ``instanttensor_whole``: the same loaders as
+  their authors recommend them, opened once for the whole checkpoint at the first engine's build,
+  each tensor dropped after its last engine (:mod:`harness.load.gpu_whole`).
 
 A strategy with a ``prefetch_plan`` warms the page cache for the next engine while one is
 built, with the scenario's ``[run] prefetch`` method (its release plan is made by
@@ -59,6 +62,14 @@ from harness.load.gpu_peers import (
     load_fastsafetensors,
     load_instanttensor,
     load_st_prefetch,
+)
+from harness.load.gpu_whole import (
+    FastSafetensorsWholeHooks,
+    InstantTensorWholeHooks,
+    StPrefetchWholeHooks,
+    load_fastsafetensors_whole,
+    load_instanttensor_whole,
+    load_st_prefetch_whole,
 )
 from harness.load.loaded import Loaded, put_in_place, restore, retie
 from harness.load.peers import StreamLoader, converted_path, ensure_pt, load_torch_mmap, read_file_backend
@@ -315,6 +326,20 @@ _MAP = Strategy(
     prefetch_plan=_release_and_prefetch,
 )
 
+def _device_peer(name: str, load: Loader, hooks: HooksFactory, released_how: str) -> Strategy:
+    """A GPU loader peer (:mod:`harness.load.gpu_peers`, :mod:`harness.load.gpu_whole`): loads nothing up front,
+    its hooks fetch and drop the weights, ``released_how`` says how."""
+    return Strategy(
+        name=name,
+        load=load,
+        release_plan=_release_after_last_reader,
+        released_how=released_how,
+        kept_why=(f"{released_how}; what was kept is ordinary memory the model still reads (non-persistent buffers "
+                  "such as rotary frequencies)"),
+        hooks=hooks,
+    )
+
+
 STRATEGIES: dict[str, Strategy] = {
     s.name: s
     for s in (
@@ -365,35 +390,20 @@ STRATEGIES: dict[str, Strategy] = {
         ),
         replace(_MAP, name="map_no_prefetch", prefetches=False),
         replace(_MAP, name="map_keep_cache", drops_cache=False),
-        Strategy(
-            name="st_prefetch",
-            load=load_st_prefetch,
-            release_plan=_release_after_last_reader,
-            released_how="each engine's prefetched device tensors dropped after its build and its loaders closed",
-            kept_why=("each engine's prefetched device tensors dropped after its build and its loaders closed; what "
-                      "was kept is ordinary memory the model still reads (non-persistent buffers such as rotary "
-                      "frequencies)"),
-            hooks=StPrefetchHooks,
-        ),
-        Strategy(
-            name="fastsafetensors",
-            load=load_fastsafetensors,
-            release_plan=_release_after_last_reader,
-            released_how="each engine's fastsafetensors tensors dropped after its build and its buffer closed",
-            kept_why=("each engine's fastsafetensors tensors dropped after its build and its buffer closed; what was "
-                      "kept is ordinary memory the model still reads (non-persistent buffers such as rotary "
-                      "frequencies)"),
-            hooks=FastSafetensorsHooks,
-        ),
-        Strategy(
-            name="instanttensor",
-            load=load_instanttensor,
-            release_plan=_release_after_last_reader,
-            released_how="each engine's instanttensor clones dropped after its build",
-            kept_why=("each engine's instanttensor clones dropped after its build; what was kept is ordinary memory "
-                      "the model still reads (non-persistent buffers such as rotary frequencies)"),
-            hooks=InstantTensorHooks,
-        ),
+        _device_peer("st_prefetch", load_st_prefetch, StPrefetchHooks,
+                     "each engine's prefetched device tensors dropped after its build and its loaders closed"),
+        _device_peer("st_prefetch_whole", load_st_prefetch_whole, StPrefetchWholeHooks,
+                     "each prefetched device tensor dropped after its last engine, the loaders closed after the last "
+                     "engine"),
+        _device_peer("fastsafetensors", load_fastsafetensors, FastSafetensorsHooks,
+                     "each engine's fastsafetensors tensors dropped after its build and its loader closed"),
+        _device_peer("fastsafetensors_whole", load_fastsafetensors_whole, FastSafetensorsWholeHooks,
+                     "each fastsafetensors tensor dropped after its last engine, the loader closed after the last "
+                     "engine"),
+        _device_peer("instanttensor", load_instanttensor, InstantTensorHooks,
+                     "each engine's instanttensor clones dropped after its build"),
+        _device_peer("instanttensor_whole", load_instanttensor_whole, InstantTensorWholeHooks,
+                     "each instanttensor clone dropped after its last engine, the loader closed after the last engine"),
     )
 }
 """Every strategy of the catalog (:data:`harness.catalog.STRATEGY_LISTINGS`), in its order."""
