@@ -6,10 +6,12 @@ CPU path where it is installed)."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import importlib
 import json
 import sys
 import types
+import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,24 +23,30 @@ from safetensors.torch import load_file, save_file
 
 from harness.catalog import FETCHED_PER_ENGINE, STRATEGY_LISTINGS
 from harness.cli import main
+from harness.load.gpu_loaders import LOADER_HOOKS
 from harness.load.gpu_peers import (
     FastSafetensorsHooks,
     InstantTensorHooks,
     LoaderUnavailable,
     StPrefetchHooks,
+    instant_sizes,
     load_fastsafetensors,
     load_instanttensor,
     load_st_prefetch,
 )
+from harness.load.gpu_whole import FastSafetensorsWholeHooks, InstantTensorWholeHooks, StPrefetchWholeHooks
 from harness.load.strategies import STRATEGIES
 from harness.plan import Plan, make_plan
 from harness.scenario import load_scenario
 from harness.tests.tiny_scenario import tiny_scenario_text
+from harness.units import MIB
 from harness.worker import measure
 
 ROOT = Path(__file__).resolve().parents[2]
-GPU_PEERS: dict[str, Any] = {"st_prefetch": StPrefetchHooks, "fastsafetensors": FastSafetensorsHooks,
-             "instanttensor": InstantTensorHooks}
+GPU_PEERS: dict[str, Any] = {"st_prefetch": StPrefetchHooks, "st_prefetch_whole": StPrefetchWholeHooks,
+                             "fastsafetensors": FastSafetensorsHooks,
+                             "fastsafetensors_whole": FastSafetensorsWholeHooks,
+                             "instanttensor": InstantTensorHooks, "instanttensor_whole": InstantTensorWholeHooks}
 
 def _plan(tmp_path: Path, *names: str, engines: int = 3) -> Plan:
     path = tmp_path / "s.toml"
@@ -64,7 +72,7 @@ def _named(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def test_the_catalog_the_registry_and_the_h200_scenario_list_the_gpu_peers() -> None:
-    assert list(STRATEGIES)[-3:] == list(STRATEGY_LISTINGS)[-3:] == list(GPU_PEERS)
+    assert list(STRATEGIES)[-6:] == list(STRATEGY_LISTINGS)[-6:] == list(GPU_PEERS) == list(LOADER_HOOKS)
     for name, hooks in GPU_PEERS.items():
         assert STRATEGIES[name].hooks is hooks
         assert STRATEGY_LISTINGS[name].variant_of is None, "a peer of its own, not a variant"
@@ -116,7 +124,7 @@ def test_a_missing_package_is_named_with_its_version(
         assert message.startswith(f"{name} needs the {name} package ({version})")
 
 
-@pytest.mark.parametrize("name", ["st_prefetch", "instanttensor"])
+@pytest.mark.parametrize("name", ["st_prefetch", "st_prefetch_whole", "instanttensor", "instanttensor_whole"])
 def test_the_cuda_only_peers_refuse_a_cpu_build_in_one_line(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -215,15 +223,38 @@ def test_a_peer_that_cannot_run_here_is_refused_before_any_strategy_runs(
 
 @dataclasses.dataclass
 class _Log:
-    """What the fake packages were asked, in order."""
+    """What the fake packages were asked, in order, and what they handed out: each tensor's name and element
+    count, and a weak reference to it (which says whether anything still holds it)."""
 
     calls: list[tuple[Any, ...]] = dataclasses.field(default_factory=list)
-    handed: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    handed: list[tuple[str, int]] = dataclasses.field(default_factory=list)
+    refs: list[tuple[str, weakref.ref[torch.Tensor]]] = dataclasses.field(default_factory=list)
+
+    def hand(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        self.handed.append((name, tensor.numel()))
+        self.refs.append((name, weakref.ref(tensor)))
+        return tensor
+
+    def alive(self) -> list[str]:
+        """The names of the handed tensors something still holds."""
+        gc.collect()
+        return [name for name, ref in self.refs if ref() is not None]
 
 
 def _read(file: str, name: str) -> torch.Tensor:
     with real_safe_open(file, framework="pt") as handle:
         return handle.get_tensor(name).clone()
+
+
+def _in_file_order(files: Sequence[str], keep: Any) -> Iterator[tuple[str, str]]:
+    """(file, name) of each tensor of ``files`` that ``keep(name)`` keeps, in file order (sorted files, then data
+    offsets), as fastsafetensors' and instanttensor's iterators hand them out."""
+    for file in sorted(files):
+        with real_safe_open(file, framework="pt") as handle:
+            names = list(handle.keys())
+        header = json.loads(Path(file).read_bytes()[8:8 + int.from_bytes(Path(file).read_bytes()[:8], "little")])
+        names.sort(key=lambda n: header[n]["data_offsets"][0])
+        yield from ((file, n) for n in names if keep(n))
 
 
 def _install_fakes(monkeypatch: pytest.MonkeyPatch, calls: list[tuple[Any, ...]]) -> _Log:
@@ -243,9 +274,7 @@ def _install_fakes(monkeypatch: pytest.MonkeyPatch, calls: list[tuple[Any, ...]]
             assert name in self.plan and name not in self.taken, f"{name} taken twice or not planned"
             self.taken.add(name)
             calls.append(("take", self.file, name))
-            tensor = _read(self.file, name)
-            log.handed.append(tensor)
-            return tensor
+            return log.hand(name, _read(self.file, name))
 
         def close(self) -> None:
             calls.append(("close", self.file, tuple(self.plan)))
@@ -264,55 +293,34 @@ def _install_fakes(monkeypatch: pytest.MonkeyPatch, calls: list[tuple[Any, ...]]
     safetensors.__version__ = "0.9.0rc1"  # type: ignore[attr-defined]
     safetensors.safe_open = SafeOpen  # type: ignore[attr-defined]
 
-    class FilesBuffer:
-        def __init__(self, files: list[str], keep: Any) -> None:
-            self.files, self.keep = files, keep
+    class ParallelLoader:
+        def __init__(self, pg: Any, hf_weights_files: list[str], *, device: str, nogds: bool,
+                     use_tqdm_on_load: bool, tensor_filter: Any, max_batch_bytes: int | None = None) -> None:
+            assert pg is None and not use_tqdm_on_load
+            self.files, self.keep = list(hf_weights_files), tensor_filter
+            calls.append(("parallel", tuple(hf_weights_files), device, nogds, max_batch_bytes))
 
-        def get_tensor(self, name: str) -> torch.Tensor:
-            if not self.keep(name):
-                raise ValueError(f"{name} is filtered out")
-            for file in self.files:
-                with real_safe_open(file, framework="pt") as handle:
-                    if name in handle.keys():  # noqa: SIM118
-                        tensor = _read(file, name)
-                        log.handed.append(tensor)
-                        return tensor
-            raise ValueError(f"{name} was not found in files")
-
-        def close(self) -> None:
-            calls.append(("buffer_close",))
-
-    class SafeTensorsFileLoader:
-        def __init__(self, pg: Any, device: str, nogds: bool = False) -> None:
-            assert pg is None
-            self.files: list[str] = []
-            self.keep: Any = None
-            calls.append(("loader", device, nogds))
-
-        def add_filenames(self, filenames: dict[int, list[str]]) -> None:
-            self.files = filenames[0]
-            calls.append(("add_filenames", tuple(filenames[0])))
-
-        def set_tensor_filter(self, keep: Any) -> None:
-            self.keep = keep
-
-        def copy_files_to_device(self) -> FilesBuffer:
-            assert self.keep is not None, "the filter is set before the copy"
-            return FilesBuffer(self.files, self.keep)
+        def iterate_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+            try:
+                for file, name in _in_file_order(self.files, self.keep):
+                    yield name, log.hand(name, _read(file, name))
+            finally:
+                calls.append(("iterate_close",))
 
         def close(self) -> None:
-            calls.append(("loader_close",))
+            calls.append(("parallel_close",))
 
     fastsafetensors = types.ModuleType("fastsafetensors")
     fastsafetensors.__version__ = "0.5.0"  # type: ignore[attr-defined]
-    fastsafetensors.SafeTensorsFileLoader = SafeTensorsFileLoader  # type: ignore[attr-defined]
+    fastsafetensors.ParallelLoader = ParallelLoader  # type: ignore[attr-defined]
 
     class InstantOpen:
         def __init__(self, files: list[str], framework: str, device: str, *, tensor_filter: list[str],
-                     tensor_name_match_mode: str) -> None:
+                     tensor_name_match_mode: str, **sizes: int) -> None:
             assert framework == "pt" and tensor_name_match_mode == "exact"
+            assert set(sizes) <= {"buffer_size", "chunk_size", "io_depth"}, sizes
             self.files, self.names = files, list(tensor_filter)
-            calls.append(("instant_open", tuple(files), device, tuple(tensor_filter)))
+            calls.append(("instant_open", tuple(files), device, tuple(tensor_filter), sizes))
 
         def __enter__(self) -> InstantOpen:
             return self
@@ -321,13 +329,8 @@ def _install_fakes(monkeypatch: pytest.MonkeyPatch, calls: list[tuple[Any, ...]]
             calls.append(("instant_close",))
 
         def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-            for file in self.files:
-                with real_safe_open(file, framework="pt") as handle:
-                    names = [n for n in handle.keys() if n in self.names]  # noqa: SIM118
-                for name in names:
-                    tensor = _read(file, name)
-                    log.handed.append(tensor)
-                    yield name, tensor
+            for file, name in _in_file_order(self.files, set(self.names).__contains__):
+                yield name, log.hand(name, _read(file, name))
 
     instanttensor = types.ModuleType("instanttensor")
     instanttensor.safe_open = InstantOpen  # type: ignore[attr-defined]
@@ -421,7 +424,7 @@ def test_tied_names_in_one_engine_share_one_parameter_and_count_once(
 
 
 @pytest.mark.parametrize("name", ["fastsafetensors", "instanttensor"])
-def test_the_per_engine_peers_fetch_only_the_engines_tensors_and_let_go_after_it(
+def test_the_per_engine_peers_fetch_only_the_engines_tensors_with_buffers_sized_to_it_and_let_go_after_it(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     plan = _plan(tmp_path, "map", engines=3)
@@ -435,23 +438,38 @@ def test_the_per_engine_peers_fetch_only_the_engines_tensors_and_let_go_after_it
 
     def check(index: int) -> None:
         wanted = {hooks.stored(n) for n in partitions[index]} & set(stored)
+        nbytes = sum(stored[n].numel() * stored[n].element_size() for n in wanted)
         handed = log.handed[-len(wanted):]
         assert len(log.handed) == sum(len({hooks.stored(n) for n in p} & set(stored)) for p in partitions[:index + 1])
-        assert sorted(t.numel() for t in handed) == sorted(stored[n].numel() for n in wanted)
+        assert sorted(count for _, count in handed) == sorted(stored[n].numel() for n in wanted)
         opened.append(len(calls))
         if name == "instanttensor":
             assert calls[-1] == ("instant_close",), "the handle is closed once the clones are made"
             assert set(calls[-2][3]) == wanted and calls[-2][2] == "cuda:0"
+            assert calls[-2][4] == instant_sizes(nbytes), "the ring buffer and I/O depth sized to the engine"
         else:
-            assert ("loader", "cuda:0", True) in calls, "nogds without /dev/nvidia-fs0"
-            assert calls[-1] == ("add_filenames", (str(tmp_path / "c.safetensors"),))
+            assert calls[-2] == ("parallel", (str(tmp_path / "c.safetensors"),), "cuda:0", True, nbytes), \
+                "nogds without /dev/nvidia-fs0; the device buffer spans at most the engine's bytes"
+            assert calls[-1] == ("iterate_close",), "the iterator closed once the engine's clones are made"
 
     released = _walk(hooks, plan, model, stored, check)
     assert released == plan.model.bytes
+    assert log.alive() == [], "every clone dropped"
     if name == "fastsafetensors":
-        closes = [c for c in calls if c[0] in ("buffer_close", "loader_close")]
-        assert closes == [("buffer_close",), ("loader_close",)] * len(partitions), "buffer, then loader, per engine"
-        assert opened and all(calls[i][0] == "buffer_close" for i in opened), "closed in after(), not before"
+        assert [c for c in calls if c[0] == "parallel_close"] == [("parallel_close",)] * len(partitions)
+        assert opened and all(calls[i][0] == "parallel_close" for i in opened), "closed in after(), not before"
+
+
+@pytest.mark.parametrize("nbytes", [1, 4096, 8 * MIB, 16 * MIB, 16 * MIB + 1, 600 * MIB, 9 * 1024 * MIB])
+def test_instanttensor_per_engine_sizes_fit_the_engine_and_each_other(nbytes: int) -> None:
+    sizes = instant_sizes(nbytes)
+    chunk = sizes["chunk_size"]
+    assert sizes["buffer_size"] == max(nbytes, 2 * chunk), "the engine's bytes, at least two reads"
+    assert 1 <= sizes["io_depth"] <= 1024, "instanttensor's bounds"
+    # buffer and depth compatible: each read plus a page of alignment guard fits the buffer
+    assert sizes["io_depth"] * (chunk + 4096) <= sizes["buffer_size"]
+    assert sizes["io_depth"] == 1024 or sizes["io_depth"] * chunk > sizes["buffer_size"] - 2 * chunk, \
+        "as deep as the buffer allows"
 
 
 def test_st_prefetch_plans_per_file_of_a_sharded_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -491,4 +509,4 @@ def test_fastsafetensors_builds_on_the_cpu(tmp_path: Path) -> None:
     record = measure(plan, "fastsafetensors", tmp_path / "out")
     assert record.ok, record.error
     assert record.released_bytes == plan.model.bytes
-    assert "fastsafetensors" in record.note and "buffer closed" in record.release_note
+    assert "fastsafetensors" in record.note and "loader closed" in record.release_note
