@@ -64,6 +64,8 @@ def test_one_open_for_the_whole_plan_each_tensor_once_dropped_after_its_last_eng
     def after(index: int, names: Any) -> int:
         released = original_after(index, names)
         after_each(index)
+        assert released == sum(stored[s].numel() * stored[s].element_size() for s, end in last.items()
+                               if end == index), "an engine releases the tensors it is the last to read"
         return released
 
     hooks.after = after
