@@ -81,18 +81,51 @@ COPIES = "copies"
 (results/pi05 read_file): engine 1's high-water mark 1.727 GiB = baseline 0.226 + engine 0 (0.981) + engine 1
 (0.515); engine 5's 1.704 = baseline + engine 4 + engine 5."""
 
+DEVICE = "device"
+"""Reads every tensor straight to the GPU the engines are built on, through fixed bounce buffers
+(``fastsafetensors_whole``: the copier and the 16 MiB of bounce buffers of ``fastsafetensors``, opened once): the host
+holds none of the weights. Fact (results/pi05-h200): ``fastsafetensors`` peaks at 0.628 GiB on the host, the baseline
+plus 0.03 GiB. Off a GPU its tensors are the host's, in an order of the loader's own: no rule (none measured)."""
+
+STAGING = "staging"
+"""Reads every tensor straight to the GPU through a pinned host staging buffer of its I/O capacity, held from the
+open to the close whatever the model (``instanttensor_whole``, its defaults: :data:`STAGING_BYTES`). CUDA only."""
+
 HOLDING: dict[str, str] = {
     "map": ENGINE, "map_no_prefetch": ENGINE, "map_keep_cache": ENGINE, "stream": ENGINE,
     "load_file": FILE, "torch_mmap": FILE,
     "load": TWO_COPIES,
     "read_file": COPIES, "fastsafetensors": COPIES,
+    "fastsafetensors_whole": DEVICE,
+    "instanttensor_whole": STAGING,
 }
-"""Each strategy a rule covers and how it holds its weights. ``st_prefetch`` and ``instanttensor`` have one committed
-run each (results/pi05-h200), too few to state a rule that another run could check."""
+"""Each strategy a rule covers and how it holds its weights; :data:`NO_RULE` says why the others have none."""
 
-TO_DEVICE = ("fastsafetensors",)
-"""Strategies whose per-engine copies go to the GPU where engines are built on one, so the host holds none of them.
-Fact (results/pi05-h200): ``fastsafetensors`` peaks at 0.628 GiB on the host, the baseline plus 0.03 GiB."""
+NO_RULE: dict[str, str] = {
+    "st_prefetch": "one committed run of it (results/pi05-h200), too few to check one",
+    "instanttensor": ("its one committed run (results/pi05-h200) opened it with its defaults; its buffers are now "
+                      "sized to each engine, which no run measured"),
+    "st_prefetch_whole": ("no run of it; how far safetensors' background reads run ahead of the takes, and so how "
+                          "much of the file's mapping is resident, is the loader's own"),
+}
+"""Why a strategy without a rule has none (its prediction's ``note``)."""
+
+TO_DEVICE = ("fastsafetensors", "fastsafetensors_whole", "instanttensor_whole")
+"""Strategies whose copies go to the GPU where engines are built on one, so the host holds none of them (no rule
+covers their device buffers). Fact (results/pi05-h200): ``fastsafetensors`` peaks at 0.628 GiB on the host, the
+baseline plus 0.03 GiB."""
+
+DEVICE_ONLY = (DEVICE, STAGING)
+"""The holdings whose rule holds on a GPU only."""
+
+INSTANT_DEFAULT_IO_BYTES = 512 * 8 * MIB
+"""instanttensor's I/O capacity with its defaults for a file on disk: 512 reads in flight (``io_depth``) of 8 MiB
+(``chunk_size``), 4 GiB (its ``_impl.py``, 0.2.2)."""
+
+STAGING_BYTES: dict[str, int] = {"instanttensor_whole": INSTANT_DEFAULT_IO_BYTES}
+"""The pinned host staging of each :data:`STAGING` strategy, anonymous. Fact (results/pi05-h200, ``instanttensor``
+opened per engine with these defaults, one open at a time): host peak 4.614 GiB = the baseline 0.599 + 4.015, the
+anonymous peak likewise; one open for the whole checkpoint holds it once, from the first engine to the last."""
 
 
 # --------------------------------------------------------------------------- compilers' own memory
@@ -151,7 +184,7 @@ def weights_while_building(inputs: PredictInputs, holding: str, strategy: str) -
     streams them a chunk at a time: :data:`~harness.catalog.BUILT_WITHOUT_RESIDENT_WEIGHTS` on the host); ``FILE``:
     every engine read so far (never released; 0 where builds read no weight); ``TWO_COPIES``: the model, anonymous;
     ``COPIES``: the previous engine and this one, anonymous (none on the host where they go to the GPU,
-    :data:`TO_DEVICE`). Fact for the weight-setting cases (results/smoke-compile, ``mapped``): ``load_file``'s
+    :data:`TO_DEVICE`); ``DEVICE``: none (on a GPU); ``STAGING``: the pinned staging, anonymous (on a GPU). Fact for the weight-setting cases (results/smoke-compile, ``mapped``): ``load_file``'s
     build-phase peak is ``map``'s (0.391 and 0.387 GiB), no page of the file faulted in.
     """
     sizes = inputs.engine_bytes
@@ -160,6 +193,10 @@ def weights_while_building(inputs: PredictInputs, holding: str, strategy: str) -
     streamed = not on_gpu and inputs.compiler_weights in BUILT_WITHOUT_RESIDENT_WEIGHTS
     if holding == TWO_COPIES:
         return [(inputs.model_bytes, inputs.model_bytes) for _ in sizes]
+    if holding == DEVICE:
+        return [(0, 0) for _ in sizes]
+    if holding == STAGING:
+        return [(STAGING_BYTES[strategy], STAGING_BYTES[strategy]) for _ in sizes]
     if holding == COPIES:
         if on_gpu and strategy in TO_DEVICE:
             return [(0, 0) for _ in sizes]
@@ -207,7 +244,10 @@ def predict_strategy(inputs: PredictInputs, strategy: str) -> Prediction:
     holding = HOLDING.get(strategy)
     if holding is None:
         return Prediction(strategy, None, None, None, None, None,
-                          note="no rule: one committed run of it (results/pi05-h200), too few to check one")
+                          note=f"no rule: {NO_RULE.get(strategy, 'none stated')}")
+    if holding in DEVICE_ONLY and not is_gpu(inputs.device):
+        return Prediction(strategy, None, None, None, None, None,
+                          note="no rule off a GPU: its tensors are the host's there, in an order of the loader's own")
     base = inputs.baseline
     held = weights_while_building(inputs, holding, strategy)
     own = [compiler_own_bytes(inputs, size) for size in inputs.engine_bytes]

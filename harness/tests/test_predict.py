@@ -25,6 +25,7 @@ from harness.predict.rules import (
     COMPILER_OWN_BYTES,
     FIELDS,
     GPU_WORKSPACE_BYTES,
+    INSTANT_DEFAULT_IO_BYTES,
     RECLAIM_FLOOR_BYTES,
     WEIGHT_COPIES,
     predict_strategy,
@@ -92,6 +93,19 @@ def test_compilers_add_their_own_memory_and_their_copies() -> None:
 def test_a_strategy_without_a_rule_predicts_nothing_and_says_why() -> None:
     p = predict_strategy(inputs("instanttensor"), "instanttensor")
     assert set(p.figures().values()) == {None} and "no rule" in p.note
+    p = predict_strategy(inputs("st_prefetch_whole", device="cuda"), "st_prefetch_whole")
+    assert set(p.figures().values()) == {None} and p.note.startswith("no rule: no run of it")
+
+
+def test_the_whole_checkpoint_peers_hold_no_weight_on_the_host_but_their_staging() -> None:
+    assert figures("fastsafetensors_whole", device="cuda") == (B, B, A, None, A + RECLAIM_FLOOR_BYTES)
+    staging = INSTANT_DEFAULT_IO_BYTES
+    assert staging == 4 * GIB
+    assert figures("instanttensor_whole", device="cuda") == (
+        B + staging, B + staging, A + staging, None, A + staging + RECLAIM_FLOOR_BYTES), "whatever the model"
+    for name in ("fastsafetensors_whole", "instanttensor_whole"):
+        p = predict_strategy(inputs(name), name)
+        assert set(p.figures().values()) == {None} and p.note.startswith("no rule off a GPU")
 
 
 # --------------------------------------------------------------------------- the constants' sources
@@ -124,6 +138,8 @@ def test_every_constant_is_what_its_committed_run_measured(committed: Path) -> N
     swept = read_budget(committed / "smoke-budget").strategies["map"]
     assert swept.minimum_bytes is not None and swept.baseline_anon_bytes is not None
     assert abs(RECLAIM_FLOOR_BYTES - (swept.minimum_bytes - swept.baseline_anon_bytes)) < MIB
+    peak, base, _ = run("pi05-h200", "instanttensor")  # opened with its defaults, one open at a time
+    assert abs(INSTANT_DEFAULT_IO_BYTES - (peak - base)) < 32 * MIB
     assert set(CONSTANT_SOURCES) <= {p.name for p in committed.iterdir()}
 
 
