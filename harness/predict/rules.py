@@ -184,7 +184,8 @@ def weights_while_building(inputs: PredictInputs, holding: str, strategy: str) -
     streams them a chunk at a time: :data:`~harness.catalog.BUILT_WITHOUT_RESIDENT_WEIGHTS` on the host); ``FILE``:
     every engine read so far (never released; 0 where builds read no weight); ``TWO_COPIES``: the model, anonymous;
     ``COPIES``: the previous engine and this one, anonymous (none on the host where they go to the GPU,
-    :data:`TO_DEVICE`); ``DEVICE``: none (on a GPU); ``STAGING``: the pinned staging, anonymous (on a GPU). Fact for the weight-setting cases (results/smoke-compile, ``mapped``): ``load_file``'s
+    :data:`TO_DEVICE`); ``DEVICE``: none (on a GPU); ``STAGING``: the pinned staging, anonymous (on a GPU).
+    Fact for the weight-setting cases (results/smoke-compile, ``mapped``): ``load_file``'s
     build-phase peak is ``map``'s (0.391 and 0.387 GiB), no page of the file faulted in.
     """
     sizes = inputs.engine_bytes
