@@ -11,7 +11,7 @@ TORCH_PIN := torch==2.13.0
 .PHONY: install venv-tools test lint typecheck pytest bench-map bench-smoke bench-pi05 bench-pi05-trim plot clean-data \
 	bench-smoke-compile bench-pi05-compile bench-lerobot-compile lerobot-venv budget-smoke budget-smoke-slurm budget-pi05 \
 	budget-pi05-compile bench-smoke-openvino bench-pi05-compile-openvino bench-smoke-iree \
-	bench-pi05-compile-iree gpu-peers bench-pi05-h200 bench-llama
+	bench-pi05-compile-iree gpu-peers gpu-peers-smoke bench-pi05-h200 bench-llama
 
 # The command-line tools the README names, whose scripts must be in $(VENV)/bin.
 VENV_TOOLS := pytest ruff mypy
@@ -108,6 +108,10 @@ bench-pi05-compile-iree: $(STAMP)
 # with every strategy and peer (scenarios/pi05-h200.toml).
 gpu-peers: $(STAMP)
 	$(PY) -m pip install -q --pre 'safetensors==0.9.0rc1' 'fastsafetensors==0.5.0' 'instanttensor==0.2.2'
+
+# Each GPU loader peer, per engine and over the whole checkpoint, on a small model (about two minutes).
+gpu-peers-smoke: gpu-peers
+	PY=$(PY) benchmarks/gpu_peers_smoke.sh
 
 bench-pi05-h200: gpu-peers
 	$(PY) -m harness run scenarios/pi05-h200.toml
