@@ -206,6 +206,11 @@ class CopyToDevice(EngineBuilder):
             if finished is not None:
                 done(finished)
 
+    @property
+    def copier(self) -> Copier | None:
+        """The copier of the staged copies (None: none made yet, or no staging)."""
+        return self._copier
+
     def _copier_for(self) -> Copier | None:
         if self.staging is None:
             return None

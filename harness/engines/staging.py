@@ -148,6 +148,12 @@ class Copier:
         with self._cond:
             return self._take() if self._busy is not None and self._finished else None
 
+    def copied(self, timeout: float | None = None) -> bool:
+        """Block until the engine in flight is copied (or failed), without taking it back; False where ``timeout``
+        seconds passed first, True at once where none is in flight."""
+        with self._cond:
+            return self._busy is None or self._cond.wait_for(lambda: self._finished, timeout)
+
     def wait(self) -> int | None:
         """Block until the engine in flight is copied and return it (None: none was in flight); raises
         :class:`CopyFailed` where its copy failed."""
