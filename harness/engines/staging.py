@@ -123,6 +123,11 @@ class Copier:
         self._thread: threading.Thread | None = None
 
     @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (the copy in flight stops at its next chunk)."""
+        return self._closed
+
+    @property
     def in_flight(self) -> int | None:
         """The engine submitted and not yet taken back by :meth:`poll` or :meth:`wait` (None: none)."""
         return self._busy

@@ -18,6 +18,7 @@ from harness.backends import BACKENDS
 from harness.engines.builder import BuildTarget, EngineBuilder
 from harness.engines.copy import CopyToDevice, fault_in
 from harness.engines.staging import Copier, CopyFailed, HostRing, StagedPair
+from harness.load.strategies import StreamHooks
 from harness.plan import Plan, make_plan
 from harness.results.samples import read_events
 from harness.scenario import load_scenario
@@ -35,8 +36,10 @@ class Recording(HostRing):
     def __init__(self, log: list[Any], gate: threading.Event | None = None, fail_at: int | None = None) -> None:
         super().__init__(slots=2, chunk_bytes=CHUNK)
         self.log, self.gate, self.fail_at, self.copies = log, gate, fail_at, 0
+        self.entered = threading.Event()
 
     def copy(self, slot: int, source: torch.Tensor, destination: torch.Tensor) -> None:
+        self.entered.set()
         if self.gate is not None:
             self.gate.wait()
         if self.copies == self.fail_at:
@@ -150,16 +153,20 @@ def test_closing_stops_a_copy_in_flight_and_leaves_no_thread() -> None:
     log: list[Any] = []
     gate = threading.Event()
     source = torch.randn(256)  # 16 chunks
-    copier = Copier(Recording(log, gate), "cpu")
+    stager = Recording(log, gate)
+    copier = Copier(stager, "cpu")
     copier.submit(0, [StagedPair("w", source.view(torch.uint8), torch.empty(1024, dtype=torch.uint8))])
     with pytest.raises(RuntimeError, match="engine 1 submitted while engine 0 is still in flight"):
         copier.submit(1, [])
+    stager.entered.wait()  # the first chunk is being copied, held at the gate
     closing = threading.Thread(target=copier.close)
     closing.start()
-    gate.set()
+    while not copier.closed:
+        closing.join(0.01)
+    gate.set()  # the held chunk ends; the next one sees the copier closed
     closing.join()
     assert not _copier_threads()
-    assert 0 < sum(1 for e in log if e[0] == "copy") < 16 and log[-1] == ("drain",)
+    assert [e[0] for e in log] == ["copy", "drain"]
     copier.close()  # again: nothing to do
     with pytest.raises(RuntimeError, match="closed"):
         copier.submit(2, [])
@@ -203,6 +210,13 @@ def staged(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         real_submit(self, index, pairs)
 
     monkeypatch.setattr(Copier, "submit", submit)
+    real_before = StreamHooks.before
+
+    def before(self: StreamHooks, index: int, names: Any) -> None:
+        STAGED.append(("hook brings in", index))
+        real_before(self, index, names)
+
+    monkeypatch.setattr(StreamHooks, "before", before)
     STAGED.clear()
     yield
     STAGED.clear()
@@ -221,8 +235,9 @@ def test_the_worker_releases_each_engine_once_its_copy_is_finished(plan: Plan, t
                                                                   strategy: str) -> None:
     record = measure(plan, strategy, tmp_path / "out", check=False)
     assert record.ok, record.error
-    turns = [e for e in STAGED if e[0] in ("submit", "release")]
-    assert turns == [(step, e.index) for e in plan.engines for step in ("submit", "release")]
+    turns = [e for e in STAGED if e[0] in ("submit", "release", "hook brings in")]
+    steps = ("hook brings in", "submit", "release") if strategy == "stream" else ("submit", "release")
+    assert turns == [(step, e.index) for e in plan.engines for step in steps]  # a hook's engine after the last
     for engine in plan.engines:  # the stager drained after the engine's last chunk and before its release
         release = STAGED.index(("release", engine.index))
         last_copy = max(i for i, e in enumerate(STAGED[:release]) if e[0] == "copy")
