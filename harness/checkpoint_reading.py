@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from harness.measure.ceiling import read_ceiling
+from harness.measure.ceiling import BEST_SETTINGS, read_ceiling
 from harness.measure.hostmemory import free_page_reporting
 from harness.measure.probe import probe_bytes, read_probe
 from harness.results.checkpoint_reading import ReadingChoice
@@ -154,8 +154,9 @@ def choose_reading(run: RunConfig, files: Sequence[str | os.PathLike[str]],
 
 
 def sized_to_ceiling(choice: ReadingChoice, points: Sequence[CeilingPoint], file_bytes: int) -> ReadingChoice:
-    """``choice`` with prefetch asking as the read-ceiling sweep's fastest point read (its reader threads and
-    request size), and why; unchanged where prefetch is off or the sweep read nothing. ``file_bytes``: the size of
+    """``choice`` with prefetch asking as the read-ceiling sweep's fastest setting read (its reader threads and
+    request size; :func:`~harness.results.metrics.best_ceiling`: by the median of its reads), and why; unchanged
+    where prefetch is off or the sweep read nothing. ``file_bytes``: the size of
     the checkpoint's largest file (the one the read probe reads); under :func:`probe_bytes` the points are not used
     (``choice``'s reader and requests are kept, whatever they read) and ``prefetch_sizing_why`` says so."""
     best = best_ceiling(points)
@@ -168,16 +169,17 @@ def sized_to_ceiling(choice: ReadingChoice, points: Sequence[CeilingPoint], file
                                  "probe needs, and a sweep of it reads too little to tell its points apart"))
     return dataclasses.replace(
         choice, prefetch_readers=best.threads, prefetch_request_bytes=best.request_bytes,
-        prefetch_sizing_why=(f"the read-ceiling sweep's fastest point ({best.threads} reader(s) of "
+        prefetch_sizing_why=(f"the read-ceiling sweep's fastest setting ({best.threads} reader(s) of "
                              f"{best.request_bytes // MIB} MiB, {format_mb_per_s(best.bytes_per_s)})"))
 
 
 def sweep_ceiling(files: Sequence[str | os.PathLike[str]]) -> tuple[tuple[CeilingPoint, ...], str | None]:
-    """The disk's read-ceiling sweep over ``files`` (:func:`harness.measure.ceiling.read_ceiling`), and why it
+    """The disk's read-ceiling sweep over ``files`` (:func:`harness.measure.ceiling.read_ceiling`, its
+    :data:`~harness.measure.ceiling.BEST_SETTINGS` fastest settings read again), and why it
     failed (``None`` where it did not; then no points). A failure is recorded, never raised: it costs the run
     nothing (a signal that stops the run is no failure: the run's own handling raises it once the plan is made)."""
     try:
-        return read_ceiling([os.fspath(f) for f in files]), None
+        return read_ceiling([os.fspath(f) for f in files], best_settings=BEST_SETTINGS), None
     except Exception as exc:  # a reference measurement: recorded as failed, it never costs the run
         return (), _failure(exc)
 

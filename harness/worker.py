@@ -135,6 +135,15 @@ def _allocator_peaks() -> dict[str, int]:
             "gpu_allocated_peak_bytes": int(torch.cuda.max_memory_allocated())}
 
 
+def _released(record: EngineRecord, after: tuple[int, int, int | None] | None) -> EngineRecord:
+    """``record`` with what its release measured (released bytes, RSS and GPU ``used`` right after it), where its
+    weights were released after its build had ended (a copy that ran behind it); as it is otherwise."""
+    if after is None or record.released_bytes is not None:
+        return record
+    released, rss, gpu = after
+    return replace(record, released_bytes=released, rss_after_bytes=rss, gpu_used_bytes=gpu)
+
+
 def _named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     named: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
     named.update(model.named_buffers(remove_duplicate=False))
@@ -293,8 +302,32 @@ class StrategyRun:
         bar = engine_bar(self.strategy, len(engines), sum(e.weight_bytes for e in engines))
         released_total = unreleased_total = 0
         records: list[EngineRecord] = []
+        after_release: dict[int, tuple[int, int, int | None]] = {}  # engine: released bytes, RSS and GPU after
+
+        def done(index: int) -> None:
+            """The builder reads engine ``index``'s tensors no more: release them (in engine order, each once)."""
+            nonlocal released_total, unreleased_total
+            names = engines[index].names
+            step = plan_release.built(index) if plan_release else None
+            by_hooks = hooks.after(index, names) if hooks is not None else 0
+            released = (step.released_bytes if step else 0) + by_hooks
+            released_total += released
+            if step is not None:
+                unreleased_total += step.kept_bytes
+            elif not by_hooks:
+                unreleased_total += engines[index].weight_bytes
+            after_release[index] = (released, read_status().rss_bytes, self._gpu_used())
+            if index != current:  # released during a later engine's build (its copy ran behind it)
+                self.events.add("engine_released", engine=index, weight_bytes=engines[index].weight_bytes,
+                                released_bytes=released, rss_bytes=after_release[index][1],
+                                gpu_used_bytes=after_release[index][2])
+
+        current = -1
         try:
             for engine in engines:
+                if hooks is not None:  # the hook brings in this engine's weights: the previous ones are let go first
+                    builder.finish(done)
+                current = engine.index
                 self.peak.begin()
                 self.sampler.mark(engine=engine.index)
                 faults = _major_faults()
@@ -304,19 +337,12 @@ class StrategyRun:
                 if hooks is not None:
                     hooks.before(engine.index, engine.names)
                     named = self._engine_tensors(model)  # the hook may have put new tensors in place
-                built = builder.build_engine(engine.index, {n: named[n] for n in engine.names})
+                built = builder.build(engine.index, {n: named[n] for n in engine.names}, done)
                 peaks = _allocator_peaks() if allocator else {}
-                step = plan_release.built(engine.index) if plan_release else None
-                by_hooks = hooks.after(engine.index, engine.names) if hooks is not None else 0
                 hwm = self.peak.end()
                 self.sampler.mark(engine=None)
-                released = (step.released_bytes if step else 0) + by_hooks
-                released_total += released
-                if step is not None:
-                    unreleased_total += step.kept_bytes
-                elif not by_hooks:
-                    unreleased_total += engine.weight_bytes
-                rss, gpu = read_status().rss_bytes, self._gpu_used()
+                released, rss, gpu = after_release.get(engine.index) or (None, read_status().rss_bytes,
+                                                                         self._gpu_used())
                 end = self.events.add("engine_end", engine=engine.index, weight_bytes=engine.weight_bytes,
                                       host_hwm_bytes=hwm, released_bytes=released, rss_bytes=rss,
                                       gpu_used_bytes=gpu)
@@ -327,8 +353,11 @@ class StrategyRun:
                     gpu_start_bytes=gpu_start, **peaks,
                 ).with_columns(*declared_columns(plan.scenario.build.backend, built.columns)))
                 bar.built(engine.weight_bytes)
+            current = -1
+            builder.finish(done)  # the last engines' copies: their weights released once copied
         finally:
             bar.close()
+            records = [_released(r, after_release.get(r.index)) for r in records]
             self._set(engines=tuple(records), released_bytes=released_total, unreleased_bytes=unreleased_total)
             if plan_release is not None:
                 stats = plan_release.prefetch_stats

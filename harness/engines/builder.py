@@ -8,9 +8,11 @@ driven by the worker through the same steps for every backend:
    :class:`~harness.results.record.ExportRecord`); the others have none and return the model;
 2. :meth:`~EngineBuilder.partition`: check that the builder's own cut of the model (a compiler's
    graph partitions) is the planned one; nothing to check for the others;
-3. :meth:`~EngineBuilder.build_engine` per engine, in order: the engine built from its partition's
-   tensors; it returns a :class:`BuiltEngine`, the columns of the engine's
-   :class:`~harness.results.record.EngineRecord` the build measured and its artifact;
+3. :meth:`~EngineBuilder.build` per engine, in order (for most builders: :meth:`~EngineBuilder.build_engine`):
+   the engine built from its partition's tensors; it returns a :class:`BuiltEngine`, the columns of the
+   engine's :class:`~harness.results.record.EngineRecord` the build measured and its artifact, and calls
+   the worker's ``done(i)`` for each engine ``i`` whose tensors it reads no more (the worker then releases
+   them); after the last, :meth:`~EngineBuilder.finish` calls ``done`` for those still being read;
 4. :meth:`~EngineBuilder.check`: the built model run on the example inputs and compared with
    eager, after the measured phases (a compiler does it in processes of its own); a builder whose
    engines are the weights' own bytes has nothing to run and nothing to compare;
@@ -24,7 +26,7 @@ back in :attr:`BuiltEngine.columns`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +41,10 @@ from harness.scenario import Scenario
 if TYPE_CHECKING:
     from harness.engines.compile.compare import Checked
 
-__all__ = ["BuildTarget", "BuiltEngine", "EngineBuilder", "PhaseRecorder"]
+__all__ = ["BuildTarget", "BuiltEngine", "Done", "EngineBuilder", "PhaseRecorder"]
+
+Done = Callable[[int], None]
+"""The worker's ``done(index)``: the builder reads engine ``index``'s tensors no more, so they may be released."""
 
 
 class BuildTarget(Protocol):
@@ -123,6 +128,24 @@ class EngineBuilder(ABC):
     @abstractmethod
     def build_engine(self, index: int, tensors: dict[str, torch.Tensor]) -> BuiltEngine:
         """Build engine ``index`` (engines come in build order) from the tensors it reads, by name."""
+
+    def build(self, index: int, tensors: dict[str, torch.Tensor], done: Done) -> BuiltEngine:
+        """Build engine ``index`` and call ``done(i)`` for every engine ``i`` whose tensors the builder reads no
+        more, in engine order, each once, on this thread: the worker releases their weights there.
+
+        Here: :meth:`build_engine`, then ``done(index)``. A builder that goes on reading an engine's tensors after
+        its build returns (a copy still in flight) calls ``done`` for it later, in a later build or in
+        :meth:`finish`, never before the last read of them.
+        """
+        built = self.build_engine(index, tensors)
+        done(index)
+        return built
+
+    def finish(self, done: Done) -> None:
+        """Wait until the builder reads no engine's tensors and call ``done`` for each engine not yet reported
+        (the worker calls it after the last build, and before a strategy's hooks bring in the next engine's
+        weights); nothing to wait for here."""
+        return None
 
     def release_note(self, unreleased_bytes: int) -> str | None:
         """Why ``unreleased_bytes`` of weights stayed after the build, where the builder is the reason."""

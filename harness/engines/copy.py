@@ -22,7 +22,7 @@ from __future__ import annotations
 import mmap
 import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,21 +30,30 @@ import torch
 
 from harness.backends.columns import CopyColumns
 from harness.catalog import is_gpu
-from harness.engines.builder import BuildTarget, BuiltEngine, EngineBuilder
+from harness.engines.builder import BuildTarget, BuiltEngine, Done, EngineBuilder
+from harness.engines.staging import Copier, StagedPair, Stager
 from harness.measure.coldcache import write_back_and_drop
+from harness.units import MIB
 from weightmap import TensorSpec, write_checkpoint
 
-__all__ = ["ALIGN", "CopyToDevice", "CopyToFiles", "fault_in", "make_builder", "packed_layout"]
+__all__ = ["ALIGN", "CopyToDevice", "CopyToFiles", "FAULT_CHUNK_BYTES", "fault_in", "make_builder", "packed_layout"]
+
+FAULT_CHUNK_BYTES = 16 * MIB
+"""Bytes of pages :func:`fault_in` touches between two calls of its ``between``."""
 
 
-def fault_in(tensors: Iterable[torch.Tensor]) -> int:
+def fault_in(tensors: Iterable[torch.Tensor], between: Callable[[], None] | None = None,
+             chunk_bytes: int = FAULT_CHUNK_BYTES) -> int:
     """Read one byte of every page of each CPU tensor's bytes; returns the pages touched.
 
     Only the bytes the tensor views are touched (not the rest of a storage it shares, which
     for some loaders is the whole file). Non-contiguous and non-CPU tensors are skipped:
-    their copy faults their pages in itself.
+    their copy faults their pages in itself. ``between`` is called after every ``chunk_bytes``
+    of a tensor's pages (a builder takes back a finished copy there, so that its pages are
+    released while these come in).
     """
     page = mmap.PAGESIZE
+    step = max(page, chunk_bytes // page * page)
     touched = 0
     sink = 0
     for t in tensors:
@@ -52,9 +61,14 @@ def fault_in(tensors: Iterable[torch.Tensor]) -> int:
             continue
         flat = t.detach().reshape(-1).view(torch.uint8)
         first = (-flat.data_ptr()) % page  # the first page boundary inside the tensor
-        picks = flat[first::page]
-        sink += int(picks.sum()) + int(flat[0]) + int(flat[-1])  # the first and last pages, whatever the offset
-        touched += picks.numel() + 1
+        for start in range(first, max(first, flat.numel()), step):
+            picks = flat[start: start + step: page]
+            sink += int(picks.sum())
+            touched += picks.numel()
+            if between is not None:
+                between()
+        sink += int(flat[0]) + int(flat[-1])  # the first and last pages, whatever the offset
+        touched += 1
     del sink
     return touched
 
@@ -88,6 +102,22 @@ def packed_layout(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, int], int
     return offsets, size
 
 
+StagerFactory = Callable[[str], Stager]
+"""Makes the staging ring of a device (:class:`harness.engines.pinned.PinnedRing` on a CUDA one)."""
+
+
+def _pinned_ring(device: str) -> Stager:
+    from harness.engines.pinned import PinnedRing  # CUDA's side, made only where there is a GPU
+
+    return PinnedRing(device)
+
+
+def _staged(t: torch.Tensor) -> bool:
+    """Whether ``t`` is copied through the staging ring: its bytes are on the host, in one run (a tensor already
+    on the device, or a non-contiguous one, is copied as it is, on the building thread)."""
+    return t.device.type == "cpu" and t.is_contiguous() and t.numel() > 0
+
+
 @dataclass
 class CopyToDevice(EngineBuilder):
     """``copy`` on a GPU: each engine is one device buffer holding its partition's tensors.
@@ -97,32 +127,105 @@ class CopyToDevice(EngineBuilder):
     large ones are rounded to 2 MiB), which for pi0.5's 813 tensors added 0.22 GiB
     (2.5% of the model) of GPU memory that no engine needs. ``engines`` holds each
     engine's views into its buffer, by name.
+
+    With ``staging`` (the default on a CUDA device: :class:`~harness.engines.pinned.PinnedRing`, two
+    pinned host buffers of 16 MiB, 32 MiB of host memory for the builder's life), engine ``k``'s host
+    tensors are copied by a :class:`~harness.engines.staging.Copier` on a thread of its own while engine
+    ``k + 1``'s pages are faulted in: :meth:`build` faults ``k + 1``'s pages in, taking back ``k``'s
+    copy as soon as it is finished (``done(k)``: the worker releases ``k``'s weights then, never while
+    they are copied), waits for it if it is not, then hands ``k + 1``'s tensors to the copier and
+    returns. One engine is in flight at a time; the last one is waited for by :meth:`finish`. Tensors
+    already on the device, and non-contiguous ones, are copied on the building thread. Without
+    ``staging`` (another device), every tensor is copied on the building thread and the build returns
+    with its engine copied.
+
+    The two columns: ``pages_s``, faulting the partition's pages in (the previous engine's copy runs
+    meanwhile); ``copy_s``, the building thread's time after that until the build returns: waiting
+    for the previous engine's copy to finish, allocating, copying what is not staged and handing the
+    rest to the copier (without staging, the whole copy). The part of a staged copy that overlaps the
+    next engine's pages is in neither; the last engine's wait is in the build phase, after its record.
     """
 
     device: str = "cuda"
     name: str = "copy"
     engines: list[dict[str, torch.Tensor]] = field(default_factory=list)
+    staging: StagerFactory | None = None
+
+    def __post_init__(self) -> None:
+        if self.staging is None and is_gpu(self.device):
+            self.staging = _pinned_ring
+        self._copier: Copier | None = None
 
     def build_engine(self, index: int, tensors: dict[str, torch.Tensor]) -> BuiltEngine:
+        """Engine ``index`` copied before it returns (what :meth:`build` does, with ``done`` ignored and the copy
+        waited for)."""
+        built = self.build(index, tensors, lambda i: None)
+        self.finish(lambda i: None)
+        return built
+
+    def build(self, index: int, tensors: dict[str, torch.Tensor], done: Done) -> BuiltEngine:
         distinct = _distinct(tensors)
+        copier = self._copier_for()
         started = time.perf_counter()
-        fault_in(distinct.values())
+        fault_in(distinct.values(), between=None if copier is None else lambda: self._take(done))
         paged = time.perf_counter()
+        self.finish(done)  # the previous engine: copied and released before this one's copy starts
         offsets, size = packed_layout(distinct)
         buffer = torch.empty(size, dtype=torch.uint8, device=self.device)
-        copies = {}
+        copies, staged = {}, []
         for name, t in distinct.items():
             nbytes = t.numel() * t.element_size()
-            view = buffer[offsets[name]: offsets[name] + nbytes].view(t.dtype).view(t.shape)
-            view.copy_(t.detach())
+            span = buffer[offsets[name]: offsets[name] + nbytes]
+            view = span.view(t.dtype).view(t.shape)
+            if copier is not None and _staged(t):
+                staged.append(StagedPair(name, t.detach().reshape(-1).view(torch.uint8), span))
+            else:
+                view.copy_(t.detach())
             copies[name] = view
-        if buffer.is_cuda:
-            torch.cuda.synchronize(buffer.device)
+        if buffer.is_cuda:  # what was copied here (the staged copies run on a stream of their own)
+            torch.cuda.current_stream(buffer.device).synchronize()
         self.engines.append(copies)
+        if copier is not None and staged:
+            copier.submit(index, staged)
+        else:
+            done(index)
         return BuiltEngine(nbytes=size, columns=(_split(started, paged),))
 
+    def finish(self, done: Done) -> None:
+        """Wait for the engine in flight on the copier, if any, and report it ``done``; a failed copy raises
+        :class:`~harness.engines.staging.CopyFailed` naming the engine and the tensor."""
+        if self._copier is not None:
+            finished = self._copier.wait()
+            if finished is not None:
+                done(finished)
+
+    def _take(self, done: Done) -> None:
+        """Report the engine in flight ``done`` if its copy is finished (called while pages come in)."""
+        if self._copier is not None:
+            finished = self._copier.poll()
+            if finished is not None:
+                done(finished)
+
+    @property
+    def copier(self) -> Copier | None:
+        """The copier of the staged copies (None: none made yet, or no staging)."""
+        return self._copier
+
+    def _copier_for(self) -> Copier | None:
+        if self.staging is None:
+            return None
+        if self._copier is None:
+            self._copier = Copier(self.staging(self.device), self.device)
+        return self._copier
+
     def close(self) -> None:
-        self.engines.clear()
+        """Stop the copier (its thread joined, its ring freed), then free the engines."""
+        copier, self._copier = self._copier, None
+        try:
+            if copier is not None:
+                copier.close()
+        finally:
+            self.engines.clear()
 
 
 @dataclass

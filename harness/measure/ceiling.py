@@ -12,8 +12,14 @@ serves a second read of the same bytes several times faster than the disk).
 Within a point the readers share one queue of request-sized ranges in file order, each into a
 page-aligned buffer of its own, and drop every range from the page cache once read, so the page
 cache does not grow. Before each point the files' pages are dropped (this process's files only,
-never the machine's whole cache). The best point is the ceiling a strategy's build time is set
-against. Run it before anything else reads the checkpoint.
+never the machine's whole cache).
+
+A short point is a noisy sample, and the fastest of twelve noisy samples sits above what the disk
+holds to. So the sweep's ``best_settings`` fastest settings are read ``repeats`` times more, in
+turn, each time a part of its own (the checkpoint is then cut into as many parts as there are
+points, repeats included), and a setting's rate is the median of its reads
+(:func:`harness.results.metrics.best_ceiling`). The best setting's median is the ceiling a
+strategy's build time is set against. Run it before anything else reads the checkpoint.
 
 ``pread`` releases the GIL, so Python threads read in parallel.
 """
@@ -30,7 +36,7 @@ from harness.measure.coldcache import drop_cached, page_aligned_buffer
 from harness.results.disk import CeilingPoint
 from harness.units import MIB
 
-__all__ = ["DEFAULT_POINT_S", "DEFAULT_REQUESTS", "DEFAULT_THREADS", "read_ceiling"]
+__all__ = ["BEST_SETTINGS", "DEFAULT_POINT_S", "DEFAULT_REQUESTS", "DEFAULT_THREADS", "REPEATS", "read_ceiling"]
 
 DEFAULT_THREADS: tuple[int, ...] = (1, 2, 4, 8)
 """Reader threads swept by default: one stream up to more than this machine's cores."""
@@ -38,6 +44,10 @@ DEFAULT_REQUESTS: tuple[int, ...] = (MIB, 8 * MIB, 32 * MIB)
 """``pread`` sizes swept by default (1, 8 and 32 MiB)."""
 DEFAULT_POINT_S = 2.0
 """Seconds each point reads for: long enough to pass the disk's caches, short enough for every run."""
+BEST_SETTINGS = 3
+"""How many of the sweep's fastest settings a run reads again (:func:`harness.checkpoint_reading.sweep_ceiling`)."""
+REPEATS = 2
+"""How many times more each of them is read: a setting's rate is then the median of three reads."""
 
 
 def _ranges(files: Sequence[tuple[Path, int]], request: int, start: int, end: int) -> Iterator[tuple[int, int, int]]:
@@ -100,29 +110,44 @@ def read_ceiling(
     threads: Sequence[int] = DEFAULT_THREADS,
     requests: Sequence[int] = DEFAULT_REQUESTS,
     point_s: float = DEFAULT_POINT_S,
+    best_settings: int = 0,
+    repeats: int = REPEATS,
 ) -> tuple[CeilingPoint, ...]:
-    """Every point of the sweep over ``threads`` x ``requests`` on the files ``paths`` (see the module docstring).
+    """Every point of the sweep over ``threads`` x ``requests`` on the files ``paths``, then the repeats of its
+    ``best_settings`` fastest settings (0: none), ``repeats`` rounds of them in turn (see the module docstring).
 
     The files' pages are dropped from the page cache before each point and once more at the end.
-    Raises ``ValueError`` for an empty sweep, a thread count or request size below 1 or a
-    ``point_s`` that is not positive, and ``OSError`` naming the files where a read fails.
+    Raises ``ValueError`` for an empty sweep, a thread count or request size below 1, a
+    ``point_s`` that is not positive or a negative ``best_settings`` or ``repeats``, and ``OSError``
+    naming the files where a read fails.
     """
     if not paths or not threads or not requests:
         raise ValueError("the read sweep needs files, thread counts and request sizes")
     if min(threads) < 1 or min(requests) < 1 or not point_s > 0:
         raise ValueError(f"thread counts and request sizes must be at least 1 and point_s positive, got "
                          f"{list(threads)}, {list(requests)}, {point_s}")
+    if best_settings < 0 or repeats < 0:
+        raise ValueError(f"best_settings and repeats must be at least 0, got {best_settings}, {repeats}")
     files = [(Path(p), os.stat(p).st_size) for p in paths]
     fds: list[int] = []
     try:
         fds.extend(os.open(p, os.O_RDONLY) for p, _ in files)
         sweep = [(t, r) for t in threads for r in requests]
-        share = -(-sum(size for _, size in files) // len(sweep))  # each point its own part of the checkpoint
-        points = tuple(_point(files, fds, t, r, point_s, i * share, (i + 1) * share)
-                       for i, (t, r) in enumerate(sweep))
+        best_settings = min(best_settings, len(sweep)) if repeats else 0
+        parts = len(sweep) + best_settings * repeats
+        share = -(-sum(size for _, size in files) // parts)  # each point its own part of the checkpoint
+
+        def point(i: int, t: int, r: int) -> CeilingPoint:
+            return _point(files, fds, t, r, point_s, i * share, (i + 1) * share)
+
+        points = [point(i, t, r) for i, (t, r) in enumerate(sweep)]
+        fastest = sorted((p for p in points if p.bytes_per_s > 0), key=lambda p: -p.bytes_per_s)[:best_settings]
+        for turn in range(repeats):
+            for k, p in enumerate(fastest):
+                points.append(point(len(sweep) + turn * len(fastest) + k, p.threads, p.request_bytes))
         for fd in fds:
             drop_cached(fd)
-        return points
+        return tuple(points)
     finally:
         for fd in fds:
             os.close(fd)

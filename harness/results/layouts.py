@@ -46,7 +46,9 @@ a later one did:
    into the artifact, the largest RSS while they were, and the largest rise of file-backed RSS
    meanwhile: the source pages resident at once). ``None`` where not measured. Per run,
    ``read_ceiling``: the points of the disk's read-ceiling sweep (:class:`~harness.results.disk.CeilingPoint`), made
-   before the first round of a cold run; empty where none was made. ``speed``
+   before the first round of a cold run, followed, in runs since the sweep repeats its best settings, by the
+   repeated reads of its fastest settings (same threads and request size; a setting's rate is the median of its
+   reads); empty where none was made. ``speed``
    (:class:`~harness.results.checkpoint_reading.ReadingChoice`): the prefetch and drop-cache settings the run's
    strategies that map used, each set by the scenario or chosen by a read probe of the checkpoint
    (:class:`~harness.results.disk.ReadProbe`) at the run's start; ``None`` when reading versions 1 to 6.

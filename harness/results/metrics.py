@@ -65,6 +65,7 @@ __all__ = [
     "DiskMetrics",
     "best_ceiling",
     "ceiling_points_read",
+    "ceiling_settings",
     "build_limit",
     "SampleColumns",
     "StrategyMetrics",
@@ -509,10 +510,22 @@ def ceiling_points_read(points: Sequence[CeilingPoint]) -> list[CeilingPoint]:
     return [p for p in points if p.bytes > 0 and p.seconds > 0]
 
 
+def ceiling_settings(points: Sequence[CeilingPoint]) -> dict[tuple[int, int], list[CeilingPoint]]:
+    """The points of a read-ceiling sweep that read something, by setting (reader threads, request bytes), in the
+    order the settings were first read; a setting the sweep read again holds every read of it."""
+    settings: dict[tuple[int, int], list[CeilingPoint]] = {}
+    for p in ceiling_points_read(points):
+        settings.setdefault((p.threads, p.request_bytes), []).append(p)
+    return settings
+
+
 def best_ceiling(points: Sequence[CeilingPoint]) -> CeilingPoint | None:
-    """The fastest point of a read-ceiling sweep (the disk's ceiling); None where it read nothing."""
-    read = ceiling_points_read(points)
-    return max(read, key=lambda p: p.bytes_per_s) if read else None
+    """The disk's ceiling: the read of the fastest setting of a read-ceiling sweep, a setting's rate being the
+    median of its reads (the lower of the two middle ones where their number is even; a setting read once is its
+    one read); None where it read nothing."""
+    ranked = [sorted(reads, key=lambda p: p.bytes_per_s) for reads in ceiling_settings(points).values()]
+    medians = [reads[(len(reads) - 1) // 2] for reads in ranked]
+    return max(medians, key=lambda p: p.bytes_per_s) if medians else None
 
 
 @dataclass(frozen=True)

@@ -102,3 +102,21 @@ def test_the_best_point_is_none_where_nothing_was_read() -> None:
     assert best_ceiling([CeilingPoint(1, MIB, 0, 0.5)]) is None
     assert best_ceiling([CeilingPoint(1, MIB, 100, 1.0), CeilingPoint(2, MIB, 300, 1.0)]) == CeilingPoint(
         2, MIB, 300, 1.0)
+
+
+def test_the_fastest_settings_are_read_again_each_from_a_part_of_its_own(shards: list[Path]) -> None:
+    points = read_ceiling(shards, threads=(1, 3), requests=(MIB, 4 * MIB), point_s=30.0, best_settings=2, repeats=2)
+    sweep, again = points[:4], points[4:]
+    fastest = [(p.threads, p.request_bytes) for p in sorted(sweep, key=lambda p: -p.bytes_per_s)[:2]]
+    assert [(p.threads, p.request_bytes) for p in again] == fastest * 2
+    # eight equal parts now, each read whole: every byte read once, by one read only
+    share = -(-2 * SIZE // 8)
+    assert [p.bytes for p in points] == [share] * 7 + [2 * SIZE - 7 * share]
+    assert _resident(*shards) <= 2 * MIB
+
+
+def test_the_best_setting_is_the_median_of_its_reads_not_its_luckiest() -> None:
+    lucky = [CeilingPoint(2, MIB, 900, 1.0), CeilingPoint(2, MIB, 300, 1.0), CeilingPoint(2, MIB, 310, 1.0)]
+    steady = [CeilingPoint(1, MIB, 500, 1.0), CeilingPoint(1, MIB, 520, 1.0), CeilingPoint(1, MIB, 480, 1.0)]
+    assert best_ceiling([lucky[0], steady[0], *lucky[1:], *steady[1:]]) == CeilingPoint(1, MIB, 500, 1.0)
+    assert best_ceiling(lucky[:2]) == CeilingPoint(2, MIB, 300, 1.0)  # two reads: the lower middle one
