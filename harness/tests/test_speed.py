@@ -144,7 +144,7 @@ def test_sizing_to_the_ceiling_takes_its_fastest_point_and_leaves_prefetch_off_a
     on = ReadingChoice(prefetch="madvise", drop_cache=False, prefetch_why="set", drop_cache_why="set")
     sized = sized_to_ceiling(on, points, large)
     assert (sized.prefetch_readers, sized.prefetch_request_bytes) == (4, 8 * MIB)
-    assert sized.prefetch_sizing_why == "the read-ceiling sweep's fastest point (4 reader(s) of 8 MiB, 210 MB/s)"
+    assert sized.prefetch_sizing_why == "the read-ceiling sweep's fastest setting (4 reader(s) of 8 MiB, 210 MB/s)"
     assert sized_to_ceiling(on, [], large) == on  # nothing swept: one reader, weightmap's requests
     off = ReadingChoice(prefetch=None, drop_cache=False, prefetch_why="set", drop_cache_why="set")
     assert sized_to_ceiling(off, points, large) == off
