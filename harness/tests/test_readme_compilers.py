@@ -108,7 +108,7 @@ def measured_settings(results: Path) -> set[str]:
     rows: set[str] = set()
     for path in sorted(results.glob(f"*/{SUMMARY}")):
         record = RunRecord.from_json(read_json_file(path), str(path))
-        weights = {s.compiler_weights for s in record.strategies.values() if s.compiler_weights is not None}
+        weights: set[str | None] = {s.compiler_weights for s in record.strategies.values()} - {None}
         rows.update(_row_name(record.backend, w) for w in weights or {None})
     return rows
 
