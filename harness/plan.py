@@ -28,7 +28,7 @@ from typing import Any
 
 from harness.catalog import builds_read_weights, is_gpu, writes_weights_to_files
 from harness.checkpoint_reading import resolve_reading
-from harness.engines.partition import Engine, model_bytes, partition, split_into
+from harness.engines.partition import Engine, model_bytes, module_engines
 from harness.engines.registry import BackendUnavailable, check_backend, resolve_device
 from harness.errors import PlanError
 from harness.fileio.atomic import write_json
@@ -46,7 +46,7 @@ from harness.scenario import Scenario, validate_scenario
 from harness.units import GIB
 from weightmap import map_weights
 
-__all__ = ["PLAN_VERSION", "EnginePlan", "Plan", "make_plan", "module_engines", "read_plan", "write_plan"]
+__all__ = ["PLAN_VERSION", "EnginePlan", "Plan", "make_plan", "read_plan", "write_plan"]
 
 PLAN_VERSION = 6
 """The version of ``plan.json``'s own keys (the :class:`Plan`'s fields), written under its ``"plan"`` key; a worker
@@ -170,22 +170,6 @@ def read_plan(path: Path) -> Plan:
     return Plan.from_json(read_json_file(Path(path)), str(path))
 
 
-def module_engines(scenario: Scenario, module: Any) -> tuple[list[EnginePlan], int]:
-    """The engines of ``module`` (on meta: nothing is read) cut in module order by the scenario's
-    ``build.engine_cap_mib`` or ``build.engines``, and the per-engine cap they were cut at; a
-    :class:`~harness.errors.PlanError` naming the key for more engines than the model has units."""
-    build = scenario.build
-    if build.engine_cap_bytes is not None:
-        parts, cap = partition(module, build.engine_cap_bytes), build.engine_cap_bytes
-    else:
-        assert build.engines is not None
-        try:
-            parts, cap = split_into(module, build.engines)
-        except ValueError as exc:  # more engines than the model has units
-            raise PlanError(f"{scenario.where('build.engines')}: {exc}; ask for fewer engines") from exc
-    return [EnginePlan.of(e) for e in parts], cap
-
-
 def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = None) -> Plan:
     """Resolve ``scenario`` into a :class:`Plan` (see the module docstring); ``progress`` gets one line per step.
 
@@ -218,7 +202,8 @@ def make_plan(scenario: Scenario, *, name: str, workdir: Path, progress: Any = N
                         f"({sizes['tensors']} tensors, all empty): there is nothing to measure")
     with_buffers = model_bytes(info.module)
     if not build.compiler:  # before the checkpoint is generated: too many engines is the user's to fix
-        engines, cap = module_engines(scenario, info.module)
+        parts, cap = module_engines(info.module, build, where)
+        engines = [EnginePlan.of(e) for e in parts]
     try:  # what this machine lacks, before anything is written: the backend, the device, a GPU loader peer's
         check_backend(build.backend, build.weights)
     except BackendUnavailable as exc:

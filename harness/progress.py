@@ -31,9 +31,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+import psutil
 from tqdm import tqdm
 
-from harness.measure.procfs import read_status
 from harness.results.disk import DiskRead, SharedDisk
 from harness.results.metrics import StrategyMetrics
 from harness.units import GIB, KIB, format_gib, format_mb_per_s
@@ -60,9 +60,11 @@ def phase_ticker(prefix: str, what: str, every_s: float = 1.0) -> Iterator[None]
                mininterval=every_s, leave=True)
     stop = threading.Event()
 
+    process = psutil.Process()
+
     def tick() -> None:
         while not stop.wait(every_s):
-            bar.set_postfix_str(f"RSS {format_gib(read_status().rss_bytes)}", refresh=True)
+            bar.set_postfix_str(f"RSS {format_gib(process.memory_info().rss)}", refresh=True)
 
     thread = threading.Thread(target=tick, name="progress", daemon=True)
     thread.start()
@@ -71,7 +73,7 @@ def phase_ticker(prefix: str, what: str, every_s: float = 1.0) -> Iterator[None]
     finally:
         stop.set()
         thread.join()
-        bar.set_postfix_str(f"RSS {format_gib(read_status().rss_bytes)}", refresh=False)
+        bar.set_postfix_str(f"RSS {format_gib(process.memory_info().rss)}", refresh=False)
         bar.close()
 
 

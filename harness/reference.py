@@ -7,13 +7,12 @@ A reference measurement (the disk's cold read before a round, :func:`measure_dis
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
 from harness import stopping
 from harness.measure.diskread import cold_read_bandwidth
-from harness.plan import Plan
 from harness.results.disk import DiskRead
 
 __all__ = ["DISK_SETTLE_TIMEOUT_S", "measure_disk", "reference"]
@@ -42,9 +41,9 @@ DISK_SETTLE_TIMEOUT_S = 30.0
 """How long the disk read waits for the machine's writeback to settle (see :mod:`harness.measure.coldcache`)."""
 
 
-def measure_disk(plan: Plan, before: int) -> DiskRead:
-    """A cold sequential read of the plan's checkpoint files, as the run's record keeps it."""
-    read = cold_read_bandwidth([Path(f) for f in plan.checkpoint_files], timeout_s=DISK_SETTLE_TIMEOUT_S)
+def measure_disk(files: Sequence[str], before: int) -> DiskRead:
+    """A cold sequential read of the checkpoint's ``files`` (the plan's), as the run's record keeps it."""
+    read = cold_read_bandwidth([Path(f) for f in files], timeout_s=DISK_SETTLE_TIMEOUT_S)
     # the rate is derived from the time as recorded, so that the two stored figures agree; the time keeps
     # microseconds, as a millisecond is a percent of a small checkpoint's read
     seconds = round(read.seconds, 6)

@@ -64,7 +64,7 @@ slurm``) whose end means the same for the run; either way one at a time, in the 
 measurements share a machine.
 
 Before each worker starts, one line says where the run stands among all of them
-(:func:`planned_runs` of the plan) and about how long the rest will take
+(:func:`harness.run_record.planned_runs` of the plan) and about how long the rest will take
 (:class:`harness.progress.RunCounter`).
 """
 
@@ -80,7 +80,7 @@ from harness.errors import HarnessError, OutputError
 from harness.fileio.atomic import FileBatch
 from harness.measure.shared_disk import shared_disk
 from harness.plan import Plan, make_plan, write_plan
-from harness.progress import RunCounter, disk_line, print_progress, result_line, run_label, shared_line
+from harness.progress import disk_line, print_progress, result_line, run_label, shared_line
 from harness.reference import measure_disk, reference
 from harness.results.metrics import StrategyMetrics
 from harness.results.names import reserved_problem
@@ -88,13 +88,13 @@ from harness.results.publish import Staging, publish
 from harness.results.record import PLAN, RunRecord, StrategyRecord, read_strategy_file, write_summary
 from harness.results.repeats import combine_repeats, copy_run_files, drop_repeat_samples, repeat_dir
 from harness.run_record import start_record
-from harness.scenario import RunConfig, Scenario
+from harness.scenario import Scenario
 from harness.units import format_gib
 from harness.warmup import warm_up
 from harness.watch import Supervisor, no_result_of_its_own, strategy_record, watch_here
 from harness.worker import worker_command
 
-__all__ = ["Render", "WorkerCommand", "finished_strategies", "planned_runs", "run_scenario"]
+__all__ = ["Render", "WorkerCommand", "finished_strategies", "run_scenario"]
 
 WorkerCommand = Callable[[Path, str, Path], Sequence[str]]
 """``(plan file, strategy, results directory) -> command line`` of one strategy's process."""
@@ -110,11 +110,6 @@ removed before the results are published."""
 JOBS = "jobs"
 """In the staging directory: each Slurm job's spec, result and output (``supervisor`` a
 :class:`~harness.cluster.runs.SlurmRuns`); removed before the results are published."""
-
-
-def planned_runs(run: RunConfig, strategies: int) -> int:
-    """How many worker processes a run starts: each strategy once per warm-up round and once per repeat."""
-    return strategies * (run.warmup + max(1, run.repeats))
 
 
 def finished_strategies(staging: Path, strategies: Sequence[str]) -> list[str]:
@@ -206,15 +201,14 @@ def _measure(plan: Plan, staging: Path, command: WorkerCommand, out: Path, super
     scenario = plan.scenario
     print_progress(f"{len(plan.engines)} engines, the largest {format_gib(plan.largest_engine_bytes)}, "
                    f"on {plan.device} ({scenario.build.backend} backend); results go to {out}")
-    run = start_record(plan)
+    run, counter = start_record(plan)
     repeats = max(1, scenario.run.repeats)
     runs: dict[str, list[StrategyRecord]] = {s: [] for s in scenario.strategies}
-    counter = RunCounter(planned_runs(scenario.run, len(scenario.strategies)))
     for warm in range(scenario.run.warmup):
         warm_up(plan, plan_path, staging / f"warmup-{warm}", command, warm, counter, supervisor, staging / JOBS)
     for repeat in range(repeats):
         if scenario.run.cache == "cold" and run.disk_read_error is None:  # after a read that failed, none is taken
-            disk, error = reference(functools.partial(measure_disk, plan, repeat))
+            disk, error = reference(functools.partial(measure_disk, plan.checkpoint_files, repeat))
             if error is None:
                 assert disk is not None
                 run = run.replace(disk_reads=(*run.disk_reads, disk))

@@ -27,7 +27,7 @@ def warm_up(plan: Plan, plan_path: Path, out_dir: Path, command: Callable[[Path,
     """
     where = f"warm-up round {index + 1}/{plan.scenario.run.warmup} (discarded)"
     if plan.scenario.run.cache == "cold":
-        disk, error = reference(functools.partial(measure_disk, plan, index))
+        disk, error = reference(functools.partial(measure_disk, plan.checkpoint_files, index))
         print_progress(f"{where}: {disk_line(disk) if disk is not None else f'disk: failed ({error})'}")
     out_dir.mkdir(parents=True, exist_ok=True)
     try:

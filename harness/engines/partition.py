@@ -19,9 +19,13 @@ the last; an engine's bytes count each of its tensor objects once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from harness.errors import PlanError
+from harness.scenario import BuildConfig
 
 
 @dataclass(frozen=True)
@@ -166,3 +170,18 @@ def split_into(model: torch.nn.Module, count: int) -> tuple[list[Engine], int]:
     while len(groups) < count:
         groups = _split_largest(groups)
     return _engines(groups), low
+
+
+def module_engines(model: torch.nn.Module, build: BuildConfig, where: Callable[[str], str],
+                   ) -> tuple[list[Engine], int]:
+    """The model's engines in module order (on meta: nothing is read), cut as ``build`` asks: under its
+    ``engine_cap_bytes`` (:func:`partition`), else into exactly its ``engines`` (:func:`split_into`); and the
+    per-engine cap they were cut at. A :class:`~harness.errors.PlanError` naming ``where('build.engines')`` for
+    more engines than the model has units."""
+    if build.engine_cap_bytes is not None:
+        return partition(model, build.engine_cap_bytes), build.engine_cap_bytes
+    assert build.engines is not None, "a build asks for a cap or a count of engines"
+    try:
+        return split_into(model, build.engines)
+    except ValueError as exc:  # more engines than the model has units
+        raise PlanError(f"{where('build.engines')}: {exc}; ask for fewer engines") from exc

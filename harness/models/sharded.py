@@ -183,13 +183,11 @@ def ensure_sharded_checkpoint(module: nn.Module, folder: str | os.PathLike[str],
     for path in stale:  # the index first: from here on the folder is no finished checkpoint
         path.unlink()
     target.mkdir(parents=True, exist_ok=True)
-    with (
-        SeededFill(seed, reuse_buffer=True) as fill,
-        byte_bar(f"generating {target.name} ({len(groups)} files)", sizes["nbytes"], enabled=progress) as bar,
-    ):
-        fill.reserve(sizes["largest"])
-        for name, group in zip(names, groups, strict=True):
-            write_checkpoint(target / name, group, fill, metadata=metadata, progress=bar.update)
+    with SeededFill(seed, reuse_buffer=True) as fill:
+        fill.reserve(sizes["largest"])  # the one buffer every tensor is filled in, before the bar starts
+        with byte_bar(f"generating {target.name} ({len(groups)} files)", sizes["nbytes"], enabled=progress) as bar:
+            for name, group in zip(names, groups, strict=True):
+                write_checkpoint(target / name, group, fill, metadata=metadata, progress=bar.update)
     if index is not None:
         write_atomic(target / INDEX_NAME, index)  # last: only now is the folder a finished checkpoint
     return target, True

@@ -1,7 +1,8 @@
 """A scenario resolved into the predictor's inputs the way :func:`harness.plan.make_plan` resolves it, reading no
-weight: the model on meta, its engines (:func:`harness.plan.module_engines` for the ``copy`` backend; a compiler's
-graph partitions, :func:`~harness.engines.compile.graph_engines.plan_graph_engines`, which maps the checkpoint and
-exports without reading a page), the checkpoint's headers where it exists. No checkpoint is generated, and neither
+weight: the model on meta, its engines (in module order for the ``copy`` backend,
+:func:`harness.engines.partition.module_engines`; a compiler's graph partitions,
+:func:`~harness.engines.compile.graph_engines.plan_graph_engines`, which maps the checkpoint and exports without
+reading a page), the checkpoint's headers where it exists. No checkpoint is generated, and neither
 the read probe nor the read-ceiling sweep runs. Where the checkpoint is missing, the sizes are the model's tensors'
 and a compiler's engines are cut in module order instead of from its graph; the inputs' ``source`` says so.
 """
@@ -13,13 +14,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from harness.engines.partition import module_engines
 from harness.engines.registry import BackendUnavailable, resolve_device
 from harness.errors import PlanError
 from harness.measure.coldcache import drop_cached
 from harness.measure.residency import FileResidency
 from harness.models import build_model, fill_non_persistent
 from harness.models.checkpoints import checkpoint_specs, describe_specs
-from harness.plan import module_engines
 from harness.predict.inputs import Baseline, PredictInputs
 from harness.scenario import Scenario, validate_scenario
 from weightmap import map_weights, open_checkpoint
@@ -93,7 +94,7 @@ def inputs_of_scenario(scenario: Scenario, baseline: Baseline, *, device: str | 
         engines = tuple(e.weight_bytes for e in planned)
         source += ", the exported graph's partitions"
     else:
-        engines = tuple(e.weight_bytes for e in module_engines(scenario, info.module)[0])
+        engines = tuple(e.nbytes for e in module_engines(info.module, build, scenario.where)[0])
         source += ", engines in module order" + (" (a compiler cuts its graph instead: no checkpoint to export "
                                                  "from)" if build.compiler else "")
     say(f"sizes from {source}")

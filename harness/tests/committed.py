@@ -8,6 +8,7 @@ own (a copy of the tree without ``.git``), the files there are what was shipped,
 
 from __future__ import annotations
 
+import fnmatch
 import io
 import shutil
 import subprocess
@@ -15,7 +16,7 @@ import tarfile
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["ROOT", "committed_copy"]
+__all__ = ["ROOT", "committed_copy", "committed_paths"]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,6 +31,24 @@ def _is_checkout(root: Path) -> bool:
     if top.returncode != 0 or Path(top.stdout.decode().strip()).resolve() != root.resolve():
         return False
     return _git(root, "rev-parse", "--verify", "--quiet", "HEAD").returncode == 0
+
+
+def committed_paths(pattern: str, root: Path = ROOT) -> list[str]:
+    """The paths (relative to ``root``, sorted) of ``HEAD``'s files that match the glob ``pattern``
+    (``results/*/summary.json``: ``*`` stays within one folder); where ``root`` is no git checkout, of the files in
+    ``root`` as they are."""
+    if not _is_checkout(root):
+        return sorted(path.relative_to(root).as_posix() for path in root.glob(pattern) if path.is_file())
+    listed = _git(root, "ls-tree", "-r", "--name-only", "-z", "HEAD")
+    if listed.returncode != 0:
+        raise RuntimeError(f"git ls-tree in {root}: {listed.stderr.decode().strip()}")
+    return sorted(name for name in listed.stdout.decode().split("\0") if name and _matches(name, pattern))
+
+
+def _matches(path: str, pattern: str) -> bool:
+    """Whether ``path`` matches the glob ``pattern`` folder by folder, as :meth:`Path.glob` finds it."""
+    parts, wanted = path.split("/"), pattern.split("/")
+    return len(parts) == len(wanted) and all(fnmatch.fnmatchcase(p, w) for p, w in zip(parts, wanted, strict=True))
 
 
 def committed_copy(paths: Sequence[str], into: Path, root: Path = ROOT) -> Path:

@@ -18,7 +18,7 @@ from harness.cli import main
 from harness.load.peers import ensure_pt
 from harness.models.checkpoints import checkpoint_specs, describe_specs, ensure_checkpoint
 from harness.progress import RunCounter, overall_line, run_label
-from harness.run import planned_runs
+from harness.run_record import planned_runs
 from harness.scenario import RunConfig
 from harness.tests.tiny_scenario import tiny_scenario_text
 

@@ -22,10 +22,12 @@ from pathlib import Path
 import pytest
 
 from harness.backends import BACKENDS
+from harness.fileio.files import read_json_file
 from harness.report.table import strategy_cells
 from harness.results.reading import load_results
-from harness.results.record import SUMMARY
-from harness.tests.committed import ROOT, committed_copy
+from harness.results.record import SUMMARY, RunRecord
+from harness.tests.committed import ROOT, committed_copy, committed_paths
+from harness.tests.fixtures import make_results
 from harness.units import MIB
 
 README = ROOT / "README.md"
@@ -83,27 +85,62 @@ def committed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return committed_results(names, tmp_path_factory.mktemp("committed"))
 
 
-def _settings() -> set[str]:
-    """The rows the table must have, from the backend registry: every backend that builds engines, one row per weight
-    setting where it builds several (``AOTInductor, `mapped```), its title alone where it builds one."""
+def _row_name(backend: str, weights: str | None) -> str:
+    """The row of a setting: the backend's title, with the weight setting where the backend builds several
+    (``AOTInductor, `mapped```)."""
+    spec = BACKENDS[backend]
+    return f"{spec.title}, `{weights}`" if len(spec.weights) > 1 else spec.title
+
+
+def registered_settings() -> set[str]:
+    """The rows the table may have, from the backend registry: every setting of every backend that builds engines."""
     rows: set[str] = set()
-    for spec in BACKENDS.values():
+    for name, spec in BACKENDS.items():
         if spec.factory is None:  # no builder in this version: nothing of it to measure
             continue
-        if len(spec.weights) > 1:
-            rows.update(f"{spec.title}, `{weights}`" for weights in spec.weights)
-        else:
-            rows.add(spec.title)
+        rows.update(_row_name(name, weights) for weights in spec.weights or (None,))
     return rows
 
 
-def test_the_table_names_every_setting_with_two_runs() -> None:
+def measured_settings(results: Path) -> set[str]:
+    """The rows the table must have: every setting that a run under ``results`` (a results root) measured, read from
+    each ``summary.json``: its backend, and the weight setting each of its strategies built with."""
+    rows: set[str] = set()
+    for path in sorted(results.glob(f"*/{SUMMARY}")):
+        record = RunRecord.from_json(read_json_file(path), str(path))
+        weights: set[str | None] = {s.compiler_weights for s in record.strategies.values()} - {None}
+        rows.update(_row_name(record.backend, w) for w in weights or {None})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def committed_settings(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+    into = tmp_path_factory.mktemp("summaries")
+    return measured_settings(committed_copy(committed_paths(f"results/*/{SUMMARY}"), into) / "results")
+
+
+def test_the_table_names_every_setting_with_two_runs(committed_settings: set[str]) -> None:
     names = [row[0].split(" (")[0] for row in ROWS]
     assert len(names) == len(set(names)), names
-    assert set(names) == _settings()
+    missing = committed_settings - set(names)
+    assert not missing, f"README.md: the compilers' table has no row for {sorted(missing)}, measured in results/"
+    unknown = set(names) - registered_settings()
+    assert not unknown, f"README.md: the compilers' table names {sorted(unknown)}, which no registered backend builds"
     for row in ROWS:
         assert len(row) == 7, row
         assert len(re.findall(r"`([a-z0-9_-]+)`", row[0].split(" (", 1)[1])) == 2, row[0]
+
+
+def test_the_settings_measured_are_read_from_each_record(tmp_path: Path) -> None:
+    make_results(tmp_path / "results", name="copy-run")
+    compiled = make_results(tmp_path / "results", name="compile-run", failed="load_file")
+    summary = compiled / SUMMARY
+    data = json.loads(summary.read_text())
+    data["backend"] = "inductor"
+    for name, strategy in data["strategies"].items():  # one that failed built nothing
+        strategy.update(compiler="inductor", compiler_weights=None if name == "load_file" else "packaged")
+    summary.write_text(json.dumps(data))
+    assert measured_settings(tmp_path / "results") == {"copy", "AOTInductor, `packaged`"}
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[row[0].split(" (")[0] for row in ROWS])
