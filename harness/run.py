@@ -58,6 +58,12 @@ report and figures read them; ``repeats`` lists every run's times. Samples are k
 the representative runs only (at the top); every run's events and record stay in its
 ``repeat-<r>/``.
 
+Warm-up rounds (``[run] warmup = N``) come first, as rounds of the same loop whose results are not kept: a
+cold guest cache does not reset what lies outside the guest (a virtual disk's host cache, memory the host must
+back again), and a warm-up round makes that alike for every measured round. Each takes the cold read (said, not
+recorded) and runs each strategy once, in the scenario's order, into ``warmup-<w>/``, removed however the round
+ends; its workers are named ``<name>-w<w>-<strategy>`` (a measured run's ``<name>-r<r>-<strategy>``).
+
 Each worker is run through the ``supervisor`` :func:`run_scenario` is given: a process here watched as above
 (:func:`harness.watch.watch_here`), or a Slurm job (:class:`harness.cluster.runs.SlurmRuns`, ``run --executor
 slurm``) whose end means the same for the run; either way one at a time, in the rounds' order, so that no two
@@ -90,7 +96,6 @@ from harness.results.repeats import combine_repeats, copy_run_files, drop_repeat
 from harness.run_record import start_record
 from harness.scenario import Scenario
 from harness.units import format_gib
-from harness.warmup import warm_up
 from harness.watch import Supervisor, no_result_of_its_own, strategy_record, watch_here
 from harness.worker import worker_command
 
@@ -204,46 +209,60 @@ def _measure(plan: Plan, staging: Path, command: WorkerCommand, out: Path, super
     run, counter = start_record(plan)
     repeats = max(1, scenario.run.repeats)
     runs: dict[str, list[StrategyRecord]] = {s: [] for s in scenario.strategies}
-    for warm in range(scenario.run.warmup):
-        warm_up(plan, plan_path, staging / f"warmup-{warm}", command, warm, counter, supervisor, staging / JOBS)
-    for repeat in range(repeats):
+    warmups = scenario.run.warmup
+    for round_ in range(warmups + repeats):  # the warm-up rounds first, then the measured ones
+        warm = round_ < warmups
+        index = round_ if warm else round_ - warmups  # counts from 0 among rounds of its kind
+        where = f"warm-up round {index + 1}/{warmups} (discarded)" if warm else ""
         if scenario.run.cache == "cold" and run.disk_read_error is None:  # after a read that failed, none is taken
-            disk, error = reference(functools.partial(measure_disk, plan.checkpoint_files, repeat))
-            if error is None:
+            disk, error = reference(functools.partial(measure_disk, plan.checkpoint_files, index))
+            if warm:  # said, not recorded
+                print_progress(f"{where}: {disk_line(disk) if disk is not None else f'disk: failed ({error})'}")
+            elif error is None:
                 assert disk is not None
                 run = run.replace(disk_reads=(*run.disk_reads, disk))
                 print_progress(disk_line(disk))
             else:
-                run = run.replace(disk_read_error=f"before round {repeat + 1} of {repeats}: {error}")
+                run = run.replace(disk_read_error=f"before round {index + 1} of {repeats}: {error}")
                 print_progress(f"disk: failed ({run.disk_read_error})")
-            write_summary(staging, run)
-        out_dir = staging if repeats == 1 else repeat_dir(staging, repeat)
-        for strategy in run.round_orders[repeat]:
-            label = run_label(strategy, scenario.run.warmup, scenario.run.repeats, repeat=repeat)
-            print_progress(counter.next(label))
-            out_dir.mkdir(parents=True, exist_ok=True)
-            try:
-                outcome = supervisor(plan, command(plan_path, strategy, out_dir), staging / JOBS,
-                                     f"{plan.name}-r{repeat}-{strategy}")
-            except stopping.Interrupted as exc:
-                exc.detail += f" ({strategy})"
-                raise
-            written = read_strategy_file(out_dir, strategy)
-            outside = no_result_of_its_own(outcome, written)
-            record = strategy_record(outcome, written).replace(repeat=repeat)
-            metrics = StrategyMetrics.of(strategy, record, run)
-            record = record.replace(floor_bytes=metrics.floor_bytes,
-                                    excess_over_floor=None if metrics.excess is None else round(metrics.excess, 6))
-            print_progress(result_line(strategy, metrics))
-            runs[strategy].append(record)
-            combined = combine_repeats(runs[strategy])
-            if repeats > 1:
-                copy_run_files(repeat_dir(staging, combined.repeat or 0), staging, strategy)
-            run = run.with_strategy(strategy, combined)
-            write_summary(staging, run)
-            if outside is not None:  # not the strategy's result: the earlier one, if any, stays
-                raise OutputError(f"{out}: kept as it was, this run is not published: {label} failed for a reason "
-                                  f"outside the strategy ({outside})")
+            if not warm:
+                write_summary(staging, run)
+        # a warm-up round's files go apart and are removed once it ends; its strategies run in the scenario's order
+        out_dir = (staging / f"warmup-{index}" if warm else staging if repeats == 1 else repeat_dir(staging, index))
+        try:
+            for strategy in scenario.strategies if warm else run.round_orders[index]:
+                label = run_label(strategy, warmups, scenario.run.repeats, warmup=index if warm else None,
+                                  repeat=index)
+                print_progress(counter.next(label))
+                out_dir.mkdir(parents=True, exist_ok=True)
+                try:
+                    outcome = supervisor(plan, command(plan_path, strategy, out_dir), staging / JOBS,
+                                         f"{plan.name}-{'w' if warm else 'r'}{index}-{strategy}")
+                except stopping.Interrupted as exc:
+                    exc.detail += f" ({strategy}, {where})" if warm else f" ({strategy})"
+                    raise
+                if warm:  # nothing of it is kept
+                    print_progress(f"{where}: {strategy} {'ran' if outcome.returncode == 0 else 'failed'}")
+                    continue
+                written = read_strategy_file(out_dir, strategy)
+                outside = no_result_of_its_own(outcome, written)
+                record = strategy_record(outcome, written).replace(repeat=index)
+                metrics = StrategyMetrics.of(strategy, record, run)
+                record = record.replace(floor_bytes=metrics.floor_bytes,
+                                        excess_over_floor=None if metrics.excess is None else round(metrics.excess, 6))
+                print_progress(result_line(strategy, metrics))
+                runs[strategy].append(record)
+                combined = combine_repeats(runs[strategy])
+                if repeats > 1:
+                    copy_run_files(repeat_dir(staging, combined.repeat or 0), staging, strategy)
+                run = run.with_strategy(strategy, combined)
+                write_summary(staging, run)
+                if outside is not None:  # not the strategy's result: the earlier one, if any, stays
+                    raise OutputError(f"{out}: kept as it was, this run is not published: {label} failed for a "
+                                      f"reason outside the strategy ({outside})")
+        finally:
+            if warm:  # however the round ends
+                shutil.rmtree(out_dir, ignore_errors=True)
     if scenario.run.cache == "cold" and scenario.run.shared_disk and plan.writes_weights_to_files:
         # after the rounds: its writes would slow whatever ran next, beyond what a cold cache resets
         for time_ in range(SHARED_DISK_TIMES):

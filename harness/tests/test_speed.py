@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import json
 import mmap
+import re
+import signal
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 import torch
 
+from harness import stopping
 from harness.checkpoint_reading import sized_to_ceiling
 from harness.engines.copy import CopyToFiles, fault_in
 from harness.load.strategies import _release_and_prefetch
 from harness.measure.probe import probe_bytes
 from harness.measure.procfs import read_status
-from harness.plan import make_plan, read_plan
+from harness.plan import Plan, make_plan, read_plan
 from harness.report import render_staged
 from harness.results.checkpoint_reading import EARLIER_REQUEST_BYTES, ReadingChoice
 from harness.results.disk import CeilingPoint, DiskRead
@@ -39,6 +43,7 @@ from harness.scenario import (
 from harness.tests.fixtures import make_results, measured
 from harness.tests.test_run import TINY
 from harness.units import MIB, format_bytes
+from harness.watch import Outcome, Supervisor, watch_here
 from weightmap import map_weights, save_weights_for_mapping
 
 
@@ -350,6 +355,62 @@ def test_warmup_rounds_run_first_and_leave_nothing(tmp_path: Path) -> None:
     assert not list(out.glob("warmup-*"))
     assert all(entry.ok for entry in record.strategies.values())
     assert "after 1 warm-up round" in (tmp_path / "results" / "speedy.md").read_text()
+
+
+def _warm_ups_faked(names: list[str], failing: str = "", interrupting: str = "",
+                    seen: list[Path] | None = None) -> Supervisor:
+    """A supervisor that notes each worker's name, runs measured workers here, and ends warm-up workers at once:
+    ``failing``'s with status 1, ``interrupting``'s with SIGINT on its way up (the files of the rounds so far in
+    ``seen``)."""
+
+    def supervise(plan: Plan, command: Sequence[str], files: Path, name: str) -> Outcome:
+        names.append(name)
+        if "-w" not in name:
+            return watch_here(plan, command, files, name)
+        if name == interrupting:
+            assert seen is not None
+            seen.extend(sorted(Path(command[-1]).parent.glob("warmup-*")))  # the worker's out directory
+            raise stopping.Interrupted(signal.SIGINT, "the running strategy's process was stopped")
+        return Outcome(returncode=1 if name == failing else 0, reason=None, peak_rss_bytes=0)
+
+    return supervise
+
+
+def test_warm_up_rounds_say_what_they_ran_in_the_scenarios_order_and_keep_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    names: list[str] = []
+    scenario = _scenario(tmp_path, warmup=2)
+    record = run_scenario(scenario, results=tmp_path / "results", workdir=tmp_path / "engines",
+                          supervisor=_warm_ups_faked(names, failing="speedy-w1-map"))
+    warm_ups = [f"speedy-w{w}-{s}" for w in range(2) for s in scenario.strategies]
+    assert names == [*warm_ups, *(f"speedy-r0-{s}" for s in record.round_orders[0])]
+    lines = [line.removeprefix("[harness] ") for line in capsys.readouterr().err.splitlines()]
+    said = [line.split(" — ")[0] for line in lines if "warm-up" in line]
+    assert said == [
+        said[0], "run 1 of 6: map, warm-up 1 of 2", "warm-up round 1/2 (discarded): map ran",
+        "run 2 of 6: map_no_prefetch, warm-up 1 of 2", "warm-up round 1/2 (discarded): map_no_prefetch ran",
+        said[5], "run 3 of 6: map, warm-up 2 of 2", "warm-up round 2/2 (discarded): map failed",
+        "run 4 of 6: map_no_prefetch, warm-up 2 of 2", "warm-up round 2/2 (discarded): map_no_prefetch ran"]
+    assert said[0].startswith("warm-up round 1/2 (discarded): disk: cold sequential read of ")
+    assert said[5].startswith("warm-up round 2/2 (discarded): disk: cold sequential read of ")
+    assert [d.before for d in record.disk_reads] == [0]  # the warm-ups' reads are not recorded
+    assert all(entry.ok and entry.repeat == 0 for entry in record.strategies.values())  # nor their failure
+    assert not list((tmp_path / "results" / "speedy").glob("warmup-*"))
+
+
+def test_an_interrupt_in_a_warm_up_round_names_the_strategy_and_the_round(tmp_path: Path) -> None:
+    names: list[str] = []
+    seen: list[Path] = []
+    supervisor = _warm_ups_faked(names, interrupting="speedy-w1-map_no_prefetch", seen=seen)
+    with pytest.raises(stopping.RunInterrupted, match=re.escape(
+            "interrupted by SIGINT; the running strategy's process was stopped "
+            "(map_no_prefetch, warm-up round 2/2 (discarded)); ")):
+        run_scenario(_scenario(tmp_path, warmup=2), results=tmp_path / "results", workdir=tmp_path / "engines",
+                     supervisor=supervisor)
+    assert names == ["speedy-w0-map", "speedy-w0-map_no_prefetch", "speedy-w1-map", "speedy-w1-map_no_prefetch"]
+    assert [path.name for path in seen] == ["warmup-1"]  # the round that ended is gone when the next runs
+    assert not seen[0].exists()
+    assert not (tmp_path / "results" / "speedy").exists()
 
 
 def test_each_round_runs_the_strategies_in_its_recorded_order(tmp_path: Path) -> None:
