@@ -27,7 +27,7 @@ from harness.predict.inputs import PredictInputs
 from harness.results.metrics import engines_accumulate
 from harness.units import MIB
 
-__all__ = ["FIELDS", "HOLDING", "Prediction", "predict", "predict_strategy"]
+__all__ = ["FIELDS", "HOLDING", "NO_GPU_RULE", "Prediction", "predict", "predict_strategy"]
 
 FIELDS: tuple[str, ...] = ("build_peak_bytes", "host_peak_bytes", "anon_peak_bytes", "gpu_peak_bytes",
                            "minimum_bytes")
@@ -114,6 +114,10 @@ TO_DEVICE = ("fastsafetensors", "fastsafetensors_whole", "instanttensor_whole")
 """Strategies whose copies go to the GPU where engines are built on one, so the host holds none of them (no rule
 covers their device buffers). Fact (results/pi05-h200): ``fastsafetensors`` peaks at 0.628 GiB on the host, the
 baseline plus 0.03 GiB."""
+
+NO_GPU_RULE = ("no rule covers the device buffers of a loader whose copies go to the GPU; results/pi05-h200 measured "
+               "`fastsafetensors` at 27.1 GiB on the GPU, one run")
+"""Why a :data:`TO_DEVICE` strategy's ``gpu_peak_bytes`` is ``None`` on a GPU (:func:`gpu_peak_bytes`)."""
 
 DEVICE_ONLY = (DEVICE, STAGING)
 """The holdings whose rule holds on a GPU only."""
@@ -224,8 +228,7 @@ def gpu_peak_bytes(inputs: PredictInputs, strategy: str) -> int | None:
     """GPU memory above the baseline: the whole model where built engines stay on the GPU
     (:func:`~harness.catalog.engines_accumulate`; results/pi05-h200: 8.736 GiB for a model of 8.712 for every
     strategy the rules cover), else the largest engine plus :data:`GPU_WORKSPACE_BYTES`. ``None`` off a GPU, and for
-    :data:`TO_DEVICE` strategies, whose device buffers no rule covers (results/pi05-h200: ``fastsafetensors`` 27.1
-    GiB on the GPU, one run)."""
+    :data:`TO_DEVICE` strategies (:data:`NO_GPU_RULE`)."""
     if not is_gpu(inputs.device) or strategy in TO_DEVICE:
         return None
     if engines_accumulate(True, inputs.compiler_weights):

@@ -16,7 +16,7 @@ from harness.fileio.atomic import FileBatch, write_atomic
 from harness.fileio.codec import field_since
 from harness.report.compiler import compiler_lines
 from harness.report.notes import NEVER_CHECKED, Notes, check_notes, migrate_notes
-from harness.report.prediction import PREDICTION_NOTE, finding_observations, prediction_detail
+from harness.report.prediction import finding_observations, prediction_detail, prediction_note
 from harness.report.settings import settings_line
 from harness.report.table import table_lines
 from harness.report.text import (
@@ -582,7 +582,7 @@ def render_report(run: Results, figures: Sequence[str] = (), notes: Notes | None
         lines += [f"*{' '.join(record.description.split())}*", ""]
     lines += [context_paragraph(run), ""]
     lines += table_lines(run)
-    lines += ["", _floor_note(run, decimals), "", PREDICTION_NOTE, ""]
+    lines += ["", _floor_note(run, decimals), "", prediction_note(run), ""]
     notes_on_refs = [f"- reference **{r.label}**: {r.note.rstrip('.')}." for r in record.references if r.note]
     lines += ["## Observations", ""]
     for strategy in run.metrics.values():

@@ -46,7 +46,14 @@ from harness.fileio.files import parse_json, read_text_file
 from harness.report.table import strategy_cells
 from harness.results import spread
 from harness.results.comparison import MemoryDelta, figure_noise
-from harness.results.labels import EXCESS, EXCESS_SHARE, PREDICTED_BUILD_PEAK, PREDICTION_ERROR
+from harness.results.labels import (
+    EXCESS,
+    EXCESS_SHARE,
+    GPU_PREDICTION_ERROR,
+    PREDICTED_BUILD_PEAK,
+    PREDICTED_GPU_PEAK,
+    PREDICTION_ERROR,
+)
 from harness.results.reading import Results
 from harness.results.record import RecordError
 from harness.units import GIB
@@ -55,7 +62,7 @@ __all__ = ["UNCHECKABLE", "FigureChange", "Notes", "check_notes", "figure_change
            "orders_times", "read_notes", "sentences", "stamp_notes", "uncheckable_claims"]
 
 _STAMP = re.compile(r"\A<!-- notes checked against:\s*(?P<figures>.*?) -->\n?", re.S)
-_IGNORED = ("strategy", "status", PREDICTED_BUILD_PEAK, PREDICTION_ERROR)
+_IGNORED = ("strategy", "status", PREDICTED_BUILD_PEAK, PREDICTION_ERROR, PREDICTED_GPU_PEAK, GPU_PREDICTION_ERROR)
 """Columns notes are not checked against: what they say is not measured (a prediction is derived from the rules,
 which may change without the run changing)."""
 NEVER_CHECKED = "never checked against any figures"

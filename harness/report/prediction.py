@@ -8,13 +8,15 @@ gains it when re-rendered; where its record lacks what the rules need, the repor
 from __future__ import annotations
 
 from harness.predict.recorded import FINDING_SHARE, Recorded, is_finding, run_prediction
+from harness.predict.rules import NO_GPU_RULE
 from harness.report.text import format_percent, gib_decimals
-from harness.results.labels import BUILD_HOST_PEAK, WHOLE_RUN_HOST_PEAK
+from harness.results.labels import BUILD_HOST_PEAK, WHOLE_RUN_GPU_PEAK, WHOLE_RUN_HOST_PEAK
 from harness.results.reading import Results
 from harness.units import DASH, format_gib
 
-__all__ = ["NO_PREDICTION", "PREDICTION_NOTE", "error_cell", "finding_observations", "finding_sentence",
-           "predicted_cell", "prediction_detail", "predictions"]
+__all__ = ["BUILD_PEAK", "GPU_PEAK", "GPU_PREDICTION_NOTE", "NO_PREDICTION", "PREDICTION_NOTE", "error_cell",
+           "finding_observations", "finding_sentence", "predicted_cell", "prediction_detail", "prediction_note",
+           "predictions"]
 
 NO_PREDICTION = "no prediction"
 """The table's cell where there is none (the strategy's detail line says why)."""
@@ -25,8 +27,30 @@ PREDICTION_NOTE = ("Predicted: each strategy's build-phase host peak as `python 
                    "the README's table of `predict --check`.")
 """The sentence under the table that says what the prediction columns hold."""
 
-_FIGURES = {"build_peak_bytes": BUILD_HOST_PEAK, "host_peak_bytes": WHOLE_RUN_HOST_PEAK}
-"""The measured figures a prediction is set beside, by their record names: those ``predict --check`` checks."""
+GPU_PREDICTION_NOTE = ("On a GPU, the predicted whole-run GPU peak beside the measured one, and predicted − measured "
+                       "as a share of the model: the rule's figure and NVML `used` are both above the GPU baseline "
+                       "the run takes once CUDA is initialised on the device (its context in neither), so neither is "
+                       "converted.")
+"""The sentence added to :data:`PREDICTION_NOTE` where the run measured the GPU."""
+
+BUILD_PEAK = "build_peak_bytes"
+"""The build-phase host peak, by its record name: the figure of the table's first pair of prediction columns."""
+
+GPU_PEAK = "gpu_peak_bytes"
+"""The whole-run GPU peak, by its record name: the figure of the prediction columns of a run that measured the GPU.
+:class:`~harness.predict.rules.Prediction` and :class:`~harness.results.record.StrategyRecord` both hold it above
+the GPU baseline taken once the CUDA context exists (every committed layout took that baseline after the context),
+so the two are compared as they are."""
+
+_FIGURES = {BUILD_PEAK: BUILD_HOST_PEAK, "host_peak_bytes": WHOLE_RUN_HOST_PEAK, GPU_PEAK: WHOLE_RUN_GPU_PEAK}
+"""The measured figures a prediction is set beside, by their record names (``None`` in a record that did not
+measure one, the GPU's off a GPU)."""
+
+
+def prediction_note(run: Results) -> str:
+    """The sentence under the table: :data:`PREDICTION_NOTE`, and :data:`GPU_PREDICTION_NOTE` where the run measured
+    the GPU (its table then has the GPU's prediction columns)."""
+    return PREDICTION_NOTE + (f" {GPU_PREDICTION_NOTE}" if run.gpu_measured else "")
 
 
 def predictions(run: Results) -> dict[str, Recorded]:
@@ -50,16 +74,20 @@ def _pairs(run: Results, name: str, recorded: Recorded) -> dict[str, tuple[int, 
     return pairs
 
 
-def predicted_cell(recorded: Recorded, decimals: int) -> str:
-    """The predicted build-phase host peak, or :data:`NO_PREDICTION`."""
-    if recorded.prediction is None or recorded.prediction.build_peak_bytes is None:
-        return NO_PREDICTION
-    return format_gib(recorded.prediction.build_peak_bytes, decimals)
+def _predicted(recorded: Recorded, figure: str) -> int | None:
+    return None if recorded.prediction is None else getattr(recorded.prediction, figure)
 
 
-def error_cell(run: Results, name: str, recorded: Recorded) -> str:
-    """(predicted − measured) build-phase host peak as a signed share of the model; a dash without both."""
-    pair = _pairs(run, name, recorded).get("build_peak_bytes")
+def predicted_cell(recorded: Recorded, decimals: int, figure: str = BUILD_PEAK) -> str:
+    """The predicted ``figure`` (:data:`BUILD_PEAK` or :data:`GPU_PEAK`), or :data:`NO_PREDICTION` (the strategy's
+    detail line says why)."""
+    predicted = _predicted(recorded, figure)
+    return NO_PREDICTION if predicted is None else format_gib(predicted, decimals)
+
+
+def error_cell(run: Results, name: str, recorded: Recorded, figure: str = BUILD_PEAK) -> str:
+    """(predicted − measured) ``figure`` as a signed share of the model; a dash without both."""
+    pair = _pairs(run, name, recorded).get(figure)
     if pair is None:
         return DASH
     return format_percent((pair[0] - pair[1]) / run.record.model.bytes)
@@ -80,6 +108,8 @@ def prediction_detail(run: Results, name: str) -> str:
     parts = [f"{_FIGURES[f]} {format_gib(want, d)} (measured {format_gib(got, d)}, "
              f"{format_percent((want - got) / model)} of the model)"
              for f, (want, got) in _pairs(run, name, recorded).items()]
+    if run.record.strategies[name].gpu_peak_bytes is not None and recorded.prediction.gpu_peak_bytes is None:
+        parts.append(f"{WHOLE_RUN_GPU_PEAK}: {NO_PREDICTION} ({NO_GPU_RULE})")
     return ("predicted before the run from its plan's sizes and its baseline (`python -m harness predict`, rule "
             f"`{recorded.prediction.note}`): " + ("; ".join(parts) or "no figure of it was measured"))
 

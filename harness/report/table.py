@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from harness.report.prediction import error_cell, predicted_cell, predictions
+from harness.report.prediction import GPU_PEAK, error_cell, predicted_cell, predictions
 from harness.report.text import TableColumn, format_percent, format_seconds, gib_decimals, markdown_table, status_text
 from harness.results import labels
 from harness.results.metrics import DiskMetrics, StrategyMetrics
@@ -114,8 +114,9 @@ def _disk_runs(d: DiskMetrics) -> str:
 
 
 def columns(run: Results) -> list[TableColumn[TableRow]]:
-    """The table's columns for ``run``: GPU columns only where engines were built on a GPU. The strategy and the
-    status columns are text (aligned left), every other one aligned right."""
+    """The table's columns for ``run``: GPU columns only where engines were built on a GPU, the GPU peak's
+    prediction beside it only where the run measured the GPU. The strategy and the status columns are text (aligned
+    left), every other one aligned right."""
     on_gpu = run.on_gpu
     cols = [
         _column("strategy", lambda m, d: m.name, lambda r, g: f"reference: {r.label} (reference, different setup)",
@@ -140,6 +141,11 @@ def columns(run: Results) -> list[TableColumn[TableRow]]:
     ]
     if on_gpu:
         cols.append(_column(labels.WHOLE_RUN_GPU_PEAK, lambda m, d: format_gib(m.record.gpu_peak_bytes, d)))
+    if on_gpu and run.gpu_measured:
+        cols += [
+            _column(labels.PREDICTED_GPU_PEAK, lambda m, d: predicted_cell(predicted[m.name], d, GPU_PEAK)),
+            _column(labels.GPU_PREDICTION_ERROR, lambda m, d: error_cell(run, m.name, predicted[m.name], GPU_PEAK)),
+        ]
     cols += [
         _column("released", lambda m, d: format_gib(m.record.released_bytes, d)),
         _column("prefetch", lambda m, d: m.record.prefetch or "off"),

@@ -17,6 +17,9 @@ Each is a figure of :mod:`harness.results.metrics` or of the measured record:
                                baseline, beside :data:`BUILD_HOST_PEAK`
 :data:`PREDICTION_ERROR`       (predicted − measured) build-phase host peak, as a share of the model, the sign of
                                ``predict --check``'s error
+:data:`PREDICTED_GPU_PEAK`     ``Prediction.gpu_peak_bytes``, beside :data:`WHOLE_RUN_GPU_PEAK` (both above the GPU
+                               baseline taken once the CUDA context exists)
+:data:`GPU_PREDICTION_ERROR`   (predicted − measured) whole-run GPU peak, as a share of the model, the same sign
 =============================  ==================================================================================
 """
 
@@ -29,7 +32,9 @@ __all__ = [
     "EXCESS",
     "EXCESS_SHARE",
     "FLOOR",
+    "GPU_PREDICTION_ERROR",
     "PREDICTED_BUILD_PEAK",
+    "PREDICTED_GPU_PEAK",
     "PREDICTION_ERROR",
     "WHOLE_RUN_GPU_PEAK",
     "WHOLE_RUN_HOST_PEAK",
@@ -45,3 +50,5 @@ ANON_ABOVE_BASELINE = "anonymous peak above baseline"
 WHOLE_RUN_GPU_PEAK = "whole-run GPU peak"
 PREDICTED_BUILD_PEAK = f"predicted {BUILD_HOST_PEAK}"
 PREDICTION_ERROR = "predicted − measured (% of model)"
+PREDICTED_GPU_PEAK = f"predicted {WHOLE_RUN_GPU_PEAK}"
+GPU_PREDICTION_ERROR = f"GPU {PREDICTION_ERROR}"

@@ -7,12 +7,15 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pytest
+
 from harness.budget.record import read_budget
 from harness.predict.recorded import inputs_of_run
 from harness.predict.rules import predict_strategy
 from harness.report.budget import budget_markdown
 from harness.report.markdown import render_report
-from harness.report.table import strategy_cells
+from harness.report.prediction import GPU_PREDICTION_NOTE
+from harness.report.table import columns, strategy_cells
 from harness.report.text import format_percent, gib_decimals
 from harness.results import labels
 from harness.results.reading import Results, load_results
@@ -126,3 +129,62 @@ def test_compare_shows_each_runs_prediction_beside_its_measurement(tmp_path: Pat
     assert measured is not None
     base_error = format_percent((_map_rule(base) - measured) / base.record.model.bytes)
     assert row == f"| map | {format_gib(_map_rule(base), d)} | {base_error} | {format_gib(_map_rule(new), d)} | −2.5% |"
+
+
+def test_a_gpu_run_shows_the_predicted_gpu_peak_and_its_error_and_a_cpu_run_does_not(tmp_path: Path) -> None:
+    """The copy backend's engines stay on the GPU, so its rule predicts the model above the GPU baseline taken once
+    the CUDA context exists, as the run measures it: the error is the measured peak's distance from the model."""
+    gpu = load_results(make_results(tmp_path / "gpu", device="cuda"))
+    model, d = gpu.record.model.bytes, gib_decimals(gpu.record.model.bytes)
+    record = gpu.record
+    maps = dataclasses.replace(record.strategies["map"], gpu_peak_bytes=model + model // 40)  # 2.5 % above
+    gpu = dataclasses.replace(gpu, record=dataclasses.replace(record, strategies={**record.strategies, "map": maps}))
+    headers = [c.header for c in columns(gpu)]
+    at = headers.index(labels.WHOLE_RUN_GPU_PEAK)
+    assert headers[at + 1:at + 3] == [labels.PREDICTED_GPU_PEAK, labels.GPU_PREDICTION_ERROR]
+    cells = strategy_cells(gpu)
+    assert (cells["map"][labels.PREDICTED_GPU_PEAK], cells["map"][labels.GPU_PREDICTION_ERROR]) == (
+        format_gib(model, d), "−2.5%")
+    measured = gpu.record.strategies["load"].gpu_peak_bytes
+    assert measured is not None
+    assert cells["load"][labels.GPU_PREDICTION_ERROR] == format_percent((model - measured) / model)
+    # a strategy that did not finish: what it would have needed, no error
+    assert (cells["load_file"][labels.PREDICTED_GPU_PEAK], cells["load_file"][labels.GPU_PREDICTION_ERROR]) == (
+        format_gib(model, d), DASH)
+    report = render_report(gpu)
+    assert f"whole-run GPU peak {format_gib(model, d)} (measured {format_gib(model + model // 40, d)}, −2.5% of " \
+           "the model)" in report
+    assert GPU_PREDICTION_NOTE in report
+
+    cpu = load_results(make_results(tmp_path / "cpu"))
+    headers = [c.header for c in columns(cpu)]
+    assert labels.PREDICTED_BUILD_PEAK in headers
+    assert labels.PREDICTED_GPU_PEAK not in headers and labels.GPU_PREDICTION_ERROR not in headers
+    assert GPU_PREDICTION_NOTE not in render_report(cpu)
+
+
+def test_a_gpu_strategy_no_gpu_rule_covers_shows_no_prediction_and_why(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loader whose copies go to the GPU has a host prediction but no GPU one: the GPU cells say so, as the host's
+    do for a strategy no rule covers, and its detail line says why."""
+    from harness.predict import rules
+
+    gpu = load_results(make_results(tmp_path, device="cuda"))
+    monkeypatch.setattr(rules, "TO_DEVICE", ("map",))
+    cells = strategy_cells(gpu)["map"]
+    assert cells[labels.PREDICTED_BUILD_PEAK] != "no prediction"
+    assert (cells[labels.PREDICTED_GPU_PEAK], cells[labels.GPU_PREDICTION_ERROR]) == ("no prediction", DASH)
+    assert f"whole-run GPU peak: no prediction ({rules.NO_GPU_RULE})" in render_report(gpu)
+
+
+def test_notes_are_not_checked_against_the_gpu_prediction(tmp_path: Path) -> None:
+    """Notes stamped with a GPU run's measured figures stay checked: a prediction is derived from the rules, which
+    may change without the run changing, so its columns are left out of the stamp."""
+    from harness.report.notes import Notes, figure_changes
+
+    gpu = load_results(make_results(tmp_path, device="cuda"))
+    predicted = (labels.PREDICTED_BUILD_PEAK, labels.PREDICTION_ERROR, labels.PREDICTED_GPU_PEAK,
+                 labels.GPU_PREDICTION_ERROR)
+    measured = {name: {k: v for k, v in cells.items() if k not in ("strategy", "status", *predicted)}
+                for name, cells in strategy_cells(gpu).items()}
+    assert figure_changes(Notes(tmp_path / "smoke.notes.md", "notes", measured), gpu) == []
