@@ -11,7 +11,7 @@ TORCH_PIN := torch==2.13.0
 .PHONY: install venv-tools test lint typecheck pytest bench-map bench-smoke bench-pi05 bench-pi05-trim plot clean-data \
 	bench-smoke-compile bench-pi05-compile bench-lerobot-compile lerobot-venv budget-smoke budget-smoke-slurm budget-pi05 \
 	budget-pi05-compile bench-smoke-openvino bench-pi05-compile-openvino bench-smoke-iree \
-	bench-pi05-compile-iree gpu-peers gpu-peers-smoke bench-pi05-h200 bench-llama
+	bench-pi05-compile-iree gpu-peers gpu-peers-smoke bench-pi05-h200 bench-pi05-h200-peers bench-llama
 
 # The command-line tools the README names, whose scripts must be in $(VENV)/bin.
 VENV_TOOLS := pytest ruff mypy
@@ -115,6 +115,10 @@ gpu-peers-smoke: gpu-peers
 
 bench-pi05-h200: gpu-peers
 	$(PY) -m harness run scenarios/pi05-h200.toml
+
+# The same with map and the GPU loader peers alone (each in both uses): about 6 minutes on an H100.
+bench-pi05-h200-peers: gpu-peers
+	$(PY) -m harness run scenarios/pi05-h200-peers.toml
 
 # lerobot's own pi0.5 compiled on a GPU; needs lerobot (LEROBOT_PY: a Python where it
 # imports, e.g. the one `make lerobot-venv` sets up) and data/pi05.safetensors (make bench-pi05).

@@ -41,6 +41,14 @@ __all__ = ["ALIGN", "CopyToDevice", "CopyToFiles", "FAULT_CHUNK_BYTES", "fault_i
 FAULT_CHUNK_BYTES = 16 * MIB
 """Bytes of pages :func:`fault_in` touches between two calls of its ``between``."""
 
+OVERLAP_BYTES = 0
+""":attr:`CopyToDevice.overlap_bytes` by default: none of engine ``k + 1``'s pages are faulted in while engine
+``k`` is copied. On pi0.5 (16 engines on an H100), ``map`` with the overlap unbounded built at 1.03x of the
+model's read at the read ceiling, but its build-phase host peak was 1.80 GiB (results/pi05-h200-peers) where
+the copy on the building thread had held it to 1.59 GiB (results/pi05-h200, another H100): the next engine's
+pages came in beside the one being copied. The copy through the pinned ring runs at about four times a
+pageable copy's rate (``benchmarks/staged_copy.py``), which leaves the overlap little to hide."""
+
 
 def fault_in(tensors: Iterable[torch.Tensor], between: Callable[[], None] | None = None,
              chunk_bytes: int = FAULT_CHUNK_BYTES) -> int:
@@ -129,15 +137,19 @@ class CopyToDevice(EngineBuilder):
     engine's views into its buffer, by name.
 
     With ``staging`` (the default on a CUDA device: :class:`~harness.engines.pinned.PinnedRing`, two
-    pinned host buffers of 16 MiB, 32 MiB of host memory for the builder's life), engine ``k``'s host
-    tensors are copied by a :class:`~harness.engines.staging.Copier` on a thread of its own while engine
-    ``k + 1``'s pages are faulted in: :meth:`build` faults ``k + 1``'s pages in, taking back ``k``'s
-    copy as soon as it is finished (``done(k)``: the worker releases ``k``'s weights then, never while
-    they are copied), waits for it if it is not, then hands ``k + 1``'s tensors to the copier and
-    returns. One engine is in flight at a time; the last one is waited for by :meth:`finish`. Tensors
-    already on the device, and non-contiguous ones, are copied on the building thread. Without
-    ``staging`` (another device), every tensor is copied on the building thread and the build returns
-    with its engine copied.
+    pinned host buffers of :data:`~harness.engines.staging.CHUNK_BYTES`), engine ``k``'s host tensors are
+    copied by a :class:`~harness.engines.staging.Copier` on a thread of its own, through the ring, and
+    :meth:`build` returns once it has handed them over. ``k``'s copy is taken back (``done(k)``: the
+    worker releases ``k``'s weights then, never while they are copied) at the start of engine ``k + 1``'s
+    build: before any of ``k + 1``'s pages are faulted in, or, with ``overlap_bytes``, once that many of
+    them are (taken back earlier where it finished earlier, checked after every
+    :data:`FAULT_CHUNK_BYTES`). Pages faulted in while ``k`` is still copied are held beside ``k``'s:
+    ``overlap_bytes`` is how far the host peak may rise for the overlap, so the default,
+    :data:`OVERLAP_BYTES`, is none (the disk still reads ahead meanwhile where prefetch asks it to: into
+    the page cache, not into the process). One engine is in flight at a time; the last one is waited for by
+    :meth:`finish`. Tensors already on the device, and non-contiguous ones, are copied on the building
+    thread. Without ``staging`` (another device), every tensor is copied on the building thread and the
+    build returns with its engine copied.
 
     The two columns: ``pages_s``, faulting the partition's pages in (the previous engine's copy runs
     meanwhile); ``copy_s``, the building thread's time after that until the build returns: waiting
@@ -150,6 +162,7 @@ class CopyToDevice(EngineBuilder):
     name: str = "copy"
     engines: list[dict[str, torch.Tensor]] = field(default_factory=list)
     staging: StagerFactory | None = None
+    overlap_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.staging is None and is_gpu(self.device):
@@ -167,7 +180,9 @@ class CopyToDevice(EngineBuilder):
         distinct = _distinct(tensors)
         copier = self._copier_for()
         started = time.perf_counter()
-        fault_in(distinct.values(), between=None if copier is None else lambda: self._take(done))
+        if self.overlap_bytes <= 0:
+            self.finish(done)  # the previous engine: copied and released before this one's pages come in
+        fault_in(distinct.values(), between=None if copier is None else self._overlapping(done))
         paged = time.perf_counter()
         self.finish(done)  # the previous engine: copied and released before this one's copy starts
         offsets, size = packed_layout(distinct)
@@ -198,6 +213,20 @@ class CopyToDevice(EngineBuilder):
             finished = self._copier.wait()
             if finished is not None:
                 done(finished)
+
+    def _overlapping(self, done: Done) -> Callable[[], None]:
+        """What :func:`fault_in` calls after each chunk of this engine's pages: take back the previous engine's
+        copy if it is finished, and wait for it once more than ``overlap_bytes`` of these pages are in."""
+        allowed, seen = self.overlap_bytes // FAULT_CHUNK_BYTES, 0
+
+        def between() -> None:
+            nonlocal seen
+            seen += 1
+            if seen > allowed:
+                self.finish(done)
+            else:
+                self._take(done)
+        return between
 
     def _take(self, done: Done) -> None:
         """Report the engine in flight ``done`` if its copy is finished (called while pages come in)."""

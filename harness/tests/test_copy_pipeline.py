@@ -125,11 +125,67 @@ def test_a_finished_copy_is_released_while_the_next_engines_pages_come_in(monkey
 
     monkeypatch.setattr(copy_module, "fault_in", logged)
     engines = [{"w": torch.randn(64, 1024)}, {"w": torch.randn(64, 1024)}]
-    builder = CopyToDevice(device="cpu", staging=lambda device: Recording([]))
+    builder = CopyToDevice(device="cpu", staging=lambda device: Recording([]), overlap_bytes=1 << 30)
     builder.build(0, engines[0], lambda i: log.append(("done", i)))
     assert builder.copier is not None and builder.copier.copied()  # engine 0 copied, not yet taken back
     builder.build(1, engines[1], lambda i: log.append(("done", i)))
     assert log[:4] == ["pages in", "pages done", "pages in", ("done", 0)]  # during engine 1's pages, not after
+    builder.close()
+
+
+def test_by_default_no_page_of_the_next_engine_comes_in_beside_one_being_copied(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    log: list[Any] = []
+    real = fault_in
+
+    def logged(tensors: Any, between: Callable[[], None] | None = None, chunk_bytes: int = 0) -> int:
+        log.append("pages in")
+        return real(tensors, between, chunk_bytes=4096)
+
+    monkeypatch.setattr(copy_module, "fault_in", logged)
+    gate = threading.Event()
+    builder = CopyToDevice(device="cpu", staging=lambda device: Recording([], gate))
+    builder.build(0, {"w": torch.randn(64, 1024)}, lambda i: log.append(("done", i)))
+    gate.set()
+    builder.build(1, {"w": torch.randn(64, 1024)}, lambda i: log.append(("done", i)))
+    assert log[:3] == ["pages in", ("done", 0), "pages in"]  # engine 0 copied and released before engine 1's pages
+    builder.close()
+
+
+def test_the_overlap_waits_for_the_copy_once_its_bytes_are_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    chunks: list[int] = []
+    waiting = threading.Event()
+    real_fault_in = fault_in
+
+    def counted(tensors: Any, between: Callable[[], None] | None = None, chunk_bytes: int = 0) -> int:
+        def each() -> None:
+            chunks.append(1)
+            if between is not None:
+                between()
+        return real_fault_in(tensors, each, chunk_bytes=copy_module.FAULT_CHUNK_BYTES)
+
+    monkeypatch.setattr(copy_module, "fault_in", counted)
+    gate = threading.Event()
+    builder = CopyToDevice(device="cpu", staging=lambda device: Recording([], gate),
+                           overlap_bytes=2 * copy_module.FAULT_CHUNK_BYTES)
+    done: list[int] = []
+    builder.build(0, {"w": torch.randn(64, 1024)}, done.append)
+    chunks.clear()  # engine 0's own
+    real_finish = builder.finish
+
+    def finish(report: Callable[[int], None]) -> None:
+        waiting.set()
+        real_finish(report)
+
+    monkeypatch.setattr(builder, "finish", finish)
+    large = torch.zeros(6 * copy_module.FAULT_CHUNK_BYTES // 4)  # six chunks of pages
+    worker = threading.Thread(target=builder.build, args=(1, {"w": large}, done.append), daemon=True)
+    worker.start()
+    assert waiting.wait(60)  # it waits for engine 0's copy ...
+    assert (len(chunks), done) == (3, [])  # ... once a chunk beyond the two allowed is in, and not before
+    gate.set()
+    worker.join(60)
+    assert not worker.is_alive() and done[:1] == [0]
     builder.close()
 
 
