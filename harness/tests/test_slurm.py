@@ -3,9 +3,12 @@ skipped with the reason where its daemons cannot start), and what each job state
 
 from __future__ import annotations
 
+import collections
+import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -154,6 +157,58 @@ def test_a_job_the_cluster_lost_is_submitted_again_and_named(tmp_path: Path) -> 
     lost = _FakeClient(["PREEMPTED"] * 3)
     gave_up = SlurmAttempts(ClusterSettings(), lost).attempt(["true"], 100 * MIB, 60, (), tmp_path, "lost3")
     assert not gave_up.attempt.completed and "lost by the cluster 3 times" in (gave_up.attempt.reason or "")
+
+
+class _Controller(SlurmClient):
+    """Slurm's commands answered here: each job RUNNING for its first ``running`` reads (by ``squeue`` or
+    ``scontrol``), COMPLETED after; every command asked is kept in ``asked``."""
+
+    def __init__(self, running: int) -> None:
+        super().__init__()
+        self.running, self.asked = running, []  # type: ignore[var-annotated]
+        self.reads: collections.Counter[str] = collections.Counter()
+        self.guard = threading.Lock()
+
+    def _read(self, job: str) -> str:
+        self.reads[job] += 1
+        return "RUNNING" if self.reads[job] <= self.running else "COMPLETED"
+
+    def _run(self, args: Sequence[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        with self.guard:
+            self.asked.append(list(args))
+            if args[0] == "sbatch":
+                out = f"{sum(a[0] == 'sbatch' for a in self.asked)};local\n"
+            elif args[0] == "squeue":
+                out = "".join(f"{job}|{self._read(job)}\n" for job in args[args.index("-j") + 1].split(","))
+            elif args[0] == "scontrol":
+                out = f"JobId={args[-1]} JobState={self._read(args[-1])} Reason=None BatchHost=n1 ExitCode=0:0\n"
+            else:
+                out = ""
+            return subprocess.CompletedProcess(list(args), 0, out, "")
+
+
+def test_one_squeue_answers_for_every_job_waited_on() -> None:
+    client = _Controller(running=5)
+    jobs = [client.submit(f"j{i}", "#!/bin/sh\n", []) for i in range(3)]
+    assert [client.poll(job, 3600) for job in jobs] == ["RUNNING"] * 3
+    queries = [a for a in client.asked if a[0] != "sbatch"]
+    assert queries == [["squeue", "-h", "-t", "all", "-j", "1,2,3", "-o", "%i|%T"]]
+
+
+def test_attempts_waiting_together_read_each_job_in_full_once_at_its_end(tmp_path: Path) -> None:
+    client = _Controller(running=4)
+    runner = SlurmAttempts(ClusterSettings(), client, poll_s=0.01)
+    done: list[object] = []
+    threads = [threading.Thread(target=lambda i=i: done.append(
+        runner.attempt(["true"], 64 * MIB, 60, (), tmp_path, f"a{i}"))) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(done) == 3
+    shown = sorted(a[-1] for a in client.asked if a[0] == "scontrol")
+    assert shown == ["1", "2", "3"], "scontrol once per job, when squeue shows it ended; squeue while it runs"
+    assert all(a[0] in ("sbatch", "squeue", "scontrol") for a in client.asked)
 
 
 def test_states() -> None:
