@@ -7,6 +7,12 @@ timeout ends it first; Slurm's is the backstop), waits for the job to end and re
 :class:`~harness.budget.remote.RemoteAttempt`: the :class:`~harness.budget.cgroup.Attempt` a local attempt returns,
 and the job's id, node and the limit's enforcer.
 
+A job is one slot of the cluster: it asks ``--cpus-per-task`` of the ``[cluster]`` table's ``cpus`` (1 by default)
+and its script sets ``OMP_NUM_THREADS`` to the same number (:func:`job_script`), so that torch's intra-op threads
+in the worker match the CPUs the job holds. A cluster that binds jobs to their CPUs gives torch that count anyway;
+one that does not (``task/none``, as the one-node Slurm of the tests) would otherwise let each worker start a thread
+per core of the node beside the other jobs on it. Local attempts keep torch's default.
+
 What each end means is :mod:`harness.cluster.states`: a job the cluster lost (preempted, node failed) is submitted
 again, at most :data:`RETRIES` times, each lost job named in the reason; ``OUT_OF_MEMORY`` is an attempt that
 failed for memory; a cancelled or timed-out job is a failed attempt saying so; a job that ran but left no result
@@ -34,7 +40,8 @@ from harness.fileio.atomic import write_atomic
 from harness.scenario_cluster import ClusterSettings
 from harness.units import MIB
 
-__all__ = ["POLL_S", "RETRIES", "TIME_MARGIN_S", "RemoteAttempt", "SlurmAttempts", "Stopped", "slurm_time"]
+__all__ = ["POLL_S", "RETRIES", "TIME_MARGIN_S", "RemoteAttempt", "SlurmAttempts", "Stopped", "job_script",
+           "slurm_time"]
 
 TIME_MARGIN_S = 60
 """A job's time limit beyond its attempt's timeout: Python's start, the cold-cache drop, Slurm's own steps."""
@@ -50,6 +57,12 @@ def slurm_time(seconds: float) -> str:
     return f"{whole // 60}:{whole % 60:02d}"
 
 
+def job_script(command: Sequence[str], cpus: int) -> str:
+    """The shell script of a job that holds ``cpus`` CPUs and runs ``command``: torch's threads (``OMP_NUM_THREADS``)
+    set to ``cpus``, then ``command`` in the shell's place."""
+    return f"#!/bin/sh\nexport OMP_NUM_THREADS={cpus}\nexec {shlex.join(command)}\n"
+
+
 class SlurmAttempts:
     """Runs budget attempts as Slurm jobs through ``client`` with ``settings``; see the module docstring."""
 
@@ -58,6 +71,12 @@ class SlurmAttempts:
         self.settings, self.client = settings, client or SlurmClient()
         self.python, self.poll_s = tuple(python), poll_s
         self._stop = threading.Event()
+
+    def describe(self) -> str:
+        """What each attempt is, for the record: the job, its memory and its CPUs."""
+        cpus = self.settings.cpus
+        return (f"each attempt a Slurm job whose --mem is its limit, with --cpus-per-task={cpus} and its worker's "
+                f"threads set to match (OMP_NUM_THREADS={cpus})")
 
     def stop(self) -> list[str]:
         """Cancel every job submitted and not ended (by id); waiting attempts raise :class:`Stopped`. Returns the
@@ -73,8 +92,7 @@ class SlurmAttempts:
         spec, result = directory / f"{name}.spec.json", directory / f"{name}.result.json"
         write_atomic(spec, json.dumps({"command": list(command), "limit_bytes": limit_bytes, "timeout_s": timeout_s,
                                        "cold_files": [str(f) for f in cold_files]}))
-        script = "#!/bin/sh\nexec " + shlex.join([*self.python, "-m", "harness.cluster.attempt", str(spec),
-                                                   str(result)]) + "\n"
+        script = job_script([*self.python, "-m", "harness.cluster.attempt", str(spec), str(result)], self.settings.cpus)
         mem_mib = -(-limit_bytes // MIB)
         options = [f"--mem={mem_mib}M", f"--time={self._time(time_s, timeout_s)}",
                    f"--output={directory / name}.%j.out", "--no-requeue", *self.settings.sbatch_args()]

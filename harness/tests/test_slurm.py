@@ -61,6 +61,13 @@ def test_an_attempt_is_a_job_under_its_limit_naming_job_node_and_enforcer(slurm:
     assert killed.job_ids != fits.job_ids
 
 
+def test_an_attempts_worker_runs_torch_on_one_thread_as_its_job_holds_one_cpu(slurm: LocalSlurm, tmp_path: Path,
+                                                                            controller: object) -> None:
+    one_thread = "import sys, torch; sys.exit(torch.get_num_threads())"
+    done = SlurmAttempts(ClusterSettings()).attempt([PY, "-c", one_thread], 512 * MIB, 60, (), tmp_path, "one")
+    assert done.attempt.returncode == 1, done.attempt.reason
+
+
 def test_a_cancelled_job_is_a_failed_attempt_saying_so(slurm: LocalSlurm, tmp_path: Path, controller: object) -> None:
     client = SlurmClient()
     runner = SlurmAttempts(ClusterSettings(), client)
@@ -165,7 +172,7 @@ class _Controller(SlurmClient):
 
     def __init__(self, running: int) -> None:
         super().__init__()
-        self.running, self.asked = running, []  # type: ignore[var-annotated]
+        self.running, self.asked, self.scripts = running, [], []  # type: ignore[var-annotated]
         self.reads: collections.Counter[str] = collections.Counter()
         self.guard = threading.Lock()
 
@@ -177,6 +184,7 @@ class _Controller(SlurmClient):
         with self.guard:
             self.asked.append(list(args))
             if args[0] == "sbatch":
+                self.scripts.append(stdin)
                 out = f"{sum(a[0] == 'sbatch' for a in self.asked)};local\n"
             elif args[0] == "squeue":
                 out = "".join(f"{job}|{self._read(job)}\n" for job in args[args.index("-j") + 1].split(","))
@@ -209,6 +217,18 @@ def test_attempts_waiting_together_read_each_job_in_full_once_at_its_end(tmp_pat
     shown = sorted(a[-1] for a in client.asked if a[0] == "scontrol")
     assert shown == ["1", "2", "3"], "scontrol once per job, when squeue shows it ended; squeue while it runs"
     assert all(a[0] in ("sbatch", "squeue", "scontrol") for a in client.asked)
+
+
+@pytest.mark.parametrize("cpus", [1, 2])
+def test_an_attempts_job_asks_for_its_cpus_and_sets_torchs_threads_to_them(tmp_path: Path, cpus: int) -> None:
+    client = _Controller(running=0)
+    runner = SlurmAttempts(ClusterSettings(cpus=cpus), client)
+    runner.attempt(["true"], 64 * MIB, 60, (), tmp_path, "threads")
+    (sbatch,) = [a for a in client.asked if a[0] == "sbatch"]
+    assert f"--cpus-per-task={cpus}" in sbatch
+    (script,) = client.scripts
+    assert f"\nexport OMP_NUM_THREADS={cpus}\nexec " in script
+    assert f"--cpus-per-task={cpus}" in runner.describe() and f"OMP_NUM_THREADS={cpus}" in runner.describe()
 
 
 def test_states() -> None:
@@ -255,5 +275,6 @@ def test_a_budget_sweep_through_slurm_names_each_attempts_job_node_and_enforcer(
             assert attempt.job_ids is not None
             jobs.append(attempt.job_ids)
     assert len(set(jobs)) == len(jobs), "one job per attempt"
+    assert record.controller.endswith(runner.describe())
     assert read_budget(tmp_path / "results" / "tiny-budget") == record
     assert runner.client.live == [] and _squeue(runner.client) == ""
