@@ -1,5 +1,6 @@
-"""Slurm's commands, by job id: submit (``sbatch``), read a job's state (``scontrol``, else ``sacct``), cancel; and
-:func:`submit_until_kept`, the one submit-wait-resubmit loop of both the budget attempts' and the runs' jobs.
+"""Slurm's commands, by job id: submit (``sbatch``), poll all of a client's jobs at once (``squeue``), read a job's
+end (``scontrol``, else ``sacct``), cancel; and :func:`submit_until_kept`, the one submit-wait-resubmit loop of
+both the budget attempts' and the runs' jobs.
 
 :class:`SlurmClient` keeps the id of every job it submitted that has not ended, so that :meth:`SlurmClient.cancel_all`
 (an interrupted sweep's cleanup) cancels exactly those and leaves nothing queued. ``sbatch`` refusing a job (a
