@@ -22,7 +22,7 @@ from harness.cluster.states import Outcome, describe, outcome
 from harness.errors import HarnessError
 
 __all__ = ["POLL_S", "RETRIES", "JobState", "SbatchRefused", "SlurmClient", "SlurmUnreachable", "Submissions",
-           "submit_until_kept"]
+           "submit_until_kept", "wait_for"]
 
 COMMAND_TIMEOUT_S = 60.0
 RETRIES = 2
