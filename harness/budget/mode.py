@@ -454,7 +454,7 @@ def _sweep_all(scenario: Scenario, name: str, results: Path, precision_bytes: in
         model_bytes=plan.model.bytes, checkpoint=plan.checkpoint.path, engines=len(plan.engines),
         largest_engine_bytes=plan.largest_engine_bytes, backend=plan.scenario.build.backend, device=plan.device,
         controller=(f"{controller.describe()}; unconstrained limit: {source}"
-                    + ("" if jobs is None else "; each attempt a Slurm job whose --mem is its limit")),
+                    + ("" if jobs is None else f"; {jobs.describe()}")),
         precision_bytes=precision,
         unconstrained_limit_bytes=unconstrained,
         timeout_factor=timeout_factor, min_timeout_s=min_timeout_s, sweep_wall_s=0.0, reading=plan.reading)

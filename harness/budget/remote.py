@@ -37,6 +37,10 @@ class RemoteAttempts(Protocol):
         """Run ``command`` under ``limit_bytes``, its files in ``directory``, as a job named ``name``."""
         ...
 
+    def describe(self) -> str:
+        """What each attempt is (where it runs, its memory limit, its CPUs), for the record's ``controller``."""
+        ...
+
     def stop(self) -> list[str]:
         """Cancel every job submitted and not ended; returns their ids."""
         ...

@@ -7,6 +7,12 @@ timeout ends it first; Slurm's is the backstop), waits for the job to end and re
 :class:`~harness.budget.remote.RemoteAttempt`: the :class:`~harness.budget.cgroup.Attempt` a local attempt returns,
 and the job's id, node and the limit's enforcer.
 
+A job is one slot of the cluster: it asks ``--cpus-per-task`` of the ``[cluster]`` table's ``cpus`` (1 by default)
+and its script sets ``OMP_NUM_THREADS`` to the same number (:func:`job_script`), so that torch's intra-op threads
+in the worker match the CPUs the job holds. A cluster that binds jobs to their CPUs gives torch that count anyway;
+one that does not (``task/none``, as the one-node Slurm of the tests) would otherwise let each worker start a thread
+per core of the node beside the other jobs on it. Local attempts keep torch's default.
+
 What each end means is :mod:`harness.cluster.states`: a job the cluster lost (preempted, node failed) is submitted
 again, at most :data:`RETRIES` times, each lost job named in the reason; ``OUT_OF_MEMORY`` is an attempt that
 failed for memory; a cancelled or timed-out job is a failed attempt saying so; a job that ran but left no result
@@ -22,27 +28,23 @@ import math
 import shlex
 import sys
 import threading
-import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from harness.budget.cgroup import Attempt
 from harness.budget.remote import RemoteAttempt
-from harness.cluster.slurm import JobState, SlurmClient
+from harness.cluster.slurm import POLL_S, RETRIES, SlurmClient, submit_until_kept
 from harness.cluster.states import Outcome, describe, outcome
 from harness.errors import HarnessError
 from harness.fileio.atomic import write_atomic
 from harness.scenario_cluster import ClusterSettings
 from harness.units import MIB
 
-__all__ = ["POLL_S", "RETRIES", "TIME_MARGIN_S", "RemoteAttempt", "SlurmAttempts", "Stopped", "slurm_time"]
+__all__ = ["POLL_S", "RETRIES", "TIME_MARGIN_S", "RemoteAttempt", "SlurmAttempts", "Stopped", "job_script",
+           "slurm_time"]
 
-RETRIES = 2
-"""How many times a job the cluster lost (:data:`~harness.cluster.states.RETRY_STATES`) is submitted again."""
 TIME_MARGIN_S = 60
 """A job's time limit beyond its attempt's timeout: Python's start, the cold-cache drop, Slurm's own steps."""
-POLL_S = 0.5
-"""How often a job's state is read while it runs."""
 
 
 class Stopped(Exception):
@@ -55,6 +57,12 @@ def slurm_time(seconds: float) -> str:
     return f"{whole // 60}:{whole % 60:02d}"
 
 
+def job_script(command: Sequence[str], cpus: int) -> str:
+    """The shell script of a job that holds ``cpus`` CPUs and runs ``command``: torch's threads (``OMP_NUM_THREADS``)
+    set to ``cpus``, then ``command`` in the shell's place."""
+    return f"#!/bin/sh\nexport OMP_NUM_THREADS={cpus}\nexec {shlex.join(command)}\n"
+
+
 class SlurmAttempts:
     """Runs budget attempts as Slurm jobs through ``client`` with ``settings``; see the module docstring."""
 
@@ -63,6 +71,12 @@ class SlurmAttempts:
         self.settings, self.client = settings, client or SlurmClient()
         self.python, self.poll_s = tuple(python), poll_s
         self._stop = threading.Event()
+
+    def describe(self) -> str:
+        """What each attempt is, for the record: the job, its memory and its CPUs."""
+        cpus = self.settings.cpus
+        return (f"each attempt a Slurm job whose --mem is its limit, with --cpus-per-task={cpus} and its worker's "
+                f"threads set to match (OMP_NUM_THREADS={cpus})")
 
     def stop(self) -> list[str]:
         """Cancel every job submitted and not ended (by id); waiting attempts raise :class:`Stopped`. Returns the
@@ -78,26 +92,18 @@ class SlurmAttempts:
         spec, result = directory / f"{name}.spec.json", directory / f"{name}.result.json"
         write_atomic(spec, json.dumps({"command": list(command), "limit_bytes": limit_bytes, "timeout_s": timeout_s,
                                        "cold_files": [str(f) for f in cold_files]}))
-        script = "#!/bin/sh\nexec " + shlex.join([*self.python, "-m", "harness.cluster.attempt", str(spec),
-                                                   str(result)]) + "\n"
+        script = job_script([*self.python, "-m", "harness.cluster.attempt", str(spec), str(result)], self.settings.cpus)
         mem_mib = -(-limit_bytes // MIB)
         options = [f"--mem={mem_mib}M", f"--time={self._time(time_s, timeout_s)}",
                    f"--output={directory / name}.%j.out", "--no-requeue", *self.settings.sbatch_args()]
-        jobs: list[str] = []
-        lost: list[str] = []
-        while True:
-            result.unlink(missing_ok=True)
-            job = self.client.submit(name, script, options)
-            jobs.append(job)
-            state, ran_s = self._wait(job)
-            kind = outcome(state.state)
-            if kind is not Outcome.RETRY:
-                break
-            lost.append(f"job {job} on {state.node or 'no node'}: {describe(state.state, state.reason)}")
-            if len(lost) > RETRIES:
-                return RemoteAttempt(Attempt(limit_bytes, False, None, ran_s, None, None,
-                                              f"lost by the cluster {len(lost)} times: {'; '.join(lost)}"),
-                                      tuple(jobs), state.node, None)
+        done = submit_until_kept(self.client, name, script, options, check=self._check, poll_s=self.poll_s,
+                                 sleep=self._stop.wait, before=lambda: result.unlink(missing_ok=True))
+        jobs, state, job, lost, ran_s = done.job_ids, done.state, done.job, done.lost, done.ran_s
+        if done.gave_up:
+            return RemoteAttempt(Attempt(limit_bytes, False, None, ran_s, None, None,
+                                          f"lost by the cluster {len(lost)} times: {'; '.join(lost)}"),
+                                  jobs, state.node, None)
+        kind = outcome(state.state)
         note = f" (after {'; '.join(lost)}, submitted again)" if lost else ""
         where = f"job {job} under --mem={mem_mib}M"
         if kind is Outcome.RAN and result.exists():
@@ -108,33 +114,22 @@ class SlurmAttempts:
                               data["group_peak_bytes"], data["oom_kills"],
                               None if data["reason"] is None and not note else f"{data['reason'] or 'completed'}{note}",
                               data.get("counters", {}))
-            return RemoteAttempt(attempt, tuple(jobs), data["node"], data["enforcer"])
+            return RemoteAttempt(attempt, jobs, data["node"], data["enforcer"])
         if kind is Outcome.RAN:
             why = f"{where} ended (exit code {state.exit_code}) without a result: {self._tail(directory, name, job)}"
         else:
             why = f"{where}: {describe(state.state, state.reason)}"
-        return RemoteAttempt(Attempt(limit_bytes, False, None, ran_s, None, None, why + note), tuple(jobs),
-                              state.node, None)
+        return RemoteAttempt(Attempt(limit_bytes, False, None, ran_s, None, None, why + note), jobs, state.node,
+                              None)
 
     def _time(self, time_s: float | None, timeout_s: float) -> str:
         if time_s is not None:
             return slurm_time(time_s)
         return self.settings.time or slurm_time(timeout_s + TIME_MARGIN_S)
 
-    def _wait(self, job: str) -> tuple[JobState, float]:
-        """The job's final state and how long it ran (from the first poll that saw it running)."""
-        started: float | None = None
-        while True:
-            if self._stop.is_set():
-                raise Stopped(f"job {job} cancelled")
-            state = self.client.state(job)
-            kind = outcome(state.state)
-            if kind is not Outcome.WAIT:
-                self.client.ended(job)
-                return state, 0.0 if started is None else time.monotonic() - started
-            if started is None and state.state.startswith("RUNNING"):
-                started = time.monotonic()
-            self._stop.wait(self.poll_s)
+    def _check(self, job: str) -> None:
+        if self._stop.is_set():
+            raise Stopped(f"job {job} cancelled")
 
     @staticmethod
     def _tail(directory: Path, name: str, job: str) -> str:

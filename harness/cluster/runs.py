@@ -12,7 +12,7 @@ its record and samples into the results directory, where the run reads them as i
 What each end means is :mod:`harness.cluster.states`: ``OUT_OF_MEMORY`` is the worker stopped at its memory limit (by
 Slurm), a cancelled or timed-out job a failed run whose reason names the job and the state (both the strategy's
 result, as the watcher's own stops are); a job the cluster lost (preempted, node failed) is submitted again, at most
-:data:`~harness.cluster.executor.RETRIES` times, and one lost more often, or one that ran and left no result, has no
+:data:`~harness.cluster.slurm.RETRIES` times, and one lost more often, or one that ran and left no result, has no
 result of its own (:func:`harness.watch.no_result_of_its_own`: the run is not published). One job at a time: a round's
 strategies run one after another, as they do here, so that no two measurements share a machine.
 
@@ -26,14 +26,13 @@ import json
 import shlex
 import shutil
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from harness import stopping
-from harness.cluster.executor import POLL_S, RETRIES, TIME_MARGIN_S, slurm_time
+from harness.cluster.executor import TIME_MARGIN_S, slurm_time
 from harness.cluster.run_job import OUTCOME_FIELDS
-from harness.cluster.slurm import JobState, SlurmClient
+from harness.cluster.slurm import POLL_S, SlurmClient, submit_until_kept
 from harness.cluster.states import Outcome as Ends
 from harness.cluster.states import describe, outcome
 from harness.fileio.atomic import write_atomic
@@ -74,22 +73,14 @@ class SlurmRuns:
         mem = None if limit is None else f"--mem={-(-limit // MIB)}M"
         options = [*([mem] if mem else []), f"--time={self.settings.time or slurm_time(timeout_s + TIME_MARGIN_S)}",
                    f"--output={files / name}.%j.out", "--no-requeue", *self.settings.sbatch_args()]
-        jobs: list[str] = []
-        lost: list[str] = []
-        while True:
-            result.unlink(missing_ok=True)
-            job = self.client.submit(name, script, options)
-            jobs.append(job)
-            print_progress(f"{name}: Slurm job {job} submitted")
-            state = self._wait(job)
-            ends = outcome(state.state)
-            if ends is not Ends.RETRY:
-                break
-            lost.append(f"job {job} on {state.node or 'no node'}: {describe(state.state, state.reason)}")
-            if len(lost) > RETRIES:  # the cluster's failure, not the strategy's: no result of its own
-                return Outcome(None, f"lost by the cluster {len(lost)} times: {'; '.join(lost)}", 0,
-                               job_ids=tuple(jobs), node=state.node)
-        ids, where = tuple(jobs), f"Slurm job {job} on {state.node or 'no node'}"
+        done = submit_until_kept(self.client, name, script, options, check=self._check, poll_s=self.poll_s,
+                                 before=lambda: result.unlink(missing_ok=True),
+                                 submitted=lambda job: print_progress(f"{name}: Slurm job {job} submitted"))
+        state, job, ends = done.state, done.job, outcome(done.state.state)
+        if done.gave_up:  # the cluster's failure, not the strategy's: no result of its own
+            return Outcome(None, f"lost by the cluster {len(done.lost)} times: {'; '.join(done.lost)}", 0,
+                           job_ids=done.job_ids, node=state.node)
+        ids, where = done.job_ids, f"Slurm job {job} on {state.node or 'no node'}"
         output = self._output(files, name, job)
         if output:
             sys.stderr.write(output if output.endswith("\n") else output + "\n")
@@ -110,19 +101,13 @@ class SlurmRuns:
         return Outcome(None, f"{where}: {describe(state.state, state.reason)}", 0, stopped_by_cluster=True,
                        job_ids=ids, node=state.node)
 
-    def _wait(self, job: str) -> JobState:
-        """The job's final state; a signal caught meanwhile cancels it and raises
+    def _check(self, job: str) -> None:
+        """A signal caught while ``job`` is queued or runs cancels it and raises
         :class:`~harness.stopping.Interrupted`."""
-        while True:
-            signum = stopping.pending()
-            if signum is not None:
-                self.client.cancel([job])
-                raise stopping.Interrupted(signum, f"Slurm job {job} was cancelled")
-            state = self.client.state(job)
-            if outcome(state.state) is not Ends.WAIT:
-                self.client.ended(job)
-                return state
-            time.sleep(self.poll_s)
+        signum = stopping.pending()
+        if signum is not None:
+            self.client.cancel([job])
+            raise stopping.Interrupted(signum, f"Slurm job {job} was cancelled")
 
     @staticmethod
     def _output(files: Path, name: str, job: str) -> str:

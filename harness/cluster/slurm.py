@@ -1,4 +1,6 @@
-"""Slurm's commands, by job id: submit (``sbatch``), read a job's state (``scontrol``, else ``sacct``), cancel.
+"""Slurm's commands, by job id: submit (``sbatch``), poll all of a client's jobs at once (``squeue``), read a job's
+end (``scontrol``, else ``sacct``), cancel; and :func:`submit_until_kept`, the one submit-wait-resubmit loop of
+both the budget attempts' and the runs' jobs.
 
 :class:`SlurmClient` keeps the id of every job it submitted that has not ended, so that :meth:`SlurmClient.cancel_all`
 (an interrupted sweep's cleanup) cancels exactly those and leaves nothing queued. ``sbatch`` refusing a job (a
@@ -12,14 +14,21 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from harness.cluster.states import Outcome, describe, outcome
 from harness.errors import HarnessError
 
-__all__ = ["JobState", "SbatchRefused", "SlurmClient", "SlurmUnreachable"]
+__all__ = ["POLL_S", "RETRIES", "JobState", "SbatchRefused", "SlurmClient", "SlurmUnreachable", "Submissions",
+           "submit_until_kept", "wait_for"]
 
 COMMAND_TIMEOUT_S = 60.0
+RETRIES = 2
+"""How many times a job the cluster lost (:data:`~harness.cluster.states.RETRY_STATES`) is submitted again."""
+POLL_S = 0.5
+"""How often a job's state is read while it is queued or runs."""
 
 
 class SbatchRefused(HarnessError):
@@ -60,6 +69,9 @@ class SlurmClient:
         self.env = {**os.environ, **(env or {})}
         self._live: set[str] = set()
         self._lock = threading.Lock()
+        self._polled: dict[str, str] = {}
+        self._polled_at: float | None = None
+        self._poll_lock = threading.Lock()
 
     def _run(self, args: Sequence[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         try:
@@ -97,6 +109,23 @@ class SlurmClient:
         raise SlurmUnreachable(f"job {job_id}: neither scontrol nor sacct knows it "
                                f"({' '.join((shown.stderr + acct.stderr).split())})")
 
+    def poll(self, job_id: str, max_age_s: float) -> str | None:
+        """``job_id``'s ``JobState`` as one ``squeue`` answered for every job this client has live, asked at most once
+        every ``max_age_s`` whichever thread asks (threads waiting on many jobs cost one query per interval, not one
+        each), and again where ``job_id`` is newer than the last answer. None where ``squeue`` does not list it
+        (ended and forgotten by the controller, or ``squeue`` failed or is missing): read it with :meth:`state`."""
+        with self._poll_lock:
+            now = time.monotonic()
+            if self._polled_at is None or now - self._polled_at >= max_age_s or job_id not in self._polled:
+                ids = sorted({*self.live, job_id}, key=lambda j: (len(j), j))
+                try:
+                    listed = self._run(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i|%T"]).stdout
+                except SlurmUnreachable:  # no squeue: every state is read with state()
+                    listed = ""
+                self._polled = dict(line.split("|", 1) for line in listed.splitlines() if "|" in line)
+                self._polled_at = now
+            return self._polled.get(job_id)
+
     def ended(self, job_id: str) -> None:
         """Forget ``job_id``: it ended, nothing to cancel."""
         with self._lock:
@@ -121,3 +150,73 @@ class SlurmClient:
         """The ids of the jobs submitted and not yet seen ending."""
         with self._lock:
             return sorted(self._live)
+
+
+@dataclass(frozen=True)
+class Submissions:
+    """What :func:`submit_until_kept` did for one piece of work: ``job_ids``, every job submitted, in order (the last
+    the one that counts); ``state``, the last one's final state; ``lost``, one line per job the cluster lost (its id,
+    node and state); ``ran_s``, how long the last one ran (from the first poll that saw it running; 0 where none
+    did)."""
+
+    job_ids: tuple[str, ...]
+    state: JobState
+    lost: tuple[str, ...]
+    ran_s: float
+
+    @property
+    def job(self) -> str:
+        """The job that counts: the last one submitted."""
+        return self.job_ids[-1]
+
+    @property
+    def gave_up(self) -> bool:
+        """Every job was lost by the cluster: it was submitted :data:`RETRIES` + 1 times."""
+        return outcome(self.state.state) is Outcome.RETRY
+
+
+def wait_for(client: SlurmClient, job: str, poll_s: float, check: Callable[[str], None],
+             sleep: Callable[[float], object]) -> tuple[JobState, float]:
+    """Poll ``job`` every ``poll_s`` until it ends; returns its final state and how long it ran (from the first poll
+    that saw it running). While it is queued or runs its state comes from :meth:`SlurmClient.poll` (one ``squeue``
+    for all the client's jobs); once that shows it ended, or no longer lists it, the full state (reason, node, exit
+    code) is read once with :meth:`SlurmClient.state`. ``check(job)`` runs before each poll and raises to stop
+    waiting (the job is left as it is: cancelling it is the caller's); ``sleep`` waits between polls (an event's
+    ``wait`` ends it early)."""
+    started: float | None = None
+    while True:
+        check(job)
+        seen = client.poll(job, poll_s)
+        if seen is None or outcome(seen) is not Outcome.WAIT:
+            state = client.state(job)
+            if outcome(state.state) is not Outcome.WAIT:
+                client.ended(job)
+                return state, 0.0 if started is None else time.monotonic() - started
+            seen = state.state
+        if started is None and seen.startswith("RUNNING"):
+            started = time.monotonic()
+        sleep(poll_s)
+
+
+def submit_until_kept(client: SlurmClient, name: str, script: str, options: Sequence[str], *,
+                      check: Callable[[str], None], poll_s: float = POLL_S,
+                      sleep: Callable[[float], object] = time.sleep, before: Callable[[], None] = lambda: None,
+                      submitted: Callable[[str], None] = lambda job: None) -> Submissions:
+    """Submit ``script`` as job ``name`` with ``options`` and wait for it to end (:func:`wait_for` with ``check``,
+    ``poll_s`` and ``sleep``); a job the cluster lost (:data:`~harness.cluster.states.RETRY_STATES`) is submitted
+    again, at most :data:`RETRIES` times. ``before()`` runs before each submission (removing a previous job's
+    result, say), ``submitted(job)`` after it. Raises :class:`SbatchRefused` where ``sbatch`` refuses, and whatever
+    ``check`` raises."""
+    jobs: list[str] = []
+    lost: list[str] = []
+    while True:
+        before()
+        job = client.submit(name, script, options)
+        jobs.append(job)
+        submitted(job)
+        state, ran_s = wait_for(client, job, poll_s, check, sleep)
+        if outcome(state.state) is Outcome.RETRY:
+            lost.append(f"job {job} on {state.node or 'no node'}: {describe(state.state, state.reason)}")
+            if len(lost) <= RETRIES:
+                continue
+        return Submissions(tuple(jobs), state, tuple(lost), ran_s)

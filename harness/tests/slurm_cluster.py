@@ -37,7 +37,7 @@ from harness.units import MIB
 
 __all__ = ["LocalSlurm", "SlurmUnavailable", "start"]
 
-PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "scancel", "sacct")
+PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "sacct")
 PACKAGES = ("slurm-wlm", "munge")
 START_TIMEOUT_S = 60.0
 

@@ -3,9 +3,12 @@ skipped with the reason where its daemons cannot start), and what each job state
 
 from __future__ import annotations
 
+import collections
+import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -56,6 +59,13 @@ def test_an_attempt_is_a_job_under_its_limit_naming_job_node_and_enforcer(slurm:
     assert not killed.attempt.completed
     assert "OOM" in (killed.attempt.reason or "") or "oom" in (killed.attempt.reason or "")
     assert killed.job_ids != fits.job_ids
+
+
+def test_an_attempts_worker_runs_torch_on_one_thread_as_its_job_holds_one_cpu(slurm: LocalSlurm, tmp_path: Path,
+                                                                            controller: object) -> None:
+    one_thread = "import sys, torch; sys.exit(torch.get_num_threads())"
+    done = SlurmAttempts(ClusterSettings()).attempt([PY, "-c", one_thread], 512 * MIB, 60, (), tmp_path, "one")
+    assert done.attempt.returncode == 1, done.attempt.reason
 
 
 def test_a_cancelled_job_is_a_failed_attempt_saying_so(slurm: LocalSlurm, tmp_path: Path, controller: object) -> None:
@@ -156,6 +166,71 @@ def test_a_job_the_cluster_lost_is_submitted_again_and_named(tmp_path: Path) -> 
     assert not gave_up.attempt.completed and "lost by the cluster 3 times" in (gave_up.attempt.reason or "")
 
 
+class _Controller(SlurmClient):
+    """Slurm's commands answered here: each job RUNNING for its first ``running`` reads (by ``squeue`` or
+    ``scontrol``), COMPLETED after; every command asked is kept in ``asked``."""
+
+    def __init__(self, running: int) -> None:
+        super().__init__()
+        self.running, self.asked, self.scripts = running, [], []  # type: ignore[var-annotated]
+        self.reads: collections.Counter[str] = collections.Counter()
+        self.guard = threading.Lock()
+
+    def _read(self, job: str) -> str:
+        self.reads[job] += 1
+        return "RUNNING" if self.reads[job] <= self.running else "COMPLETED"
+
+    def _run(self, args: Sequence[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        with self.guard:
+            self.asked.append(list(args))
+            if args[0] == "sbatch":
+                self.scripts.append(stdin)
+                out = f"{sum(a[0] == 'sbatch' for a in self.asked)};local\n"
+            elif args[0] == "squeue":
+                out = "".join(f"{job}|{self._read(job)}\n" for job in args[args.index("-j") + 1].split(","))
+            elif args[0] == "scontrol":
+                out = f"JobId={args[-1]} JobState={self._read(args[-1])} Reason=None BatchHost=n1 ExitCode=0:0\n"
+            else:
+                out = ""
+            return subprocess.CompletedProcess(list(args), 0, out, "")
+
+
+def test_one_squeue_answers_for_every_job_waited_on() -> None:
+    client = _Controller(running=5)
+    jobs = [client.submit(f"j{i}", "#!/bin/sh\n", []) for i in range(3)]
+    assert [client.poll(job, 3600) for job in jobs] == ["RUNNING"] * 3
+    queries = [a for a in client.asked if a[0] != "sbatch"]
+    assert queries == [["squeue", "-h", "-t", "all", "-j", "1,2,3", "-o", "%i|%T"]]
+
+
+def test_attempts_waiting_together_read_each_job_in_full_once_at_its_end(tmp_path: Path) -> None:
+    client = _Controller(running=4)
+    runner = SlurmAttempts(ClusterSettings(), client, poll_s=0.01)
+    done: list[object] = []
+    threads = [threading.Thread(target=lambda i=i: done.append(
+        runner.attempt(["true"], 64 * MIB, 60, (), tmp_path, f"a{i}"))) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(done) == 3
+    shown = sorted(a[-1] for a in client.asked if a[0] == "scontrol")
+    assert shown == ["1", "2", "3"], "scontrol once per job, when squeue shows it ended; squeue while it runs"
+    assert all(a[0] in ("sbatch", "squeue", "scontrol") for a in client.asked)
+
+
+@pytest.mark.parametrize("cpus", [1, 2])
+def test_an_attempts_job_asks_for_its_cpus_and_sets_torchs_threads_to_them(tmp_path: Path, cpus: int) -> None:
+    client = _Controller(running=0)
+    runner = SlurmAttempts(ClusterSettings(cpus=cpus), client)
+    runner.attempt(["true"], 64 * MIB, 60, (), tmp_path, "threads")
+    (sbatch,) = [a for a in client.asked if a[0] == "sbatch"]
+    assert f"--cpus-per-task={cpus}" in sbatch
+    (script,) = client.scripts
+    assert f"\nexport OMP_NUM_THREADS={cpus}\nexec " in script
+    assert f"--cpus-per-task={cpus}" in runner.describe() and f"OMP_NUM_THREADS={cpus}" in runner.describe()
+
+
 def test_states() -> None:
     assert outcome("CANCELLED by 0") is Outcome.ENDED
     assert outcome("COMPLETED") is Outcome.RAN and outcome("FAILED") is Outcome.RAN
@@ -200,5 +275,6 @@ def test_a_budget_sweep_through_slurm_names_each_attempts_job_node_and_enforcer(
             assert attempt.job_ids is not None
             jobs.append(attempt.job_ids)
     assert len(set(jobs)) == len(jobs), "one job per attempt"
+    assert record.controller.endswith(runner.describe())
     assert read_budget(tmp_path / "results" / "tiny-budget") == record
     assert runner.client.live == [] and _squeue(runner.client) == ""
