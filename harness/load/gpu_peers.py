@@ -49,6 +49,7 @@ import torch
 from harness.catalog import is_gpu
 from harness.errors import HarnessError
 from harness.load.loaded import Loaded, put_in_place, restore, stored_names
+from harness.units import MIB
 from weightmap import open_checkpoint
 
 __all__ = [
@@ -82,7 +83,7 @@ INSTANTTENSOR_VERSION = "0.2.2"
 PREFETCH_THREADS = 8
 """Reader threads per ``PrefetchLoader`` (safetensors' default)."""
 
-INSTANT_CHUNK_BYTES = 8 * 1024 * 1024
+INSTANT_CHUNK_BYTES = 8 * MIB
 """The size of each of instanttensor's reads: its default for disk files (``URING``, ``AIO``, ``CUFILE``), asked
 for explicitly so that the I/O depth that fits an engine's ring buffer does not depend on the backend it picks."""
 INSTANT_MAX_IO_DEPTH = 1024

@@ -23,6 +23,7 @@ from harness.plan import Plan, make_plan
 from harness.results.samples import read_events
 from harness.scenario import load_scenario
 from harness.tests.tiny_scenario import tiny_scenario_text
+from harness.units import GIB
 from harness.worker import measure
 from weightmap import ReleasePlan
 
@@ -125,7 +126,7 @@ def test_a_finished_copy_is_released_while_the_next_engines_pages_come_in(monkey
 
     monkeypatch.setattr(copy_module, "fault_in", logged)
     engines = [{"w": torch.randn(64, 1024)}, {"w": torch.randn(64, 1024)}]
-    builder = CopyToDevice(device="cpu", staging=lambda device: Recording([]), overlap_bytes=1 << 30)
+    builder = CopyToDevice(device="cpu", staging=lambda device: Recording([]), overlap_bytes=GIB)
     builder.build(0, engines[0], lambda i: log.append(("done", i)))
     assert builder.copier is not None and builder.copier.copied()  # engine 0 copied, not yet taken back
     builder.build(1, engines[1], lambda i: log.append(("done", i)))

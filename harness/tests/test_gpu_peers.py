@@ -39,7 +39,7 @@ from harness.load.strategies import STRATEGIES
 from harness.plan import Plan, make_plan
 from harness.scenario import load_scenario
 from harness.tests.tiny_scenario import tiny_scenario_text
-from harness.units import MIB
+from harness.units import GIB, MIB
 from harness.worker import measure
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -460,7 +460,7 @@ def test_the_per_engine_peers_fetch_only_the_engines_tensors_with_buffers_sized_
         assert opened and all(calls[i][0] == "parallel_close" for i in opened), "closed in after(), not before"
 
 
-@pytest.mark.parametrize("nbytes", [1, 4096, 8 * MIB, 16 * MIB, 16 * MIB + 1, 600 * MIB, 9 * 1024 * MIB])
+@pytest.mark.parametrize("nbytes", [1, 4096, 8 * MIB, 16 * MIB, 16 * MIB + 1, 600 * MIB, 9 * GIB])
 def test_instanttensor_per_engine_sizes_fit_the_engine_and_each_other(nbytes: int) -> None:
     sizes = instant_sizes(nbytes)
     chunk = sizes["chunk_size"]

@@ -93,9 +93,10 @@ def test_a_record_without_a_baseline_says_no_prediction_and_why(tmp_path: Path) 
 
 
 def test_the_budget_report_shows_the_predicted_minimum_and_both_search_counts(tmp_path: Path) -> None:
-    """results/smoke-budget predates starting from the prediction: its report counts its own search runs and what
-    the sweep's arithmetic makes from the prediction on its verdicts; map's prediction is its baseline's anonymous
-    memory + the reclaim floor (its rule, the constant this sweep measured), beside the minimum."""
+    """results/smoke-budget's report counts its own search runs and what the sweep's arithmetic makes from the other
+    start on its verdicts (from the prediction where the sweep predates starting from one, from the baseline where it
+    started from the prediction: a rerun of ``make budget-smoke`` does); map's prediction is its baseline's
+    anonymous memory + the reclaim floor (its rule, the constant this sweep measured), beside the minimum."""
     from harness.predict.rules import RECLAIM_FLOOR_BYTES
 
     directory = committed_copy(["results/smoke-budget"], tmp_path) / "results" / "smoke-budget"
@@ -110,9 +111,13 @@ def test_the_budget_report_shows_the_predicted_minimum_and_both_search_counts(tm
     assert f"| {format_gib(m.minimum_bytes, d)} | {format_gib(predicted, d)} ({error}) |" in row
     searched = sum(1 for a in m.attempts if a.phase not in ("unconstrained", "extra"))
     line = next(line for line in text.splitlines() if line.startswith("- map: "))
-    assert line.startswith(f"- map: {searched} search runs, without a prediction (the sweep predates starting "
-                           f"from one); from the predicted minimum ({format_gib(predicted, d)}) the sweep would "
-                           "have made ")
+    if any(a.phase == "predicted" for a in m.attempts):
+        assert line.startswith(f"- map: {searched} search runs, starting from the predicted minimum "
+                               f"({format_gib(predicted, d)}); without a prediction the sweep would have made ")
+    else:
+        assert line.startswith(f"- map: {searched} search runs, without a prediction (the sweep predates starting "
+                               f"from one); from the predicted minimum ({format_gib(predicted, d)}) the sweep would "
+                               "have made ")
     assert "no prediction (rendered without its results directory)" in budget_markdown(record, [], None)
 
 
