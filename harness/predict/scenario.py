@@ -82,6 +82,7 @@ def inputs_of_scenario(scenario: Scenario, baseline: Baseline, *, device: str | 
     else:
         model_bytes, source = sizes["nbytes"], f"the model's tensors ({path} does not exist)"
     if build.compiler and present:
+        say(f"exporting the model's graph with {path} mapped, to cut its engines")
         try:
             with residency_kept(path):  # the graph is exported from the model with the checkpoint mapped
                 map_weights(info.module, path, strict=True).close()
@@ -97,7 +98,6 @@ def inputs_of_scenario(scenario: Scenario, baseline: Baseline, *, device: str | 
         engines = tuple(e.nbytes for e in module_engines(info.module, build, scenario.where)[0])
         source += ", engines in module order" + (" (a compiler cuts its graph instead: no checkpoint to export "
                                                  "from)" if build.compiler else "")
-    say(f"sizes from {source}")
     return PredictInputs(model_bytes=model_bytes, engine_bytes=engines, device=device, backend=build.backend,
                          compiler_weights=build.compiler_weights, strategies=tuple(scenario.strategies),
                          baseline=baseline, source=source)

@@ -188,6 +188,15 @@ def test_json_names_the_record_fields(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "does not exist" in data["source"] and not (tmp_path / "c.safetensors").exists()
 
 
+def test_the_text_says_each_line_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario, _ = tiny(tmp_path, generate=False)
+    assert main(["predict", str(scenario), "--baseline-gib", "0.25"]) == 0
+    out = capsys.readouterr()
+    said = [line.removeprefix("[predict] ") for line in out.err.splitlines() + out.out.splitlines() if line]
+    assert any(line.startswith("sizes from ") for line in said)
+    assert len(said) == len(set(said)), said
+
+
 @pytest.mark.parametrize("backend", ["copy", "inductor"])
 def test_predicting_reads_no_weight(tmp_path: Path, capsys: pytest.CaptureFixture[str], backend: str) -> None:
     """The checkpoint's page-cache residency is what it was: the copy backend reads its headers, a compiler also
