@@ -202,8 +202,10 @@ class DeviceHooks(ABC):
 
     def __init__(self, model: torch.nn.Module, path: Path, device: str,
                  partitions: Sequence[Sequence[str]]) -> None:
+        self.package = self.check(device)
+        """What the loader calls (:meth:`check`), checked before the checkpoint is opened."""
         self.model = model
-        self.device = device
+        self.device = device_index(device)
         self.checkpoint = open_checkpoint(path)
         self.partitions = [list(names) for names in partitions]
         # a model's name -> the name the checkpoint stores it under
@@ -274,8 +276,7 @@ class StPrefetchHooks(DeviceHooks):
 
     def __init__(self, model: torch.nn.Module, path: Path, device: str,
                  partitions: Sequence[Sequence[str]]) -> None:
-        self._safe_open = self.check(device)
-        super().__init__(model, path, device_index(device), partitions)
+        super().__init__(model, path, device, partitions)
         self._loaders: dict[int, dict[Path, tuple[Any, Any]]] = {}  # engine -> file -> (handle, PrefetchLoader)
 
     def started(self) -> list[int]:
@@ -289,7 +290,7 @@ class StPrefetchHooks(DeviceHooks):
         loaders: dict[Path, tuple[Any, Any]] = {}
         self._loaders[index] = loaders
         for file, stored in self.wanted(self.partitions[index]).items():
-            handle = self._safe_open(str(file), framework="pt")
+            handle = self.package(str(file), framework="pt")
             plan: dict[str, slice | None] = dict.fromkeys(stored)
             loaders[file] = (handle, handle.prefetch(plan, device=ordinal, threads=PREFETCH_THREADS))
 
@@ -314,8 +315,7 @@ class FastSafetensorsHooks(DeviceHooks):
 
     def __init__(self, model: torch.nn.Module, path: Path, device: str,
                  partitions: Sequence[Sequence[str]]) -> None:
-        self._module = self.check(device)
-        super().__init__(model, path, device_index(device), partitions)
+        super().__init__(model, path, device, partitions)
         self.nogds = not gds_present(device)
         self._open: Any = None  # the ParallelLoader of the engine being built
 
@@ -329,7 +329,7 @@ class FastSafetensorsHooks(DeviceHooks):
         if not wanted:
             return {}
         keep = {stored for names in wanted.values() for stored in names}
-        self._open = self._module.ParallelLoader(
+        self._open = self.package.ParallelLoader(
             None, [str(file) for file in wanted], device=self.device, nogds=self.nogds, use_tqdm_on_load=False,
             tensor_filter=keep.__contains__, max_batch_bytes=self.batch_bytes(wanted))
         weights = self._open.iterate_weights()
@@ -376,17 +376,12 @@ class InstantTensorHooks(DeviceHooks):
     cuda_only = True
     _package = staticmethod(instanttensor_module)
 
-    def __init__(self, model: torch.nn.Module, path: Path, device: str,
-                 partitions: Sequence[Sequence[str]]) -> None:
-        self._module = self.check(device)
-        super().__init__(model, path, device_index(device), partitions)
-
     def _fetch(self, index: int, wanted: dict[Path, list[str]]) -> dict[str, torch.Tensor]:
         if not wanted:
             return {}
         names = [stored for stored_names in wanted.values() for stored in stored_names]
         nbytes = sum(self.checkpoint.entries[stored][1].nbytes for stored in names)
-        with self._module.safe_open([str(file) for file in wanted], framework="pt", device=self.device,
+        with self.package.safe_open([str(file) for file in wanted], framework="pt", device=self.device,
                                     tensor_filter=names, tensor_name_match_mode="exact",
                                     **instant_sizes(nbytes)) as handle:
             tensors = dict(handle.tensors())

@@ -38,7 +38,6 @@ import torch
 from harness.load.gpu_peers import (
     PREFETCH_THREADS,
     DeviceHooks,
-    device_index,
     fastsafetensors_module,
     gds_present,
     instanttensor_module,
@@ -152,14 +151,13 @@ class StPrefetchWholeHooks(_WholeHooks):
 
     def __init__(self, model: torch.nn.Module, path: Path, device: str,
                  partitions: Sequence[Sequence[str]]) -> None:
-        self._safe_open = self.check(device)
-        super().__init__(model, path, device_index(device), partitions)
+        super().__init__(model, path, device, partitions)
         self._loaders: dict[str, Any] = {}  # stored name -> the PrefetchLoader of its file
 
     def _open(self, plan: dict[Path, list[str]]) -> None:
         ordinal = torch.device(self.device).index
         for file, stored in plan.items():
-            handle = self._safe_open(str(file), framework="pt")
+            handle = self.package(str(file), framework="pt")
             order: dict[str, slice | None] = dict.fromkeys(stored)
             loader = handle.prefetch(order, device=ordinal, threads=PREFETCH_THREADS)
             self._loaders.update(dict.fromkeys(stored, loader))
@@ -202,14 +200,13 @@ class FastSafetensorsWholeHooks(_IteratedWholeHooks):
 
     def __init__(self, model: torch.nn.Module, path: Path, device: str,
                  partitions: Sequence[Sequence[str]]) -> None:
-        self._module = self.check(device)
-        super().__init__(model, path, device_index(device), partitions)
+        super().__init__(model, path, device, partitions)
         self.nogds = not gds_present(device)
         self._loader: Any = None
 
     def _open(self, plan: dict[Path, list[str]]) -> None:
         keep = {stored for names in plan.values() for stored in names}
-        self._loader = self._module.ParallelLoader(None, [str(file) for file in plan], device=self.device,
+        self._loader = self.package.ParallelLoader(None, [str(file) for file in plan], device=self.device,
                                                    nogds=self.nogds, use_tqdm_on_load=False,
                                                    tensor_filter=keep.__contains__)
         self._weights = self._loader.iterate_weights()
@@ -231,13 +228,12 @@ class InstantTensorWholeHooks(_IteratedWholeHooks):
 
     def __init__(self, model: torch.nn.Module, path: Path, device: str,
                  partitions: Sequence[Sequence[str]]) -> None:
-        self._module = self.check(device)
-        super().__init__(model, path, device_index(device), partitions)
+        super().__init__(model, path, device, partitions)
         self._handle: Any = None
 
     def _open(self, plan: dict[Path, list[str]]) -> None:
         names = [stored for stored_names in plan.values() for stored in stored_names]
-        self._handle = self._module.safe_open([str(file) for file in plan], framework="pt", device=self.device,
+        self._handle = self.package.safe_open([str(file) for file in plan], framework="pt", device=self.device,
                                               tensor_filter=names, tensor_name_match_mode="exact")
         self._weights = self._handle.__enter__().tensors()
 
