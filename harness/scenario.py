@@ -572,7 +572,11 @@ def validate_scenario(scenario: Scenario) -> None:
         problem = _synthetic_problem(m.layers, m.width, m.vocab, m.ffn_mult, m.dtype)
         if problem:
             raise ScenarioError(f"{scenario.where('model')}: {problem}")
-    elif m.spec is not None:
+    # then the files, each found with stat, and the spec read: the checkpoint path's type, the spec's model
+    broken = scenario.checkpoint.problem()
+    if broken:
+        raise ScenarioError(f"{scenario.where('checkpoint.' + broken[0])}: {broken[1]}")
+    if m.source != "synthetic" and m.spec is not None:
         try:
             data = read_spec(m.spec)
         except (OSError, ValueError) as exc:
@@ -580,9 +584,6 @@ def validate_scenario(scenario: Scenario) -> None:
         problem = spec_problem(data if isinstance(data, dict) else {}, m.trim)
         if problem:
             raise ScenarioError(f"{scenario.where('model.spec')}: {m.spec} {problem}")
-    broken = scenario.checkpoint.problem()
-    if broken:
-        raise ScenarioError(f"{scenario.where('checkpoint.' + broken[0])}: {broken[1]}")
 
 
 # --------------------------------------------------------------------------- reading
