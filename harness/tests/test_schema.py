@@ -56,7 +56,8 @@ _REGISTERED = """
 import json
 from harness.backends import BACKENDS, BackendSpec
 
-BACKENDS["throwaway"] = BackendSpec("throwaway", "Throwaway", None, ())  # before the scenario reads the registry
+# registered before the scenario reads the registry
+BACKENDS["registered_here"] = BackendSpec("registered_here", "Registered here", None, ())
 
 import harness.scenario as scenario
 from harness.schema import scenario_schema
@@ -74,7 +75,7 @@ def test_a_backend_registered_is_listed_by_the_command_and_needs_no_docstring_ed
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["quoted"], "registering a backend made harness/scenario.py's Schema block differ from the listing"
-    choices = " | ".join(f'"{name}"' for name in (*BACKENDS, "throwaway"))  # every one registered, the new one last
+    choices = " | ".join(f'"{name}"' for name in (*BACKENDS, "registered_here"))  # every one, the new one last
     assert f'build.backend {choices} ["copy"]' in seen["listed"], seen["listed"]
 
 
