@@ -36,10 +36,11 @@ below it (``harness/tests/test_imports.py`` holds the layers and checks the impo
 ``checkpoint_reading`` ``plan``
     The prefetch and drop-cache settings, set or chosen by a read probe; the scenario resolved once, in
     the parent.
-``worker`` ``watch`` ``reference`` ``rounds`` ``run_record`` ``run``
+``worker`` ``watch`` ``reference`` ``rounds`` ``run_record`` ``round_run`` ``run``
     One strategy in one process; its worker watched from outside, under the scenario's limits; the reference
-    measurements beside the strategies; the strategies' order in each round; the run's record as it starts; a
-    scenario's supervised run, staged then published, its discarded warm-up rounds first.
+    measurements beside the strategies; the strategies' order in each round; the run's plan written and its record
+    as it starts; one round of worker runs, each supervised, its record read and its line said; a scenario's
+    supervised run, staged then published, its discarded warm-up rounds first.
 ``budget`` ``predict`` ``cluster``
     Budget mode: memory cgroups, the sweep, its record and its signals; each strategy's memory predicted from
     sizes alone (``rules``) and checked against the committed results (``check``); budget attempts run as Slurm

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -343,8 +343,9 @@ def _compare(args: argparse.Namespace) -> int:
 def _schema(args: argparse.Namespace) -> int:
     from harness.schema import layout_history, scenario_schema
 
-    listings = {"scenario": ("A scenario file's keys: key, what it takes [default]", scenario_schema),
-                "layouts": ("The keys each results layout added to summary.json", layout_history)}
+    listings: dict[str, tuple[str, Callable[[], str]]] = {
+        "scenario": ("A scenario file's keys: key, what it takes [default]", scenario_schema),
+        "layouts": ("The keys each results layout added to summary.json", layout_history)}
     shown = [args.what] if args.what else list(SCHEMAS)
     print("\n".join(f"{listings[w][0]}:\n\n{listings[w][1]()}" for w in shown), end="")
     return 0

@@ -1,7 +1,8 @@
-"""The run's reference measurements, beside its strategies: how one that fails is recorded, and the disk's cold read.
+"""The run's reference measurements, beside its strategies: how one that fails is recorded, the disk's cold read,
+and the disk shared by reads and writes.
 
-A reference measurement (the disk's cold read before a round, :func:`measure_disk`; the shared disk,
-:mod:`harness.measure.shared_disk`) that fails is recorded as failed with its reason and never costs the run
+A reference measurement (the disk's cold read before a round, :func:`measure_disk`; the shared disk after the last
+round, :func:`measure_shared_disk`) that fails is recorded as failed with its reason and never costs the run
 (:func:`reference`).
 """
 
@@ -13,9 +14,12 @@ from typing import TypeVar
 
 from harness import stopping
 from harness.measure.diskread import cold_read_bandwidth
+from harness.measure.shared_disk import shared_disk
+from harness.progress import print_progress, shared_line
 from harness.results.disk import DiskRead
+from harness.results.record import RunRecord, write_summary
 
-__all__ = ["DISK_SETTLE_TIMEOUT_S", "measure_disk", "reference"]
+__all__ = ["DISK_SETTLE_TIMEOUT_S", "SHARED_DISK_TIMES", "measure_disk", "measure_shared_disk", "reference"]
 
 T = TypeVar("T")
 
@@ -51,3 +55,29 @@ def measure_disk(files: Sequence[str], before: int) -> DiskRead:
                     bytes_per_s=round(read.bytes / seconds, 1) if seconds > 0 else 0.0,
                     cpu_seconds=read.cpu_seconds, method=read.method,
                     resident_at_start_bytes=read.cache.record.resident_after_bytes)
+
+
+SHARED_DISK_TIMES = 3
+"""How many times a cold run whose engines are files measures the disk read and written at once, after its
+last round (:mod:`harness.measure.shared_disk`)."""
+
+
+def measure_shared_disk(run: RunRecord, staging: Path, files: Sequence[str], workdir: str,
+                        engine_bytes: int) -> RunRecord:
+    """``run`` with the disk read and written at once, :data:`SHARED_DISK_TIMES` times
+    (:func:`harness.measure.shared_disk.shared_disk` of the checkpoint's ``files``, writing ``engine_bytes`` under
+    ``workdir``), each time recorded in ``shared_disk`` (``summary.json`` in ``staging`` rewritten) and said; one
+    that fails is recorded in ``shared_disk_error``, the times before it stand, and no more are taken."""
+    for time_ in range(SHARED_DISK_TIMES):
+        print_progress(f"the disk read and written at once, {time_ + 1} of {SHARED_DISK_TIMES}")
+        shared, error = reference(lambda: shared_disk(files, workdir, engine_bytes))
+        if error is not None:
+            run = run.replace(shared_disk_error=f"time {time_ + 1} of {SHARED_DISK_TIMES}: {error}")
+            write_summary(staging, run)
+            print_progress(f"disk shared: failed ({run.shared_disk_error})")
+            break
+        assert shared is not None
+        run = run.replace(shared_disk=(*run.shared_disk, shared))
+        write_summary(staging, run)
+        print_progress(shared_line(shared))
+    return run

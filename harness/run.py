@@ -84,25 +84,21 @@ from pathlib import Path
 from harness import stopping
 from harness.errors import HarnessError, OutputError
 from harness.fileio.atomic import FileBatch
-from harness.measure.shared_disk import shared_disk
-from harness.plan import Plan, make_plan, write_plan
-from harness.progress import disk_line, print_progress, result_line, run_label, shared_line
-from harness.reference import measure_disk, reference
-from harness.results.metrics import StrategyMetrics
+from harness.plan import Plan, make_plan
+from harness.progress import print_progress
+from harness.reference import measure_shared_disk
 from harness.results.names import reserved_problem
 from harness.results.publish import Staging, publish
-from harness.results.record import PLAN, RunRecord, StrategyRecord, read_strategy_file, write_summary
-from harness.results.repeats import combine_repeats, copy_run_files, drop_repeat_samples, repeat_dir
+from harness.results.record import RunRecord, read_strategy_file
+from harness.results.repeats import drop_repeat_samples
+from harness.round_run import JOBS, Rounds, WorkerCommand
 from harness.run_record import start_record
 from harness.scenario import Scenario
 from harness.units import format_gib
-from harness.watch import Supervisor, no_result_of_its_own, strategy_record, watch_here
+from harness.watch import Supervisor, watch_here
 from harness.worker import worker_command
 
 __all__ = ["Render", "WorkerCommand", "finished_strategies", "run_scenario"]
-
-WorkerCommand = Callable[[Path, str, Path], Sequence[str]]
-"""``(plan file, strategy, results directory) -> command line`` of one strategy's process."""
 
 Render = Callable[[Path, Path, FileBatch], object]
 """``(staged results directory, where it will be published, batch)``: writes a finished run's report and
@@ -112,9 +108,6 @@ figures into ``batch``, which goes in place together with the results (``python 
 ENGINES = "engines"
 """In the staging directory: where the run's engines built as files go (unless ``workdir`` names another);
 removed before the results are published."""
-JOBS = "jobs"
-"""In the staging directory: each Slurm job's spec, result and output (``supervisor`` a
-:class:`~harness.cluster.runs.SlurmRuns`); removed before the results are published."""
 
 
 def finished_strategies(staging: Path, strategies: Sequence[str]) -> list[str]:
@@ -129,11 +122,6 @@ def finished_strategies(staging: Path, strategies: Sequence[str]) -> list[str]:
         if record is not None and record.ok:
             done.append(strategy)
     return done
-
-
-SHARED_DISK_TIMES = 3
-"""How many times a cold run whose engines are files measures the disk read and written at once, after its
-last round (:mod:`harness.measure.shared_disk`)."""
 
 
 def run_scenario(
@@ -199,86 +187,21 @@ def run_scenario(
 
 
 def _measure(plan: Plan, staging: Path, command: WorkerCommand, out: Path, supervisor: Supervisor) -> RunRecord:
-    """Every warm-up round and measured run of the plan, into ``staging``, and the reference measurements
-    (:func:`harness.reference.reference`); raises :class:`~harness.errors.OutputError` as soon as a measured run
-    has no result of its own (:func:`harness.watch.no_result_of_its_own`): such a run is not published."""
-    plan_path = write_plan(staging / PLAN, plan)
+    """Every warm-up round and measured run of the plan, into ``staging`` (:class:`harness.round_run.Rounds`), then
+    the disk shared by reads and writes (:func:`harness.reference.measure_shared_disk`); raises
+    :class:`~harness.errors.OutputError` as soon as a measured run has no result of its own
+    (:func:`harness.watch.no_result_of_its_own`): such a run is not published."""
+    plan_path, run = start_record(plan, staging)
     scenario = plan.scenario
     print_progress(f"{len(plan.engines)} engines, the largest {format_gib(plan.largest_engine_bytes)}, "
                    f"on {plan.device} ({scenario.build.backend} backend); results go to {out}")
-    run, counter = start_record(plan)
-    repeats = max(1, scenario.run.repeats)
-    runs: dict[str, list[StrategyRecord]] = {s: [] for s in scenario.strategies}
-    warmups = scenario.run.warmup
-    for round_ in range(warmups + repeats):  # the warm-up rounds first, then the measured ones
-        warm = round_ < warmups
-        index = round_ if warm else round_ - warmups  # counts from 0 among rounds of its kind
-        where = f"warm-up round {index + 1}/{warmups} (discarded)" if warm else ""
-        if scenario.run.cache == "cold" and run.disk_read_error is None:  # after a read that failed, none is taken
-            disk, error = reference(functools.partial(measure_disk, plan.checkpoint_files, index))
-            if warm:  # said, not recorded
-                print_progress(f"{where}: {disk_line(disk) if disk is not None else f'disk: failed ({error})'}")
-            elif error is None:
-                assert disk is not None
-                run = run.replace(disk_reads=(*run.disk_reads, disk))
-                print_progress(disk_line(disk))
-            else:
-                run = run.replace(disk_read_error=f"before round {index + 1} of {repeats}: {error}")
-                print_progress(f"disk: failed ({run.disk_read_error})")
-            if not warm:
-                write_summary(staging, run)
-        # a warm-up round's files go apart and are removed once it ends; its strategies run in the scenario's order
-        out_dir = (staging / f"warmup-{index}" if warm else staging if repeats == 1 else repeat_dir(staging, index))
-        try:
-            for strategy in scenario.strategies if warm else run.round_orders[index]:
-                label = run_label(strategy, warmups, scenario.run.repeats, warmup=index if warm else None,
-                                  repeat=index)
-                print_progress(counter.next(label))
-                out_dir.mkdir(parents=True, exist_ok=True)
-                try:
-                    outcome = supervisor(plan, command(plan_path, strategy, out_dir), staging / JOBS,
-                                         f"{plan.name}-{'w' if warm else 'r'}{index}-{strategy}")
-                except stopping.Interrupted as exc:
-                    exc.detail += f" ({strategy}, {where})" if warm else f" ({strategy})"
-                    raise
-                if warm:  # nothing of it is kept
-                    print_progress(f"{where}: {strategy} {'ran' if outcome.returncode == 0 else 'failed'}")
-                    continue
-                written = read_strategy_file(out_dir, strategy)
-                outside = no_result_of_its_own(outcome, written)
-                record = strategy_record(outcome, written).replace(repeat=index)
-                metrics = StrategyMetrics.of(strategy, record, run)
-                record = record.replace(floor_bytes=metrics.floor_bytes,
-                                        excess_over_floor=None if metrics.excess is None else round(metrics.excess, 6))
-                print_progress(result_line(strategy, metrics))
-                runs[strategy].append(record)
-                combined = combine_repeats(runs[strategy])
-                if repeats > 1:
-                    copy_run_files(repeat_dir(staging, combined.repeat or 0), staging, strategy)
-                run = run.with_strategy(strategy, combined)
-                write_summary(staging, run)
-                if outside is not None:  # not the strategy's result: the earlier one, if any, stays
-                    raise OutputError(f"{out}: kept as it was, this run is not published: {label} failed for a "
-                                      f"reason outside the strategy ({outside})")
-        finally:
-            if warm:  # however the round ends
-                shutil.rmtree(out_dir, ignore_errors=True)
+    rounds = Rounds(plan, plan_path, staging, out, command, supervisor)
+    for round_ in range(scenario.run.warmup + max(1, scenario.run.repeats)):  # the warm-up rounds first
+        run = rounds.run_round(round_, run)
     if scenario.run.cache == "cold" and scenario.run.shared_disk and plan.writes_weights_to_files:
         # after the rounds: its writes would slow whatever ran next, beyond what a cold cache resets
-        for time_ in range(SHARED_DISK_TIMES):
-            print_progress(f"the disk read and written at once, {time_ + 1} of {SHARED_DISK_TIMES}")
-            shared, error = reference(
-                lambda: shared_disk(plan.checkpoint_files, plan.workdir, plan.largest_engine_bytes))
-            if error is not None:  # the times measured before it stand; no more are taken
-                run = run.replace(shared_disk_error=f"time {time_ + 1} of {SHARED_DISK_TIMES}: {error}")
-                write_summary(staging, run)
-                print_progress(f"disk shared: failed ({run.shared_disk_error})")
-                break
-            assert shared is not None
-            run = run.replace(shared_disk=(*run.shared_disk, shared))
-            write_summary(staging, run)
-            print_progress(shared_line(shared))
-    if repeats > 1:
-        for strategy, done in runs.items():
+        run = measure_shared_disk(run, staging, plan.checkpoint_files, plan.workdir, plan.largest_engine_bytes)
+    if scenario.run.repeats > 1:
+        for strategy, done in rounds.runs.items():
             drop_repeat_samples(staging, strategy, done)
     return run

@@ -1,14 +1,14 @@
-"""The run as it starts, before any strategy ran: its record (the plan, this machine, this checkout) and the counter
-of its worker runs."""
+"""The run as it starts, before any strategy ran: its plan written (``plan.json``, which every worker reads) and its
+record (the plan, this machine, this checkout); how many worker runs it plans."""
 
 from __future__ import annotations
 
 import datetime
+from pathlib import Path
 
 from harness.measure import machine
-from harness.plan import Plan
-from harness.progress import RunCounter
-from harness.results.record import MachineInfo, RunRecord
+from harness.plan import Plan, write_plan
+from harness.results.record import PLAN, MachineInfo, RunRecord
 from harness.rounds import round_orders
 from harness.scenario import RunConfig
 
@@ -20,12 +20,12 @@ def planned_runs(run: RunConfig, strategies: int) -> int:
     return strategies * (run.warmup + max(1, run.repeats))
 
 
-def start_record(plan: Plan) -> tuple[RunRecord, RunCounter]:
-    """The run's record before any strategy ran (the plan, this machine, this checkout), and the counter of the
-    worker runs it plans (:func:`planned_runs`), its clock started."""
+def start_record(plan: Plan, staging: Path) -> tuple[Path, RunRecord]:
+    """``plan`` written into ``staging`` (``plan.json``, atomically; its path returned), and the run's record before
+    any strategy ran (the plan, this machine, this checkout)."""
+    plan_path = write_plan(staging / PLAN, plan)
     scenario = plan.scenario
-    counter = RunCounter(planned_runs(scenario.run, len(scenario.strategies)))
-    return RunRecord(
+    return plan_path, RunRecord(
         scenario=scenario.name,
         name=plan.name,
         description=scenario.description,
@@ -51,4 +51,4 @@ def start_record(plan: Plan) -> tuple[RunRecord, RunCounter]:
         read_ceiling=plan.read_ceiling,
         read_ceiling_error=plan.read_ceiling_error,
         round_orders=round_orders(scenario.strategies, max(1, scenario.run.repeats)),
-    ), counter
+    )

@@ -33,7 +33,9 @@ Paths
 Schema: one line per key, ``key  what it takes [default]``, as ``python -m harness schema scenario`` prints it
 from the fields of :class:`Scenario` and of its tables (:data:`TABLES`), with what each key means and the rules
 it follows beside the others indented under it (``harness/tests/test_schema.py`` checks these lines against the
-fields); ``reference.*`` are the keys of each ``[[reference]]`` table; see ``scenarios/*.toml`` for examples::
+fields); where a registry keeps a key's choices, these lines name the registry and the command lists the choices
+registered now (:func:`harness.schema.scenario_schema`); ``reference.*`` are the keys of each ``[[reference]]``
+table; see ``scenarios/*.toml`` for examples::
 
     name                                string [required]
         results go under results/<name>/: [a-z0-9_-]+, not ending in "-budget" nor holding "-vs-", which the
@@ -89,7 +91,7 @@ fields); ``reference.*`` are the keys of each ``[[reference]]`` table; see ``sce
         exactly one of engines and engine_cap_mib: exactly that many engines (the model needs at least as many
         weight units) / at most that many MiB of weights per engine, at least one byte
     build.engine_cap_mib                a number > 0 and <= 16777216 (MiB, 16 TiB) [absent]
-    build.backend                       "copy" | "inductor" | "openvino" | "iree" | "tensorrt" ["copy"]
+    build.backend                       one of the backends registered in harness.backends ["copy"]
         a compiler backend (:func:`harness.backends.compiler_backends`) exports the model, so it takes neither
         model.source = "spec" nor a model.fallback
     build.device                        "auto" | "cpu" | "cuda" ["auto"]
@@ -375,7 +377,8 @@ class BuildConfig:
 
     engines: int | None = field(default=None, metadata=limit("build.engines"))
     engine_cap_mib: float | None = field(default=None, metadata=limit("build.engine_cap_mib"))
-    backend: str = field(default="copy", metadata=one_of(backend_names()))
+    backend: str = field(default="copy",
+                         metadata=one_of(backend_names(), registry="the backends registered in harness.backends"))
     device: str = field(default="auto", metadata=one_of(DEVICES))
     release: bool = True
     weights: str = field(default="mapped", metadata=one_of(ENGINE_WEIGHTS))
@@ -572,7 +575,11 @@ def validate_scenario(scenario: Scenario) -> None:
         problem = _synthetic_problem(m.layers, m.width, m.vocab, m.ffn_mult, m.dtype)
         if problem:
             raise ScenarioError(f"{scenario.where('model')}: {problem}")
-    elif m.spec is not None:
+    # then the files, each found with stat, and the spec read: the checkpoint path's type, the spec's model
+    broken = scenario.checkpoint.problem()
+    if broken:
+        raise ScenarioError(f"{scenario.where('checkpoint.' + broken[0])}: {broken[1]}")
+    if m.source != "synthetic" and m.spec is not None:
         try:
             data = read_spec(m.spec)
         except (OSError, ValueError) as exc:
@@ -580,9 +587,6 @@ def validate_scenario(scenario: Scenario) -> None:
         problem = spec_problem(data if isinstance(data, dict) else {}, m.trim)
         if problem:
             raise ScenarioError(f"{scenario.where('model.spec')}: {m.spec} {problem}")
-    broken = scenario.checkpoint.problem()
-    if broken:
-        raise ScenarioError(f"{scenario.where('checkpoint.' + broken[0])}: {broken[1]}")
 
 
 # --------------------------------------------------------------------------- reading

@@ -47,9 +47,14 @@ LIMITS: dict[str, Limit] = {
 
 @dataclass(frozen=True)
 class OneOf:
-    """A field's ``check``: its value must be one of ``choices`` (which :mod:`harness.schema` lists)."""
+    """A field's ``check``: its value must be one of ``choices`` (which :mod:`harness.schema` lists).
+
+    ``registry``, where a registry keeps the choices (the backends), names them in words (``the backends
+    registered in harness.backends``): the listing :mod:`harness.scenario`'s docstring quotes says that in their
+    place, so that registering one more changes no docstring."""
 
     choices: tuple[str, ...]
+    registry: str | None = None
 
     def __call__(self, value: Any) -> str | None:
         if value in self.choices:
@@ -57,9 +62,9 @@ class OneOf:
         return f"expected one of {', '.join(map(repr, self.choices))}, got {value!r}"
 
 
-def one_of(choices: tuple[str, ...]) -> dict[str, Callable[[Any], str | None]]:
-    """A field's metadata: its value must be one of ``choices``."""
-    return {"check": OneOf(choices)}
+def one_of(choices: tuple[str, ...], registry: str | None = None) -> dict[str, Callable[[Any], str | None]]:
+    """A field's metadata: its value must be one of ``choices`` (kept by ``registry``, where given: :class:`OneOf`)."""
+    return {"check": OneOf(choices, registry)}
 
 
 def limit(key: str) -> dict[str, Limit]:

@@ -3,7 +3,8 @@
 :func:`scenario_schema` lists every key of a scenario file (:mod:`harness.scenario`), one line each: its
 dotted key (``run.cache``; ``reference.label`` for each ``[[reference]]`` table), what it takes (the field's
 type, the choices of its ``check`` where that is a :class:`~harness.scenario_rules.OneOf`, the range of its
-``limit``) and its default (``required`` where the field has none; what the loader puts in its place where
+``limit``; :mod:`harness.scenario`'s docstring quotes it with the registry's words in place of the choices a
+registry keeps) and its default (``required`` where the field has none; what the loader puts in its place where
 it computes one, :data:`LOADER_DEFAULTS`). :func:`layout_history` lists, for each layout version of
 ``summary.json`` (:data:`~harness.results.record.LAYOUT_VERSION`), the keys it added (each field's
 ``since``), the keys it made required (``absent_until``) and those it dropped (``until``), by their path in
@@ -104,10 +105,13 @@ def toml_text(value: Any) -> str:
     return repr(value)
 
 
-def _takes(f: dataclasses.Field[Any], tp: Any) -> str:
-    """What ``f`` (of type ``tp``) takes, in words: its choices, its range, else its type."""
+def _takes(f: dataclasses.Field[Any], tp: Any, registered: bool) -> str:
+    """What ``f`` (of type ``tp``) takes, in words: its choices (those a registry keeps only where ``registered``,
+    else where they are registered), its range, else its type."""
     tp, _ = _arms(tp)
     check, limit = f.metadata.get("check"), f.metadata.get("limit")
+    if isinstance(check, OneOf) and check.registry is not None and not registered:
+        return f"one of {check.registry}"
     if isinstance(check, OneOf):
         return " | ".join(toml_text(c) for c in check.choices)
     if isinstance(limit, Limit):
@@ -118,7 +122,8 @@ def _takes(f: dataclasses.Field[Any], tp: Any) -> str:
     return f"list of {_KINDS[item]}s" if item is not tp else _KINDS[tp]
 
 
-def _table_keys(cls: type, prefix: str, names: tuple[str, ...] | None = None) -> Iterator[ScenarioKey]:
+def _table_keys(cls: type, prefix: str, registered: bool, names: tuple[str, ...] | None = None
+                ) -> Iterator[ScenarioKey]:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if names is not None and json_key(f) not in names:
@@ -126,20 +131,27 @@ def _table_keys(cls: type, prefix: str, names: tuple[str, ...] | None = None) ->
         key = prefix + json_key(f)
         default = (LOADER_DEFAULTS[key] if key in LOADER_DEFAULTS else
                    toml_text(_default(f)) if _has_default(f) else "required")
-        yield ScenarioKey(key, _takes(f, hints[f.name]), default)
+        yield ScenarioKey(key, _takes(f, hints[f.name], registered), default)
 
 
-def scenario_keys() -> list[ScenarioKey]:
-    """Every key of a scenario file, in the order the loader reads them: the top-level keys, then each table's."""
-    keys = list(_table_keys(Scenario, "", TOP_KEYS))
+def scenario_keys(registered: bool = True) -> list[ScenarioKey]:
+    """Every key of a scenario file, in the order the loader reads them: the top-level keys, then each table's;
+    ``registered`` False: a key whose choices a registry keeps (the backends,
+    :class:`~harness.scenario_rules.OneOf`'s ``registry``) says where they are registered instead of listing them."""
+    keys = list(_table_keys(Scenario, "", registered, TOP_KEYS))
     for table, cls in TABLES.items():
-        keys.extend(_table_keys(cls, f"{table}."))
+        keys.extend(_table_keys(cls, f"{table}.", registered))
     return keys
 
 
-def scenario_schema() -> str:
-    """The scenario keys as text: one line per key (wrapped under its second column), ``key  takes [default]``."""
-    keys = scenario_keys()
+def scenario_schema(registered: bool = True) -> str:
+    """The scenario keys as text: one line per key (wrapped under its second column), ``key  takes [default]``.
+
+    ``registered`` False gives what :mod:`harness.scenario`'s docstring quotes: every line as listed, but a key
+    whose choices a registry keeps names the registry (:func:`scenario_keys`), so that a backend registered
+    (:data:`harness.backends.BACKENDS`) needs no edit of that docstring; ``python -m harness schema scenario`` lists
+    the choices registered now."""
+    keys = scenario_keys(registered)
     width = max(len(k.key) for k in keys) + 2
     return "\n".join(k.line(width) for k in keys) + "\n"
 

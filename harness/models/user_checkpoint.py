@@ -140,18 +140,29 @@ def resolve_checkpoint(module: nn.Module, config: CheckpointConfig, where: Calla
 
 
 def _resolve(module: nn.Module, config: CheckpointConfig, progress: bool) -> ResolvedCheckpoint:
-    path = config.path
+    """The checkpoint ``config`` names: generated or reused where it is (or is to be) one of ours, else the user's,
+    checked against ``module``; its files opened once, for the record."""
+    path, generated = config.path, False
+    ours = config.max_shard_bytes is not None or config.generate or is_generated_file(path) \
+        or not os.path.lexists(path)
     if config.max_shard_bytes is not None:  # only with generate (the scenario's rule)
         path, generated = ensure_sharded_checkpoint(module, path, config.seed, config.max_shard_bytes,
                                                     progress=progress)
-        return _resolved(path, generated, config.seed)
-    if config.generate or is_generated_file(path) or not os.path.lexists(path):
+    elif ours:
         path, generated = ensure_checkpoint(module, path, config.seed, generate=config.generate, progress=progress)
-        return _resolved(path, generated, config.seed)
     try:
         checkpoint = open_checkpoint(path)
     except (MappingError, HeaderError, OSError) as exc:
         raise CheckpointError(_one_line(str(exc))) from exc
+    if not ours:
+        _check_fits(module, path, checkpoint)
+    return ResolvedCheckpoint(path, checkpoint.files,
+                              checkpoint_info(checkpoint, path=path, generated=generated, seed=config.seed))
+
+
+def _check_fits(module: nn.Module, path: Path, checkpoint: Checkpoint) -> None:
+    """:class:`~harness.models.checkpoints.CheckpointError` where the user's ``checkpoint`` at ``path`` does not fit
+    ``module`` (:func:`checkpoint_mismatch`) or mapping it is refused (:func:`weightmap.preview_mapping`)."""
     problem = checkpoint_mismatch(module, checkpoint)
     if problem:
         raise CheckpointError(f"{path}: {problem}")
@@ -159,11 +170,3 @@ def _resolve(module: nn.Module, config: CheckpointConfig, progress: bool) -> Res
         preview_mapping(module, path)
     except (MappingError, HeaderError, OSError) as exc:
         raise CheckpointError(_one_line(str(exc))) from exc
-    return ResolvedCheckpoint(path, checkpoint.files,
-                              checkpoint_info(checkpoint, path=path, generated=False, seed=config.seed))
-
-
-def _resolved(path: Path, generated: bool, seed: int) -> ResolvedCheckpoint:
-    checkpoint = open_checkpoint(path)
-    return ResolvedCheckpoint(path, checkpoint.files,
-                              checkpoint_info(checkpoint, path=path, generated=generated, seed=seed))

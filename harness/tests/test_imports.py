@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("models", "load"),
     ("engines",),
     ("checkpoint_reading", "plan"),
-    ("worker", "watch", "reference", "rounds", "run_record", "run"),
+    ("worker", "watch", "reference", "rounds", "run_record", "round_run", "run"),
     ("budget", "predict", "cluster"),
     ("report",),
     ("cli", "schema", "bench_map", "__main__"),

@@ -6,13 +6,17 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import harness.results.layouts as layouts
 import harness.scenario as scenario
+from harness.backends import BACKENDS
 from harness.budget.record import StrategyBudget
 from harness.cli import main
 from harness.fileio.codec import decode, field_since
@@ -28,6 +32,8 @@ from harness.schema import (
     toml_text,
 )
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 def _schema_block(docstring: str) -> list[str]:
     """The literal block of ``docstring``'s Schema section less the lines indented under a key (what it means)."""
@@ -38,11 +44,39 @@ def _schema_block(docstring: str) -> list[str]:
 
 
 def test_the_scenario_docstring_quotes_the_listing_of_its_keys() -> None:
-    quoted, listed = _schema_block(scenario.__doc__ or ""), scenario_schema().splitlines()
+    # every line as listed, a registry's choices named by the registry (they change with what is registered)
+    quoted, listed = _schema_block(scenario.__doc__ or ""), scenario_schema(registered=False).splitlines()
     differ = difflib.unified_diff(quoted, listed, "harness/scenario.py", "python -m harness schema scenario",
                                   lineterm="", n=0)
     assert quoted == listed, ("harness/scenario.py's Schema block differs from the listing; copy its lines in "
                               "(indented by 4, each key's meaning indented by 8 under it):\n" + "\n".join(differ))
+
+
+_REGISTERED = """
+import json
+from harness.backends import BACKENDS, BackendSpec
+
+# registered before the scenario reads the registry
+BACKENDS["registered_here"] = BackendSpec("registered_here", "Registered here", None, ())
+
+import harness.scenario as scenario
+from harness.schema import scenario_schema
+from harness.tests.test_schema import _schema_block
+
+print(json.dumps({"quoted": _schema_block(scenario.__doc__ or "") == scenario_schema(registered=False).splitlines(),
+                  "listed": " ".join(scenario_schema().split())}))
+"""
+
+
+def test_a_backend_registered_is_listed_by_the_command_and_needs_no_docstring_edit() -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", _REGISTERED], capture_output=True, text=True, cwd=ROOT, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["quoted"], "registering a backend made harness/scenario.py's Schema block differ from the listing"
+    choices = " | ".join(f'"{name}"' for name in (*BACKENDS, "registered_here"))  # every one, the new one last
+    assert f'build.backend {choices} ["copy"]' in seen["listed"], seen["listed"]
 
 
 def test_the_listing_names_every_key_the_loader_reads_and_its_default(tmp_path: Path) -> None:

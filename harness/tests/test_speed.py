@@ -24,6 +24,7 @@ from harness.load.strategies import _release_and_prefetch
 from harness.measure.probe import probe_bytes
 from harness.measure.procfs import read_status
 from harness.plan import Plan, make_plan, read_plan
+from harness.reference import SHARED_DISK_TIMES
 from harness.report import render_staged
 from harness.results.checkpoint_reading import EARLIER_REQUEST_BYTES, ReadingChoice
 from harness.results.disk import CeilingPoint, DiskRead
@@ -31,7 +32,7 @@ from harness.results.metrics import StrategyMetrics, best_ceiling, disk_metrics
 from harness.results.reading import load_results
 from harness.results.record import RunRecord, StrategyRecord
 from harness.results.repeats import combine_repeats, representative
-from harness.run import SHARED_DISK_TIMES, run_scenario
+from harness.run import run_scenario
 from harness.scenario import (
     BuildConfig,
     CheckpointConfig,

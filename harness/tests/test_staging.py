@@ -388,8 +388,9 @@ def signals_itself(real: Callable[..., object], signum: int, swallow: bool) -> C
     return measurement
 
 
-REFERENCE_POINTS = {"shared disk": "harness.run.shared_disk", "read ceiling": "harness.checkpoint_reading.read_ceiling",
-                    "disk read": "harness.run.measure_disk"}
+REFERENCE_POINTS = {"shared disk": "harness.reference.shared_disk",
+                    "read ceiling": "harness.checkpoint_reading.read_ceiling",
+                    "disk read": "harness.round_run.measure_disk"}
 
 
 @pytest.mark.parametrize("swallow", [False, True], ids=["raised", "swallowed"])
