@@ -15,7 +15,7 @@ from typing import Any
 
 from harness.backends.columns import EngineColumns
 
-__all__ = ["BackendSpec", "Package", "Ref", "TwoCalls", "resolve"]
+__all__ = ["BackendMemory", "BackendSpec", "OwnBytes", "Package", "Ref", "TwoCalls", "WeightCopies", "resolve"]
 
 Ref = str
 """``"package.module:attribute"``: code imported when it is needed (see :func:`resolve`)."""
@@ -52,6 +52,62 @@ class TwoCalls:
 
 
 @dataclass(frozen=True)
+class OwnBytes:
+    """What a backend holds of its own while it builds an engine, beside any copy of the weights: ``bytes``,
+    anonymous host memory; ``fact``: how it was measured, naming the committed run; ``result``: the committed
+    results directory (``results/<result>``) whose ``map`` strategy set it, which ``predict --check`` marks and
+    leaves out of its goals (None where no single run set it and ``fact`` says what it rests on)."""
+
+    bytes: int
+    fact: str
+    result: str | None = None
+
+
+@dataclass(frozen=True)
+class WeightCopies:
+    """Copies of an engine's weights a backend makes while it builds an engine with weight setting ``weights``,
+    in engine bytes (``copies`` x the engine's weight bytes, anonymous host memory); ``fact`` and ``result`` as
+    for :class:`OwnBytes` (``result`` None where the figure follows from the compiler's code and runs only check
+    it)."""
+
+    weights: str
+    copies: float
+    fact: str
+    result: str | None = None
+
+
+@dataclass(frozen=True)
+class BackendMemory:
+    """A backend's measured memory while it builds one engine, read by the predictor
+    (:func:`~harness.predict.rules.compiler_own_bytes`: ``own`` bytes + the copies of its weight setting x the
+    engine). ``own``: None states none, predicted as 0; ``copies``: one entry per weight setting that copies, a
+    setting without one copying nothing. A backend that states no memory predicts neither."""
+
+    own: OwnBytes | None = None
+    copies: tuple[WeightCopies, ...] = ()
+
+    @property
+    def own_bytes(self) -> int:
+        """The fixed bytes it holds of its own (0 where it states none)."""
+        return self.own.bytes if self.own is not None else 0
+
+    def copies_of(self, weights: str | None) -> float:
+        """The copies of an engine's weights it makes with weight setting ``weights`` (0 where it states none)."""
+        return next((c.copies for c in self.copies if c.weights == weights), 0.0)
+
+    def sources(self) -> dict[str, str]:
+        """The committed results that set a figure of it, each with what it set (``own bytes``, ``weight copies
+        (<setting>)``; several joined by ``, ``)."""
+        found: dict[str, list[str]] = {}
+        if self.own is not None and self.own.result is not None:
+            found.setdefault(self.own.result, []).append("own bytes")
+        for c in self.copies:
+            if c.result is not None:
+                found.setdefault(c.result, []).append(f"weight copies ({c.weights})")
+        return {result: ", ".join(what) for result, what in found.items()}
+
+
+@dataclass(frozen=True)
 class BackendSpec:
     """One backend: everything the harness knows of it outside its own module.
 
@@ -68,6 +124,8 @@ class BackendSpec:
     ``devices``: the device types its engines are built for (``cpu``, ``cuda``).
     ``columns``: the column groups its builds record per engine (:mod:`harness.backends.columns`).
     ``two_calls``: for a compiler that converts, then compiles, how the report names the two calls.
+    ``memory``: what it holds of its own while it builds an engine, as measured (:class:`BackendMemory`; the
+    default states none: no own bytes, no copies).
     ``factory``: its builder's factory (None: none in this version, so it is refused before anything runs): for a
     compiler, a :data:`Ref` to ``make_compiler(weights=..., device=..., release=...)`` returning its
     :class:`~harness.engines.compile.compiler.EngineCompiler`, which one generic builder drives
@@ -87,11 +145,17 @@ class BackendSpec:
     weights: tuple[str, ...] = ()
     weights_missing: Ref | None = None
     two_calls: TwoCalls | None = None
+    memory: BackendMemory = BackendMemory()
 
     def __post_init__(self) -> None:
         if self.compiler != bool(self.weights):
             raise ValueError(f"backend {self.name!r}: a compiler builds at least one weight setting, and only a "
                              f"compiler takes one (compiler={self.compiler}, weights={self.weights})")
+        settings = [c.weights for c in self.memory.copies]
+        for setting in settings:
+            if setting not in self.weights or settings.count(setting) > 1:
+                raise ValueError(f"backend {self.name!r}: memory states weight copies for {setting!r}, which must "
+                                 f"be one of its weight settings {self.weights}, stated once")
 
     @property
     def default_weights(self) -> str | None:

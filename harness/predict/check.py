@@ -9,7 +9,8 @@ is given as a share of the model's bytes.
 A figure is within its goal (:func:`goal_bytes`) when the error is at most 5 % of the model (``copy`` backend) or 10 %
 (a compiler), or 64 MiB where that is larger; a budget minimum when it is within 10 % of the minimum or 64 MiB, or
 inside the sweep's bracket (largest failing limit, minimum], which is all a sweep measured. Results that set one of
-the rules' constants (:data:`CONSTANT_SOURCES`) are marked, and left out of the goals' summary.
+the rules' constants or a backend's memory figures (:func:`constant_sources`) are marked, and left out of the
+goals' summary.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.backends import memory_sources
 from harness.budget.record import BUDGET_FILE, read_budget
 from harness.predict.recorded import inputs_of_budget, inputs_of_run
 from harness.predict.rules import predict_strategy
@@ -24,17 +26,22 @@ from harness.results.reading import load_results
 from harness.results.record import SUMMARY
 from harness.units import GIB, MIB, gib_number
 
-__all__ = ["CONSTANT_SOURCES", "CheckRow", "check_markdown", "check_results", "goal_bytes"]
+__all__ = ["RULE_SOURCES", "CheckRow", "check_markdown", "check_results", "constant_sources", "goal_bytes"]
 
-CONSTANT_SOURCES: dict[str, str] = {
-    "smoke-compile": "COMPILER_OWN_BYTES (inductor)",
-    "smoke-iree": "COMPILER_OWN_BYTES (iree)",
-    "smoke-openvino": "COMPILER_OWN_BYTES (openvino)",
-    "smoke-iree-packaged-compiler": "WEIGHT_COPIES (iree)",
+RULE_SOURCES: dict[str, str] = {
     "lerobot-compile-packaged": "GPU_WORKSPACE_BYTES",
     "smoke-budget": "RECLAIM_FLOOR_BYTES",
 }
 """The committed results each constant of :mod:`harness.predict.rules` was measured on (its docstring says how)."""
+
+
+def constant_sources() -> dict[str, str]:
+    """Every committed result that set a constant, with what it set: the rules' own (:data:`RULE_SOURCES`) and the
+    backends' memory figures, as their registrations state them (:func:`~harness.backends.memory_sources`)."""
+    sources = memory_sources()
+    for result, what in RULE_SOURCES.items():
+        sources[result] = f"{sources[result]}; {what}" if result in sources else what
+    return sources
 
 FIGURES: dict[str, str] = {"build_peak_bytes": "build-phase peak", "host_peak_bytes": "whole-run peak",
                            "minimum_bytes": "budget minimum"}
@@ -65,7 +72,7 @@ class CheckRow:
 
     @property
     def sets_constant(self) -> bool:
-        return self.result in CONSTANT_SOURCES
+        return self.result in constant_sources()
 
     @property
     def in_bracket(self) -> bool:

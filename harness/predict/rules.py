@@ -4,7 +4,9 @@ Every rule is a function of :class:`~harness.predict.inputs.PredictInputs`: the 
 order (``e_k``; ``E`` the largest, ``M`` the model), the baseline (RSS ``B``, anonymous ``A``), the strategy's
 release behaviour (:data:`HOLDING`), the backend and its weight setting, and the device. No weight is read.
 
-The constants below were measured by the harness on committed runs, each named in its docstring;
+The constants below were measured by the harness on committed runs, each named in its docstring, and so were the
+backends' own memory figures, each stated with its fact in the backend's registration
+(:class:`~harness.backends.spec.BackendMemory` in :data:`~harness.backends.BACKENDS`);
 :mod:`harness.tests.test_predict` recomputes every one of them from the committed record it names, so none is a
 guess and none drifts from its source. The ``copy`` backend's rules use no constant at all.
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import pairwise
 
+from harness.backends import backend_memory
 from harness.catalog import (
     BUILT_WITHOUT_RESIDENT_WEIGHTS,
     HOLDS_WEIGHTS,
@@ -132,30 +135,7 @@ opened per engine with these defaults, one open at a time): host peak 4.614 GiB 
 anonymous peak likewise; one open for the whole checkpoint holds it once, from the first engine to the last."""
 
 
-# --------------------------------------------------------------------------- compilers' own memory
-
-COMPILER_OWN_BYTES: dict[str, int] = {"copy": 0, "inductor": 52 * MIB, "iree": 131 * MIB, "openvino": 27 * MIB}
-"""What a compiler holds of its own while it builds an engine, beside any copy of the weights, in bytes. Measured
-on the smallest committed run of each (the fixed part dominates there): ``inductor`` results/smoke-compile and
-``iree`` results/smoke-iree (``map``, ``mapped`` weights on the host, which read no weight: build-phase peak less the
-baseline), ``openvino`` results/smoke-openvino (``map``: build-phase peak less the baseline less 3 x the largest
-engine, :data:`WEIGHT_COPIES`). The ``copy`` backend has none (results/pi05: ``map``'s peak is the baseline plus
-the largest engine within 0.01 GiB). Misses: lerobot's ten-step graph is larger than pi0.5's one step, and AOTInductor
-held 0.14-0.21 GiB for it (results/lerobot-compile*), 1.1-2.4 % of the model."""
-
-WEIGHT_COPIES: dict[tuple[str, str], float] = {
-    ("inductor", "packaged_compiler"): 2.0,
-    ("openvino", "packaged_compiler"): 2.0,
-    ("iree", "packaged_compiler"): 5.4,
-}
-"""Copies of an engine's weights a compiler makes while it packages them itself, in engine bytes. AOTInductor: 2
-(its ``AotCodeCompiler`` joins every constant's bytes, ``b"".join(_to_bytes(...))``, each ``bytes(...)`` of a
-storage; results/pi05-compile-packaged-compiler: engine 6's high-water mark 3.671 GiB = the RSS before it 0.428 + 3 x
-1.078, the engine's mapped pages and the two copies). OpenVINO: 2 (its repack; results/pi05-compile-openvino records
-``compiler_held_bytes`` of 2.00-2.03 x every engine but the first, whose 0.18 x this rule overstates). IREE: 5.4, from
-results/smoke-iree-packaged-compiler alone (``map``: build-phase peak less the baseline, :data:`COMPILER_OWN_BYTES`
-and the largest engine, over the largest engine); no larger run checks it, and its engines' RSS grows from one to
-the next there, so it may grow with the number of engines."""
+# --------------------------------------------------------------------------- constants
 
 GPU_WORKSPACE_BYTES = 269 * MIB
 """GPU memory beside the one engine being built, for a compiler whose engines hold their weights and leave the GPU
@@ -175,10 +155,12 @@ reads up to 0.10 GiB under the minimum yet inside the bracket."""
 
 
 def compiler_own_bytes(inputs: PredictInputs, engine_bytes: int) -> int:
-    """What the backend holds of its own while it builds an engine of ``engine_bytes``:
-    :data:`COMPILER_OWN_BYTES` plus :data:`WEIGHT_COPIES` x the engine. Anonymous memory."""
-    copies = WEIGHT_COPIES.get((inputs.backend, inputs.compiler_weights or ""), 0.0)
-    return COMPILER_OWN_BYTES.get(inputs.backend, 0) + int(copies * engine_bytes)
+    """What the backend holds of its own while it builds an engine of ``engine_bytes``: the own bytes its
+    registration states plus the copies it states for the weight setting x the engine
+    (:class:`~harness.backends.spec.BackendMemory`; 0 for a backend that states none, or is not registered).
+    Anonymous memory."""
+    memory = backend_memory(inputs.backend)
+    return memory.own_bytes + int(memory.copies_of(inputs.compiler_weights) * engine_bytes)
 
 
 def weights_while_building(inputs: PredictInputs, holding: str, strategy: str) -> list[tuple[int, int]]:

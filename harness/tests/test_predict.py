@@ -3,6 +3,7 @@ runs they were measured on, the command's JSON, its reading no weight, the READM
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.backends import BACKENDS
+from harness.backends.spec import BackendMemory, OwnBytes, WeightCopies
 from harness.budget.record import StrategyBudget, read_budget
 from harness.cli import main
 from harness.engines.registry import BackendUnavailable, check_backend
@@ -18,16 +21,15 @@ from harness.measure.coldcache import write_back_and_drop
 from harness.measure.residency import FileResidency
 from harness.models import build_model
 from harness.models.checkpoints import ensure_checkpoint
-from harness.predict.check import CONSTANT_SOURCES, check_markdown, check_results
+from harness.predict.check import CheckRow, check_markdown, check_results, constant_sources
 from harness.predict.command import README_BEGIN, README_END
 from harness.predict.inputs import Baseline, PredictInputs
+from harness.predict.recorded import inputs_of_run
 from harness.predict.rules import (
-    COMPILER_OWN_BYTES,
     FIELDS,
     GPU_WORKSPACE_BYTES,
     INSTANT_DEFAULT_IO_BYTES,
     RECLAIM_FLOOR_BYTES,
-    WEIGHT_COPIES,
     predict_strategy,
 )
 from harness.results.reading import load_results
@@ -81,13 +83,51 @@ def test_on_a_gpu_engines_stay_there_and_device_copies_leave_the_host() -> None:
 
 
 def test_compilers_add_their_own_memory_and_their_copies() -> None:
-    own = COMPILER_OWN_BYTES["inductor"]
+    memory = BACKENDS["inductor"].memory
+    own = memory.own_bytes
+    assert own > 0
     mapped = figures("load_file", backend="inductor", weights="mapped")
     assert mapped[:3] == (B + own, B + own, A + own)  # a mapped build on the host reads no weight
-    copies = int(WEIGHT_COPIES["inductor", "packaged_compiler"] * 5 * MIB)
+    copies = int(memory.copies_of("packaged_compiler") * 5 * MIB)
+    assert copies > 0
     packaged = figures("map", backend="inductor", weights="packaged_compiler")
     assert packaged[:3] == (B + 5 * MIB + copies + own, B + 5 * MIB + copies + own, A + copies + own)
     assert figures("map", backend="inductor", weights="packaged", device="cuda")[3] == 5 * MIB + GPU_WORKSPACE_BYTES
+
+
+def test_a_backend_is_predicted_with_the_memory_its_registration_states(monkeypatch: pytest.MonkeyPatch) -> None:
+    stated = BackendMemory(OwnBytes(7 * MIB, "a figure of this test"),
+                           (WeightCopies("packaged_compiler", 1.5, "a figure of this test"),))
+    monkeypatch.setitem(BACKENDS, "fake", dataclasses.replace(BACKENDS["iree"], name="fake", memory=stated))
+    mapped = figures("load_file", backend="fake", weights="mapped")
+    assert mapped[:3] == (B + 7 * MIB, B + 7 * MIB, A + 7 * MIB)  # no copies stated for `mapped`
+    copies = int(1.5 * 5 * MIB)
+    packaged = figures("map", backend="fake", weights="packaged_compiler")
+    assert packaged[:3] == (B + 5 * MIB + copies + 7 * MIB, B + 5 * MIB + copies + 7 * MIB, A + copies + 7 * MIB)
+
+
+def test_a_backend_that_states_no_memory_is_predicted_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("inductor", "unregistered"):  # registered without figures; not registered at all
+        if name in BACKENDS:
+            monkeypatch.setitem(BACKENDS, name, dataclasses.replace(BACKENDS[name], memory=BackendMemory()))
+        assert figures("map", backend=name, weights="packaged_compiler")[:3] == (B + 5 * MIB, B + 5 * MIB, A)
+        assert figures("load_file", backend=name, weights="mapped")[:3] == (B, B, A)  # reads no weight
+
+
+def test_a_registration_states_copies_only_for_a_weight_setting_it_builds() -> None:
+    copies = (WeightCopies("packaged", 2.0, "a figure of this test"),)
+    with pytest.raises(ValueError, match=r"^backend 'fake': memory states weight copies for 'packaged', which must "
+                                         r"be one of its weight settings \('mapped', 'packaged_compiler'\), stated "
+                                         r"once$"):
+        dataclasses.replace(BACKENDS["iree"], name="fake", memory=BackendMemory(copies=copies))
+
+
+def test_a_result_that_set_a_registered_figure_is_marked(monkeypatch: pytest.MonkeyPatch) -> None:
+    stated = BackendMemory(OwnBytes(7 * MIB, "a figure of this test", "fake-smoke"))
+    monkeypatch.setitem(BACKENDS, "fake", dataclasses.replace(BACKENDS["iree"], name="fake", memory=stated))
+    assert constant_sources()["fake-smoke"] == "fake's own bytes"
+    row = CheckRow("fake-smoke", "map", "build_peak_bytes", 2 * MIB, MIB, GIB, True)
+    assert row.sets_constant and not dataclasses.replace(row, result="fake-other").sets_constant
 
 
 def test_a_strategy_without_a_rule_predicts_nothing_and_says_why() -> None:
@@ -123,15 +163,16 @@ def test_every_constant_is_what_its_committed_run_measured(committed: Path) -> N
         assert s.build_peak_bytes is not None and s.baseline_rss_bytes is not None
         return s.build_peak_bytes, s.baseline_rss_bytes, record.largest_engine_bytes
 
+    own = {name: spec.memory.own_bytes for name, spec in BACKENDS.items()}
     peak, base, _ = run("smoke-compile")
-    assert abs(COMPILER_OWN_BYTES["inductor"] - (peak - base)) < MIB
+    assert abs(own["inductor"] - (peak - base)) < MIB
     peak, base, _ = run("smoke-iree")
-    assert abs(COMPILER_OWN_BYTES["iree"] - (peak - base)) < MIB
+    assert abs(own["iree"] - (peak - base)) < MIB
     peak, base, largest = run("smoke-openvino")
-    assert abs(COMPILER_OWN_BYTES["openvino"] - (peak - base - 3 * largest)) < MIB
+    assert abs(own["openvino"] - (peak - base - 3 * largest)) < MIB
     peak, base, largest = run("smoke-iree-packaged-compiler")
-    factor = (peak - base - COMPILER_OWN_BYTES["iree"] - largest) / largest
-    assert abs(WEIGHT_COPIES["iree", "packaged_compiler"] - factor) < 0.05
+    factor = (peak - base - own["iree"] - largest) / largest
+    assert abs(BACKENDS["iree"].memory.copies_of("packaged_compiler") - factor) < 0.05
     record = load_results(committed / "lerobot-compile-packaged").record
     gpu = record.strategies["map"].gpu_peak_bytes
     assert gpu is not None and abs(GPU_WORKSPACE_BYTES - (gpu - record.largest_engine_bytes)) < MIB
@@ -140,7 +181,27 @@ def test_every_constant_is_what_its_committed_run_measured(committed: Path) -> N
     assert abs(RECLAIM_FLOOR_BYTES - (swept.minimum_bytes - swept.baseline_anon_bytes)) < MIB
     peak, base, _ = run("pi05-h200", "instanttensor")  # opened with its defaults, one open at a time
     assert abs(INSTANT_DEFAULT_IO_BYTES - (peak - base)) < 32 * MIB
-    assert set(CONSTANT_SOURCES) <= {p.name for p in committed.iterdir()}
+    assert set(constant_sources()) <= {p.name for p in committed.iterdir()}
+
+
+def test_every_backend_figure_reproduces_the_run_it_was_set_on(committed: Path) -> None:
+    """Where a registration names the result a figure was set on, that result is of its backend (and weight
+    setting), and the rules predict its ``map`` build-phase peak within 1 MiB: the figure is that run's residual."""
+    named = 0
+    for name, spec in BACKENDS.items():
+        stated = [(spec.memory.own, None)] + [(c, c.weights) for c in spec.memory.copies]
+        for figure, weights in stated:
+            if figure is None or figure.result is None:
+                continue
+            named += 1
+            results = load_results(committed / figure.result)
+            run = results.strategies["map"]
+            assert results.record.backend == name, figure.result
+            assert weights is None or run.compiler_weights == weights, figure.result
+            predicted = predict_strategy(inputs_of_run(results, "map"), "map").build_peak_bytes
+            assert run.build_peak_bytes is not None and predicted is not None
+            assert abs(predicted - run.build_peak_bytes) < MIB, (name, figure)
+    assert named >= 4
 
 
 def test_a_runs_staging_is_not_a_result_the_check_reads(committed: Path, tmp_path: Path) -> None:
