@@ -6,11 +6,11 @@ measured figure is predicted from that run's own sizes and its strategy's measur
 (:func:`~harness.predict.recorded.inputs_of_run`, :func:`~harness.predict.recorded.inputs_of_budget`), and the error
 is given as a share of the model's bytes.
 
-A figure is within its goal (:func:`goal_bytes`) when the error is at most 5 % of the model (``copy`` backend) or 10 %
-(a compiler), or 64 MiB where that is larger; a budget minimum when it is within 10 % of the minimum or 64 MiB, or
-inside the sweep's bracket (largest failing limit, minimum], which is all a sweep measured. Results that set one of
-the rules' constants or a backend's memory figures (:func:`constant_sources`) are marked, and left out of the
-goals' summary.
+A figure is within its goal (:func:`goal_bytes`) when the error is at most 5 % of the model (a backend that is no
+compiler, ``copy``) or 10 % (a compiler, as its registration says), or 64 MiB where that is larger; a budget
+minimum when it is within 10 % of the minimum or 64 MiB, or inside the sweep's bracket (largest failing limit,
+minimum], which is all a sweep measured. Results that set one of the rules' constants or a backend's memory figures
+(:func:`constant_sources`) are marked, and left out of the goals' summary.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.backends import memory_sources
+from harness.backends import compiler_backends, memory_sources
 from harness.budget.record import BUDGET_FILE, read_budget
 from harness.predict.recorded import inputs_of_budget, inputs_of_run
 from harness.predict.rules import predict_strategy
@@ -102,7 +102,7 @@ def _run_rows(directory: Path) -> list[CheckRow]:
             want, got = getattr(predicted, figure), getattr(run, figure)
             if want is not None and got is not None:
                 rows.append(CheckRow(results.name, name, figure, want, got, results.record.model.bytes,
-                                     results.record.backend != "copy"))
+                                     results.record.backend in compiler_backends()))
     return rows
 
 
@@ -115,7 +115,8 @@ def _budget_rows(directory: Path) -> list[CheckRow]:
         predicted = predict_strategy(inputs_of_budget(directory, record, name), name).minimum_bytes
         if predicted is not None:
             rows.append(CheckRow(record.name, name, "minimum_bytes", predicted, swept.minimum_bytes,
-                                 record.model_bytes, record.backend != "copy", swept.largest_failing_bytes))
+                                 record.model_bytes, record.backend in compiler_backends(),
+                                 swept.largest_failing_bytes))
     return rows
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from harness.backends import compiler_backends
 from harness.budget.record import BudgetRecord
 from harness.fileio.codec import RecordError
 from harness.predict.inputs import Baseline, PredictInputs, budget_plan_inputs
@@ -75,7 +76,7 @@ def inputs_of_budget(directory: Path, record: BudgetRecord, strategy: str) -> Pr
     assert swept.baseline_rss_bytes is not None and swept.baseline_anon_bytes is not None
     return PredictInputs(
         model_bytes=record.model_bytes, engine_bytes=engines, device=record.device, backend=record.backend,
-        compiler_weights=None if record.backend == "copy" else weights, strategies=(strategy,),
+        compiler_weights=weights if record.backend in compiler_backends() else None, strategies=(strategy,),
         baseline=Baseline(swept.baseline_rss_bytes, swept.baseline_anon_bytes), source=f"results/{record.name}")
 
 

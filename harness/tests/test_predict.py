@@ -24,7 +24,7 @@ from harness.models.checkpoints import ensure_checkpoint
 from harness.predict.check import CheckRow, check_markdown, check_results, constant_sources
 from harness.predict.command import README_BEGIN, README_END
 from harness.predict.inputs import Baseline, PredictInputs
-from harness.predict.recorded import inputs_of_run
+from harness.predict.recorded import inputs_of_budget, inputs_of_run
 from harness.predict.rules import (
     FIELDS,
     GPU_WORKSPACE_BYTES,
@@ -202,6 +202,23 @@ def test_every_backend_figure_reproduces_the_run_it_was_set_on(committed: Path) 
             assert run.build_peak_bytes is not None and predicted is not None
             assert abs(predicted - run.build_peak_bytes) < MIB, (name, figure)
     assert named >= 4
+
+
+def test_whether_a_compiler_built_a_result_is_what_its_backends_registration_says(
+        committed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backend registered as no compiler, of a name other than ``copy``: its results take the copy backend's goal
+    and its sweeps no weight setting."""
+    monkeypatch.setitem(BACKENDS, "fake", dataclasses.replace(BACKENDS["copy"], name="fake"))
+    for name, record in (("smoke", "summary.json"), ("smoke-budget", "budget.json")):
+        shutil.copytree(committed / name, tmp_path / name)
+        path = tmp_path / name / record
+        data = json.loads(path.read_text())
+        assert data["backend"] == "copy"
+        path.write_text(json.dumps({**data, "backend": "fake"}))
+    rows = check_results(tmp_path)
+    assert {r.result for r in rows} == {"smoke", "smoke-budget"} and not any(r.compiler for r in rows)
+    budget = tmp_path / "smoke-budget"
+    assert inputs_of_budget(budget, read_budget(budget), "map").compiler_weights is None
 
 
 def test_a_runs_staging_is_not_a_result_the_check_reads(committed: Path, tmp_path: Path) -> None:
