@@ -4,6 +4,7 @@ skipped with the reason where its daemons cannot start), and what each job state
 from __future__ import annotations
 
 import collections
+import os
 import subprocess
 import sys
 import threading
@@ -22,7 +23,7 @@ from harness.cluster.slurm import JobState, SbatchRefused, SlurmClient
 from harness.cluster.states import Outcome, describe, outcome
 from harness.scenario import ScenarioError, load_scenario
 from harness.scenario_cluster import ClusterSettings
-from harness.tests.slurm_cluster import LocalSlurm
+from harness.tests.slurm_cluster import EPILOG, LocalSlurm
 from harness.units import MIB
 
 PY = sys.executable
@@ -44,6 +45,16 @@ def test_a_trivial_job_runs_and_its_state_and_node_are_read(slurm: LocalSlurm, t
     assert state.state == "COMPLETED"
     assert state.node == slurm.node
     assert state.exit_code == "0:0"
+
+
+def test_the_node_runs_an_epilog_so_a_jobs_end_schedules_the_next_at_once(slurm: LocalSlurm) -> None:
+    # with an epilog the node reports a job's end as MESSAGE_EPILOG_COMPLETE, on which slurmctld schedules at once;
+    # without one a pending job waits for the scheduler's next periodic pass (an idle slot for up to a second)
+    shown = subprocess.run(["scontrol", "show", "config"], env={**os.environ, **slurm.env}, capture_output=True,
+                           text=True, check=True).stdout
+    settings = {key.strip(): value.strip() for key, _, value in (line.partition(" = ") for line in shown.splitlines())}
+    assert settings["Epilog"] == EPILOG
+    assert os.access(EPILOG, os.X_OK)
 
 
 def test_an_attempt_is_a_job_under_its_limit_naming_job_node_and_enforcer(slurm: LocalSlurm, tmp_path: Path,
