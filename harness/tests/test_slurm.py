@@ -18,7 +18,7 @@ from harness.budget.controller import MemoryController
 from harness.budget.mode import run_budget
 from harness.budget.record import read_budget
 from harness.cluster.attempt import HARNESS_ENFORCER
-from harness.cluster.executor import SlurmAttempts, Stopped, slurm_time
+from harness.cluster.executor import BEHIND_NICE, SlurmAttempts, Stopped, slurm_time
 from harness.cluster.slurm import JobState, SbatchRefused, SlurmClient
 from harness.cluster.states import Outcome, describe, outcome
 from harness.scenario import ScenarioError, load_scenario
@@ -242,6 +242,17 @@ def test_an_attempts_job_asks_for_its_cpus_and_sets_torchs_threads_to_them(tmp_p
     assert f"--cpus-per-task={cpus}" in runner.describe() and f"OMP_NUM_THREADS={cpus}" in runner.describe()
 
 
+@pytest.mark.parametrize("behind", [False, True])
+def test_an_attempt_behind_yields_to_the_others_with_a_nice_the_clusters_table_may_override(
+        tmp_path: Path, behind: bool) -> None:
+    client = _Controller(running=0)
+    runner = SlurmAttempts(ClusterSettings(sbatch_options=("--nice=7",)), client)
+    runner.attempt(["true"], 64 * MIB, 60, (), tmp_path, "nice", behind=behind)
+    (sbatch,) = [a for a in client.asked if a[0] == "sbatch"]
+    nice = [a for a in sbatch if a.startswith("--nice")]
+    assert nice == ([f"--nice={BEHIND_NICE}", "--nice=7"] if behind else ["--nice=7"]), "the table's, last, wins"
+
+
 def test_states() -> None:
     assert outcome("CANCELLED by 0") is Outcome.ENDED
     assert outcome("COMPLETED") is Outcome.RAN and outcome("FAILED") is Outcome.RAN
@@ -285,6 +296,9 @@ def test_a_budget_sweep_through_slurm_names_each_attempts_job_node_and_enforcer(
             assert attempt.node == slurm.node and attempt.limit_enforcer == HARNESS_ENFORCER
             assert attempt.job_ids is not None
             jobs.append(attempt.job_ids)
+            # map's chain is the longer (the curve's points after its minimum): load's jobs yield to its jobs
+            shown = runner.client._run(["scontrol", "show", "job", "-o", attempt.job_ids.split(",")[-1]]).stdout
+            assert f"Nice={BEHIND_NICE if name == 'load' else 0} " in shown, (name, shown)
     assert len(set(jobs)) == len(jobs), "one job per attempt"
     assert record.controller.endswith(runner.describe())
     assert read_budget(tmp_path / "results" / "tiny-budget") == record
