@@ -181,10 +181,11 @@ class _Strategy:
     given), its record read back."""
 
     def __init__(self, plan: Plan, plan_path: Path, strategy: str, staging: Path, controller: MemoryController,
-                 command: WorkerCommand, say: Callable[[str], None], jobs: RemoteAttempts | None = None) -> None:
+                 command: WorkerCommand, say: Callable[[str], None], jobs: RemoteAttempts | None = None,
+                 behind: bool = False) -> None:
         self.plan, self.plan_path, self.strategy = plan, plan_path, strategy
         self.staging, self.controller, self.command, self.say = staging, controller, command, say
-        self.jobs = jobs
+        self.jobs, self.behind = jobs, behind
         self.where: list[RemoteAttempt | None] = []
         files = [Path(f) for f in plan.checkpoint_files]
         files += [f for f in STRATEGIES[strategy].files_read(Path(plan.checkpoint.path)) if f not in files]
@@ -204,7 +205,7 @@ class _Strategy:
                     self.where.append(None)
                 else:
                     job = self.jobs.attempt(command, limit, self.timeout_s, self.cold_files, Path(out),
-                                            f"{self.strategy}-{len(self.runs)}")
+                                            f"{self.strategy}-{len(self.runs)}", behind=self.behind)
                     result = job.attempt
                     self.where.append(job)
             finally:  # what a worker killed mid-build left, before the next attempt builds again; only this
@@ -258,6 +259,13 @@ run's baseline RSS and anonymous memory (:func:`harness.predict.recorded.predict
 hands in); ``None``: from the bounds alone."""
 
 
+def runs_curve(plan: Plan, strategy: str) -> bool:
+    """Whether ``strategy``'s sweep adds the wall-time curve's points once its minimum is found: the headline
+    strategy's, unless the backend is a compiler (whose attempts take minutes each). Its chain of attempts is the
+    sweep's longest, so through Slurm the other strategies' jobs yield to its jobs (``behind``)."""
+    return strategy == HEADLINE_STRATEGY and not plan.compiler
+
+
 def _sweep_strategy(runner: _Strategy, plan: Plan, unconstrained_limit: int, precision: int,
                     timeout_factor: float, min_timeout_s: float, start_of: StartOf | None = None) -> StrategyBudget:
     strategy = runner.strategy
@@ -286,7 +294,7 @@ def _sweep_strategy(runner: _Strategy, plan: Plan, unconstrained_limit: int, pre
                       f"({gib_or_mib(peak)}): nothing to sweep", ["unconstrained"], lower=lower, upper=upper)
     extra_factors: Sequence[float] = ()
     extra_limits: Sequence[int] = ()
-    if strategy == HEADLINE_STRATEGY and not plan.compiler:  # a compiler's attempts take minutes each
+    if runs_curve(plan, strategy):
         extra_factors = MAP_EXTRA_FACTORS
         extra_limits = () if baseline is None else (goal_limit(baseline, plan.largest_engine_bytes),)
     start = None  # the bisection brackets the minimum predicted from the plan and this baseline first
@@ -460,8 +468,11 @@ def _sweep_all(scenario: Scenario, name: str, results: Path, precision_bytes: in
         timeout_factor=timeout_factor, min_timeout_s=min_timeout_s, sweep_wall_s=0.0, reading=plan.reading)
     started = time.monotonic()
 
+    longest = {s for s in plan.scenario.strategies if s not in at and runs_curve(plan, s)}
+
     def sweep(strategy: str) -> StrategyBudget:
-        runner = _Strategy(plan, plan_path, strategy, staging, controller, command or worker_command, progress, jobs)
+        runner = _Strategy(plan, plan_path, strategy, staging, controller, command or worker_command, progress, jobs,
+                           behind=bool(longest) and strategy not in longest)
         if strategy in at:
             return _run_at_limit(runner, unconstrained, at[strategy], timeout_factor, min_timeout_s)
         return _sweep_strategy(runner, plan, unconstrained, precision, timeout_factor, min_timeout_s, start_of)

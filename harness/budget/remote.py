@@ -33,8 +33,9 @@ class RemoteAttempts(Protocol):
     """Runs budget attempts elsewhere."""
 
     def attempt(self, command: Sequence[str], limit_bytes: int, timeout_s: float, cold_files: Iterable[str | Path],
-                directory: Path, name: str, time_s: float | None = None) -> RemoteAttempt:
-        """Run ``command`` under ``limit_bytes``, its files in ``directory``, as a job named ``name``."""
+                directory: Path, name: str, time_s: float | None = None, behind: bool = False) -> RemoteAttempt:
+        """Run ``command`` under ``limit_bytes``, its files in ``directory``, as a job named ``name``; ``behind``: the
+        job yields to the sweep's pending jobs that do not (they belong to a longer chain of attempts)."""
         ...
 
     def describe(self) -> str:

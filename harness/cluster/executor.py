@@ -40,11 +40,21 @@ from harness.fileio.atomic import write_atomic
 from harness.scenario_cluster import ClusterSettings
 from harness.units import MIB
 
-__all__ = ["POLL_S", "RETRIES", "TIME_MARGIN_S", "RemoteAttempt", "SlurmAttempts", "Stopped", "job_script",
-           "slurm_time"]
+__all__ = ["BEHIND_NICE", "POLL_S", "RETRIES", "TIME_MARGIN_S", "RemoteAttempt", "SlurmAttempts", "Stopped",
+           "job_script", "slurm_time"]
 
 TIME_MARGIN_S = 60
 """A job's time limit beyond its attempt's timeout: Python's start, the cold-cache drop, Slurm's own steps."""
+
+
+BEHIND_NICE = 100
+"""``sbatch --nice`` of an attempt's job that yields (``behind``). The strategies' bisections run at once, each a chain
+of attempts whose next job is submitted when its last ends, and Slurm starts pending jobs first in, first out: every
+chain then advances one attempt per round, and the longest (``map``'s, which adds the curve's points after its
+minimum) runs its last attempts alone while a slot idles. Its jobs going first instead keep the slots busy to the
+end. 100 is more than the jobs a sweep has pending at once (one per strategy), so it orders them under
+``priority/basic``; beside a site's multifactor priorities (thousands and more) it moves them little against other
+users' jobs. A user may only lower a job's priority (a positive nice), so the shorter chains yield."""
 
 
 class Stopped(Exception):
@@ -85,17 +95,20 @@ class SlurmAttempts:
         return self.client.cancel_all()
 
     def attempt(self, command: Sequence[str], limit_bytes: int, timeout_s: float, cold_files: Iterable[str | Path],
-                directory: Path, name: str, time_s: float | None = None) -> RemoteAttempt:
+                directory: Path, name: str, time_s: float | None = None, behind: bool = False) -> RemoteAttempt:
         """Run ``command`` under ``limit_bytes`` as a job named ``name``, its files in ``directory``; ``time_s``: the
-        job's time limit (default: ``timeout_s`` + :data:`TIME_MARGIN_S`)."""
+        job's time limit (default: ``timeout_s`` + :data:`TIME_MARGIN_S`); ``behind``: the job yields to pending jobs
+        that do not (``--nice=``:data:`BEHIND_NICE`, before the ``[cluster]`` table's options, which may set
+        another)."""
         directory = Path(directory).resolve()
         spec, result = directory / f"{name}.spec.json", directory / f"{name}.result.json"
         write_atomic(spec, json.dumps({"command": list(command), "limit_bytes": limit_bytes, "timeout_s": timeout_s,
                                        "cold_files": [str(f) for f in cold_files]}))
         script = job_script([*self.python, "-m", "harness.cluster.attempt", str(spec), str(result)], self.settings.cpus)
         mem_mib = -(-limit_bytes // MIB)
+        nice = [f"--nice={BEHIND_NICE}"] if behind else []
         options = [f"--mem={mem_mib}M", f"--time={self._time(time_s, timeout_s)}",
-                   f"--output={directory / name}.%j.out", "--no-requeue", *self.settings.sbatch_args()]
+                   f"--output={directory / name}.%j.out", "--no-requeue", *nice, *self.settings.sbatch_args()]
         done = submit_until_kept(self.client, name, script, options, check=self._check, poll_s=self.poll_s,
                                  sleep=self._stop.wait, before=lambda: result.unlink(missing_ok=True))
         jobs, state, job, lost, ran_s = done.job_ids, done.state, done.job, done.lost, done.ran_s

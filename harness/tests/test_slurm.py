@@ -4,6 +4,7 @@ skipped with the reason where its daemons cannot start), and what each job state
 from __future__ import annotations
 
 import collections
+import os
 import subprocess
 import sys
 import threading
@@ -17,12 +18,12 @@ from harness.budget.controller import MemoryController
 from harness.budget.mode import run_budget
 from harness.budget.record import read_budget
 from harness.cluster.attempt import HARNESS_ENFORCER
-from harness.cluster.executor import SlurmAttempts, Stopped, slurm_time
+from harness.cluster.executor import BEHIND_NICE, SlurmAttempts, Stopped, slurm_time
 from harness.cluster.slurm import JobState, SbatchRefused, SlurmClient
 from harness.cluster.states import Outcome, describe, outcome
 from harness.scenario import ScenarioError, load_scenario
 from harness.scenario_cluster import ClusterSettings
-from harness.tests.slurm_cluster import LocalSlurm
+from harness.tests.slurm_cluster import EPILOG, LocalSlurm
 from harness.units import MIB
 
 PY = sys.executable
@@ -44,6 +45,16 @@ def test_a_trivial_job_runs_and_its_state_and_node_are_read(slurm: LocalSlurm, t
     assert state.state == "COMPLETED"
     assert state.node == slurm.node
     assert state.exit_code == "0:0"
+
+
+def test_the_node_runs_an_epilog_so_a_jobs_end_schedules_the_next_at_once(slurm: LocalSlurm) -> None:
+    # with an epilog the node reports a job's end as MESSAGE_EPILOG_COMPLETE, on which slurmctld schedules at once;
+    # without one a pending job waits for the scheduler's next periodic pass (an idle slot for up to a second)
+    shown = subprocess.run(["scontrol", "show", "config"], env={**os.environ, **slurm.env}, capture_output=True,
+                           text=True, check=True).stdout
+    settings = {key.strip(): value.strip() for key, _, value in (line.partition(" = ") for line in shown.splitlines())}
+    assert settings["Epilog"] == EPILOG
+    assert os.access(EPILOG, os.X_OK)
 
 
 def test_an_attempt_is_a_job_under_its_limit_naming_job_node_and_enforcer(slurm: LocalSlurm, tmp_path: Path,
@@ -231,6 +242,17 @@ def test_an_attempts_job_asks_for_its_cpus_and_sets_torchs_threads_to_them(tmp_p
     assert f"--cpus-per-task={cpus}" in runner.describe() and f"OMP_NUM_THREADS={cpus}" in runner.describe()
 
 
+@pytest.mark.parametrize("behind", [False, True])
+def test_an_attempt_behind_yields_to_the_others_with_a_nice_the_clusters_table_may_override(
+        tmp_path: Path, behind: bool) -> None:
+    client = _Controller(running=0)
+    runner = SlurmAttempts(ClusterSettings(sbatch_options=("--nice=7",)), client)
+    runner.attempt(["true"], 64 * MIB, 60, (), tmp_path, "nice", behind=behind)
+    (sbatch,) = [a for a in client.asked if a[0] == "sbatch"]
+    nice = [a for a in sbatch if a.startswith("--nice")]
+    assert nice == ([f"--nice={BEHIND_NICE}", "--nice=7"] if behind else ["--nice=7"]), "the table's, last, wins"
+
+
 def test_states() -> None:
     assert outcome("CANCELLED by 0") is Outcome.ENDED
     assert outcome("COMPLETED") is Outcome.RAN and outcome("FAILED") is Outcome.RAN
@@ -274,6 +296,9 @@ def test_a_budget_sweep_through_slurm_names_each_attempts_job_node_and_enforcer(
             assert attempt.node == slurm.node and attempt.limit_enforcer == HARNESS_ENFORCER
             assert attempt.job_ids is not None
             jobs.append(attempt.job_ids)
+            # map's chain is the longer (the curve's points after its minimum): load's jobs yield to its jobs
+            shown = runner.client._run(["scontrol", "show", "job", "-o", attempt.job_ids.split(",")[-1]]).stdout
+            assert f"Nice={BEHIND_NICE if name == 'load' else 0} " in shown, (name, shown)
     assert len(set(jobs)) == len(jobs), "one job per attempt"
     assert record.controller.endswith(runner.describe())
     assert read_budget(tmp_path / "results" / "tiny-budget") == record
