@@ -162,7 +162,7 @@ class CopyToDevice(EngineBuilder):
     name: str = "copy"
     engines: list[dict[str, torch.Tensor]] = field(default_factory=list)
     staging: StagerFactory | None = None
-    overlap_bytes: int = 0
+    overlap_bytes: int = OVERLAP_BYTES
 
     def __post_init__(self) -> None:
         if self.staging is None and is_gpu(self.device):
