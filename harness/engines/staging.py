@@ -13,7 +13,8 @@ The contract, which the builder and the worker build on:
   the building thread takes the finished one first (:meth:`Copier.poll`, :meth:`Copier.wait`);
 * **done means done**: an engine is reported finished only once every chunk of it was copied and
   the stager drained (:meth:`Stager.drain`: nothing of it is still read from the host or written
-  to the device); only then may its pages be released;
+  to the device), and the copier holds no reference to its sources any more; only then may its pages
+  be released (a storage another tensor still views is not resized, a mapping still viewed stays);
 * **errors surface**: an error on the copier's thread is raised, naming the engine and the tensor,
   by the next :meth:`Copier.poll` or :meth:`Copier.wait` on the building thread;
 * **nothing left running**: :meth:`Copier.close` stops the copy in flight between two chunks, drains
@@ -202,6 +203,9 @@ class Copier:
                 self._copy(pairs)
             except BaseException as exc:  # handed to the building thread by poll/wait
                 error = exc
+            # the engine's sources are let go of before it is reported copied: a view of a weight held here
+            # would keep its storage from being resized and its file's pages mapped after the engine's release
+            del pairs
             with self._cond:
                 self._error, self._finished = error, True
                 self._cond.notify_all()
