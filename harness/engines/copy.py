@@ -44,10 +44,11 @@ FAULT_CHUNK_BYTES = 16 * MIB
 OVERLAP_BYTES = 0
 """:attr:`CopyToDevice.overlap_bytes` by default: none of engine ``k + 1``'s pages are faulted in while engine
 ``k`` is copied. On pi0.5 (16 engines on an H100), ``map`` with the overlap unbounded built at 1.03x of the
-model's read at the read ceiling, but its build-phase host peak was 1.80 GiB (results/pi05-h200-peers) where
-the copy on the building thread had held it to 1.59 GiB (results/pi05-h200, another H100): the next engine's
-pages came in beside the one being copied. The copy through the pinned ring runs at about four times a
-pageable copy's rate (``benchmarks/staged_copy.py``), which leaves the overlap little to hide."""
+model's read at the read ceiling, but its build-phase host peak was 1.80 GiB (results/pi05-h200-peers): the next
+engine's pages came in beside the one being copied. With none (results/pi05-h200, another H100) it built at 1.09x,
+its host peak 1.63 GiB, one engine and the pinned ring above the baseline. The copy through the pinned ring runs
+at about four times a pageable copy's rate (``benchmarks/staged_copy.py``), which leaves the overlap little to
+hide."""
 
 
 def fault_in(tensors: Iterable[torch.Tensor], between: Callable[[], None] | None = None,

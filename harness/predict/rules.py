@@ -87,8 +87,9 @@ COPIES = "copies"
 DEVICE = "device"
 """Reads every tensor straight to the GPU the engines are built on, through fixed bounce buffers
 (``fastsafetensors_whole``: the copier and the 16 MiB of bounce buffers of ``fastsafetensors``, opened once): the host
-holds none of the weights. Fact (results/pi05-h200): ``fastsafetensors`` peaks at 0.628 GiB on the host, the baseline
-plus 0.03 GiB. Off a GPU its tensors are the host's, in an order of the loader's own: no rule (none measured)."""
+holds none of the weights. Fact (results/pi05-h200): ``fastsafetensors_whole`` peaks at 0.663 GiB on the host, the
+baseline plus 0.06 GiB, the copy builder's pinned ring (32 MiB) among it. Off a GPU its tensors are the host's, in
+an order of the loader's own: no rule (none measured)."""
 
 STAGING = "staging"
 """Reads every tensor straight to the GPU through a pinned host staging buffer of its I/O capacity, held from the
@@ -105,21 +106,22 @@ HOLDING: dict[str, str] = {
 """Each strategy a rule covers and how it holds its weights; :data:`NO_RULE` says why the others have none."""
 
 NO_RULE: dict[str, str] = {
-    "st_prefetch": "one committed run of it (results/pi05-h200), too few to check one",
-    "instanttensor": ("its one committed run (results/pi05-h200) opened it with its defaults; its buffers are now "
-                      "sized to each engine, which no run measured"),
-    "st_prefetch_whole": ("no run of it; how far safetensors' background reads run ahead of the takes, and so how "
-                          "much of the file's mapping is resident, is the loader's own"),
+    "st_prefetch": ("measured on one machine only (results/pi05-h200, results/pi05-h200-peers), too few to check "
+                    "one"),
+    "instanttensor": ("its buffers sized to each engine were measured on one machine only (results/pi05-h200, "
+                      "results/pi05-h200-peers), too few to check one"),
+    "st_prefetch_whole": ("how far safetensors' background reads run ahead of the takes, and so how much of the "
+                          "file's mapping is resident, is the loader's own"),
 }
 """Why a strategy without a rule has none (its prediction's ``note``)."""
 
 TO_DEVICE = ("fastsafetensors", "fastsafetensors_whole", "instanttensor_whole")
 """Strategies whose copies go to the GPU where engines are built on one, so the host holds none of them (no rule
-covers their device buffers). Fact (results/pi05-h200): ``fastsafetensors`` peaks at 0.628 GiB on the host, the
-baseline plus 0.03 GiB."""
+covers their device buffers). Fact (results/pi05-h200): ``fastsafetensors`` peaks at 0.663 GiB on the host, the
+baseline plus 0.06 GiB, the copy builder's pinned ring (32 MiB) among it."""
 
-NO_GPU_RULE = ("no rule covers the device buffers of a loader whose copies go to the GPU; results/pi05-h200 measured "
-               "`fastsafetensors` at 27.1 GiB on the GPU, one run")
+NO_GPU_RULE = ("no rule covers the device buffers of a loader whose copies go to the GPU: how many tensors wait there "
+               "beside the engines is the loader's own (results/pi05-h200's GPU column, each in two uses)")
 """Why a :data:`TO_DEVICE` strategy's ``gpu_peak_bytes`` is ``None`` on a GPU (:func:`gpu_peak_bytes`)."""
 
 DEVICE_ONLY = (DEVICE, STAGING)
@@ -130,9 +132,10 @@ INSTANT_DEFAULT_IO_BYTES = 512 * 8 * MIB
 (``chunk_size``), 4 GiB (its ``_impl.py``, 0.2.2)."""
 
 STAGING_BYTES: dict[str, int] = {"instanttensor_whole": INSTANT_DEFAULT_IO_BYTES}
-"""The pinned host staging of each :data:`STAGING` strategy, anonymous. Fact (results/pi05-h200, ``instanttensor``
-opened per engine with these defaults, one open at a time): host peak 4.614 GiB = the baseline 0.599 + 4.015, the
-anonymous peak likewise; one open for the whole checkpoint holds it once, from the first engine to the last."""
+"""The pinned host staging of each :data:`STAGING` strategy, anonymous. Fact (results/pi05-h200,
+``instanttensor_whole``: these defaults, one open for the whole checkpoint, holding it from the first engine to the
+last): host peak 4.646 GiB = the baseline 0.601 + 4.045, of which 32 MiB are the copy builder's pinned ring; the
+anonymous peak likewise."""
 
 
 # --------------------------------------------------------------------------- constants
@@ -208,9 +211,9 @@ def load_phase_bytes(inputs: PredictInputs, holding: str) -> tuple[int, int]:
 
 def gpu_peak_bytes(inputs: PredictInputs, strategy: str) -> int | None:
     """GPU memory above the baseline: the whole model where built engines stay on the GPU
-    (:func:`~harness.catalog.engines_accumulate`; results/pi05-h200: 8.736 GiB for a model of 8.712 for every
-    strategy the rules cover), else the largest engine plus :data:`GPU_WORKSPACE_BYTES`. ``None`` off a GPU, and for
-    :data:`TO_DEVICE` strategies (:data:`NO_GPU_RULE`)."""
+    (:func:`~harness.catalog.engines_accumulate`; results/pi05-h200: 8.805 GiB for a model of 8.712 for every
+    strategy, 0.09 GiB above it, not yet apportioned: see that run's notes), else the largest engine plus
+    :data:`GPU_WORKSPACE_BYTES`. ``None`` off a GPU, and for :data:`TO_DEVICE` strategies (:data:`NO_GPU_RULE`)."""
     if not is_gpu(inputs.device) or strategy in TO_DEVICE:
         return None
     if engines_accumulate(True, inputs.compiler_weights):
