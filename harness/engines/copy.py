@@ -152,10 +152,11 @@ class CopyToDevice(EngineBuilder):
     thread. Without ``staging`` (another device), every tensor is copied on the building thread and the
     build returns with its engine copied.
 
-    The two columns: ``pages_s``, faulting the partition's pages in (the previous engine's copy runs
-    meanwhile); ``copy_s``, the building thread's time after that until the build returns: waiting
-    for the previous engine's copy to finish, allocating, copying what is not staged and handing the
-    rest to the copier (without staging, the whole copy). The part of a staged copy that overlaps the
+    The two columns: ``pages_s``, waiting for the previous engine's copy (by default; with
+    ``overlap_bytes`` it runs meanwhile), then faulting the partition's pages in; ``copy_s``, the
+    building thread's time after that until the build returns: waiting for an overlapping previous
+    copy to finish, allocating, copying what is not staged and handing the rest to the copier (without
+    staging, the whole copy). The part of a staged copy that overlaps the
     next engine's pages is in neither; the last engine's wait is in the build phase, after its record.
     """
 
